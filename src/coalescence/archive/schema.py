@@ -1,0 +1,49 @@
+"""The run archive's layout and Parquet schema.
+
+A run directory holds::
+
+    RUN_DIR/
+      manifest.json            schema version, run config, snapshot(s), model, package version, times
+      parts/part-000000.parquet  zstd Parquet, one row per evaluated coalition (ROW_SCHEMA)
+      parts/part-000001.parquet  ...
+
+A part is written whole under a temporary name, flushed to disk and renamed into place, so a
+reader never sees a half-written part. The parts read as one dataset with pyarrow, pandas or
+DuckDB (``pyarrow.dataset.dataset(RUN_DIR / "parts")``).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = ("MANIFEST_NAME", "PARTS_DIR", "ROW_SCHEMA", "SCHEMA_VERSION", "part_name")
+
+SCHEMA_VERSION = 1
+"""Version of the manifest and row schema; a reader refuses a newer one."""
+
+MANIFEST_NAME = "manifest.json"
+PARTS_DIR = "parts"
+
+ROW_SCHEMA = pa.schema(
+    [
+        pa.field("snapshot_id", pa.string(), nullable=False),
+        pa.field("coalition_key", pa.string(), nullable=False),  # 64 hex chars, SHA-256
+        pa.field("mask", pa.binary(), nullable=False),  # PackedMask.words, little-endian bits
+        pa.field("n_bits", pa.int32(), nullable=False),  # number of players
+        pa.field("absence_policy", pa.string(), nullable=False),  # policy id
+        pa.field("model_id", pa.string(), nullable=False),
+        pa.field("utility", pa.float64(), nullable=False),  # nats
+        pa.field("generation_text", pa.string(), nullable=True),  # generated text, if any
+        pa.field("elapsed_ms", pa.float64(), nullable=False),  # model time of the row's batch
+        pa.field("cache_hit", pa.bool_(), nullable=False),
+        pa.field("batch_size", pa.int32(), nullable=False),  # rows in the model call
+        pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ],
+    metadata={"coalescence.schema_version": str(SCHEMA_VERSION)},
+)
+"""One row per evaluated coalition."""
+
+
+def part_name(index: int) -> str:
+    """File name of part ``index``: ``part-NNNNNN.parquet``."""
+    return f"part-{index:06d}.parquet"

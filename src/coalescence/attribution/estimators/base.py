@@ -1,0 +1,292 @@
+"""The estimator interface: plan coalitions, then fit values from a pool of evaluated coalitions.
+
+An estimator is a plain two-step state machine with no model in it (the engine owns the model):
+
+1. :meth:`Estimator.plan` lazily yields the coalitions it needs, as 1-D boolean rows ``[n_players]``
+   (bit i True = player i present), deterministically for a given configuration (seeded);
+2. the engine evaluates them (deduplicating, caching, archiving) into a pool;
+3. :meth:`Estimator.fit` turns the pool ``(masks, utilities)`` into an :class:`Estimate`.
+
+Every estimator plans the empty and the grand coalition, so every :class:`Estimate` reports
+``v(empty)``, ``v(full)`` and its efficiency gap ``sum(values) - (v(full) - v(empty))``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ...errors import ConfigError, EstimatorError, MaskError
+
+__all__ = ("METHODS", "Estimate", "Estimator", "make_estimator", "pool_lookup", "row_keys")
+
+logger = logging.getLogger(__name__)
+
+METHODS: tuple[str, ...] = ("exact", "permutation", "loo")
+"""Names accepted by :func:`make_estimator` (the CLI's ``--method`` choices)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Estimate:
+    """Attribution values fitted from a pool of evaluated coalitions.
+
+    Arrays are copied to read-only float64 on construction. Equality is identity (arrays have no
+    single truth value); compare fields with ``numpy.testing`` instead.
+
+    Args:
+        method: the estimator's name (``"exact"``, ``"permutation"``, ``"loo"``).
+        values: ``[n_players]`` float64 attribution values, in the unit of the utilities (nats for
+            log-probabilities).
+        stderr: ``[n_players]`` float64 standard errors of ``values`` (NaN where too few samples to
+            tell), or ``None`` for deterministic methods.
+        v_empty: utility of the empty coalition, v(empty).
+        v_full: utility of the grand coalition, v(N).
+        efficiency_gap: ``sum(values) - (v_full - v_empty)``; float-precision zero for Shapley
+            estimators (efficiency axiom), generally nonzero for leave-one-out.
+        n_evaluations: number of distinct coalitions the estimate used (model evaluations).
+
+    Raises:
+        EstimatorError: an empty method name, ``values`` not 1-D, ``stderr`` of another shape, or a
+            negative ``n_evaluations``.
+    """
+
+    method: str
+    values: np.ndarray  # [n_players] float64, utility units (nats)
+    stderr: np.ndarray | None  # [n_players] float64 or None
+    v_empty: float
+    v_full: float
+    efficiency_gap: float
+    n_evaluations: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, str) or not self.method:
+            raise EstimatorError(f"Estimate.method must be a non-empty str, got {self.method!r}")
+        values = np.array(self.values, dtype=np.float64)
+        if values.ndim != 1:
+            raise EstimatorError(
+                f"Estimate.values must be 1-D [n_players], got shape {values.shape}"
+            )
+        values.setflags(write=False)
+        object.__setattr__(self, "values", values)
+        if self.stderr is not None:
+            stderr = np.array(self.stderr, dtype=np.float64)
+            if stderr.shape != values.shape:
+                raise EstimatorError(
+                    f"Estimate.stderr shape {stderr.shape} differs from values shape {values.shape}"
+                )
+            stderr.setflags(write=False)
+            object.__setattr__(self, "stderr", stderr)
+        for name in ("v_empty", "v_full", "efficiency_gap"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        count = self.n_evaluations
+        if isinstance(count, bool) or not isinstance(count, int | np.integer):
+            raise EstimatorError(f"Estimate.n_evaluations must be an int, got {count!r}")
+        if self.n_evaluations < 0:
+            raise EstimatorError(f"Estimate.n_evaluations must be >= 0, got {self.n_evaluations}")
+        object.__setattr__(self, "n_evaluations", int(self.n_evaluations))
+
+    @property
+    def n_players(self) -> int:
+        """Number of players n (the length of ``values``)."""
+        return int(self.values.shape[0])
+
+
+@runtime_checkable
+class Estimator(Protocol):
+    """What the engine needs from an attribution method.
+
+    Attributes:
+        name: the method name (``"exact"``, ``"permutation"``, ``"loo"``).
+    """
+
+    name: str
+
+    def validate(self, n_players: int) -> None:
+        """Refuse a game this estimator cannot handle, before any model call.
+
+        Raises:
+            EstimatorError: the game has no players or too many (``field="--method"``).
+            ConfigError: the configuration cannot work for ``n_players`` (``field="--budget"``).
+        """
+        ...
+
+    def plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """Lazily yield the needed coalitions as read-only ``[n_players]`` bool rows.
+
+        Deterministic for a given configuration; always includes the empty and grand coalitions; may
+        repeat a coalition (the engine deduplicates).
+        """
+        ...
+
+    def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
+        """Fit values from a pool of evaluated coalitions.
+
+        Args:
+            masks: ``[m, n_players]`` bool coalitions; may hold extra coalitions and duplicates.
+            utilities: ``[m]`` float64 utilities of those coalitions (nats).
+
+        Raises:
+            EstimatorError: the pool lacks planned coalitions (the message says how many).
+        """
+        ...
+
+
+def row_keys(masks: np.ndarray) -> list[bytes]:
+    """Pack each row of a boolean matrix to its mask bytes.
+
+    Args:
+        masks: ``[m, n_players]`` bool.
+
+    Returns:
+        ``m`` byte strings, each ``np.packbits(row, bitorder="little").tobytes()`` (``ceil(n / 8)``
+        bytes, pad bits zero), the same bytes as :class:`coalescence.masking.codec.PackedMask`.
+    """
+    m = masks.shape[0]
+    packed = np.ascontiguousarray(np.packbits(masks, axis=1, bitorder="little"))
+    width = packed.shape[1]
+    buf = packed.tobytes()
+    return [buf[r * width : (r + 1) * width] for r in range(m)]
+
+
+def check_pool(masks: np.ndarray, utilities: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a pool and return it as ``(bool [m, n], float64 [m])`` arrays.
+
+    Raises:
+        MaskError: ``masks`` is not a 2-D boolean array.
+        EstimatorError: ``utilities`` is not 1-D with one value per mask row.
+    """
+    masks = np.asarray(masks)
+    if masks.ndim != 2 or masks.dtype != np.bool_:
+        raise MaskError(
+            "the pool's masks must be a 2-D bool array [m, n_players], "
+            f"got {masks.dtype} of shape {masks.shape}",
+            field="masks",
+        )
+    utilities = np.asarray(utilities, dtype=np.float64)
+    if utilities.shape != (masks.shape[0],):
+        raise EstimatorError(
+            f"the pool has {masks.shape[0]} masks but utilities of shape {utilities.shape}; "
+            "pass one utility per mask row"
+        )
+    return masks, utilities
+
+
+def pool_lookup(masks: np.ndarray, utilities: np.ndarray) -> dict[bytes, float]:
+    """Map each pooled coalition's packed mask bytes to its utility.
+
+    Duplicate rows are allowed; when a duplicate carries a different utility the first one is kept
+    and a warning is logged once per call.
+
+    Args:
+        masks: ``[m, n_players]`` bool coalitions.
+        utilities: ``[m]`` float64 utilities (nats).
+
+    Returns:
+        ``{np.packbits(row, bitorder="little").tobytes(): utility}`` over the distinct rows.
+
+    Raises:
+        MaskError: ``masks`` is not a 2-D boolean array.
+        EstimatorError: ``utilities`` does not have one value per mask row.
+    """
+    masks, utilities = check_pool(masks, utilities)
+    lookup: dict[bytes, float] = {}
+    conflicts = 0
+    for key, value in zip(row_keys(masks), utilities.tolist(), strict=True):
+        kept = lookup.setdefault(key, value)
+        if kept != value and not (math.isnan(kept) and math.isnan(value)):
+            conflicts += 1
+    if conflicts:
+        logger.warning(
+            "pool holds %s duplicate coalitions with differing utilities; kept the first", conflicts
+        )
+    return lookup
+
+
+def gather(lookup: dict[bytes, float], keys: Sequence[bytes], method: str) -> np.ndarray:
+    """Utilities of the planned coalitions ``keys`` from a pool lookup.
+
+    Args:
+        lookup: from :func:`pool_lookup`.
+        keys: packed masks of the planned coalitions.
+        method: estimator name, for the error message.
+
+    Returns:
+        ``[len(keys)]`` float64 utilities, in the order of ``keys``.
+
+    Raises:
+        EstimatorError: some planned coalitions are missing from the pool, or have non-finite
+            utilities.
+    """
+    missing = sum(1 for k in keys if k not in lookup)
+    if missing:
+        raise EstimatorError(
+            f"the pool misses {missing} of the {len(keys)} coalitions planned by {method}; "
+            "evaluate the whole plan before fitting"
+        )
+    out = np.fromiter((lookup[k] for k in keys), dtype=np.float64, count=len(keys))
+    bad = int(np.count_nonzero(~np.isfinite(out)))
+    if bad:
+        raise EstimatorError(
+            f"{bad} of the {len(keys)} coalitions planned by {method} have non-finite utilities; "
+            "check the backend's outputs"
+        )
+    return out
+
+
+def check_n_players(n_players: int) -> int:
+    """Return ``n_players`` as an int after checking it is at least 1.
+
+    Raises:
+        EstimatorError: ``n_players`` is not an int, or is 0 ("no players to attribute").
+    """
+    if isinstance(n_players, bool) or not isinstance(n_players, int | np.integer) or n_players < 0:
+        raise EstimatorError(f"n_players must be a non-negative int, got {n_players!r}")
+    if n_players == 0:
+        raise EstimatorError(
+            "no players to attribute; the conversation must have at least one player"
+        )
+    return int(n_players)
+
+
+def make_estimator(method: str, *, budget: int | None = None, seed: int = 0) -> Estimator:
+    """Build an estimator by name (the CLI's ``--method``); implementations are imported lazily.
+
+    Args:
+        method: one of :data:`METHODS`.
+        budget: maximum number of distinct coalitions (model evaluations); required by
+            ``"permutation"``, ignored by ``"exact"`` (always 2^n) and ``"loo"`` (always n + 2).
+        seed: seed of the permutation sampler's ``numpy.random.default_rng``.
+
+    Returns:
+        an :class:`Estimator`.
+
+    Raises:
+        ConfigError: unknown method (``field="--method"``), or ``"permutation"`` without a valid
+            budget or with a bad seed (``field="--budget"`` / ``"--seed"``).
+    """
+    if method == "exact":
+        from .exact import ExactShapley
+
+        return ExactShapley()
+    if method == "permutation":
+        from .permutation import PermutationShapley
+
+        if budget is None:
+            raise ConfigError(
+                "--method permutation needs a budget of model evaluations; "
+                "pass --budget N (e.g. --budget 2000)",
+                field="--budget",
+            )
+        return PermutationShapley(budget=budget, seed=seed)
+    if method == "loo":
+        from .loo import LeaveOneOut
+
+        return LeaveOneOut()
+    raise ConfigError(
+        f"unknown method {method!r}; choose one of: {', '.join(METHODS)}", field="--method"
+    )

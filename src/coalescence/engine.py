@@ -1,0 +1,346 @@
+"""The engine: wires snapshot, planner, masking, backend, store, archive and estimator for a run.
+
+Flow of :meth:`Engine.explain`: the estimator's plan emits coalition masks lazily; duplicates are
+folded (each distinct coalition once); each coalition's key is looked up in the hot result store;
+the rest are rendered with the absence policy and the chat template, scored by the backend in
+batches from a worker thread (``anyio.to_thread.run_sync``, one backend call at a time), stored,
+and archived; finally the estimator fits values from the pool. The scheduler and collator of
+later work replace the insides of :meth:`Engine.evaluate`; its surface stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from .archive.writer import RunArchive
+from .attribution.estimators.base import Estimator
+from .attribution.explanation import Explanation
+from .backends.base import ScoreRequest, ScoringBackend
+from .conversation import Conversation, ConversationSnapshot
+from .errors import ConfigError, EngineClosed, InputError
+from .masking.codec import PackedMask, coalition_key
+from .masking.policies import AbsencePolicy
+from .masking.render import ChatRenderer, TargetTokens
+from .scheduler.progress import NullProgress, Progress
+from .scheduler.store import ResultStore
+
+__all__ = ("UTILITY", "Engine", "EngineStatistics")
+
+logger = logging.getLogger(__name__)
+
+UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
+"""The utility spec of this version: log p(target tokens | masked prompt), summed, in nats."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStatistics:
+    """Counters of an engine, as a frozen snapshot.
+
+    Invariant: ``requested == executed + deduplicated + cache_hits + failed``.
+
+    Attributes:
+        requested: coalitions asked for by plans (duplicates included).
+        executed: coalitions evaluated by the model.
+        deduplicated: coalitions folded into an identical one of the same plan.
+        cache_hits: coalitions served by the hot result store.
+        failed: coalitions whose evaluation raised.
+        model_seconds: wall time spent in backend calls (seconds).
+    """
+
+    requested: int = 0
+    executed: int = 0
+    deduplicated: int = 0
+    cache_hits: int = 0
+    failed: int = 0
+    model_seconds: float = 0.0
+
+
+class Engine:
+    """Evaluates coalitions of conversation snapshots on one backend, each distinct key once.
+
+    Args:
+        backend: the scoring backend (see :class:`~coalescence.backends.base.ScoringBackend`).
+        archive: where every evaluated coalition is recorded, or ``None``.
+        store: the hot result store (a new unbounded one by default).
+        progress: progress callbacks (no-op by default).
+        batch_size: rows per backend call (default: the backend's ``max_batch_size`` or 8).
+
+    Raises:
+        ConfigError: ``batch_size`` < 1.
+        InputError: the backend's tokenizer has no chat template.
+    """
+
+    def __init__(
+        self,
+        backend: ScoringBackend,
+        *,
+        archive: RunArchive | None = None,
+        store: ResultStore | None = None,
+        progress: Progress | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        self.backend = backend
+        self.archive = archive
+        self.store = store if store is not None else ResultStore()
+        self.progress: Progress = progress if progress is not None else NullProgress()
+        self.batch_size = batch_size or int(getattr(backend, "max_batch_size", 8))
+        if self.batch_size < 1:
+            raise ConfigError(f"must be >= 1, got {self.batch_size}", field="--batch-size")
+        self.renderer = ChatRenderer(backend.tokenizer)
+        self._stats = EngineStatistics()
+        self._targets: dict[str, TargetTokens] = {}
+        self._closed = False
+
+    # -- statistics ---------------------------------------------------------------------------
+    def statistics(self) -> EngineStatistics:
+        """A snapshot of the counters."""
+        return self._stats
+
+    def _count(self, **delta: float) -> None:
+        s = self._stats
+        self._stats = EngineStatistics(
+            **{f: getattr(s, f) + delta.get(f, 0) for f in EngineStatistics.__dataclass_fields__}
+        )
+
+    # -- preparation --------------------------------------------------------------------------
+    def prepare(
+        self,
+        conversation: Conversation,
+        *,
+        unit: str = "turn",
+        roles: Iterable[str] | None = None,
+        max_new_tokens: int = 64,
+    ) -> ConversationSnapshot:
+        """Segment a conversation into a snapshot, generating its target first if it has none.
+
+        The target is generated once, greedily, from the full prompt (at most ``max_new_tokens``
+        tokens), decoded without special tokens and stripped.
+
+        Raises:
+            InputError: bad unit/roles, no players, or an empty generated answer.
+            ConfigError: ``max_new_tokens`` < 1.
+        """
+        # validate the segmentation before spending a generation on it
+        from .conversation import segment_players
+
+        segment_players(conversation, unit=unit, roles=roles)
+        if conversation.target is None:
+            if max_new_tokens < 1:
+                raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
+            prompt = self.renderer.encode_prompt(conversation.messages)
+            new_ids = self.backend.generate(prompt, max_new_tokens=max_new_tokens)
+            text = self.backend.tokenizer.decode(new_ids, skip_special_tokens=True).strip()
+            if not text:
+                raise InputError(
+                    "the model generated an empty answer; give the answer as a last assistant "
+                    'message or a "target" string',
+                    field="target",
+                )
+            conversation = conversation.with_target(text, source="generated")
+        return ConversationSnapshot.build(conversation, unit=unit, roles=roles)
+
+    def target_tokens(self, snapshot: ConversationSnapshot) -> TargetTokens:
+        """The scored target tokens of a snapshot (cached), checked against the model's context.
+
+        Raises:
+            InputError: the full conversation does not fit the model's context (field
+                ``messages``), or the template/tokenizer cannot separate prompt and answer.
+        """
+        cached = self._targets.get(snapshot.snapshot_id)
+        if cached is not None:
+            return cached
+        target = self.renderer.target_tokens(snapshot)
+        total = len(target.full_prompt_ids) + len(target.ids)
+        limit = int(self.backend.max_context)
+        if total > limit:
+            raise InputError(
+                f"the conversation renders to {total} tokens with its answer, more than the "
+                f"model's context of {limit}; shorten the conversation or use a longer-context model",
+                field="messages",
+            )
+        self._targets[snapshot.snapshot_id] = target
+        return target
+
+    def key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
+        """The coalition key of ``mask`` under this engine's model and utility."""
+        return coalition_key(
+            snapshot_id=snapshot.snapshot_id,
+            mask=mask,
+            policy_id=policy.id,
+            policy_params=policy.params(),
+            model_id=self.backend.model_id,
+            model_revision=self.backend.revision,
+            dtype=self.backend.dtype,
+            utility=UTILITY,
+        )
+
+    # -- evaluation ---------------------------------------------------------------------------
+    async def evaluate(
+        self,
+        snapshot: ConversationSnapshot,
+        policy: AbsencePolicy,
+        coalitions: Iterable[np.ndarray],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Utilities of the distinct coalitions among ``coalitions``.
+
+        Args:
+            snapshot: the conversation and its players.
+            policy: the absence policy.
+            coalitions: 1-D bool rows ``[n_players]`` (True = present), possibly repeated.
+
+        Returns:
+            ``masks`` ``[m, n_players]`` bool (distinct, first-seen order) and ``utilities``
+            ``[m]`` float64, log p(target | masked prompt) in nats.
+
+        Raises:
+            EngineClosed: the engine was closed.
+            BatchFailed: a model call failed (rows evaluated before it stay archived).
+        """
+        if self._closed:
+            raise EngineClosed("the engine is closed")
+        target = self.target_tokens(snapshot)
+        distinct: dict[bytes, np.ndarray] = {}
+        requested = 0
+        for row in coalitions:
+            requested += 1
+            mask = PackedMask.from_bools(np.asarray(row, dtype=bool))
+            if mask.n_bits != snapshot.n_players:
+                from .errors import MaskError
+
+                raise MaskError(f"a coalition has {mask.n_bits} bits for {snapshot.n_players} players")
+            distinct.setdefault(mask.words, row)
+        self._count(requested=requested, deduplicated=requested - len(distinct))
+        total = len(distinct)
+        self.progress.on_planned(total)
+        utilities: dict[bytes, float] = {}
+        todo: list[tuple[PackedMask, np.ndarray, str]] = []
+        for words, row in distinct.items():
+            mask = PackedMask(words, snapshot.n_players)
+            key = self.key(snapshot, policy, mask)
+            hit = self.store.get(key)
+            if hit is None:
+                todo.append((mask, row, key))
+            else:
+                utilities[words] = hit
+        self._count(cache_hits=len(utilities))
+        done = len(utilities)
+        self.progress.on_finished(done, total)
+        for start in range(0, len(todo), self.batch_size):
+            chunk = todo[start : start + self.batch_size]
+            values, elapsed = await anyio.to_thread.run_sync(self._run_batch, snapshot, policy, target, chunk)
+            now = datetime.now(UTC)
+            for (mask, _, key), value in zip(chunk, values, strict=True):
+                utilities[mask.words] = value
+                self.store.put(key, value)
+                if self.archive is not None:
+                    self.archive.append(
+                        {
+                            "snapshot_id": snapshot.snapshot_id,
+                            "coalition_key": key,
+                            "mask": mask.words,
+                            "n_bits": mask.n_bits,
+                            "absence_policy": policy.id,
+                            "model_id": self.backend.model_id,
+                            "utility": value,
+                            "elapsed_ms": elapsed * 1e3,
+                            "cache_hit": False,
+                            "batch_size": len(chunk),
+                            "created_at": now,
+                        }
+                    )
+            self._count(executed=len(chunk), model_seconds=elapsed)
+            done += len(chunk)
+            self.progress.on_finished(done, total)
+        masks = np.array(list(distinct.values()), dtype=bool).reshape(total, snapshot.n_players)
+        values = np.array([utilities[w] for w in distinct], dtype=np.float64)
+        return masks, values
+
+    def _run_batch(
+        self,
+        snapshot: ConversationSnapshot,
+        policy: AbsencePolicy,
+        target: TargetTokens,
+        chunk: Sequence[tuple[PackedMask, np.ndarray, str]],
+    ) -> tuple[list[float], float]:
+        """Render, tokenize and score one batch (runs in a worker thread)."""
+        requests = [
+            ScoreRequest(
+                prompt_ids=tuple(self.renderer.coalition_prompt(snapshot, policy, row)),
+                target_ids=target.ids,
+            )
+            for _, row, _ in chunk
+        ]
+        t0 = time.perf_counter()
+        try:
+            results = self.backend.score(requests)
+        except Exception:
+            self._count(failed=len(chunk))
+            raise
+        return [r.utility for r in results], time.perf_counter() - t0
+
+    async def explain(
+        self, snapshot: ConversationSnapshot, estimator: Estimator, policy: AbsencePolicy
+    ) -> Explanation:
+        """Plan, evaluate and fit: the attribution of ``snapshot``'s players.
+
+        Raises:
+            EstimatorError, ConfigError: the estimator cannot run on this many players or budget
+                (raised before any model call).
+            InputError: the conversation does not fit the model.
+            BatchFailed: a model call failed.
+        """
+        t0 = time.perf_counter()
+        estimator.validate(snapshot.n_players)
+        target = self.target_tokens(snapshot)
+        before = self._stats.executed
+        masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
+        estimate = estimator.fit(masks, utilities)
+        return Explanation(
+            snapshot=snapshot,
+            estimate=estimate,
+            model_id=self.backend.model_id,
+            model_revision=self.backend.revision,
+            absence_policy=policy.id,
+            absence_params=policy.params(),
+            utility=UTILITY["kind"],
+            target_token_count=len(target.ids),
+            n_evaluations=self._stats.executed - before,
+            wall_seconds=time.perf_counter() - t0,
+            notes=self._notes(snapshot, policy),
+        )
+
+    def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
+        if not self.renderer.injects_default_system:
+            return ()
+        messages = snapshot.conversation.messages
+        if not any(m.role == "system" for m in messages):
+            return (
+                "the chat template injects its own default system prompt because the conversation "
+                "has no system message; every coalition is scored with it",
+            )
+        none = np.zeros(snapshot.n_players, dtype=bool)
+        if not any(m.role == "system" for m in policy.render(snapshot, none)):
+            return (
+                "the chat template injects its own default system prompt in coalitions where every "
+                "system player is absent (the system message is removed)",
+            )
+        return ()
+
+    def close(self) -> None:
+        """Refuse new work and close the archive (flushing buffered rows)."""
+        self._closed = True
+        if self.archive is not None:
+            self.archive.close(statistics=_stats_dict(self._stats))
+
+
+def _stats_dict(stats: EngineStatistics) -> dict[str, Any]:
+    return {f: getattr(stats, f) for f in EngineStatistics.__dataclass_fields__}

@@ -1,0 +1,170 @@
+"""Packed coalition masks and coalition keys.
+
+A coalition is a subset S of the players; its mask has bit i set when player i is present.
+:class:`PackedMask` stores it in little-endian bit order (bit i lives in byte ``i // 8`` at bit
+``i % 8``, as ``numpy.packbits(..., bitorder="little")``), with the trailing pad bits of the last
+byte zero, so equal coalitions have equal bytes. :func:`coalition_key` hashes everything that
+changes a coalition's utility and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import MaskError
+
+__all__ = ("KEY_SCHEMA", "PackedMask", "coalition_key", "pack_rows", "unpack_rows")
+
+KEY_SCHEMA = 1
+"""Version of the coalition key's canonical encoding; bump it when the encoding changes."""
+
+
+@dataclass(frozen=True, slots=True)
+class PackedMask:
+    """A coalition mask packed into bytes.
+
+    Args:
+        words: ``ceil(n_bits / 8)`` bytes, little-endian bit order, trailing pad bits zero.
+        n_bits: number of players n (>= 0).
+
+    Raises:
+        MaskError: negative ``n_bits``, wrong byte length, or a pad bit set.
+    """
+
+    words: bytes
+    n_bits: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.words, bytes):
+            raise MaskError(f"words must be bytes, got {type(self.words).__name__}", field="mask")
+        if not isinstance(self.n_bits, int) or self.n_bits < 0:
+            raise MaskError(f"n_bits must be a non-negative int, got {self.n_bits!r}", field="mask")
+        need = (self.n_bits + 7) // 8
+        if len(self.words) != need:
+            raise MaskError(
+                f"{self.n_bits} bits need {need} bytes, got {len(self.words)}", field="mask"
+            )
+        spare = need * 8 - self.n_bits
+        if spare and self.words[-1] >> (8 - spare):
+            raise MaskError(
+                f"pad bits above bit {self.n_bits - 1} must be zero (last byte "
+                f"0x{self.words[-1]:02x})",
+                field="mask",
+            )
+
+    @classmethod
+    def from_bools(cls, row: Any) -> PackedMask:
+        """Pack a 1-D boolean row ``[n_players]`` (True = present).
+
+        Raises:
+            MaskError: the row is not one-dimensional or not boolean.
+        """
+        arr = np.asarray(row)
+        if arr.ndim != 1:
+            raise MaskError(f"a mask row must be 1-D, got shape {arr.shape}", field="mask")
+        if arr.dtype != np.bool_:
+            raise MaskError(f"a mask row must be bool, got dtype {arr.dtype}", field="mask")
+        return cls(np.packbits(arr, bitorder="little").tobytes(), int(arr.shape[0]))
+
+    @classmethod
+    def from_indices(cls, present: Any, n_bits: int) -> PackedMask:
+        """The coalition of the given player indices among ``n_bits`` players.
+
+        Raises:
+            MaskError: an index outside ``[0, n_bits)``.
+        """
+        row = np.zeros(n_bits, dtype=bool)
+        idx = np.asarray(list(present), dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= n_bits):
+            raise MaskError(f"player index out of range [0, {n_bits})", field="mask")
+        row[idx] = True
+        return cls.from_bools(row)
+
+    def to_bools(self) -> np.ndarray:
+        """The mask as a ``[n_bits]`` bool array."""
+        bits = np.unpackbits(np.frombuffer(self.words, dtype=np.uint8), bitorder="little")
+        return bits[: self.n_bits].astype(bool)
+
+    def count(self) -> int:
+        """Number of present players |S|."""
+        return int(sum(b.bit_count() for b in self.words))
+
+    def __contains__(self, player: int) -> bool:
+        if not 0 <= player < self.n_bits:
+            return False
+        return bool(self.words[player >> 3] >> (player & 7) & 1)
+
+    def hex(self) -> str:
+        """The mask bytes as lowercase hex (little-endian bit order)."""
+        return self.words.hex()
+
+
+def pack_rows(masks: Any) -> list[PackedMask]:
+    """Pack every row of a ``[m, n]`` bool array."""
+    arr = np.asarray(masks)
+    if arr.ndim != 2 or arr.dtype != np.bool_:
+        raise MaskError(f"masks must be a 2-D bool array, got {arr.dtype} {arr.shape}", field="mask")
+    packed = np.packbits(arr, axis=1, bitorder="little")
+    return [PackedMask(row.tobytes(), int(arr.shape[1])) for row in packed]
+
+
+def unpack_rows(masks: list[PackedMask]) -> np.ndarray:
+    """Unpack masks of equal width into a ``[m, n]`` bool array.
+
+    Raises:
+        MaskError: masks of different widths.
+    """
+    if not masks:
+        return np.zeros((0, 0), dtype=bool)
+    n = masks[0].n_bits
+    if any(m.n_bits != n for m in masks):
+        raise MaskError("masks have different numbers of players", field="mask")
+    raw = np.frombuffer(b"".join(m.words for m in masks), dtype=np.uint8).reshape(len(masks), -1)
+    return np.unpackbits(raw, axis=1, bitorder="little")[:, :n].astype(bool)
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def coalition_key(
+    *,
+    snapshot_id: str,
+    mask: PackedMask,
+    policy_id: str,
+    policy_params: Mapping[str, Any],
+    model_id: str,
+    model_revision: str,
+    dtype: str,
+    utility: Mapping[str, Any],
+    generation: Mapping[str, Any] | None = None,
+) -> str:
+    """The identity of one coalition's utility value.
+
+    SHA-256 (64 hex chars) over the canonical JSON encoding (sorted keys, compact, UTF-8) of every
+    input that changes the value: the snapshot, the packed mask bytes and n_bits, the absence policy
+    id and parameters, the model id, revision and dtype, the utility spec and the generation config
+    (including its seed). Batch size, concurrency and timing never enter it.
+
+    Raises:
+        MaskError: ``mask`` is not a :class:`PackedMask`.
+    """
+    if not isinstance(mask, PackedMask):
+        raise MaskError(f"mask must be a PackedMask, got {type(mask).__name__}", field="mask")
+    payload = {
+        "schema": KEY_SCHEMA,
+        "snapshot_id": snapshot_id,
+        "mask": mask.words.hex(),
+        "n_bits": mask.n_bits,
+        "policy": {"id": policy_id, "params": dict(policy_params)},
+        "model": {"id": model_id, "revision": model_revision, "dtype": dtype},
+        "utility": dict(utility),
+        "generation": dict(generation or {}),
+    }
+    return hashlib.sha256(_canonical(payload)).hexdigest()

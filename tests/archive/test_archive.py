@@ -1,0 +1,367 @@
+"""The run archive on real Parquet files: round trips, parts, manifest, pools and refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tempfile
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coalescence.archive import ROW_SCHEMA, SCHEMA_VERSION, RunArchive, read_manifest, read_pool, read_rows
+from coalescence.errors import ArchiveError, CoalescenceError
+from coalescence.masking.codec import PackedMask
+
+N_BITS = 10  # two mask bytes, six pad bits
+T0 = datetime(2024, 5, 17, 8, 30, 15, 123456, tzinfo=UTC)
+
+
+def _key(snapshot_id: str, words: bytes) -> str:
+    return hashlib.sha256(snapshot_id.encode() + b"|" + words).hexdigest()
+
+
+def make_row(
+    present: list[int],
+    *,
+    utility: float,
+    snapshot_id: str = "a" * 64,
+    n_bits: int = N_BITS,
+    key: str | None = None,
+    created_at: datetime | None = T0,
+) -> dict:
+    """One archive row for the coalition of the ``present`` player indices."""
+    words = PackedMask.from_indices(present, n_bits).words
+    row = {
+        "snapshot_id": snapshot_id,
+        "coalition_key": key if key is not None else _key(snapshot_id, words),
+        "mask": words,
+        "n_bits": n_bits,
+        "absence_policy": "drop",
+        "model_id": "tiny-llama",
+        "utility": utility,
+        "elapsed_ms": 1.5,
+        "cache_hit": False,
+        "batch_size": 3,
+    }
+    if created_at is not None:
+        row["created_at"] = created_at
+    return row
+
+
+def seven_rows() -> list[dict]:
+    """Seven distinct coalitions with utilities that are not short decimals."""
+    coalitions = [[], [0], [1, 9], [2, 3, 4], [9], [0, 5, 8], list(range(N_BITS))]
+    utilities = [-12.345678901234567, 0.1 + 0.2, -1e-300, -math.pi, 1e308, -0.0, -7.000000000000001]
+    return [
+        make_row(c, utility=u, created_at=T0 + timedelta(microseconds=i))
+        for i, (c, u) in enumerate(zip(coalitions, utilities, strict=True))
+    ]
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def closed_run(run_dir: Path) -> tuple[Path, list[dict]]:
+    """A run of seven rows written with ``flush_rows=3`` and closed."""
+    rows = seven_rows()
+    archive = RunArchive.create(run_dir, {"run_config": {"method": "exact"}}, flush_rows=3)
+    for row in rows:
+        archive.append(row)
+    archive.close(statistics={"executed": 7})
+    return run_dir, rows
+
+
+# -- writing: parts ---------------------------------------------------------------------------
+
+
+def test_parts_are_written_every_flush_rows_and_on_close(run_dir: Path) -> None:
+    archive = RunArchive.create(run_dir, {}, flush_rows=3)
+    parts = run_dir / "parts"
+    for i, row in enumerate(seven_rows()):
+        archive.append(row)
+        assert len(list(parts.glob("part-*.parquet"))) == (i + 1) // 3
+    assert archive.rows_written == 6
+    archive.close()
+    assert archive.rows_written == 7
+    assert sorted(p.name for p in parts.iterdir()) == [
+        "part-000000.parquet",
+        "part-000001.parquet",
+        "part-000002.parquet",
+    ]
+    assert [pq.ParquetFile(p).metadata.num_rows for p in sorted(parts.iterdir())] == [3, 3, 1]
+
+
+def test_no_temporary_files_are_left(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, _ = closed_run
+    assert [p.name for p in (run_dir / "parts").iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []
+    assert sorted(p.name for p in run_dir.iterdir()) == ["manifest.json", "parts"]
+
+
+def test_parts_are_zstd_compressed(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, _ = closed_run
+    for part in sorted((run_dir / "parts").glob("part-*.parquet")):
+        meta = pq.ParquetFile(part).metadata
+        for c in range(meta.num_columns):
+            assert meta.row_group(0).column(c).compression == "ZSTD", (part.name, c)
+
+
+def test_flush_without_rows_writes_no_part(run_dir: Path) -> None:
+    archive = RunArchive.create(run_dir, {}, flush_rows=3)
+    archive.flush()
+    archive.close()
+    assert list((run_dir / "parts").iterdir()) == []
+    assert read_rows(run_dir).num_rows == 0
+    assert read_rows(run_dir).schema.equals(ROW_SCHEMA)
+    assert read_manifest(run_dir)["rows"] == 0
+
+
+# -- reading rows back ------------------------------------------------------------------------
+
+
+def test_round_trip_keeps_values_exactly_and_in_order(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, rows = closed_run
+    table = read_rows(run_dir)
+    assert table.num_rows == 7
+    assert table.schema.equals(ROW_SCHEMA)
+    back = table.to_pylist()
+    for written, read in zip(rows, back, strict=True):
+        for name in ("snapshot_id", "coalition_key", "mask", "n_bits", "absence_policy", "model_id"):
+            assert read[name] == written[name], name
+        assert read["generation_text"] is None
+        assert read["cache_hit"] is False
+        assert read["batch_size"] == 3
+        assert read["elapsed_ms"] == 1.5
+        assert read["created_at"] == written["created_at"]
+    # float64 utilities bit for bit, including -0.0 and a subnormal-adjacent value
+    got = table["utility"].to_numpy()
+    want = np.array([r["utility"] for r in rows], dtype=np.float64)
+    assert got.dtype == np.float64
+    assert got.tobytes() == want.tobytes()
+    # masks decode to the coalitions written
+    assert PackedMask(back[3]["mask"], back[3]["n_bits"]).to_bools().nonzero()[0].tolist() == [2, 3, 4]
+    assert PackedMask(back[6]["mask"], back[6]["n_bits"]).to_bools().all()
+
+
+def test_created_at_is_utc(run_dir: Path) -> None:
+    plus_two = timezone(timedelta(hours=2))
+    archive = RunArchive.create(run_dir, {}, flush_rows=10)
+    archive.append(make_row([1], utility=-1.0, created_at=datetime(2024, 1, 1, 12, 0, 0, 7, tzinfo=plus_two)))
+    before = datetime.now(UTC)
+    archive.append(make_row([2], utility=-2.0, created_at=None))  # defaults to now, UTC
+    after = datetime.now(UTC)
+    archive.close()
+    table = read_rows(run_dir)
+    assert table.schema.field("created_at").type == pa.timestamp("us", tz="UTC")
+    first, second = table["created_at"].to_pylist()
+    assert first.utcoffset() == timedelta(0)
+    assert first == datetime(2024, 1, 1, 10, 0, 0, 7, tzinfo=UTC)  # the same instant, shown in UTC
+    assert second.utcoffset() == timedelta(0)
+    assert before - timedelta(microseconds=1) <= second <= after
+
+
+def test_generation_text_round_trips(run_dir: Path) -> None:
+    archive = RunArchive.create(run_dir, {})
+    archive.append({**make_row([0], utility=-3.0), "generation_text": "Paris, 1889 \u2014 ok"})
+    archive.close()
+    assert read_rows(run_dir)["generation_text"].to_pylist() == ["Paris, 1889 \u2014 ok"]
+
+
+def test_parts_read_as_one_pyarrow_dataset(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, rows = closed_run
+    # a crashed writer's temporary part must not break the dataset either
+    (run_dir / "parts" / ".part-000009.parquet.tmp").write_bytes(b"not parquet at all")
+    table = ds.dataset(run_dir / "parts", format="parquet").to_table()
+    assert table.num_rows == 7
+    assert sorted(table["coalition_key"].to_pylist()) == sorted(r["coalition_key"] for r in rows)
+    assert table.schema.field("utility").type == pa.float64()
+
+
+def test_read_rows_ignores_a_stray_temporary_part(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, rows = closed_run
+    (run_dir / "parts" / ".part-000009.parquet.tmp").write_bytes(b"PAR1 garbage garbage")
+    table = read_rows(run_dir)
+    assert table.num_rows == 7
+    assert table["coalition_key"].to_pylist() == [r["coalition_key"] for r in rows]
+
+
+def test_read_rows_of_a_corrupt_part_raises_archive_error(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, _ = closed_run
+    (run_dir / "parts" / "part-000003.parquet").write_bytes(b"garbage")
+    with pytest.raises(ArchiveError, match="part-000003"):
+        read_rows(run_dir)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    utilities=st.lists(st.floats(allow_nan=False, width=64), min_size=1, max_size=9),
+    flush_rows=st.integers(1, 4),
+)
+def test_any_float64_utilities_round_trip_in_order(utilities: list[float], flush_rows: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        archive = RunArchive.create(run_dir, {}, flush_rows=flush_rows)
+        for i, u in enumerate(utilities):
+            archive.append(make_row([i], utility=u))
+        archive.close()
+        n_parts = len(list((run_dir / "parts").glob("part-*.parquet")))
+        assert n_parts == math.ceil(len(utilities) / flush_rows)
+        got = read_rows(run_dir)["utility"].to_numpy()
+        assert got.tobytes() == np.array(utilities, dtype=np.float64).tobytes()
+
+
+# -- manifest ---------------------------------------------------------------------------------
+
+
+def test_manifest_after_create_and_after_close(run_dir: Path) -> None:
+    archive = RunArchive.create(run_dir, {"run_config": {"method": "exact"}}, flush_rows=3)
+    created = read_manifest(run_dir)
+    assert created["schema_version"] == SCHEMA_VERSION
+    assert created["run_config"] == {"method": "exact"}
+    assert "rows" not in created
+    for row in seven_rows():
+        archive.append(row)
+    archive.close(statistics={"executed": 7})
+    manifest = read_manifest(run_dir)
+    assert manifest["schema_version"] == SCHEMA_VERSION
+    assert manifest["rows"] == 7
+    assert manifest["statistics"] == {"executed": 7}
+    assert manifest["run_config"] == {"method": "exact"}
+    assert manifest["created_at"] == created["created_at"]
+    created_at = datetime.fromisoformat(manifest["created_at"])
+    updated_at = datetime.fromisoformat(manifest["updated_at"])
+    assert created_at.utcoffset() == timedelta(0)
+    assert updated_at.utcoffset() == timedelta(0)
+    assert created_at <= updated_at
+    # the file is plain JSON with the same content
+    assert json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")) == manifest
+
+
+def test_a_newer_schema_version_is_refused(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, _ = closed_run
+    path = run_dir / "manifest.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**manifest, "schema_version": 999}), encoding="utf-8")
+    with pytest.raises(ArchiveError, match="999") as info:
+        read_manifest(run_dir)
+    assert info.value.field == "RUN_DIR"
+
+
+def test_a_missing_or_broken_manifest_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ArchiveError, match="not a run directory"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("{", encoding="utf-8")
+    with pytest.raises(ArchiveError, match="cannot read"):
+        read_manifest(tmp_path)
+
+
+# -- create: refusing existing runs -----------------------------------------------------------
+
+
+def test_create_refuses_a_non_empty_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("keep me", encoding="utf-8")
+    with pytest.raises(ArchiveError) as info:
+        RunArchive.create(run_dir, {})
+    assert info.value.field == "--archive"
+    assert isinstance(info.value, CoalescenceError)
+    assert str(info.value).startswith("--archive: ")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+    assert (run_dir / "notes.txt").read_text(encoding="utf-8") == "keep me"
+
+
+def test_create_refuses_an_existing_run(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, _ = closed_run
+    before = (run_dir / "manifest.json").read_bytes()
+    with pytest.raises(ArchiveError):
+        RunArchive.create(run_dir, {"other": True})
+    assert (run_dir / "manifest.json").read_bytes() == before
+    assert read_rows(run_dir).num_rows == 7
+
+
+def test_create_refuses_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    path.write_text("x", encoding="utf-8")
+    with pytest.raises(ArchiveError) as info:
+        RunArchive.create(path, {})
+    assert info.value.field == "--archive"
+
+
+def test_create_accepts_an_empty_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    archive = RunArchive.create(run_dir, {"k": 1})
+    archive.append(make_row([0, 1], utility=-4.25))
+    archive.close()
+    assert read_manifest(run_dir)["rows"] == 1
+    assert read_rows(run_dir)["utility"].to_pylist() == [-4.25]
+
+
+def test_create_makes_missing_parents(tmp_path: Path) -> None:
+    run_dir = tmp_path / "a" / "b" / "run"
+    RunArchive.create(run_dir, {}).close()
+    assert (run_dir / "manifest.json").is_file()
+    assert (run_dir / "parts").is_dir()
+
+
+# -- closing ----------------------------------------------------------------------------------
+
+
+def test_append_after_close_raises(run_dir: Path) -> None:
+    archive = RunArchive.create(run_dir, {})
+    archive.append(make_row([0], utility=-1.0))
+    archive.close()
+    with pytest.raises(ArchiveError, match="closed") as info:
+        archive.append(make_row([1], utility=-2.0))
+    assert info.value.field == "--archive"
+    archive.close()  # a second close is a no-op
+    assert read_rows(run_dir).num_rows == 1
+    assert read_manifest(run_dir)["rows"] == 1
+
+
+# -- pools ------------------------------------------------------------------------------------
+
+
+def test_read_pool_selects_one_snapshot_and_first_duplicate_wins(run_dir: Path) -> None:
+    s1, s2 = "1" * 64, "2" * 64
+    archive = RunArchive.create(run_dir, {}, flush_rows=2)
+    archive.append(make_row([], utility=-10.0, snapshot_id=s1))
+    archive.append(make_row([0, 9], utility=-8.5, snapshot_id=s1))
+    archive.append(make_row([0, 9], utility=-99.0, snapshot_id=s2))  # other snapshot, same mask
+    archive.append(make_row([0, 9], utility=-7.0, snapshot_id=s1))  # duplicate key: ignored
+    archive.append(make_row(list(range(N_BITS)), utility=-1.25, snapshot_id=s1))
+    archive.close()
+
+    masks, utilities = read_pool(run_dir, s1)
+    assert masks.dtype == np.bool_
+    assert utilities.dtype == np.float64
+    assert masks.shape == (3, N_BITS)
+    assert utilities.tolist() == [-10.0, -8.5, -1.25]
+    assert not masks[0].any()
+    assert masks[1].nonzero()[0].tolist() == [0, 9]
+    assert masks[2].all()
+
+    masks2, utilities2 = read_pool(run_dir, s2)
+    assert masks2.shape == (1, N_BITS)
+    assert masks2[0].nonzero()[0].tolist() == [0, 9]
+    assert utilities2.tolist() == [-99.0]
+
+
+def test_read_pool_of_an_unknown_snapshot_is_empty(closed_run: tuple[Path, list[dict]]) -> None:
+    run_dir, _ = closed_run
+    masks, utilities = read_pool(run_dir, "f" * 64)
+    assert masks.shape[0] == 0 and masks.dtype == np.bool_
+    assert utilities.shape == (0,) and utilities.dtype == np.float64

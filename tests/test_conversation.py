@@ -1,0 +1,124 @@
+"""Input parsing, segmentation into players, and snapshot identity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coalescence.conversation import Conversation, ConversationSnapshot, load_conversation, segment_players
+from coalescence.errors import InputError
+
+TEXT = "The tower is in Paris.  It was completed in 1889. Dr. Smith said so! Mt. Fuji is in Japan."
+
+
+def convo(**extra):
+    data = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": TEXT},
+            {"role": "assistant", "content": "In 1889."},
+        ]
+    }
+    data.update(extra)
+    return data
+
+
+def test_last_assistant_is_the_target():
+    c = Conversation.from_dict(convo())
+    assert c.target == "In 1889." and c.target_source == "last_assistant"
+    assert [m.role for m in c.messages] == ["system", "user"]
+
+
+def test_target_field_overrides_last_assistant():
+    c = Conversation.from_dict(convo(target="1889"))
+    assert c.target == "1889" and c.target_source == "field"
+    assert [m.role for m in c.messages] == ["system", "user"]
+
+
+def test_ending_on_user_leaves_target_to_generate():
+    data = convo()
+    data["messages"].pop()
+    c = Conversation.from_dict(data)
+    assert c.target is None and c.target_source == "none"
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ([1, 2], "input"),
+        ({}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]}, "messages[1].content"),
+        ({"messages": [{"role": "user", "content": "q"}], "target": ""}, "target"),
+        ({"messages": [{"role": "assistant", "content": "only an answer"}]}, "messages"),
+    ],
+)
+def test_bad_input_names_the_field(data, field):
+    with pytest.raises(InputError) as info:
+        Conversation.from_dict(data)
+    assert info.value.field == field
+
+
+def test_malformed_json_gives_position(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{"messages": [')
+    with pytest.raises(InputError, match="line 1 column") as info:
+        load_conversation(p)
+    assert info.value.field == "input"
+
+
+def test_sentence_players_have_exact_spans_and_labels():
+    c = Conversation.from_dict(convo())
+    players = segment_players(c, unit="sentence")
+    assert [p.label for p in players] == [
+        "system[0].s0",
+        "user[1].s0",
+        "user[1].s1",
+        "user[1].s2",
+        "user[1].s3",
+    ]
+    assert [p.index for p in players] == list(range(5))
+    for p in players:
+        assert c.messages[p.message_index].content[p.start : p.end] == p.text
+        assert p.text == p.text.strip()
+    assert players[2].text == "It was completed in 1889."
+    assert players[3].text == "Dr. Smith said so!"  # abbreviation not split
+
+
+def test_turn_players_and_roles():
+    c = Conversation.from_dict(convo())
+    players = segment_players(c, unit="turn", roles=["user"])
+    assert len(players) == 1
+    assert players[0].label == "user[1]" and players[0].text == TEXT
+    with pytest.raises(InputError) as info:
+        segment_players(c, unit="turn", roles=["tool"])
+    assert info.value.field == "--roles"
+    with pytest.raises(InputError) as info:
+        segment_players(c, unit="turn", roles=["robot"])
+    assert info.value.field == "--roles"
+    with pytest.raises(InputError) as info:
+        segment_players(c, unit="word")
+    assert info.value.field == "--unit"
+
+
+def test_snapshot_id_is_canonical_and_sensitive():
+    a = ConversationSnapshot.build(Conversation.from_dict(convo()), unit="sentence")
+    b = ConversationSnapshot.build(Conversation.from_dict(json.loads(json.dumps(convo()))), unit="sentence")
+    assert a.snapshot_id == b.snapshot_id and len(a.snapshot_id) == 64
+    assert ConversationSnapshot.build(Conversation.from_dict(convo()), unit="turn").snapshot_id != a.snapshot_id
+    assert ConversationSnapshot.build(Conversation.from_dict(convo(target="x")), unit="sentence").snapshot_id != a.snapshot_id
+    other = convo()
+    other["messages"][0]["content"] = "Be brief!"
+    assert ConversationSnapshot.build(Conversation.from_dict(other), unit="sentence").snapshot_id != a.snapshot_id
+
+
+def test_examples_load():
+    eiffel = ConversationSnapshot.build(load_conversation("examples/eiffel.json"), unit="sentence")
+    assert eiffel.target == "It was completed in 1889."
+    assert eiffel.n_players == 10
+    assert sum("1889" in p.text for p in eiffel.players) == 1
+    trip = ConversationSnapshot.build(load_conversation("examples/trip.json"), unit="turn")
+    assert [p.role for p in trip.players] == ["system", "user", "assistant", "user"]
