@@ -4,7 +4,8 @@
 prints a ranked table; ``--out`` writes the stable JSON document, ``--archive`` the run archive.
 
 Exit codes: 0 success; 2 bad input or settings (one line on stderr naming the field and the fix,
-nothing written); 1 a model or archive failure during the run; 130 interrupted.
+nothing written); 1 a model, archive or output failure once the run has started (what was
+evaluated stays in the archive); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,11 +19,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from . import __version__
-from .errors import BatchFailed, CoalescenceError, ConfigError
+from .errors import ArchiveError, BatchFailed, CoalescenceError, ConfigError
 
 __all__ = ("build_parser", "main")
 
 logger = logging.getLogger("coalescence")
+
+
+class _RunFailed(Exception):
+    """A failure after the run started (exit 1), wrapping the library error."""
+
+    def __init__(self, error: CoalescenceError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _positive_int(text: str) -> int:
@@ -114,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_parent(path: Path, option: str) -> None:
+    """Refuse a path whose nearest existing ancestor is not a writable directory."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{str(parent)!r} is a file, not a directory; give another path", field=option)
+            if not os.access(parent, os.W_OK):
+                raise ConfigError(f"{str(parent)!r} is not writable; give another path", field=option)
+            return
+
+
 def _fail(exc: CoalescenceError, code: int) -> int:
     print(f"coalescence: error: {exc}", file=sys.stderr)
     return code
@@ -146,8 +166,10 @@ def _explain(args: argparse.Namespace) -> int:
     estimator = make_estimator(args.method, budget=budget, seed=args.seed)
     estimator.validate(n_players)
     out_path = Path(args.out) if args.out else None
-    if out_path is not None and out_path.is_dir():
-        raise ConfigError(f"{args.out!r} is a directory; give a file path", field="--out")
+    if out_path is not None:
+        if out_path.is_dir():
+            raise ConfigError(f"{args.out!r} is a directory; give a file path", field="--out")
+        _check_parent(out_path, "--out")
     if args.archive is not None:
         run_dir = Path(args.archive)
         if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
@@ -155,6 +177,7 @@ def _explain(args: argparse.Namespace) -> int:
                 f"{args.archive!r} already exists and is not empty; choose a new path or delete it",
                 field="--archive",
             )
+        _check_parent(run_dir, "--archive")
     source = resolve_model(args.model)
 
     # 2. the model
@@ -199,14 +222,19 @@ def _explain(args: argparse.Namespace) -> int:
     }
     engine.archive = RunArchive.create(run_dir, manifest)
     try:
-        explanation = anyio.run(engine.explain, snapshot, estimator, policy)
-    finally:
-        progress.close()
-        engine.close()
-    document = explanation.to_dict()
-    document["archive"] = str(run_dir)
-    if out_path is not None:
-        write_json_atomic(out_path, document)
+        try:
+            explanation = anyio.run(engine.explain, snapshot, estimator, policy)
+        finally:
+            progress.close()
+            engine.close()
+        document = explanation.to_dict()
+        document["archive"] = str(run_dir)
+        if out_path is not None:
+            write_json_atomic(out_path, document)
+    except ArchiveError as exc:
+        raise _RunFailed(exc) from exc
+    except OSError as exc:
+        raise _RunFailed(ArchiveError(f"cannot write {out_path}: {exc}", field="--out")) from exc
     print(explanation.format_table())
     print(f"archive: {run_dir}" + (f"   json: {out_path}" if out_path else ""))
     return 0
@@ -227,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse enforces it
     except BatchFailed as exc:
         return _fail(exc, 1)
+    except _RunFailed as exc:
+        return _fail(exc.error, 1)
     except CoalescenceError as exc:
         return _fail(exc, 2)
     except KeyboardInterrupt:

@@ -365,3 +365,11 @@ def test_read_pool_of_an_unknown_snapshot_is_empty(closed_run: tuple[Path, list[
     masks, utilities = read_pool(run_dir, "f" * 64)
     assert masks.shape[0] == 0 and masks.dtype == np.bool_
     assert utilities.shape == (0,) and utilities.dtype == np.float64
+
+
+def test_a_bad_row_is_refused_at_append_and_does_not_jam_the_archive(tmp_path):
+    archive = RunArchive.create(tmp_path / "run", {}, flush_rows=2)
+    with pytest.raises(ArchiveError, match="missing"):
+        archive.append({"snapshot_id": "s"})
+    archive.close()
+    assert archive.manifest["rows"] == 0

@@ -31,8 +31,10 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
         raise ArchiveError(f"{str(run_dir)!r} is not a run directory (no {MANIFEST_NAME})", field="RUN_DIR") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ArchiveError(f"cannot read {path}: {exc}", field="RUN_DIR") from exc
-    version = manifest.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ArchiveError(f"{path} has no valid schema_version ({version!r})", field="RUN_DIR")
+    if version > SCHEMA_VERSION:
         raise ArchiveError(
             f"archive schema version {version!r} is newer than this coalescence ({SCHEMA_VERSION}); upgrade",
             field="RUN_DIR",

@@ -98,6 +98,10 @@ class RunArchive:
         record = dict(row)
         record.setdefault("created_at", datetime.now(UTC))
         record.setdefault("generation_text", None)
+        missing = [f.name for f in ROW_SCHEMA if not f.nullable and record.get(f.name) is None]
+        extra = sorted(set(record) - set(ROW_SCHEMA.names))
+        if missing or extra:
+            raise ArchiveError(f"bad archive row: missing {missing}, unknown {extra}", field="row")
         self._rows.append(record)
         if len(self._rows) >= self.flush_rows:
             self.flush()
@@ -110,7 +114,10 @@ class RunArchive:
         """
         if not self._rows:
             return
-        table = pa.Table.from_pylist(self._rows, schema=ROW_SCHEMA)
+        try:
+            table = pa.Table.from_pylist(self._rows, schema=ROW_SCHEMA)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise ArchiveError(f"rows do not fit the archive schema: {exc}", field="row") from exc
         parts = self.run_dir / PARTS_DIR
         final = parts / part_name(self._next_part)
         tmp = parts / f".{final.name}.tmp"

@@ -1,0 +1,503 @@
+"""The ``coalescence`` command line: bad input fails cleanly, the tiny model runs end to end.
+
+Every refused input must exit 2 with one line ``coalescence: error: FIELD: ...`` on stderr, before any
+model is loaded and before anything is written (no archive, no ``runs/``, no ``--out`` file). The
+happy paths run on the tiny random Llama saved by ``tiny_model_dir`` (never the real SmolLM2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from coalescence.archive import read_manifest, read_pool
+from coalescence.attribution.estimators import ExactShapley
+from coalescence.cli import main
+from coalescence.masking.codec import PackedMask
+
+SYSTEM = "You are a helpful assistant."
+USER = (
+    "The Eiffel Tower was completed in 1889. Big Ben's clock tower in London was finished in 1859. "
+    "When was the tower completed?"
+)
+ANSWER = "It was completed in 1889."
+CONVERSATION = {
+    "messages": [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": USER},
+        {"role": "assistant", "content": ANSWER},
+    ]
+}
+LABELS = ["system[0].s0", "user[1].s0", "user[1].s1", "user[1].s2"]  # --unit sentence
+N_PLAYERS = len(LABELS)
+
+SEVENTEEN = " ".join(
+    f"The tower has fact {w}."
+    for w in (
+        "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+        "sixteen seventeen"
+    ).split()
+)
+
+DOCUMENTED_KEYS = {
+    "method",
+    "model_id",
+    "snapshot_id",
+    "unit",
+    "absence_policy",
+    "target",
+    "v_empty",
+    "v_full",
+    "efficiency_gap",
+    "n_evaluations",
+    "wall_seconds",
+    "players",
+}
+PLAYER_KEYS = {"index", "label", "role", "message_index", "start", "end", "text", "value", "stderr"}
+
+
+def write_input(directory: Path, content: Any, name: str = "conversation.json") -> Path:
+    """Write ``content`` (a str verbatim, anything else as JSON) to ``directory/name``."""
+    path = directory / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory (a default archive would land in ``cwd/runs``)."""
+    path = tmp_path / "cwd"
+    path.mkdir()
+    monkeypatch.chdir(path)
+    return path
+
+
+def assert_refused(
+    argv: list[str], field: str, tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> str:
+    """Run ``main`` with an archive and an --out path; check the exit-2 contract; return the message."""
+    run_dir = tmp_path / "run"
+    out = tmp_path / "out.json"
+    code = main([*argv, "--archive", str(run_dir), "--out", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"coalescence: error: {field}: "), lines[0]
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+    assert not run_dir.exists()
+    assert not out.exists()
+    assert not (cwd / "runs").exists()
+    assert list(cwd.iterdir()) == []
+    return lines[0]
+
+
+# -- refused input: the conversation file ---------------------------------------------------
+
+BAD_INPUTS = [
+    pytest.param('{"messages": [', "input", "not valid JSON", id="malformed-json"),
+    pytest.param("[1, 2]", "input", "JSON object", id="not-an-object"),
+    pytest.param({}, "messages", "missing", id="no-messages"),
+    pytest.param({"messages": []}, "messages", "non-empty", id="empty-messages"),
+    pytest.param(
+        {"messages": [{"role": "user", "content": "Hi."}, {"role": "robot", "content": "Beep."}]},
+        "messages[1].role",
+        "'robot'",
+        id="unknown-role",
+    ),
+    pytest.param(
+        {"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "   "}]},
+        "messages[1].content",
+        "empty",
+        id="empty-last-assistant",
+    ),
+    pytest.param(
+        {"messages": [{"role": "user", "content": "Hi."}], "target": "   "},
+        "target",
+        "empty",
+        id="empty-target-field",
+    ),
+    pytest.param(
+        {"messages": [{"role": "user", "content": "Hi."}], "target": 3},
+        "target",
+        "string",
+        id="non-string-target",
+    ),
+    pytest.param(
+        {"messages": [{"role": "user", "content": ["Hi."]}, {"role": "assistant", "content": "Yo."}]},
+        "messages[0].content",
+        "string",
+        id="non-string-content",
+    ),
+]
+
+
+@pytest.mark.parametrize(("content", "field", "says"), BAD_INPUTS)
+def test_bad_input_file_is_refused(
+    content: Any,
+    field: str,
+    says: str,
+    tmp_path: Path,
+    cwd: Path,
+    capsys: pytest.CaptureFixture[str],
+    tiny_model_dir: Path,
+) -> None:
+    path = write_input(tmp_path, content)
+    line = assert_refused(["explain", str(path), "--model", str(tiny_model_dir)], field, tmp_path, cwd, capsys)
+    assert says in line
+
+
+def test_missing_input_file_is_refused(
+    tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+) -> None:
+    missing = tmp_path / "nowhere.json"
+    line = assert_refused(["explain", str(missing), "--model", str(tiny_model_dir)], "input", tmp_path, cwd, capsys)
+    assert "no such file" in line
+    assert "nowhere.json" in line
+
+
+# -- refused settings -----------------------------------------------------------------------
+
+BAD_SETTINGS = [
+    pytest.param(["--roles", "tool"], "--roles", "no attributable players", id="roles-none-attributable"),
+    pytest.param(["--roles", "user,robot"], "--roles", "'robot'", id="roles-unknown"),
+    pytest.param(["--roles", " , "], "--roles", "at least one role", id="roles-empty"),
+    pytest.param(["--model", "nosuchmodel"], "--model", "unknown model 'nosuchmodel'", id="model-unknown-alias"),
+    pytest.param(["--model", "./no/such/dir"], "--model", "./no/such/dir", id="model-missing-path"),
+    pytest.param(
+        ["--unit", "sentence", "--method", "permutation", "--budget", "3"],
+        "--budget",
+        "minimum of 2n = 8",
+        id="budget-below-minimum",
+    ),
+    pytest.param(["--method", "exact", "--budget", "50"], "--budget", "permutation", id="budget-with-exact"),
+    pytest.param(["--method", "loo", "--budget", "50"], "--budget", "permutation", id="budget-with-loo"),
+]
+
+
+@pytest.mark.parametrize(("options", "field", "says"), BAD_SETTINGS)
+def test_bad_setting_is_refused(
+    options: list[str],
+    field: str,
+    says: str,
+    tmp_path: Path,
+    cwd: Path,
+    capsys: pytest.CaptureFixture[str],
+    tiny_model_dir: Path,
+) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), *options]  # a later --model wins
+    line = assert_refused(argv, field, tmp_path, cwd, capsys)
+    assert says in line
+
+
+def test_too_many_players_for_exact_is_refused(
+    tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+) -> None:
+    path = write_input(
+        tmp_path,
+        {"messages": [{"role": "user", "content": SEVENTEEN}, {"role": "assistant", "content": ANSWER}]},
+    )
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact"]
+    line = assert_refused(argv, "--method", tmp_path, cwd, capsys)
+    assert "17 players" in line
+    assert "permutation" in line
+
+
+def test_out_pointing_to_a_directory_is_refused(
+    tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    out_dir = tmp_path / "outdir"
+    out_dir.mkdir()
+    run_dir = tmp_path / "run"
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--out", str(out_dir), "--archive", str(run_dir)]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines() == [err.strip()]
+    assert err.startswith("coalescence: error: --out: ")
+    assert not run_dir.exists()
+    assert list(out_dir.iterdir()) == []
+
+
+def test_non_empty_archive_directory_is_refused_and_left_alone(
+    tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    run_dir = tmp_path / "old-run"
+    (run_dir / "parts").mkdir(parents=True)
+    (run_dir / "manifest.json").write_text('{"schema_version": 1}', encoding="utf-8")
+    (run_dir / "parts" / "part-000000.parquet").write_bytes(b"old bytes")
+    before = {p.relative_to(run_dir): (p.read_bytes() if p.is_file() else None) for p in run_dir.rglob("*")}
+    out = tmp_path / "out.json"
+
+    code = main(["explain", str(path), "--model", str(tiny_model_dir), "--archive", str(run_dir), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines() == [err.strip()]
+    assert err.startswith("coalescence: error: --archive: ")
+    assert "not empty" in err
+    after = {p.relative_to(run_dir): (p.read_bytes() if p.is_file() else None) for p in run_dir.rglob("*")}
+    assert after == before
+    assert not out.exists()
+    assert not (cwd / "runs").exists()
+
+
+@pytest.mark.parametrize("option", ["--batch-size", "--budget", "--max-new-tokens"])
+def test_non_positive_integers_are_rejected_by_argparse(
+    option: str, tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["explain", str(path), option, "0", "--archive", str(run_dir)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err
+    assert "expected a positive integer, got 0" in err
+    assert "Traceback" not in err
+    assert not run_dir.exists()
+
+
+# -- a real process -------------------------------------------------------------------------
+
+
+def _run_module(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run(
+        [sys.executable, "-m", "coalescence", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_module_exits_2_without_traceback_on_malformed_json(tmp_path: Path, cwd: Path) -> None:
+    path = write_input(tmp_path, '{"messages": [')
+    run_dir = tmp_path / "run"
+    # the default model (the smollm2-135m alias): input errors come before it is even located
+    proc = _run_module(["explain", str(path), "--archive", str(run_dir)], cwd)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        "coalescence: error: input: conversation.json is not valid JSON: "
+        "Expecting value at line 1 column 15"
+    ]
+    assert proc.stdout == ""
+    assert not run_dir.exists()
+    assert list(cwd.iterdir()) == []
+
+
+def test_module_exits_2_on_an_argparse_error(tmp_path: Path, cwd: Path) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    proc = _run_module(["explain", str(path), "--batch-size", "0"], cwd)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "--batch-size" in proc.stderr
+    assert list(cwd.iterdir()) == []
+
+
+# -- happy paths on the tiny model ----------------------------------------------------------
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """Run ``main`` capturing stdout and stderr (usable outside a test's capsys)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def explain(tmp: Path, tiny_model_dir: Path, name: str, *options: str, conversation: Any = CONVERSATION):
+    """Run ``explain`` on ``conversation`` with sentence players; return code, stdout, stderr, doc, run dir."""
+    base = tmp / name
+    base.mkdir()
+    path = write_input(base, conversation)
+    run_dir, out = base / "run", base / "out.json"
+    argv = [
+        "explain", str(path), "--model", str(tiny_model_dir), "--unit", "sentence",
+        *options, "--archive", str(run_dir), "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    code, stdout, stderr = run_cli(argv)
+    doc = json.loads(out.read_text(encoding="utf-8")) if out.exists() else None
+    return code, stdout, stderr, doc, run_dir
+
+
+@pytest.fixture(scope="module")
+def exact_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):
+    code, stdout, stderr, doc, run_dir = explain(
+        tmp_path_factory.mktemp("cli-exact"), tiny_model_dir, "exact", "--method", "exact"
+    )
+    assert code == 0, stderr
+    return stdout, doc, run_dir
+
+
+def test_exact_document_has_the_documented_fields(exact_run, tiny_model_dir: Path) -> None:
+    _, doc, run_dir = exact_run
+    assert DOCUMENTED_KEYS <= doc.keys()
+    assert doc["method"] == "exact"
+    assert doc["model_id"] == str(tiny_model_dir)
+    assert doc["unit"] == "sentence"
+    assert doc["absence_policy"] == "drop"
+    assert doc["target"] == ANSWER
+    assert doc["target_source"] == "last_assistant"
+    assert doc["value_unit"] == "nats"
+    assert doc["archive"] == str(run_dir)
+    assert len(doc["snapshot_id"]) == 64 and int(doc["snapshot_id"], 16) >= 0
+    assert doc["wall_seconds"] > 0
+    assert math.isfinite(doc["v_empty"]) and math.isfinite(doc["v_full"])
+    assert doc["v_full"] < 0 and doc["v_empty"] < 0  # log-probabilities of a multi-token answer
+
+
+def test_exact_players_are_the_sentences_in_order(exact_run) -> None:
+    _, doc, _ = exact_run
+    players = doc["players"]
+    assert [p["label"] for p in players] == LABELS
+    messages = CONVERSATION["messages"]
+    for i, p in enumerate(players):
+        assert set(p) == PLAYER_KEYS
+        assert p["index"] == i
+        assert p["role"] == messages[p["message_index"]]["role"]
+        assert p["text"] == messages[p["message_index"]]["content"][p["start"] : p["end"]]
+        assert p["stderr"] is None  # exact values have no sampling error
+        assert isinstance(p["value"], float) and math.isfinite(p["value"])
+    assert [p["text"] for p in players] == [
+        SYSTEM,
+        "The Eiffel Tower was completed in 1889.",
+        "Big Ben's clock tower in London was finished in 1859.",
+        "When was the tower completed?",
+    ]
+
+
+def test_exact_values_are_efficient(exact_run) -> None:
+    _, doc, _ = exact_run
+    values = [p["value"] for p in doc["players"]]
+    span = doc["v_full"] - doc["v_empty"]
+    assert sum(values) - span == pytest.approx(doc["efficiency_gap"], abs=1e-12)
+    assert abs(doc["efficiency_gap"]) < 1e-9
+    assert doc["n_evaluations"] == 2**N_PLAYERS
+    assert doc["n_coalitions"] == 2**N_PLAYERS
+
+
+def test_exact_archive_holds_every_coalition_once(exact_run) -> None:
+    _, doc, run_dir = exact_run
+    assert (run_dir / "manifest.json").is_file()
+    manifest = read_manifest(run_dir)
+    assert manifest["rows"] == 2**N_PLAYERS
+    assert manifest["snapshots"][0]["snapshot_id"] == doc["snapshot_id"]
+    assert manifest["run_config"]["method"] == "exact"
+    assert manifest["statistics"]["executed"] == 2**N_PLAYERS
+
+    table = ds.dataset(run_dir / "parts", format="parquet").to_table()
+    assert table.num_rows == 2**N_PLAYERS
+    rows = table.to_pylist()
+    assert len({r["coalition_key"] for r in rows}) == 2**N_PLAYERS
+    assert {r["snapshot_id"] for r in rows} == {doc["snapshot_id"]}
+    by_mask = {}
+    for r in rows:
+        bools = PackedMask(r["mask"], r["n_bits"]).to_bools()
+        assert bools.shape == (N_PLAYERS,)
+        by_mask[tuple(bools.tolist())] = r["utility"]
+    assert len(by_mask) == 2**N_PLAYERS
+    assert by_mask[(True,) * N_PLAYERS] == doc["v_full"]
+    assert by_mask[(False,) * N_PLAYERS] == doc["v_empty"]
+
+
+def test_exact_values_can_be_recomputed_from_the_archive(exact_run) -> None:
+    _, doc, run_dir = exact_run
+    masks, utilities = read_pool(run_dir, doc["snapshot_id"])
+    assert masks.shape == (2**N_PLAYERS, N_PLAYERS)
+    estimate = ExactShapley().fit(masks, utilities)
+    np.testing.assert_allclose(estimate.values, [p["value"] for p in doc["players"]], rtol=0, atol=1e-12)
+
+
+def test_exact_table_is_printed(exact_run) -> None:
+    stdout, doc, run_dir = exact_run
+    for label in LABELS:
+        assert label in stdout
+    gap_lines = [line for line in stdout.splitlines() if "efficiency gap" in line]
+    assert len(gap_lines) == 1
+    assert f"archive: {run_dir}" in stdout
+    # ranked by value, best first
+    ranked = sorted(doc["players"], key=lambda p: (-p["value"], p["index"]))
+    positions = [stdout.index(p["label"]) for p in ranked]
+    assert positions == sorted(positions)
+
+
+def test_permutation_is_deterministic_for_a_seed(tmp_path: Path, tiny_model_dir: Path) -> None:
+    options = ("--method", "permutation", "--budget", "40", "--seed", "3")
+    code1, _, err1, doc1, run1 = explain(tmp_path, tiny_model_dir, "first", *options)
+    code2, _, err2, doc2, run2 = explain(tmp_path, tiny_model_dir, "second", *options)
+    assert (code1, code2) == (0, 0), err1 + err2
+    assert doc1["method"] == "permutation"
+    assert [p["value"] for p in doc1["players"]] == [p["value"] for p in doc2["players"]]
+    assert [p["stderr"] for p in doc1["players"]] == [p["stderr"] for p in doc2["players"]]
+    for p in doc1["players"]:
+        assert isinstance(p["stderr"], float) and p["stderr"] >= 0
+    assert abs(doc1["efficiency_gap"]) < 1e-9
+    assert 2 * N_PLAYERS <= doc1["n_evaluations"] <= min(40, 2**N_PLAYERS)
+    assert read_manifest(run1)["rows"] == doc1["n_evaluations"]
+    assert read_manifest(run2)["rows"] == doc2["n_evaluations"]
+    assert read_manifest(run1)["run_config"]["budget"] == 40
+
+
+def test_loo_evaluates_n_plus_two_coalitions(tmp_path: Path, tiny_model_dir: Path) -> None:
+    code, stdout, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "loo", "--method", "loo")
+    assert code == 0, stderr
+    assert doc["method"] == "loo"
+    assert doc["n_evaluations"] == N_PLAYERS + 2
+    assert read_manifest(run_dir)["rows"] == N_PLAYERS + 2
+    values = [p["value"] for p in doc["players"]]
+    assert sum(values) - (doc["v_full"] - doc["v_empty"]) == pytest.approx(doc["efficiency_gap"], abs=1e-12)
+    assert all(p["stderr"] is None for p in doc["players"])
+    assert "efficiency gap" in stdout
+
+
+def test_a_conversation_ending_on_a_user_turn_gets_a_generated_target(tmp_path: Path, tiny_model_dir: Path) -> None:
+    conversation = {"messages": CONVERSATION["messages"][:2]}
+    code, stdout, stderr, doc, run_dir = explain(
+        tmp_path, tiny_model_dir, "generated", "--method", "loo", "--max-new-tokens", "5", conversation=conversation
+    )
+    if code == 0:
+        assert doc["target_source"] == "generated"
+        assert doc["target"].strip() == doc["target"] != ""
+        assert doc["n_evaluations"] == N_PLAYERS + 2
+        assert read_manifest(run_dir)["snapshots"][0]["target_source"] == "generated"
+    else:
+        # the random model produced only special tokens: a clean refusal, nothing written
+        assert code == 2, stderr
+        assert stderr.splitlines() == [stderr.strip()]
+        assert stderr.startswith("coalescence: error: target: ")
+        assert doc is None
+        assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--archive"])
+def test_path_under_a_file_is_refused_before_the_run(
+    option: str, tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    other = "--archive" if option == "--out" else "--out"
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), option, str(blocker / "x"), other, str(tmp_path / "y")]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"coalescence: error: {option}: ") and "is a file" in err
+    assert not (tmp_path / "y").exists()

@@ -1,0 +1,141 @@
+"""The engine on a tiny real model, on asyncio and trio: each distinct coalition evaluated once."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from coalescence.archive import RunArchive, read_pool, read_rows
+from coalescence.attribution.estimators import ExactShapley, LeaveOneOut, PermutationShapley
+from coalescence.backends.base import ScoreRequest
+from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.engine import Engine
+from coalescence.errors import EngineClosed, InputError
+from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
+
+
+def snapshot() -> ConversationSnapshot:
+    c = Conversation(
+        messages=(
+            Message(role="system", content="You are a helpful assistant."),
+            Message(role="user", content="The Eiffel Tower was completed in 1889. Big Ben was finished in 1859."),
+            Message(role="user", content="When was the tower completed?"),
+        ),
+        target="It was completed in 1889.",
+    )
+    return ConversationSnapshot.build(c, unit="sentence")
+
+
+def direct_utilities(backend, renderer, snap, policy) -> dict[tuple[bool, ...], float]:
+    """Every coalition scored one at a time, bypassing the engine."""
+    target = renderer.target_tokens(snap).ids
+    out = {}
+    for present in itertools.product([False, True], repeat=snap.n_players):
+        prompt = renderer.coalition_prompt(snap, policy, np.array(present))
+        [res] = backend.score([ScoreRequest(prompt_ids=tuple(prompt), target_ids=target)])
+        out[present] = res.utility
+    return out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("policy", [DropPolicy(), PlaceholderPolicy()], ids=["drop", "placeholder"])
+async def test_exact_through_engine_equals_direct_scoring(tiny_backend, tmp_path, policy):
+    snap = snapshot()
+    archive = RunArchive.create(tmp_path / "run", {"test": True}, flush_rows=5)
+    engine = Engine(tiny_backend, archive=archive, batch_size=3)
+    explanation = await engine.explain(snap, ExactShapley(), policy)
+    engine.close()
+    n = snap.n_players
+    direct = direct_utilities(tiny_backend, engine.renderer, snap, policy)
+    masks, utilities = read_pool(tmp_path / "run", snap.snapshot_id)
+    assert masks.shape == (2**n, n)
+    for row, u in zip(masks, utilities, strict=True):
+        assert abs(u - direct[tuple(bool(x) for x in row)]) < 1e-4  # batching never changes a value
+    # the estimate equals exact Shapley on the directly scored game
+    all_masks = np.array(list(direct), dtype=bool)
+    truth = ExactShapley().fit(all_masks, np.array(list(direct.values())))
+    np.testing.assert_allclose(explanation.values, truth.values, atol=1e-4)
+    assert abs(explanation.estimate.efficiency_gap) < 1e-9
+    assert explanation.estimate.v_full == pytest.approx(direct[(True,) * n], abs=1e-4)
+    assert explanation.estimate.v_empty == pytest.approx(direct[(False,) * n], abs=1e-4)
+    stats = engine.statistics()
+    assert stats.executed == 2**n == explanation.n_evaluations
+    assert stats.requested == stats.executed + stats.deduplicated + stats.cache_hits + stats.failed
+    rows = read_rows(tmp_path / "run")
+    assert rows.num_rows == 2**n
+    assert len(set(rows["coalition_key"].to_pylist())) == 2**n
+    assert set(rows["batch_size"].to_pylist()) <= {1, 2, 3}
+    assert not any(rows["cache_hit"].to_pylist())
+    parts = sorted((tmp_path / "run" / "parts").glob("*.parquet"))
+    assert len(parts) == -(-(2**n) // 5)
+    assert pq.ParquetFile(parts[0]).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+@pytest.mark.anyio
+async def test_each_distinct_key_once_and_store_hits(tiny_backend):
+    snap = snapshot()
+    engine = Engine(tiny_backend, batch_size=4)
+    perm = PermutationShapley(budget=4 * snap.n_players, seed=2)
+    first = await engine.explain(snap, perm, DropPolicy())
+    s1 = engine.statistics()
+    planned = list(perm.plan(snap.n_players))
+    distinct = {np.packbits(r, bitorder="little").tobytes() for r in planned}
+    assert s1.requested == len(planned)
+    assert s1.executed == len(distinct) == first.n_evaluations
+    # repeated coalitions in one plan are folded, and a second pass is served from the store
+    masks, values = await engine.evaluate(snap, DropPolicy(), planned[:5] + planned[:5])
+    s1 = engine.statistics()
+    assert s1.deduplicated == 5 and s1.cache_hits == 5 and s1.executed == len(distinct)
+    assert masks.shape == (5, snap.n_players)
+    # a second estimator on the same engine evaluates only what it lacks
+    loo = await engine.explain(snap, LeaveOneOut(), DropPolicy())
+    s2 = engine.statistics()
+    loo_distinct = {np.packbits(r, bitorder="little").tobytes() for r in LeaveOneOut().plan(snap.n_players)}
+    assert s2.executed - s1.executed == len(loo_distinct - distinct) == loo.n_evaluations
+    assert s2.cache_hits - s1.cache_hits == len(loo_distinct & distinct)
+    assert s2.requested == s2.executed + s2.deduplicated + s2.cache_hits + s2.failed
+    # same game, same seed: identical values
+    again = await Engine(tiny_backend, batch_size=1).explain(snap, perm, DropPolicy())
+    np.testing.assert_allclose(again.values, first.values, atol=1e-4)
+    assert first.estimate.stderr is not None and first.estimate.stderr.shape == (snap.n_players,)
+
+
+@pytest.mark.anyio
+async def test_closed_engine_refuses_work(tiny_backend):
+    engine = Engine(tiny_backend)
+    engine.close()
+    with pytest.raises(EngineClosed):
+        await engine.explain(snapshot(), LeaveOneOut(), DropPolicy())
+
+
+def test_conversation_longer_than_context_is_refused(tiny_backend):
+    long = " ".join(["The tower is tall."] * 200)
+    snap = ConversationSnapshot.build(
+        Conversation(messages=(Message(role="user", content=long),), target="Yes."), unit="turn"
+    )
+    with pytest.raises(InputError, match="context of 512") as info:
+        Engine(tiny_backend).target_tokens(snap)
+    assert info.value.field == "messages"
+
+
+def test_prepare_generates_a_missing_target(tiny_backend):
+    convo = Conversation(messages=(Message(role="user", content="When was the tower completed?"),), target=None)
+    engine = Engine(tiny_backend)
+    try:
+        snap = engine.prepare(convo, unit="turn", max_new_tokens=6)
+    except InputError as exc:  # a random model may emit only special tokens: a clear error
+        assert exc.field == "target"
+        return
+    prompt = engine.renderer.encode_prompt(convo.messages)
+    expected = tiny_backend.tokenizer.decode(
+        tiny_backend.generate(prompt, max_new_tokens=6), skip_special_tokens=True
+    ).strip()
+    assert snap.target == expected and snap.conversation.target_source == "generated"
