@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default: %(default)s)"
     )
-    ex.add_argument("--batch-size", type=_positive_int, default=8, help="rows per model call (default: %(default)s)")
+    ex.add_argument("--batch-size", type=_positive_int, default=4, help="rows per model call (default: %(default)s)")
     ex.add_argument(
         "--max-new-tokens",
         type=_positive_int,
@@ -186,8 +186,17 @@ def _explain(args: argparse.Namespace) -> int:
 
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
-    logger.info("loading model %s", source.model_id)
-    backend = load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
+    if not args.no_progress:
+        print(f"coalescence: loading {source.model_id} ...", file=sys.stderr, flush=True)
+    saved = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # silence third-party loading bars (GGUF de-quantization)
+    try:
+        backend = load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
+    finally:
+        if saved is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = saved
     progress = TqdmProgress("coalitions", disable=args.no_progress)
     engine = Engine(backend, progress=progress, batch_size=args.batch_size)
     snapshot = engine.prepare(conversation, unit=args.unit, roles=roles, max_new_tokens=args.max_new_tokens)

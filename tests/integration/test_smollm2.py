@@ -37,7 +37,7 @@ def test_real_tokenizer_target_and_prompt(eiffel, backend):
     n = len(target.full_prompt_ids)
     assert list(target.full_prompt_ids) == full[:n]
     assert list(target.ids) == full[n : n + len(target.ids)]
-    assert tok.decode(full[n - 3 : n]) == "<|im_start|>assistant\n"
+    assert tok.decode(full[:n]).endswith("<|im_start|>assistant\n")
     assert engine.renderer.injects_default_system
 
 
@@ -73,7 +73,7 @@ def test_exact_shapley_on_eiffel(eiffel):
     assert [i for i in ranking if i in context][0] == fact, [labels[i] for i in ranking]
     assert ranking.index(fact) <= 1
     assert set(ranking[: ranking.index(fact)]) <= {question}
-    assert est.values[fact] > 2 * max(est.values[i] for i in context if i != fact)
+    assert est.values[fact] > 1.5 * max(est.values[i] for i in context if i != fact)
     span = est.v_full - est.v_empty
     assert span > 0
     assert abs(est.efficiency_gap) < 1e-6 * abs(span)

@@ -46,7 +46,7 @@ class HFBackend:
         *,
         model_id: str,
         revision: str = "",
-        max_batch_size: int = 8,
+        max_batch_size: int = 4,
     ) -> None:
         import torch
 

@@ -117,7 +117,7 @@ def resolve_model(spec: str) -> ModelSource:
 
 
 def load_backend(
-    spec: str | ModelSource, *, device: str = "cpu", dtype: str = "float32", max_batch_size: int = 8
+    spec: str | ModelSource, *, device: str = "cpu", dtype: str = "float32", max_batch_size: int = 4
 ) -> HFBackend:
     """Load a model and tokenizer into an :class:`~coalescence.backends.hf.HFBackend`.
 

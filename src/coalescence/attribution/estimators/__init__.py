@@ -1,21 +1,32 @@
 """Attribution estimators: plan coalitions, fit values from the pool of evaluated coalitions.
 
-:func:`make_estimator` builds one by name (``"exact"``, ``"permutation"``, ``"loo"``); every
-estimator follows the :class:`Estimator` protocol and returns an :class:`Estimate`.
+:func:`make_estimator` builds one by name (``"exact"``, ``"permutation"``, ``"loo"``,
+``"kernelshap"``, ``"banzhaf"``, ``"lasso"``); every estimator follows the :class:`Estimator`
+protocol and returns an :class:`Estimate`.
 """
 
 from __future__ import annotations
 
+from .banzhaf import Banzhaf
 from .base import METHODS, Estimate, Estimator, make_estimator, pool_lookup
 from .exact import ExactShapley
+from .kernel import KernelSHAP
+from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .permutation import PermutationShapley
 
+# Keep the package namespace to the public names (tests check it against __all__); the submodules
+# stay importable by their full path from sys.modules.
+del banzhaf, kernel, lasso  # noqa: F821
+
 __all__ = (
     "METHODS",
+    "Banzhaf",
     "Estimate",
     "Estimator",
     "ExactShapley",
+    "KernelSHAP",
+    "LassoSurrogate",
     "LeaveOneOut",
     "PermutationShapley",
     "make_estimator",

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -27,7 +28,7 @@ __all__ = ("METHODS", "Estimate", "Estimator", "make_estimator", "pool_lookup", 
 
 logger = logging.getLogger(__name__)
 
-METHODS: tuple[str, ...] = ("exact", "permutation", "loo")
+METHODS: tuple[str, ...] = ("exact", "permutation", "loo", "kernelshap", "banzhaf", "lasso")
 """Names accepted by :func:`make_estimator` (the CLI's ``--method`` choices)."""
 
 
@@ -49,10 +50,13 @@ class Estimate:
         efficiency_gap: ``sum(values) - (v_full - v_empty)``; float-precision zero for Shapley
             estimators (efficiency axiom), generally nonzero for leave-one-out.
         n_evaluations: number of distinct coalitions the estimate used (model evaluations).
+        diagnostics: method-specific scalar diagnostics (e.g. the LASSO surrogate's ``"lds"``,
+            its linear datamodeling score); copied to a read-only mapping of str to float.
+            Empty by default.
 
     Raises:
-        EstimatorError: an empty method name, ``values`` not 1-D, ``stderr`` of another shape, or a
-            negative ``n_evaluations``.
+        EstimatorError: an empty method name, ``values`` not 1-D, ``stderr`` of another shape, a
+            negative ``n_evaluations``, or a diagnostics key that is not a str.
     """
 
     method: str
@@ -62,6 +66,7 @@ class Estimate:
     v_full: float
     efficiency_gap: float
     n_evaluations: int
+    diagnostics: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or not self.method:
@@ -89,6 +94,12 @@ class Estimate:
         if self.n_evaluations < 0:
             raise EstimatorError(f"Estimate.n_evaluations must be >= 0, got {self.n_evaluations}")
         object.__setattr__(self, "n_evaluations", int(self.n_evaluations))
+        diagnostics: dict[str, float] = {}
+        for key, value in dict(self.diagnostics).items():
+            if not isinstance(key, str):
+                raise EstimatorError(f"Estimate.diagnostics keys must be str, got {key!r}")
+            diagnostics[key] = float(value)
+        object.__setattr__(self, "diagnostics", MappingProxyType(diagnostics))
 
     @property
     def n_players(self) -> int:
@@ -259,14 +270,15 @@ def make_estimator(method: str, *, budget: int | None = None, seed: int = 0) -> 
     Args:
         method: one of :data:`METHODS`.
         budget: maximum number of distinct coalitions (model evaluations); required by
-            ``"permutation"``, ignored by ``"exact"`` (always 2^n) and ``"loo"`` (always n + 2).
-        seed: seed of the permutation sampler's ``numpy.random.default_rng``.
+            ``"permutation"``, ``"kernelshap"``, ``"banzhaf"`` and ``"lasso"``, ignored by
+            ``"exact"`` (always 2^n) and ``"loo"`` (always n + 2).
+        seed: seed of the sampler's ``numpy.random.default_rng``.
 
     Returns:
         an :class:`Estimator`.
 
     Raises:
-        ConfigError: unknown method (``field="--method"``), or ``"permutation"`` without a valid
+        ConfigError: unknown method (``field="--method"``), or a sampling method without a valid
             budget or with a bad seed (``field="--budget"`` / ``"--seed"``).
     """
     if method == "exact":
@@ -287,6 +299,24 @@ def make_estimator(method: str, *, budget: int | None = None, seed: int = 0) -> 
         from .loo import LeaveOneOut
 
         return LeaveOneOut()
+    if method in ("kernelshap", "banzhaf", "lasso"):
+        if budget is None:
+            raise ConfigError(
+                f"--method {method} needs a budget of model evaluations; "
+                "pass --budget N (e.g. --budget 2000)",
+                field="--budget",
+            )
+        if method == "kernelshap":
+            from .kernel import KernelSHAP
+
+            return KernelSHAP(budget=budget, seed=seed)
+        if method == "banzhaf":
+            from .banzhaf import Banzhaf
+
+            return Banzhaf(budget=budget, seed=seed)
+        from .lasso import LassoSurrogate
+
+        return LassoSurrogate(budget=budget, seed=seed)
     raise ConfigError(
         f"unknown method {method!r}; choose one of: {', '.join(METHODS)}", field="--method"
     )

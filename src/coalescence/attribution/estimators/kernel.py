@@ -1,0 +1,336 @@
+"""KernelSHAP: Shapley values as a constrained weighted least-squares fit over coalitions.
+
+Lundberg & Lee (2017), "A unified approach to interpreting model predictions" (NeurIPS): the
+Shapley values are the solution of
+
+    minimize_beta  sum_{0 < |S| < n} w(S) * (v(S) - v(empty) - sum_{i in S} beta_i)^2
+    subject to     sum_i beta_i = v(N) - v(empty)
+
+with the Shapley kernel ``w(S) = (n - 1) / (C(n, |S|) * |S| * (n - |S|))``. With ``z`` the 0/1
+row of S, ``A = sum_S w(S) z z^T`` and ``b = sum_S w(S) z (v(S) - v(empty))``, the solution solves
+the KKT system ``[[A, 1], [1^T, 0]] [beta; lam] = [b; v(N) - v(empty)]``, so efficiency holds to
+float precision; there is no regularisation.
+
+Two plans, both pure functions of ``(n, budget, seed)``:
+
+- **Full enumeration** when ``budget >= 2^n``: every coalition, each with its exact kernel weight,
+  which gives the exact Shapley values.
+- **Paired sampling** otherwise (Covert & Lee 2021, "Improving KernelSHAP: practical Shapley value
+  estimation using linear regression", AISTATS): a coalition size k in 1 .. n-1 is drawn with
+  probability proportional to ``(n - 1) / (k (n - k))`` (the kernel's total mass on size k), then a
+  uniform subset of that size, and its complement is added too. Each distinct coalition is weighted
+  by how many times it was drawn (the usual KernelSHAP estimator with ``A`` and ``b`` replaced by
+  their sample means). Pairs are drawn from ``numpy.random.default_rng(seed)`` until the next pair
+  would push the distinct coalitions (with empty and full) above the budget; pairs that only revisit
+  known coalitions are free, so the number of pairs is capped at ``PAIR_CAP_FACTOR * budget`` and at
+  :data:`MAX_PAIRS`.
+
+Standard errors (sampled plans) follow Covert & Lee (2021, Section 4): each complement pair ``p``
+is one i.i.d. sample ``(A_p, b_p)``; linearising the constrained solution around the estimate gives
+``Cov(beta) ~= C Cov(b_p - A_p beta) C / P`` with ``C`` the top-left ``n x n`` block of the inverse
+KKT matrix and P the number of pairs (a delta-method, or sandwich, variance). They are NaN with a
+single pair or a singular system, and None under full enumeration (exact).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import ConfigError
+from .base import Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .exact import coalition_rows
+
+__all__ = ("MAX_PAIRS", "PAIR_CAP_FACTOR", "KernelSHAP")
+
+logger = logging.getLogger(__name__)
+
+PAIR_CAP_FACTOR = 10
+"""At most ``PAIR_CAP_FACTOR * budget`` complement pairs are drawn (guards tiny games)."""
+
+MAX_PAIRS = 200_000
+"""Absolute cap on complement pairs, whatever the budget (only reached when coalitions repeat)."""
+
+_CHUNK = 256
+"""Pairs drawn per call to the generator; part of the plan's definition (changing it changes plans)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The planned coalitions and how the fit weighs them; a pure function of (n, budget, seed)."""
+
+    full: bool  # True: all 2^n coalitions with exact kernel weights
+    rows: np.ndarray  # [n_distinct, n] bool; row 0 empty, row 1 full (or integer-index order)
+    keys: tuple[bytes, ...]  # [n_distinct] packed masks of rows
+    pairs: np.ndarray  # [n_pairs, 2] int64 rows of each drawn coalition and its complement
+
+
+def _full_plan(n: int) -> _Plan:
+    rows = coalition_rows(n)  # [2^n, n], row 0 empty, last row full
+    rows.setflags(write=False)
+    pairs = np.zeros((0, 2), dtype=np.int64)
+    pairs.setflags(write=False)
+    return _Plan(full=True, rows=rows, keys=tuple(row_keys(rows)), pairs=pairs)
+
+
+def size_probabilities(n_players: int) -> np.ndarray:
+    """Probability of each coalition size k = 1 .. n-1 under the Shapley kernel.
+
+    ``p(k) proportional to (n - 1) / (k (n - k))``: the kernel weight of one coalition of size k
+    times the C(n, k) coalitions of that size.
+
+    Args:
+        n_players: number of players n >= 2.
+
+    Returns:
+        ``[n_players - 1]`` float64 probabilities for sizes 1 .. n-1, summing to 1.
+    """
+    k = np.arange(1, n_players, dtype=np.float64)
+    p = (n_players - 1) / (k * (n_players - k))
+    return p / p.sum()
+
+
+def _sampled_plan(n: int, budget: int, seed: int) -> _Plan:
+    rng = np.random.default_rng(seed)
+    sizes = np.arange(1, n, dtype=np.int64)
+    probs = size_probabilities(n)
+    max_pairs = min(PAIR_CAP_FACTOR * budget, MAX_PAIRS)
+    base = np.stack([np.zeros(n, dtype=np.bool_), np.ones(n, dtype=np.bool_)])
+    rows: list[np.ndarray] = list(base)
+    seen: dict[bytes, int] = {key: i for i, key in enumerate(row_keys(base))}
+    pairs: list[tuple[int, int]] = []
+    done = False
+    while not done and len(pairs) < max_pairs:
+        ks = rng.choice(sizes, size=_CHUNK, p=probs)  # [chunk]
+        ranks = np.argsort(np.argsort(rng.random((_CHUNK, n)), axis=1), axis=1)  # [chunk, n]
+        drawn = ranks < ks[:, None]  # [chunk, n] uniform subsets of size ks
+        block = np.concatenate([drawn, ~drawn])  # [2 chunk, n]
+        keys = row_keys(block)
+        for p in range(_CHUNK):
+            key_s, key_c = keys[p], keys[_CHUNK + p]
+            new = (key_s not in seen) + (key_c not in seen)
+            if len(seen) + new > budget or len(pairs) >= max_pairs:
+                done = True
+                break
+            for key, row in ((key_s, drawn[p]), (key_c, ~drawn[p])):
+                if key not in seen:
+                    seen[key] = len(rows)
+                    rows.append(row)
+            pairs.append((seen[key_s], seen[key_c]))
+    out_rows = np.array(rows, dtype=np.bool_).reshape(len(rows), n)
+    out_pairs = np.array(pairs, dtype=np.int64).reshape(len(pairs), 2)
+    out_rows.setflags(write=False)
+    out_pairs.setflags(write=False)
+    return _Plan(full=False, rows=out_rows, keys=tuple(seen), pairs=out_pairs)
+
+
+@functools.lru_cache(maxsize=16)
+def _build_plan(n: int, budget: int, seed: int) -> _Plan:
+    """Full enumeration when the budget covers 2^n coalitions, else paired sampling."""
+    plan = _full_plan(n) if budget >= (1 << n) else _sampled_plan(n, budget, seed)
+    logger.debug(
+        "kernelshap plan: n=%s budget=%s seed=%s -> %s distinct coalitions (%s)",
+        n, budget, seed, len(plan.keys),
+        "full enumeration" if plan.full else f"{plan.pairs.shape[0]} pairs",
+    )
+    return plan
+
+
+def _kkt(a: np.ndarray, b: np.ndarray, total: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """Solve the efficiency-constrained normal equations.
+
+    Args:
+        a: ``[n, n]`` float64 weighted Gram matrix A.
+        b: ``[n]`` float64 weighted moments b.
+        total: ``v(N) - v(empty)``.
+
+    Returns:
+        ``(beta [n] float64, C [n, n] float64 or None when the KKT matrix is singular)``.
+    """
+    n = a.shape[0]
+    kkt = np.zeros((n + 1, n + 1), dtype=np.float64)
+    kkt[:n, :n] = a
+    kkt[:n, n] = 1.0
+    kkt[n, :n] = 1.0
+    rhs = np.append(b, total)
+    solution, _, rank, _ = np.linalg.lstsq(kkt, rhs, rcond=None)
+    if rank < n + 1:
+        logger.warning(
+            "kernelshap: the sampled coalitions do not identify all %s values (rank %s of %s); "
+            "returning the minimum-norm solution without standard errors; raise --budget",
+            n, rank, n + 1,
+        )
+        return solution[:n], None
+    return solution[:n], np.linalg.inv(kkt)[:n, :n]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelSHAP:
+    """Shapley values by KernelSHAP with paired sampling (Lundberg & Lee 2017; Covert & Lee 2021).
+
+    Args:
+        budget: maximum number of distinct coalitions (model evaluations), counting the empty and
+            grand coalitions; at least ``min(4, 2^n)`` (empty, full and one complement pair).
+            ``budget >= 2^n`` enumerates every coalition and returns the exact Shapley values.
+        seed: seed of ``numpy.random.default_rng``; the plan is a pure function of
+            (n, budget, seed).
+        paired: must be True: complement pairs are always sampled (the standard errors treat each
+            pair as one sample). Kept as a field so that configurations state it.
+
+    Attributes:
+        name: ``"kernelshap"``.
+
+    Raises:
+        ConfigError: ``budget`` is not a positive int (``field="--budget"``), ``seed`` is not a
+            non-negative int (``field="--seed"``), or ``paired`` is not True (``field="paired"``).
+    """
+
+    budget: int
+    seed: int = 0
+    paired: bool = True
+    name: str = field(default="kernelshap", init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
+            raise ConfigError(
+                f"--budget must be a positive integer, got {self.budget!r}", field="--budget"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(
+                f"--seed must be a non-negative integer, got {self.seed!r}", field="--seed"
+            )
+        if self.paired is not True:
+            raise ConfigError(
+                f"paired must be True (only paired sampling is implemented), got {self.paired!r}",
+                field="paired",
+            )
+
+    @staticmethod
+    def min_budget(n_players: int) -> int:
+        """Smallest budget for ``n_players``: ``min(4, 2^n)`` (empty, full, one complement pair)."""
+        return min(4, 1 << n_players)
+
+    def validate(self, n_players: int) -> None:
+        """Refuse an empty game or a budget below :meth:`min_budget`.
+
+        Raises:
+            EstimatorError: ``n_players == 0``.
+            ConfigError: ``budget < min(4, 2^n)`` (``field="--budget"``).
+        """
+        n = check_n_players(n_players)
+        minimum = self.min_budget(n)
+        if self.budget < minimum:
+            raise ConfigError(
+                f"--budget {self.budget} is below the minimum of {minimum} for KernelSHAP with {n} "
+                "players (the empty and grand coalitions and one complement pair); raise --budget",
+                field="--budget",
+            )
+
+    def plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """Yield the planned distinct coalitions.
+
+        Args:
+            n_players: number of players n.
+
+        Returns:
+            an iterator of at most ``budget`` distinct read-only ``[n_players]`` bool rows: all 2^n
+            in integer-index order when ``budget >= 2^n``, else the empty and grand coalitions
+            followed by the sampled coalitions and complements in first-seen order.
+
+        Raises:
+            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
+        """
+        self.validate(n_players)
+        return iter(_build_plan(int(n_players), self.budget, self.seed).rows)
+
+    def n_pairs(self, n_players: int) -> int:
+        """Number of complement pairs drawn for ``n_players`` (0 under full enumeration)."""
+        self.validate(n_players)
+        return int(_build_plan(int(n_players), self.budget, self.seed).pairs.shape[0])
+
+    def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
+        """Solve the efficiency-constrained weighted least squares on the planned coalitions.
+
+        Args:
+            masks: ``[m, n_players]`` bool pool; extra coalitions and duplicates are fine.
+            utilities: ``[m]`` float64 utilities (nats).
+
+        Returns:
+            an :class:`Estimate`: ``values`` ``[n_players]`` float64 nats; ``stderr`` None under
+            full enumeration (exact), else the paired delta-method standard errors (NaN with one
+            pair or a singular system); ``efficiency_gap`` at float precision;
+            ``n_evaluations`` = distinct planned coalitions.
+
+        Raises:
+            EstimatorError: no players, or the pool misses planned coalitions (with the count).
+            ConfigError: the budget is below the minimum.
+            MaskError: ``masks`` is not a 2-D bool array.
+        """
+        masks, utilities = check_pool(masks, utilities)
+        n = masks.shape[1]
+        self.validate(n)
+        plan = _build_plan(n, self.budget, self.seed)
+        u = gather(pool_lookup(masks, utilities), plan.keys, self.name)  # [n_distinct]
+        if plan.full:
+            v_empty, v_full = float(u[0]), float(u[-1])
+        else:
+            v_empty, v_full = float(u[0]), float(u[1])
+        total = v_full - v_empty
+        stderr: np.ndarray | None = None
+        if n == 1:
+            values = np.array([total])
+        elif plan.full:
+            z = plan.rows.astype(np.float64)  # [2^n, n]
+            sizes = plan.rows.sum(axis=1)
+            proper = (sizes > 0) & (sizes < n)
+            k = sizes[proper]
+            comb = np.array([math.comb(n, int(s)) for s in range(n + 1)], dtype=np.float64)
+            w = (n - 1) / (comb[k] * k * (n - k))  # [2^n - 2] Shapley kernel weights
+            w = w / w.sum()
+            zp = z[proper]
+            a = zp.T @ (w[:, None] * zp)
+            b = zp.T @ (w * (u[proper] - v_empty))
+            values, _ = _kkt(a, b, total)
+        else:
+            values, stderr = self._fit_sampled(plan, u, v_empty, total)
+        gap = float(values.sum() - total)
+        logger.debug("kernelshap over %s players: efficiency gap %.3g", n, gap)
+        return Estimate(
+            method=self.name,
+            values=values,
+            stderr=stderr,
+            v_empty=v_empty,
+            v_full=v_full,
+            efficiency_gap=gap,
+            n_evaluations=len(plan.keys),
+        )
+
+    @staticmethod
+    def _fit_sampled(
+        plan: _Plan, u: np.ndarray, v_empty: float, total: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Count-weighted fit and paired delta-method standard errors."""
+        n = plan.rows.shape[1]
+        n_pairs = plan.pairs.shape[0]
+        z = plan.rows.astype(np.float64)  # [n_distinct, n]
+        y = u - v_empty  # [n_distinct]
+        counts = np.bincount(plan.pairs.ravel(), minlength=z.shape[0]).astype(np.float64)
+        w = counts / (2.0 * n_pairs)  # [n_distinct], sums to 1
+        a = z.T @ (w[:, None] * z)
+        b = z.T @ (w * y)
+        values, c = _kkt(a, b, total)
+        if c is None or n_pairs < 2:
+            return values, np.full(n, np.nan)
+        zs, zc = z[plan.pairs[:, 0]], z[plan.pairs[:, 1]]  # [P, n] each
+        resid_s = y[plan.pairs[:, 0]] - zs @ values  # [P]
+        resid_c = y[plan.pairs[:, 1]] - zc @ values
+        g = 0.5 * (zs * resid_s[:, None] + zc * resid_c[:, None])  # [P, n] b_p - A_p beta
+        cov_g = np.atleast_2d(np.cov(g, rowvar=False, ddof=1))  # [n, n]
+        cov_beta = c @ cov_g @ c / n_pairs
+        stderr = np.sqrt(np.clip(np.diag(cov_beta), 0.0, None))
+        return values, stderr

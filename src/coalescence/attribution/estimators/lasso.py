@@ -1,0 +1,212 @@
+"""A sparse linear surrogate of the utility, as in ContextCite.
+
+Cohen-Wang, Shah, Georgiev & Madry (2024), "ContextCite: attributing model generation to context"
+(NeurIPS): sample coalitions keeping each player with probability 1/2, evaluate the utility, and fit
+a LASSO linear model ``v(S) ~= intercept + sum_{i in S} w_i``; the attribution of player i is
+``w_i``. The fit is :class:`sklearn.linear_model.Lasso`, which minimises
+
+    (1 / (2 m)) * ||y - intercept - X w||^2 + alpha * ||w||_1
+
+over the m training coalitions, with ``alpha`` given or chosen by 5-fold
+:class:`sklearn.linear_model.LassoCV` on shuffled folds seeded by ``seed``.
+
+The coalitions are those of :func:`~coalescence.attribution.estimators.banzhaf.uniform_plan` (the
+same ``(n, budget, seed)`` plans the same coalitions as :class:`Banzhaf`, so one pool serves both).
+Every distinct planned coalition (the empty and grand ones included) is one regression row. A
+seeded 20% of them is held out; the surrogate is fitted on the rest, and its linear datamodeling
+score (LDS, Ilyas et al. 2022, "Datamodels"; used by ContextCite) is the Spearman rank correlation
+(:func:`scipy.stats.spearmanr`) between its predictions and the true utilities on the held-out
+coalitions. The values are the coefficients of that same fitted surrogate.
+
+``utility="logit"`` fits the logit of the probability, ``log p - log(1 - p)``, computed from
+log-probability utilities ``log p <= 0``; the values, ``v_empty`` and ``v_full`` are then in logits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import ConfigError, EstimatorError
+from .banzhaf import check_budget_seed, uniform_plan
+from .base import Estimate, check_n_players, check_pool, gather, pool_lookup
+
+__all__ = ("HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate")
+
+logger = logging.getLogger(__name__)
+
+HOLDOUT_FRACTION = 0.2
+"""Share of the distinct planned coalitions held out to compute the LDS."""
+
+MIN_BUDGET = 16
+"""Smallest budget for n >= 2 (or 2^n when that is smaller): enough rows to fit and to score."""
+
+UTILITIES: tuple[str, ...] = ("logprob", "logit")
+"""Accepted ``utility`` transforms."""
+
+_CV_FOLDS = 5
+
+
+def _to_logit(logprob: np.ndarray) -> np.ndarray:
+    """``log p - log(1 - p)`` from ``log p`` (``[m]`` float64 nats, all <= 0)."""
+    if np.any(logprob > 0):
+        raise EstimatorError(
+            "utility='logit' needs log-probability utilities <= 0, got a maximum of "
+            f"{float(logprob.max())!r}; use utility='logprob'"
+        )
+    with np.errstate(divide="ignore"):
+        return logprob - np.log(-np.expm1(logprob))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LassoSurrogate:
+    """LASSO surrogate attributions with their linear datamodeling score (ContextCite, 2024).
+
+    Args:
+        budget: maximum number of distinct coalitions (model evaluations), counting the empty and
+            grand coalitions; at least ``min(16, 2^n)``.
+        seed: seed of the coalition sampler, of the held-out split and of the CV folds.
+        alpha: the L1 penalty (> 0, in utility units per player), or None to choose it by 5-fold
+            cross-validation (:class:`sklearn.linear_model.LassoCV`).
+        utility: the regression target: ``"logprob"`` (the utility as given, nats) or
+            ``"logit"`` (logit of the probability).
+
+    Attributes:
+        name: ``"lasso"``.
+
+    Raises:
+        ConfigError: a bad budget (``field="--budget"``), seed (``field="--seed"``), alpha
+            (``field="alpha"``) or utility (``field="utility"``), quoting it.
+    """
+
+    budget: int
+    seed: int = 0
+    alpha: float | None = None
+    utility: str = "logprob"
+    name: str = field(default="lasso", init=False)
+
+    def __post_init__(self) -> None:
+        check_budget_seed(self.budget, self.seed)
+        if self.alpha is not None:
+            ok = isinstance(self.alpha, int | float) and not isinstance(self.alpha, bool)
+            if not ok or not math.isfinite(self.alpha) or self.alpha <= 0:
+                raise ConfigError(
+                    f"alpha must be a finite number > 0 or None, got {self.alpha!r}", field="alpha"
+                )
+            object.__setattr__(self, "alpha", float(self.alpha))
+        if self.utility not in UTILITIES:
+            raise ConfigError(
+                f"utility must be one of {', '.join(UTILITIES)}, got {self.utility!r}",
+                field="utility",
+            )
+
+    def validate(self, n_players: int) -> None:
+        """Refuse an empty game or a budget below ``min(16, 2^n)``.
+
+        Raises:
+            EstimatorError: ``n_players == 0``.
+            ConfigError: the budget is below the minimum (``field="--budget"``).
+        """
+        n = check_n_players(n_players)
+        minimum = min(MIN_BUDGET, 1 << n)
+        if self.budget < minimum:
+            raise ConfigError(
+                f"--budget {self.budget} is below the minimum of {minimum} for the LASSO surrogate "
+                f"with {n} players; raise --budget",
+                field="--budget",
+            )
+
+    def plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """Yield the planned distinct coalitions (uniform, as for :class:`Banzhaf`).
+
+        Returns:
+            an iterator of at most ``budget`` distinct read-only ``[n_players]`` bool rows.
+
+        Raises:
+            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
+        """
+        self.validate(n_players)
+        return iter(uniform_plan(int(n_players), self.budget, self.seed).rows)
+
+    def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
+        """Fit the LASSO surrogate on 80% of the planned coalitions and score it on the rest.
+
+        Args:
+            masks: ``[m, n_players]`` bool pool; extra coalitions and duplicates are fine.
+            utilities: ``[m]`` float64 log-probability utilities (nats).
+
+        Returns:
+            an :class:`Estimate`: ``values`` ``[n_players]`` float64 coefficients (nats, or logits),
+            ``stderr=None``, the (generally nonzero) efficiency gap, ``n_evaluations`` = distinct
+            planned coalitions, and ``diagnostics`` with ``"lds"`` (Spearman correlation on the
+            held-out coalitions, NaN when undefined), ``"alpha"``, ``"intercept"``,
+            ``"n_train"`` and ``"n_heldout"``. For n = 1 the value is ``v({1}) - v(empty)``.
+
+        Raises:
+            EstimatorError: no players, the pool misses planned coalitions (with the count), or
+                ``utility="logit"`` with a utility above 0.
+            ConfigError: the budget is below the minimum.
+            MaskError: ``masks`` is not a 2-D bool array.
+        """
+        masks, utilities = check_pool(masks, utilities)
+        n = masks.shape[1]
+        self.validate(n)
+        plan = uniform_plan(n, self.budget, self.seed)
+        u = gather(pool_lookup(masks, utilities), plan.keys, self.name)  # [n_distinct]
+        if self.utility == "logit":
+            u = _to_logit(u)
+        v_empty, v_full = float(u[plan.empty_row]), float(u[plan.full_row])
+        if n == 1:
+            values = np.array([v_full - v_empty])
+            diagnostics = {"lds": math.nan}
+        else:
+            values, diagnostics = self._fit_surrogate(plan.rows, u)
+        return Estimate(
+            method=self.name,
+            values=values,
+            stderr=None,
+            v_empty=v_empty,
+            v_full=v_full,
+            efficiency_gap=float(values.sum() - (v_full - v_empty)),
+            n_evaluations=len(plan.keys),
+            diagnostics=diagnostics,
+        )
+
+    def _fit_surrogate(
+        self, rows: np.ndarray, u: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """Seeded holdout split, LASSO fit on the training rows, LDS on the held-out rows."""
+        from scipy.stats import spearmanr
+        from sklearn.linear_model import Lasso, LassoCV
+        from sklearn.model_selection import KFold
+
+        x = rows.astype(np.float64)  # [n_distinct, n]
+        m = x.shape[0]
+        rng = np.random.default_rng([self.seed, 1])  # independent of the coalition sampler
+        order = rng.permutation(m)
+        n_held = max(1, round(HOLDOUT_FRACTION * m))
+        held, train = order[:n_held], order[n_held:]
+        if self.alpha is None:
+            folds = KFold(n_splits=min(_CV_FOLDS, train.size), shuffle=True, random_state=self.seed)
+            model = LassoCV(cv=folds, max_iter=10_000).fit(x[train], u[train])
+            alpha = float(model.alpha_)
+        else:
+            alpha = self.alpha
+            model = Lasso(alpha=alpha, max_iter=10_000).fit(x[train], u[train])
+        predicted = model.predict(x[held])
+        lds = math.nan
+        if held.size >= 3 and np.ptp(predicted) > 0 and np.ptp(u[held]) > 0:
+            lds = float(spearmanr(predicted, u[held]).statistic)
+        logger.debug("lasso surrogate: alpha=%.3g, LDS=%.3f on %s held-out", alpha, lds, held.size)
+        diagnostics = {
+            "lds": lds,
+            "alpha": alpha,
+            "intercept": float(model.intercept_),
+            "n_train": float(train.size),
+            "n_heldout": float(held.size),
+        }
+        return np.asarray(model.coef_, dtype=np.float64), diagnostics
