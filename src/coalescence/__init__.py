@@ -17,7 +17,7 @@ Typical use::
     print(explanation.format_table())
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata as _metadata
 
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
@@ -41,8 +41,8 @@ from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get
 from .scheduler import Progress, ResultStore
 
 try:
-    __version__ = version("coalescence")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = _metadata.version("coalescence")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = (

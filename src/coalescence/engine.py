@@ -25,8 +25,8 @@ from .archive.writer import RunArchive
 from .attribution.estimators.base import Estimator
 from .attribution.explanation import Explanation
 from .backends.base import ScoreRequest, ScoringBackend
-from .conversation import Conversation, ConversationSnapshot
-from .errors import ConfigError, EngineClosed, InputError
+from .conversation import Conversation, ConversationSnapshot, segment_players
+from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
 from .masking.render import ChatRenderer, TargetTokens
@@ -130,8 +130,6 @@ class Engine:
             ConfigError: ``max_new_tokens`` < 1.
         """
         # validate the segmentation before spending a generation on it
-        from .conversation import segment_players
-
         segment_players(conversation, unit=unit, roles=roles)
         if conversation.target is None:
             if max_new_tokens < 1:
@@ -214,9 +212,9 @@ class Engine:
             requested += 1
             mask = PackedMask.from_bools(np.asarray(row, dtype=bool))
             if mask.n_bits != snapshot.n_players:
-                from .errors import MaskError
-
-                raise MaskError(f"a coalition has {mask.n_bits} bits for {snapshot.n_players} players")
+                raise MaskError(
+                    f"a coalition has {mask.n_bits} bits for {snapshot.n_players} players", field="mask"
+                )
             distinct.setdefault(mask.words, row)
         self._count(requested=requested, deduplicated=requested - len(distinct))
         total = len(distinct)
