@@ -501,3 +501,21 @@ def test_path_under_a_file_is_refused_before_the_run(
     assert code == 2
     assert err.startswith(f"coalescence: error: {option}: ") and "is a file" in err
     assert not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize("method", ["kernelshap", "banzhaf", "lasso"])
+def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+    budget = 16 if method == "lasso" else 12
+    code, stdout, stderr, doc, run_dir = explain(
+        tmp_path, tiny_model_dir, method, "--method", method, "--budget", str(budget), "--seed", "1"
+    )
+    assert code == 0, stderr
+    assert doc["method"] == method
+    assert 2 <= doc["n_evaluations"] <= min(budget, 2**N_PLAYERS)
+    assert read_manifest(run_dir)["rows"] == doc["n_evaluations"]
+    values = [p["value"] for p in doc["players"]]
+    assert sum(values) - (doc["v_full"] - doc["v_empty"]) == pytest.approx(doc["efficiency_gap"], abs=1e-9)
+    if method == "kernelshap":
+        assert abs(doc["efficiency_gap"]) < 1e-9  # efficiency imposed exactly
+    if method == "lasso":
+        assert "lds" in doc["diagnostics"] and "diagnostics:" in stdout

@@ -34,6 +34,9 @@ class _RunFailed(Exception):
         self.error = error
 
 
+_UNBUDGETED = ("exact", "loo")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -83,13 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=METHODS,
         default="exact",
         help="exact: exact Shapley values, all 2^n coalitions (n <= 16); permutation: antithetic "
-        "permutation sampling with standard errors; loo: leave-one-out (default: %(default)s)",
+        "permutation sampling with standard errors; kernelshap: KernelSHAP (paired sampling, "
+        "efficiency imposed, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
+        "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out (default: %(default)s)",
     )
     ex.add_argument(
         "--budget",
         type=_positive_int,
         default=None,
-        help="permutation: the most distinct model evaluations (default: 32 x players, at least 2 x players)",
+        help="sampling methods (permutation, kernelshap, banzhaf, lasso): the most distinct model "
+        "evaluations (default: 32 x players)",
     )
     ex.add_argument("--seed", type=int, default=0, help="seed of the sampling plan (default: %(default)s)")
     ex.add_argument(
@@ -160,9 +166,13 @@ def _explain(args: argparse.Namespace) -> int:
     n_players = len(segment_players(conversation, unit=args.unit, roles=roles))
     policy_params = {"text": args.placeholder} if args.absence_policy == "placeholder" else {}
     policy = get_policy(args.absence_policy, **policy_params)
-    budget = args.budget if args.budget is not None else max(32 * n_players, 2 * n_players)
-    if args.method != "permutation" and args.budget is not None:
-        raise ConfigError(f"--budget applies to --method permutation, not {args.method}", field="--budget")
+    budget = args.budget if args.budget is not None else 32 * n_players
+    if args.method in _UNBUDGETED and args.budget is not None:
+        raise ConfigError(
+            f"--method {args.method} has a fixed number of evaluations; --budget applies to sampling "
+            "methods (permutation, kernelshap, banzhaf, lasso)",
+            field="--budget",
+        )
     estimator = make_estimator(args.method, budget=budget, seed=args.seed)
     estimator.validate(n_players)
     out_path = Path(args.out) if args.out else None
@@ -215,7 +225,7 @@ def _explain(args: argparse.Namespace) -> int:
             "unit": args.unit,
             "roles": roles,
             "method": args.method,
-            "budget": budget if args.method == "permutation" else None,
+            "budget": None if args.method in _UNBUDGETED else budget,
             "seed": args.seed,
             "absence_policy": {"id": policy.id, "params": policy.params()},
             "device": args.device,

@@ -105,6 +105,7 @@ class Explanation:
             "n_coalitions": est.n_evaluations,
             "n_evaluations": self.n_evaluations,
             "wall_seconds": _num(self.wall_seconds),
+            "diagnostics": {k: _num(v) for k, v in est.diagnostics.items()},
             "notes": list(self.notes),
             "players": players,
         }
@@ -153,5 +154,7 @@ class Explanation:
             f"model evaluations = {self.n_evaluations} (coalitions used: {est.n_evaluations})   "
             f"wall time = {self.wall_seconds:.1f} s   ({rate:.1f} evaluations/s)",
         ]
+        if est.diagnostics:
+            lines.append("diagnostics: " + "   ".join(f"{k} = {v:.4g}" for k, v in est.diagnostics.items()))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -15,10 +15,6 @@ from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .permutation import PermutationShapley
 
-# Keep the package namespace to the public names (tests check it against __all__); the submodules
-# stay importable by their full path from sys.modules.
-del banzhaf, kernel, lasso  # noqa: F821
-
 __all__ = (
     "METHODS",
     "Banzhaf",

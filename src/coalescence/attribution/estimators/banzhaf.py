@@ -83,7 +83,7 @@ class UniformPlan:
 def uniform_plan(n: int, budget: int, seed: int) -> UniformPlan:
     """Plan uniform random coalitions under a budget of distinct coalitions.
 
-    Shared by :class:`Banzhaf` and :class:`~coalescence.attribution.estimators.lasso.LassoSurrogate`:
+    Shared by :class:`Banzhaf` and :class:`.lasso.LassoSurrogate`:
     the same ``(n, budget, seed)`` gives the same plan, so one pool serves both.
 
     Args:

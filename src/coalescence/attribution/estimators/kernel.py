@@ -57,7 +57,7 @@ MAX_PAIRS = 200_000
 """Absolute cap on complement pairs, whatever the budget (only reached when coalitions repeat)."""
 
 _CHUNK = 256
-"""Pairs drawn per call to the generator; part of the plan's definition (changing it changes plans)."""
+"""Pairs drawn per call to the generator; part of the plan's definition (changing it changes it)."""
 
 
 @dataclass(frozen=True, slots=True)
