@@ -233,23 +233,32 @@ def test_out_pointing_to_a_directory_is_refused(
     assert list(out_dir.iterdir()) == []
 
 
-def test_non_empty_archive_directory_is_refused_and_left_alone(
-    tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+@pytest.mark.parametrize(
+    ("files", "says"),
+    [
+        ({"notes.txt": b"mine"}, "not a run directory"),
+        ({"manifest.json": b'{"schema_version": 1, "runs": [], "snapshots": []}', "parts/part-000000.parquet": b"old bytes"}, "corrupt or truncated"),
+        ({"manifest.json": b'{"schema_version": 99, "runs": [], "snapshots": []}'}, "newer"),
+    ],
+    ids=["not-a-run", "corrupt-part", "newer-schema"],
+)
+def test_unusable_archive_directory_is_refused_and_left_alone(
+    files: dict[str, bytes], says: str, tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
 ) -> None:
     path = write_input(tmp_path, CONVERSATION)
     run_dir = tmp_path / "old-run"
-    (run_dir / "parts").mkdir(parents=True)
-    (run_dir / "manifest.json").write_text('{"schema_version": 1}', encoding="utf-8")
-    (run_dir / "parts" / "part-000000.parquet").write_bytes(b"old bytes")
+    for name, data in files.items():
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_bytes(data)
     before = {p.relative_to(run_dir): (p.read_bytes() if p.is_file() else None) for p in run_dir.rglob("*")}
     out = tmp_path / "out.json"
 
     code = main(["explain", str(path), "--model", str(tiny_model_dir), "--archive", str(run_dir), "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.splitlines() == [err.strip()]
-    assert err.startswith("coalescence: error: --archive: ")
-    assert "not empty" in err
+    assert err.splitlines() == [err.strip()]  # refused before the model is even loaded
+    assert err.startswith(("coalescence: error: --archive: ", "coalescence: error: RUN_DIR: "))
+    assert says in err
     after = {p.relative_to(run_dir): (p.read_bytes() if p.is_file() else None) for p in run_dir.rglob("*")}
     assert after == before
     assert not out.exists()
@@ -400,8 +409,8 @@ def test_exact_archive_holds_every_coalition_once(exact_run) -> None:
     manifest = read_manifest(run_dir)
     assert manifest["rows"] == 2**N_PLAYERS
     assert manifest["snapshots"][0]["snapshot_id"] == doc["snapshot_id"]
-    assert manifest["run_config"]["method"] == "exact"
-    assert manifest["statistics"]["executed"] == 2**N_PLAYERS
+    assert manifest["runs"][0]["run_config"]["method"] == "exact"
+    assert manifest["runs"][0]["statistics"]["executed"] == 2**N_PLAYERS
 
     table = ds.dataset(run_dir / "parts", format="parquet").to_table()
     assert table.num_rows == 2**N_PLAYERS
@@ -453,7 +462,7 @@ def test_permutation_is_deterministic_for_a_seed(tmp_path: Path, tiny_model_dir:
     assert 2 * N_PLAYERS <= doc1["n_evaluations"] <= min(40, 2**N_PLAYERS)
     assert read_manifest(run1)["rows"] == doc1["n_evaluations"]
     assert read_manifest(run2)["rows"] == doc2["n_evaluations"]
-    assert read_manifest(run1)["run_config"]["budget"] == 40
+    assert read_manifest(run1)["runs"][0]["run_config"]["budget"] == 40
 
 
 def test_loo_evaluates_n_plus_two_coalitions(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -1,7 +1,11 @@
 """The ``coalescence`` command line.
 
-``coalescence explain INPUT`` attributes a model's answer to the parts of a chat conversation and
-prints a ranked table; ``--out`` writes the stable JSON document, ``--archive`` the run archive.
+- ``coalescence explain INPUT``: attribute a model's answer to the parts of a chat conversation,
+  print a ranked table, write the run archive (``--archive``; an existing run is resumed) and the
+  JSON document (``--out``).
+- ``coalescence replay RUN_DIR --method a,b``: fit estimators from an archive, with no model when
+  the archive covers their plans (``--model`` evaluates only what is missing).
+- ``coalescence archive info RUN_DIR`` / ``coalescence archive compact RUN_DIR``.
 
 Exit codes: 0 success; 2 bad input or settings (one line on stderr naming the field and the fix,
 nothing written); 1 a model, archive or output failure once the run has started (what was
@@ -11,12 +15,14 @@ evaluated stays in the archive); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .errors import ArchiveError, BatchFailed, CoalescenceError, ConfigError
@@ -24,6 +30,8 @@ from .errors import ArchiveError, BatchFailed, CoalescenceError, ConfigError
 __all__ = ("build_parser", "main")
 
 logger = logging.getLogger("coalescence")
+
+_UNBUDGETED = ("exact", "loo")
 
 
 class _RunFailed(Exception):
@@ -34,9 +42,6 @@ class _RunFailed(Exception):
         self.error = error
 
 
-_UNBUDGETED = ("exact", "loo")
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -45,6 +50,41 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _add_model_options(p: argparse.ArgumentParser, *, default: str | None) -> None:
+    p.add_argument(
+        "--model",
+        default=default,
+        help="model alias (smollm2-135m), local model directory, .gguf file or hub id"
+        + (" (default: %(default)s)" if default else " (replay: evaluate coalitions the archive lacks)"),
+    )
+    p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    p.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default: %(default)s)"
+    )
+    p.add_argument("--batch-size", type=_positive_int, default=4, help="rows per model call (default: %(default)s)")
+
+
+def _add_archive_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--flush-rows", type=_positive_int, default=4096, help="rows per archive part (default: %(default)s)")
+    p.add_argument(
+        "--flush-seconds",
+        type=_positive_float,
+        default=30.0,
+        help="longest time evaluated rows wait before a part is written (default: %(default)s)",
+    )
+    p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable archive parts (they are re-evaluated)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,20 +100,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"coalescence {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    methods_help = (
+        "exact: exact Shapley values, all 2^n coalitions (n <= 16); permutation: antithetic "
+        "permutation sampling with standard errors; kernelshap: KernelSHAP (paired sampling, "
+        "efficiency imposed, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
+        "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out"
+    )
     ex = sub.add_parser(
         "explain",
         help="attribute an answer to the parts of a conversation",
         description="Attribute the target answer of a chat conversation to its players. INPUT is a "
         'JSON file {"messages": [{"role", "content"}, ...], "target"?}: the last assistant message '
         'is the answer explained, or the "target" string; if the conversation ends on another role '
-        "the model generates the answer once, greedily.",
+        "the model generates the answer once, greedily. An existing --archive is resumed: only the "
+        "coalitions it lacks are evaluated.",
     )
     ex.add_argument("input", metavar="INPUT", help="conversation JSON file (OpenAI chat format)")
-    ex.add_argument(
-        "--model",
-        default="smollm2-135m",
-        help="model alias (smollm2-135m), local model directory, .gguf file or hub id (default: %(default)s)",
-    )
+    _add_model_options(ex, default="smollm2-135m")
     ex.add_argument("--unit", choices=UNITS, default="turn", help="player unit (default: %(default)s)")
     ex.add_argument(
         "--roles",
@@ -81,15 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated roles whose messages are players (default: all of {','.join(ROLES)}); "
         "messages of other roles stay in every coalition",
     )
-    ex.add_argument(
-        "--method",
-        choices=METHODS,
-        default="exact",
-        help="exact: exact Shapley values, all 2^n coalitions (n <= 16); permutation: antithetic "
-        "permutation sampling with standard errors; kernelshap: KernelSHAP (paired sampling, "
-        "efficiency imposed, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
-        "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out (default: %(default)s)",
-    )
+    ex.add_argument("--method", choices=METHODS, default="exact", help=methods_help + " (default: %(default)s)")
     ex.add_argument(
         "--budget",
         type=_positive_int,
@@ -106,11 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
         "replace it with --placeholder (default: %(default)s)",
     )
     ex.add_argument("--placeholder", default="[removed]", help="placeholder text (default: %(default)s)")
-    ex.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-    ex.add_argument(
-        "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default: %(default)s)"
-    )
-    ex.add_argument("--batch-size", type=_positive_int, default=4, help="rows per model call (default: %(default)s)")
     ex.add_argument(
         "--max-new-tokens",
         type=_positive_int,
@@ -121,12 +151,49 @@ def build_parser() -> argparse.ArgumentParser:
         "--archive",
         metavar="RUN_DIR",
         default=None,
-        help="run archive directory to create (default: runs/<UTC time>-<snapshot id>)",
+        help="run archive directory: created if new, resumed if it holds this run "
+        "(default: a new runs/<UTC time>-<snapshot id>)",
     )
+    ex.add_argument("--new-run", action="store_true", help="add a run with other settings to an existing --archive")
+    _add_archive_options(ex)
     ex.add_argument("--out", metavar="JSON", default=None, help="write the explanation as JSON here")
     ex.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     ex.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
+
+    rp = sub.add_parser(
+        "replay",
+        help="fit estimators from a run archive, without a model when it covers them",
+        description="Fit one or more estimators from the coalitions a run archive holds. With no "
+        "--model, every coalition an estimator plans must be in the archive; with --model, the "
+        "missing ones are evaluated (and archived) and the rest are served from the archive.",
+    )
+    rp.add_argument("run_dir", metavar="RUN_DIR", help="run archive directory")
+    rp.add_argument("--method", required=True, help=f"comma-separated methods ({','.join(METHODS)}). " + methods_help)
+    rp.add_argument("--budget", type=_positive_int, default=None, help="sampling methods: distinct evaluations (default: 32 x players)")
+    rp.add_argument("--seed", type=int, default=0, help="seed of the sampling plans (default: %(default)s)")
+    rp.add_argument("--run", default=None, help="run id in the archive (default: the last run)")
+    rp.add_argument("--snapshot", default=None, help="snapshot id or prefix (default: every snapshot of the run)")
+    _add_model_options(rp, default=None)
+    _add_archive_options(rp)
+    rp.add_argument("--out", metavar="JSON", default=None, help='write {"explanations": [...]} as JSON here')
+    rp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    rp.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
+
+    ar = sub.add_parser("archive", help="inspect or compact a run archive")
+    ar_sub = ar.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
+    info = ar_sub.add_parser("info", help="summary of a run archive")
+    info.add_argument("run_dir", metavar="RUN_DIR")
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+    info.add_argument("--skip-corrupt", action="store_true", help="skip unreadable parts")
+    cp = ar_sub.add_parser("compact", help="merge the parts of a run archive into one, atomically")
+    cp.add_argument("run_dir", metavar="RUN_DIR")
+    cp.add_argument("--skip-corrupt", action="store_true", help="drop unreadable parts while compacting")
     return parser
+
+
+def _fail(exc: CoalescenceError, code: int) -> int:
+    print(f"coalescence: error: {exc}", file=sys.stderr)
+    return code
 
 
 def _check_parent(path: Path, option: str) -> None:
@@ -140,19 +207,82 @@ def _check_parent(path: Path, option: str) -> None:
             return
 
 
-def _fail(exc: CoalescenceError, code: int) -> int:
-    print(f"coalescence: error: {exc}", file=sys.stderr)
-    return code
+def _check_out(out: str | None) -> Path | None:
+    if out is None:
+        return None
+    path = Path(out)
+    if path.is_dir():
+        raise ConfigError(f"{out!r} is a directory; give a file path", field="--out")
+    _check_parent(path, "--out")
+    return path
+
+
+def _load_backend(args: argparse.Namespace, source: Any) -> Any:
+    from .backends.registry import load_backend
+
+    if not args.verbose:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    if not args.no_progress:
+        print(f"coalescence: loading {source.model_id} ...", file=sys.stderr, flush=True)
+    saved = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # silence third-party loading bars (GGUF de-quantization)
+    try:
+        return load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
+    finally:
+        if saved is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = saved
+
+
+def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config: dict[str, Any], target_ids: dict[str, list[int]]) -> dict[str, Any]:
+    from .engine import UTILITY
+
+    return {
+        "package_version": __version__,
+        "snapshot_ids": [s.snapshot_id for s in snapshots],
+        "model": engine.model,
+        "utility": UTILITY,
+        "absence_policy": {"id": policy.id, "params": policy.params()},
+        "run_config": config,
+        "template_injects_default_system": engine.renderer.injects_default_system,
+        "target_token_ids": target_ids,
+        "snapshots": [s.to_dict() for s in snapshots],
+    }
+
+
+def _finish(engine: Any, run: Any) -> Any:
+    """Run ``run`` (an async callable), closing the engine's archive with the right status."""
+    import anyio
+
+    status = "interrupted"
+    try:
+        result = anyio.run(run)
+        status = "complete"
+        return result
+    except CoalescenceError:
+        status = "failed"
+        raise
+    finally:
+        progress = engine.progress
+        if hasattr(progress, "close"):
+            progress.close()
+        try:
+            engine.close(status=status)
+        except ArchiveError as exc:
+            raise _RunFailed(exc) from exc
 
 
 def _explain(args: argparse.Namespace) -> int:
-    import anyio
-
+    from .archive.reader import corrupt_parts, read_manifest
     from .archive.writer import RunArchive, write_json_atomic
     from .attribution.estimators import make_estimator
-    from .backends.registry import load_backend, resolve_model
+    from .backends.registry import resolve_model
     from .conversation import load_conversation, segment_players
-    from .engine import UTILITY, Engine
+    from .engine import Engine
     from .masking.policies import get_policy
     from .scheduler.progress import TqdmProgress
 
@@ -175,87 +305,205 @@ def _explain(args: argparse.Namespace) -> int:
         )
     estimator = make_estimator(args.method, budget=budget, seed=args.seed)
     estimator.validate(n_players)
-    out_path = Path(args.out) if args.out else None
-    if out_path is not None:
-        if out_path.is_dir():
-            raise ConfigError(f"{args.out!r} is a directory; give a file path", field="--out")
-        _check_parent(out_path, "--out")
-    if args.archive is not None:
-        run_dir = Path(args.archive)
-        if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+    out_path = _check_out(args.out)
+    run_dir = Path(args.archive) if args.archive is not None else None
+    if run_dir is not None:
+        if run_dir.exists() and (not run_dir.is_dir() or (any(run_dir.iterdir()) and not (run_dir / "manifest.json").is_file())):
             raise ConfigError(
-                f"{args.archive!r} already exists and is not empty; choose a new path or delete it",
+                f"{args.archive!r} exists and is not a run directory; choose a new path or delete it",
                 field="--archive",
             )
+        if (run_dir / "manifest.json").is_file():
+            read_manifest(run_dir)  # a newer schema is refused before the model loads
+            bad = corrupt_parts(run_dir)
+            if bad and not args.skip_corrupt:
+                raise ArchiveError(
+                    f"part {bad[0]} of {args.archive!r} is corrupt or truncated ({len(bad)} in all); rerun "
+                    "with --skip-corrupt to skip it (its coalitions are evaluated again)",
+                    field="--archive",
+                )
         _check_parent(run_dir, "--archive")
     source = resolve_model(args.model)
 
-    # 2. the model
-    if not args.verbose:
-        import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    if not args.no_progress:
-        print(f"coalescence: loading {source.model_id} ...", file=sys.stderr, flush=True)
-    saved = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"  # silence third-party loading bars (GGUF de-quantization)
-    try:
-        backend = load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    finally:
-        if saved is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = saved
-    progress = TqdmProgress("coalitions", disable=args.no_progress)
-    engine = Engine(backend, progress=progress, batch_size=args.batch_size)
+    # 2. the model, the snapshot and its target tokens (context-length check)
+    backend = _load_backend(args, source)
+    engine = Engine(backend, progress=TqdmProgress("coalitions", disable=args.no_progress), batch_size=args.batch_size)
     snapshot = engine.prepare(conversation, unit=args.unit, roles=roles, max_new_tokens=args.max_new_tokens)
     estimator.validate(snapshot.n_players)
-    target = engine.target_tokens(snapshot)  # context-length check, before anything is written
+    target = engine.target_tokens(snapshot)
 
-    # 3. the run: only now is anything written
-    if args.archive is None:
+    # 3. the archive (created, or resumed after its identity is checked), then the run
+    if run_dir is None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         run_dir = Path("runs") / f"{stamp}-{snapshot.snapshot_id[:12]}"
-    manifest = {
-        "package_version": __version__,
-        "run_config": {
-            "command": "explain",
-            "input": str(args.input),
-            "unit": args.unit,
-            "roles": roles,
-            "method": args.method,
-            "budget": None if args.method in _UNBUDGETED else budget,
-            "seed": args.seed,
-            "absence_policy": {"id": policy.id, "params": policy.params()},
-            "device": args.device,
-            "dtype": args.dtype,
-            "batch_size": args.batch_size,
-            "max_new_tokens": args.max_new_tokens,
-        },
-        "model": {"id": backend.model_id, "revision": backend.revision, "dtype": backend.dtype},
-        "utility": UTILITY,
-        "template_injects_default_system": engine.renderer.injects_default_system,
-        "target_token_ids": list(target.ids),
-        "snapshots": [snapshot.to_dict()],
+    config = {
+        "command": "explain",
+        "input": str(args.input),
+        "unit": args.unit,
+        "roles": roles,
+        "method": args.method,
+        "budget": None if args.method in _UNBUDGETED else budget,
+        "seed": args.seed,
+        "device": args.device,
+        "batch_size": args.batch_size,
+        "max_new_tokens": args.max_new_tokens,
     }
-    engine.archive = RunArchive.create(run_dir, manifest)
+    run = _run_description(engine, [snapshot], policy, config, {snapshot.snapshot_id: list(target.ids)})
+    archive = RunArchive.open(
+        run_dir,
+        run,
+        new_run=args.new_run,
+        skip_corrupt=args.skip_corrupt,
+        flush_rows=args.flush_rows,
+        flush_seconds=args.flush_seconds,
+    )
+    loaded = engine.attach_archive(archive)
+    if archive.resumed and not args.no_progress:
+        print(f"coalescence: resuming {run_dir}: {loaded} coalitions already evaluated", file=sys.stderr)
     try:
-        try:
-            explanation = anyio.run(engine.explain, snapshot, estimator, policy)
-        finally:
-            progress.close()
-            engine.close()
+        explanation = _finish(engine, lambda: engine.explain(snapshot, estimator, policy))
         document = explanation.to_dict()
         document["archive"] = str(run_dir)
         if out_path is not None:
             write_json_atomic(out_path, document)
-    except ArchiveError as exc:
-        raise _RunFailed(exc) from exc
-    except OSError as exc:
-        raise _RunFailed(ArchiveError(f"cannot write {out_path}: {exc}", field="--out")) from exc
+    except (ArchiveError, OSError) as exc:
+        error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {out_path}: {exc}", field="--out")
+        raise _RunFailed(error) from exc
     print(explanation.format_table())
     print(f"archive: {run_dir}" + (f"   json: {out_path}" if out_path else ""))
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    import time
+
+    from .archive.reader import read_manifest, read_rows
+    from .archive.writer import RunArchive, write_json_atomic
+    from .attribution.estimators import METHODS, make_estimator
+    from .attribution.explanation import Explanation
+    from .backends.registry import resolve_model
+    from .conversation import ConversationSnapshot
+    from .engine import UTILITY, Engine, fill_store, pool_from_store
+    from .errors import EstimatorError, InputError
+    from .masking.policies import get_policy
+    from .scheduler.progress import TqdmProgress
+    from .scheduler.store import ResultStore
+
+    methods = [m.strip() for m in args.method.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if not methods or unknown:
+        raise ConfigError(f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(METHODS)}", field="--method")
+    out_path = _check_out(args.out)
+    manifest = read_manifest(args.run_dir)
+    runs = manifest.get("runs") or []
+    if not runs:
+        raise ArchiveError("the archive records no run", field="RUN_DIR")
+    run = next((r for r in runs if r["run_id"] == args.run), None) if args.run else runs[-1]
+    if run is None:
+        raise ConfigError(f"no run {args.run!r}; the archive has {[r['run_id'] for r in runs]}", field="--run")
+    if run.get("utility") != UTILITY:
+        raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot replay", field="RUN_DIR")
+    policy = get_policy(run["absence_policy"]["id"], **run["absence_policy"]["params"])
+    records = {s["snapshot_id"]: s for s in manifest.get("snapshots", [])}
+    ids = [i for i in run["snapshot_ids"] if args.snapshot is None or i.startswith(args.snapshot)]
+    if not ids:
+        raise ConfigError(f"no snapshot of run {run['run_id']} starts with {args.snapshot!r}", field="--snapshot")
+    snapshots = [ConversationSnapshot.from_dict(records[i]) for i in ids]
+    store = ResultStore()
+    fill_store(store, read_rows(args.run_dir, skip_corrupt=args.skip_corrupt))
+    jobs = []
+    for snap in snapshots:
+        for m in methods:
+            budget = args.budget if args.budget is not None else 32 * snap.n_players
+            estimator = make_estimator(m, budget=budget, seed=args.seed)
+            estimator.validate(snap.n_players)
+            jobs.append((snap, estimator))
+    missing = {id(e): pool_from_store(store, s, policy, run["model"], e.plan(s.n_players))[2] for s, e in jobs}
+    explanations = []
+    if any(missing.values()):
+        if args.model is None:
+            s, e = next((s, e) for s, e in jobs if missing[id(e)])
+            raise EstimatorError(
+                f"the archive lacks {missing[id(e)]} of the coalitions {e.name} plans for snapshot "
+                f"{s.snapshot_id[:12]}; pass --model {run['model']['id']} to evaluate them",
+                field="--method",
+            )
+        source = resolve_model(args.model)
+        backend = _load_backend(args, source)
+        engine = Engine(backend, store=store, progress=TqdmProgress("coalitions", disable=args.no_progress), batch_size=args.batch_size)
+        if engine.model != run["model"]:
+            raise InputError(
+                f"--model is {engine.model}, but the run was evaluated with {run['model']}; give the run's model",
+                field="--model",
+            )
+        archive = RunArchive.open(
+            args.run_dir,
+            {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics")}
+            | {"snapshots": [records[i] for i in run["snapshot_ids"]]},
+            skip_corrupt=args.skip_corrupt,
+            flush_rows=args.flush_rows,
+            flush_seconds=args.flush_seconds,
+        )
+        engine.attach_archive(archive)
+
+        async def run_all() -> list[Any]:
+            return [await engine.explain(s, e, policy) for s, e in jobs]
+
+        try:
+            explanations = _finish(engine, run_all)
+        except ArchiveError as exc:
+            raise _RunFailed(exc) from exc
+    else:
+        for snap, estimator in jobs:
+            t0 = time.perf_counter()
+            masks, utilities, _ = pool_from_store(store, snap, policy, run["model"], estimator.plan(snap.n_players))
+            estimate = estimator.fit(masks, utilities)
+            explanations.append(
+                Explanation(
+                    snapshot=snap,
+                    estimate=estimate,
+                    model_id=run["model"]["id"],
+                    model_revision=run["model"]["revision"],
+                    absence_policy=policy.id,
+                    absence_params=policy.params(),
+                    target_token_count=len(run.get("target_token_ids", {}).get(snap.snapshot_id, [])),
+                    n_evaluations=0,
+                    wall_seconds=time.perf_counter() - t0,
+                    notes=("replayed from the archive: no model call",),
+                )
+            )
+    for explanation in explanations:
+        print(explanation.format_table())
+        print()
+    if out_path is not None:
+        write_json_atomic(out_path, {"run_dir": str(args.run_dir), "run_id": run["run_id"], "explanations": [e.to_dict() for e in explanations]})
+    return 0
+
+
+def _archive(args: argparse.Namespace) -> int:
+    from .archive.reader import archive_info
+    from .archive.writer import compact
+
+    if args.archive_command == "info":
+        info = archive_info(args.run_dir, skip_corrupt=args.skip_corrupt)
+        if args.json:
+            print(json.dumps(info, indent=2))
+            return 0
+        print(f"run directory   {info['run_dir']} (schema version {info['schema_version']}, coalescence {info['package_version']})")
+        for r in info["runs"]:
+            model = r.get("model") or {}
+            policy = r.get("absence_policy") or {}
+            print(f"run             {r['run_id']} started {r['started_at']} [{r.get('status')}] model {model.get('id')} policy {policy.get('id')}")
+        for s in info["snapshots"]:
+            print(f"snapshot        {s['snapshot_id'][:16]}  {s['coalitions']} coalitions")
+        print(f"coalitions      {info['coalitions']} in {info['parts']} parts, {info['bytes']} bytes")
+        print(f"cache-hit rate  {info['cache_hit_rate']:.3f}")
+        print(f"tokens          {info['tokens_computed']} computed, {info['tokens_reused']} reused")
+        print(f"model time      {info['model_seconds']:.1f} s")
+        print(f"writes          first {info['first_write']}, last {info['last_write']}")
+        return 0
+    before, rows = compact(args.run_dir, skip_corrupt=args.skip_corrupt)
+    print(f"compacted {args.run_dir}: {before} parts -> {1 if before else 0}, {rows} coalitions")
     return 0
 
 
@@ -268,20 +516,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    commands = {"explain": _explain, "replay": _replay, "archive": _archive}
     try:
-        if args.command == "explain":
-            return _explain(args)
-        parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse enforces it
-    except BatchFailed as exc:
-        return _fail(exc, 1)
-    except _RunFailed as exc:
-        return _fail(exc.error, 1)
+        return commands[args.command](args)
+    except (BatchFailed, _RunFailed) as exc:
+        return _fail(exc.error if isinstance(exc, _RunFailed) else exc, 1)
     except CoalescenceError as exc:
         return _fail(exc, 2)
     except KeyboardInterrupt:
-        print("coalescence: interrupted; evaluated coalitions are in the archive", file=sys.stderr)
+        print("coalescence: interrupted; evaluated coalitions are in the archive (run again to resume)", file=sys.stderr)
         return 130
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

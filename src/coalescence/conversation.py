@@ -367,6 +367,43 @@ class ConversationSnapshot:
             players=segment_players(conversation, unit=unit, roles=roles),
         )
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ConversationSnapshot:
+        """Rebuild a snapshot from :meth:`to_dict` output (e.g. an archive manifest).
+
+        Raises:
+            InputError: malformed data, or a rebuilt ``snapshot_id`` that differs from the recorded
+                one (the data was edited).
+        """
+        try:
+            messages = tuple(Message(role=m["role"], content=m["content"]) for m in data["messages"])
+            conversation = Conversation(
+                messages=messages, target=data["target"], target_source=data.get("target_source", "field")
+            )
+            players = tuple(
+                Player(
+                    index=p["index"],
+                    label=p["label"],
+                    role=p["role"],
+                    message_index=p["message_index"],
+                    start=p["start"],
+                    end=p["end"],
+                    text=messages[p["message_index"]].content[p["start"] : p["end"]],
+                )
+                for p in data["players"]
+            )
+            snapshot = cls(conversation=conversation, unit=data["unit"], players=players)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise InputError(f"malformed snapshot record: {exc!r}", field="snapshots") from exc
+        recorded = data.get("snapshot_id")
+        if recorded is not None and recorded != snapshot.snapshot_id:
+            raise InputError(
+                f"snapshot {recorded[:12]} does not match its recorded content (rebuilt id "
+                f"{snapshot.snapshot_id[:12]}); the record was altered",
+                field="snapshots",
+            )
+        return snapshot
+
     @property
     def n_players(self) -> int:
         """Number of players n."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import numpy as np
+import pyarrow as pa
 
 from .archive.writer import RunArchive
 from .attribution.estimators.base import Estimator
@@ -33,7 +34,7 @@ from .masking.render import ChatRenderer, TargetTokens
 from .scheduler.progress import NullProgress, Progress
 from .scheduler.store import ResultStore
 
-__all__ = ("UTILITY", "Engine", "EngineStatistics")
+__all__ = ("UTILITY", "Engine", "EngineStatistics", "fill_store", "key_for", "pool_from_store")
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class Engine:
         if self.batch_size < 1:
             raise ConfigError(f"must be >= 1, got {self.batch_size}", field="--batch-size")
         self.renderer = ChatRenderer(backend.tokenizer)
+        if archive is not None:
+            fill_store(self.store, archive.loaded)
         self._stats = EngineStatistics()
         self._targets: dict[str, TargetTokens] = {}
         self._closed = False
@@ -168,18 +171,23 @@ class Engine:
         self._targets[snapshot.snapshot_id] = target
         return target
 
+    @property
+    def model(self) -> dict[str, str]:
+        """The model identity that enters coalition keys: ``{"id", "revision", "dtype"}``."""
+        return {"id": self.backend.model_id, "revision": self.backend.revision, "dtype": self.backend.dtype}
+
     def key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
         """The coalition key of ``mask`` under this engine's model and utility."""
-        return coalition_key(
-            snapshot_id=snapshot.snapshot_id,
-            mask=mask,
-            policy_id=policy.id,
-            policy_params=policy.params(),
-            model_id=self.backend.model_id,
-            model_revision=self.backend.revision,
-            dtype=self.backend.dtype,
-            utility=UTILITY,
-        )
+        return key_for(snapshot, policy, self.model, mask)
+
+    def attach_archive(self, archive: RunArchive) -> int:
+        """Record results in ``archive`` and serve the coalitions it already holds from the store.
+
+        Returns:
+            The number of archived coalitions loaded into the hot store.
+        """
+        self.archive = archive
+        return fill_store(self.store, archive.loaded)
 
     # -- evaluation ---------------------------------------------------------------------------
     async def evaluate(
@@ -333,11 +341,66 @@ class Engine:
             )
         return ()
 
-    def close(self) -> None:
-        """Refuse new work and close the archive (flushing buffered rows)."""
+    def close(self, *, status: str = "complete") -> None:
+        """Refuse new work and close the archive (flushing buffered rows, recording ``status``)."""
         self._closed = True
         if self.archive is not None:
-            self.archive.close(statistics=_stats_dict(self._stats))
+            self.archive.close(status=status, statistics=_stats_dict(self._stats))
+
+
+def key_for(
+    snapshot: ConversationSnapshot, policy: AbsencePolicy, model: Mapping[str, str], mask: PackedMask
+) -> str:
+    """The coalition key of ``mask`` for a model identity ``{"id", "revision", "dtype"}``."""
+    return coalition_key(
+        snapshot_id=snapshot.snapshot_id,
+        mask=mask,
+        policy_id=policy.id,
+        policy_params=policy.params(),
+        model_id=model["id"],
+        model_revision=model["revision"],
+        dtype=model["dtype"],
+        utility=UTILITY,
+    )
+
+
+def fill_store(store: ResultStore, rows: pa.Table) -> int:
+    """Load archive rows (``coalition_key``, ``utility``) into a result store; returns the count."""
+    if rows.num_rows == 0:
+        return 0
+    store.update(zip(rows["coalition_key"].to_pylist(), rows["utility"].to_pylist(), strict=True))
+    return rows.num_rows
+
+
+def pool_from_store(
+    store: ResultStore,
+    snapshot: ConversationSnapshot,
+    policy: AbsencePolicy,
+    model: Mapping[str, str],
+    coalitions: Iterable[np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The stored utilities of the distinct coalitions among ``coalitions``, with no model.
+
+    Returns:
+        ``masks`` ``[m, n_players]`` bool and ``utilities`` ``[m]`` float64 (nats) of the coalitions
+        found, and the number of distinct coalitions missing from the store.
+    """
+    seen: set[bytes] = set()
+    found, values = [], []
+    missing = 0
+    for row in coalitions:
+        mask = PackedMask.from_bools(np.asarray(row, dtype=bool))
+        if mask.words in seen:
+            continue
+        seen.add(mask.words)
+        value = store.get(key_for(snapshot, policy, model, mask))
+        if value is None:
+            missing += 1
+        else:
+            found.append(mask.to_bools())
+            values.append(value)
+    masks = np.array(found, dtype=bool).reshape(len(found), snapshot.n_players)
+    return masks, np.array(values, dtype=np.float64), missing
 
 
 def _stats_dict(stats: EngineStatistics) -> dict[str, Any]:

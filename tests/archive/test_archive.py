@@ -106,8 +106,8 @@ def test_parts_are_written_every_flush_rows_and_on_close(run_dir: Path) -> None:
 def test_no_temporary_files_are_left(closed_run: tuple[Path, list[dict]]) -> None:
     run_dir, _ = closed_run
     assert [p.name for p in (run_dir / "parts").iterdir() if p.name.startswith(".")] == []
-    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []
-    assert sorted(p.name for p in run_dir.iterdir()) == ["manifest.json", "parts"]
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == [".lock"]  # the writer lock
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "manifest.json", "parts"]
 
 
 def test_parts_are_zstd_compressed(closed_run: tuple[Path, list[dict]]) -> None:
@@ -226,19 +226,23 @@ def test_any_float64_utilities_round_trip_in_order(utilities: list[float], flush
 
 
 def test_manifest_after_create_and_after_close(run_dir: Path) -> None:
-    archive = RunArchive.create(run_dir, {"run_config": {"method": "exact"}}, flush_rows=3)
+    run = {"snapshot_ids": ["a" * 64], "model": {"id": "m"}, "run_config": {"method": "exact"}}
+    archive = RunArchive.create(run_dir, run, flush_rows=3)
     created = read_manifest(run_dir)
     assert created["schema_version"] == SCHEMA_VERSION
-    assert created["run_config"] == {"method": "exact"}
-    assert "rows" not in created
+    [entry] = created["runs"]
+    assert entry["run_config"] == {"method": "exact"} and entry["status"] == "running"
+    assert entry["run_id"] == archive.run_id
+    assert created["rows"] == 0
     for row in seven_rows():
         archive.append(row)
     archive.close(statistics={"executed": 7})
     manifest = read_manifest(run_dir)
     assert manifest["schema_version"] == SCHEMA_VERSION
     assert manifest["rows"] == 7
-    assert manifest["statistics"] == {"executed": 7}
-    assert manifest["run_config"] == {"method": "exact"}
+    [entry] = manifest["runs"]
+    assert entry["statistics"] == {"executed": 7} and entry["status"] == "complete"
+    assert entry["run_config"] == {"method": "exact"}
     assert manifest["created_at"] == created["created_at"]
     created_at = datetime.fromisoformat(manifest["created_at"])
     updated_at = datetime.fromisoformat(manifest["updated_at"])

@@ -1,35 +1,88 @@
-"""The hot result store: coalition key -> utility, in front of the model."""
+"""The hot result store: coalition key -> utility, in front of the model.
+
+The scheduler looks every job up here before any model call; a replay fills it from a run archive
+(:meth:`ResultStore.fill_from_archive`), so every coalition the archive holds is served without a
+model call.
+"""
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ("ResultStore",)
+__all__ = ("ResultStore", "entry_bytes")
+
+logger = logging.getLogger(__name__)
+
+_FLOAT_BYTES = sys.getsizeof(0.0)
+_SLOT_BYTES = 3 * 8 + 2 * 8  # hash table slot (hash, key, value) + LRU links (prev, next)
+
+
+def entry_bytes(key: str) -> int:
+    """The bytes one entry is charged against ``max_bytes``.
+
+    The estimate is ``sys.getsizeof(key)`` plus a float object plus the map's per-entry slot and
+    LRU links (40 bytes on 64-bit CPython): about 185 bytes for a 64-hex-digit SHA-256 key.
+
+    Args:
+        key: a coalition key.
+
+    Returns:
+        The charged size in bytes.
+    """
+    return sys.getsizeof(key) + _FLOAT_BYTES + _SLOT_BYTES
 
 
 class ResultStore:
     """A thread-safe LRU map from coalition key to utility (nats).
 
+    Bounded by entries, by (estimated, see :func:`entry_bytes`) bytes, by both or not at all; when a
+    ``put`` exceeds a bound, least recently used keys are evicted until every bound holds. A ``get``
+    hit and a ``put`` both make the key most recently used. Every method takes one lock, so threads
+    (e.g. backend worker threads) and the event loop can share a store.
+
     Args:
-        max_entries: the most keys held (least recently used evicted first); ``None`` for no bound.
+        max_entries: the most keys held; ``None`` for no bound.
+        max_bytes: the most bytes held (sum of :func:`entry_bytes`); ``None`` for no bound.
 
     Raises:
-        ConfigError: ``max_entries`` < 1.
+        ConfigError: ``max_entries`` < 1, or ``max_bytes`` smaller than one entry (200 bytes).
     """
 
-    def __init__(self, max_entries: int | None = None) -> None:
-        if max_entries is not None and max_entries < 1:
-            raise ConfigError(f"max_entries must be >= 1, got {max_entries}", field="max_entries")
+    def __init__(self, max_entries: int | None = None, *, max_bytes: int | None = None) -> None:
+        if max_entries is not None and (not isinstance(max_entries, int) or max_entries < 1):
+            raise ConfigError(f"max_entries must be >= 1, got {max_entries!r}", field="max_entries")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 200):
+            raise ConfigError(
+                f"max_bytes must be >= 200 (one entry), got {max_bytes!r}", field="max_bytes"
+            )
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self._data: OrderedDict[str, float] = OrderedDict()
+        self._nbytes = 0
+        self._evictions = 0
         self._lock = threading.Lock()
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (sum of :func:`entry_bytes` over the keys held)."""
+        with self._lock:
+            return self._nbytes
+
+    @property
+    def evictions(self) -> int:
+        """Keys evicted so far to keep the bounds."""
+        with self._lock:
+            return self._evictions
+
     def get(self, key: str) -> float | None:
-        """The stored utility of ``key``, or ``None`` (a hit refreshes the key's recency)."""
+        """The stored utility of ``key`` in nats, or ``None`` (a hit refreshes the key's recency)."""
         with self._lock:
             value = self._data.get(key)
             if value is not None:
@@ -37,17 +90,65 @@ class ResultStore:
             return value
 
     def put(self, key: str, utility: float) -> None:
-        """Store ``utility`` under ``key``, evicting the least recently used key past the bound."""
+        """Store ``utility`` (nats) under ``key``, evicting least recently used keys past the bounds."""
+        value = float(utility)
         with self._lock:
-            self._data[key] = float(utility)
-            self._data.move_to_end(key)
-            if self.max_entries is not None and len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
+            if key in self._data:
+                self._data[key] = value
+                self._data.move_to_end(key)
+                return
+            self._data[key] = value
+            self._nbytes += entry_bytes(key)
+            self._evict()
+
+    def _evict(self) -> None:
+        # called with the lock held; the newest key is never evicted (max_bytes >= one entry)
+        while (self.max_entries is not None and len(self._data) > self.max_entries) or (
+            self.max_bytes is not None and self._nbytes > self.max_bytes and len(self._data) > 1
+        ):
+            old, _ = self._data.popitem(last=False)
+            self._nbytes -= entry_bytes(old)
+            self._evictions += 1
 
     def update(self, items: Iterable[tuple[str, float]]) -> None:
-        """Store many ``(key, utility)`` pairs (e.g. from an archive)."""
+        """Store many ``(key, utility)`` pairs in order (later pairs are more recent)."""
         for key, utility in items:
             self.put(key, utility)
+
+    def clear(self) -> None:
+        """Drop every key."""
+        with self._lock:
+            self._data.clear()
+            self._nbytes = 0
+
+    def fill_from_archive(self, run_dir: str | Path, snapshot_id: str | None = None) -> int:
+        """Load the utilities of a run archive (see :mod:`coalescence.archive`).
+
+        Rows (as :func:`~coalescence.archive.read_rows` returns them) are stored in archive order,
+        so with a bound the last rows written stay.
+
+        Args:
+            run_dir: the run directory.
+            snapshot_id: load only this snapshot's rows; ``None`` for every row.
+
+        Returns:
+            The number of archive rows loaded.
+
+        Raises:
+            ArchiveError: a part of the archive cannot be read.
+        """
+        import pyarrow.compute as pc
+
+        from ..archive import read_rows
+
+        table = read_rows(run_dir)
+        if snapshot_id is not None:
+            table = table.filter(pc.equal(table["snapshot_id"], snapshot_id))
+        keys = table.column("coalition_key").to_pylist()
+        utilities = table.column("utility").to_pylist()
+        self.update(zip(keys, utilities, strict=True))
+        logger.debug("filled the result store with %s rows from %s", len(keys), run_dir)
+        return len(keys)
 
     def __contains__(self, key: object) -> bool:
         with self._lock:

@@ -1,0 +1,610 @@
+"""The lock-leader collator: concurrent async requests become batched synchronous backend calls.
+
+There is no background task and no timer. :meth:`Collator.serve` appends the request's record to
+a queue and acquires one :class:`anyio.Lock`. The task that holds it (the *leader*) takes its own
+record plus the compatible queued records (same batch key, in queue order, up to
+``max_batch_size``), runs one backend call in a worker thread (``anyio.to_thread.run_sync``,
+shielded so a cancelled leader never abandons it), fills every member's result slot and sets
+their events on the event-loop thread. A waiter whose record was served by another leader is woken
+at delivery and returns without a call. The lock holder is the only caller of the backend, so one
+call is in flight at a time by construction; requests that arrive while a call runs accumulate,
+so the running call is the collation window. ``max_batch_size=1`` is strict serialisation through
+the same code path.
+
+Batch key: SHA-256 of the canonical JSON of the call-scoped kwargs (seed and stop strings
+included), the sorted key set of the per-row runtime kwargs, a single-candidate flag and the
+caller's ``key_extra`` (for scoring: model, utility, length bucket). Per-row values never enter it.
+
+Runtime kwargs and scopes: the backend declares the runtime kwargs it consumes, each ``"row"`` or
+``"call"``. Static (whole-run) kwargs: call-scoped pass through to every call, row-scoped are
+broadcast to every row. Per-request runtime kwargs (``row_kwargs``): row-scoped are collated row by
+row, call-scoped are rejected at admission. A key given both statically and per request is
+rejected. An undeclared key is inert: dropped from the call and the key, recorded in
+:attr:`Collator.inert_runtime_kwargs` and logged once. ``call_kwargs`` are per-request generation
+settings (seed, stop strings, temperature...): they are not runtime kwargs, enter the batch key
+and go to the backend as call kwargs, so requests that differ in them never share a call.
+
+Poison isolation: when a multi-row call fails (it raises, or returns other than exactly one
+output per row), its members are re-run one by one, once, so each gets its own result or its own
+exception. If every member then succeeds, one warning is logged per distinct batch-level error
+message (a batching bug in the backend, not a bad sample).
+
+Reproducibility: a per-item seed must derive from (run seed, coalition key), never from batch
+position, so a sampled generation is the same whatever its batch-mates. A backend that honours
+per-row seeds declares ``seed`` row-scoped and the caller passes it in ``row_kwargs``. A backend
+that cannot takes the seed in ``call_kwargs`` instead: it then enters the batch key, so rows with
+different seeds never share a call and such rows run one at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+import anyio
+
+from ..backends.base import ScoreRequest, ScoringBackend
+from ..errors import BatchFailed, CoalescenceError, ConfigError, EngineClosed
+
+__all__ = (
+    "BatchFn",
+    "Collator",
+    "CollatorBackend",
+    "CollatorRecord",
+    "CollatorStatistics",
+    "batch_key",
+    "scoring_backend",
+)
+
+logger = logging.getLogger(__name__)
+
+BatchFn = Callable[[list[Any], dict[str, Any], list[dict[str, Any]]], Sequence[Any]]
+"""``fn(prompts, call_kwargs, row_kwargs) -> outputs``: one synchronous backend call.
+
+``prompts`` and ``row_kwargs`` have one entry per row; ``outputs`` must have exactly one per row,
+in order. ``call_kwargs`` carries ``n_candidates`` when a request asks for more than one.
+"""
+
+Scope = Literal["row", "call"]
+
+_SCOPES = ("row", "call")
+_RESERVED = "n_candidates"
+_QUEUED, _TAKEN, _DONE, _CANCELLED = "queued", "taken", "done", "cancelled"
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
+    if value is None:
+        return MappingProxyType({})
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"must be a mapping, got {value!r}", field=name)
+    for key in value:
+        if not isinstance(key, str):
+            raise ConfigError(f"keys must be strings, got {key!r}", field=name)
+    return MappingProxyType(dict(value))
+
+
+def _canonical(value: Any, where: str) -> Any:
+    """A JSON-encodable canonical form of ``value`` (tuples and lists alike, dict keys sorted)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value).hex()}
+    if isinstance(value, Mapping):
+        out = {}
+        for key in value:
+            if not isinstance(key, str):
+                raise ConfigError(f"mapping keys must be strings, got {key!r}", field=where)
+            out[key] = _canonical(value[key], f"{where}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, where) for v in value]
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item) and getattr(value, "shape", None) == ():
+        return _canonical(item(), where)
+    raise ConfigError(
+        f"cannot enter a batch key: {value!r} ({type(value).__name__}); use str, int, float, bool, "
+        "None, bytes, or lists/tuples/dicts of them",
+        field=where,
+    )
+
+
+def batch_key(
+    call_kwargs: Mapping[str, Any],
+    row_keys: frozenset[str] | set[str],
+    *,
+    single_candidate: bool,
+    key_extra: tuple[Any, ...] = (),
+) -> str:
+    """The SHA-256 batch key of a request (two requests may share a call iff their keys match).
+
+    Args:
+        call_kwargs: the effective call-scoped kwargs (static call-scoped + per request).
+        row_keys: the names of the effective per-row runtime kwargs (their values never enter).
+        single_candidate: whether the request asks for exactly one candidate.
+        key_extra: what else makes rows batchable for the backend (model, utility, length bucket).
+
+    Returns:
+        64 lowercase hex digits.
+
+    Raises:
+        ConfigError: a value that has no canonical encoding (e.g. an arbitrary object).
+    """
+    payload = {
+        "call": _canonical(call_kwargs, "call_kwargs"),
+        "row_keys": sorted(row_keys),
+        "single": bool(single_candidate),
+        "extra": _canonical(tuple(key_extra), "key_extra"),
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollatorBackend:
+    """A synchronous batch function and the runtime kwargs it consumes.
+
+    Args:
+        fn: the :data:`BatchFn`; called from one worker thread at a time.
+        runtime_kwargs: name -> ``"row"`` (one value per row) or ``"call"`` (one value per call).
+
+    Raises:
+        ConfigError: ``fn`` not callable, a scope other than ``"row"``/``"call"``, a non-string
+            name, or the reserved name ``"n_candidates"``.
+    """
+
+    fn: BatchFn
+    runtime_kwargs: Mapping[str, Scope] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise ConfigError(f"must be callable, got {self.fn!r}", field="fn")
+        scopes = _frozen_mapping(self.runtime_kwargs, "runtime_kwargs")
+        for name, scope in scopes.items():
+            if scope not in _SCOPES:
+                raise ConfigError(f"scope of {name!r} must be 'row' or 'call', got {scope!r}", field="runtime_kwargs")
+            if name == _RESERVED:
+                raise ConfigError(f"{_RESERVED!r} is reserved for the collator", field="runtime_kwargs")
+        object.__setattr__(self, "runtime_kwargs", scopes)
+
+
+def scoring_backend(backend: ScoringBackend) -> CollatorBackend:
+    """Adapt a :class:`~coalescence.backends.base.ScoringBackend` for the collator.
+
+    Prompts are :class:`~coalescence.backends.base.ScoreRequest` rows; outputs are their
+    :class:`~coalescence.backends.base.ScoreResult`. The backend consumes no runtime kwargs.
+
+    Args:
+        backend: the scoring backend (e.g. :class:`~coalescence.backends.hf.HFBackend`).
+
+    Returns:
+        A :class:`CollatorBackend` whose ``fn`` calls ``backend.score(prompts)``.
+    """
+
+    def fn(prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
+        for p in prompts:
+            if not isinstance(p, ScoreRequest):
+                raise BatchFailed(f"a scoring backend takes ScoreRequest rows, got {type(p).__name__}")
+        return list(backend.score(prompts))
+
+    return CollatorBackend(fn=fn, runtime_kwargs={})
+
+
+class _Slot:
+    """Mutable per-record state, touched only on the event-loop thread."""
+
+    __slots__ = ("event", "ok", "owner", "state", "value", "wake")
+
+    def __init__(self) -> None:
+        self.owner: Collator | None = None
+        self.state: str | None = None
+        self.event: anyio.Event | None = None
+        self.wake: anyio.CancelScope | None = None
+        self.ok = False
+        self.value: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class CollatorRecord:
+    """One admitted request, validated, not yet queued (compared by identity).
+
+    Args:
+        prompt: the row's prompt as the backend takes it (e.g. a ``ScoreRequest``).
+        call_kwargs: effective call-scoped kwargs (static call-scoped + per-request generation kwargs).
+        row_kwargs: effective per-row runtime kwargs (static row-scoped broadcast + per request).
+        n_candidates: candidates asked for (>= 1); above 1 the request dispatches alone.
+        batch_key: 64-hex SHA-256 (see :func:`batch_key`).
+
+    Raises:
+        ConfigError: ``n_candidates`` < 1 or a malformed ``batch_key``.
+    """
+
+    prompt: Any
+    call_kwargs: Mapping[str, Any]
+    row_kwargs: Mapping[str, Any]
+    n_candidates: int
+    batch_key: str
+    _slot: _Slot = field(init=False, default_factory=_Slot, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_candidates, bool) or not isinstance(self.n_candidates, int) or self.n_candidates < 1:
+            raise ConfigError(f"must be a positive integer, got {self.n_candidates!r}", field="n_candidates")
+        if not (isinstance(self.batch_key, str) and len(self.batch_key) == 64):
+            raise ConfigError(f"must be 64 hex digits, got {self.batch_key!r}", field="batch_key")
+        object.__setattr__(self, "call_kwargs", MappingProxyType(dict(self.call_kwargs)))
+        object.__setattr__(self, "row_kwargs", MappingProxyType(dict(self.row_kwargs)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollatorStatistics:
+    """A snapshot of a collator's counters.
+
+    Attributes:
+        calls: backend calls made (poison-isolation re-runs included).
+        rows: records delivered (a result or an exception), each counted once.
+        largest_batch: most rows in one backend call (0 before the first call).
+        poison_reruns: failed multi-row calls whose members were re-run one by one.
+        failed_rows: records delivered an exception.
+    """
+
+    calls: int = 0
+    rows: int = 0
+    largest_batch: int = 0
+    poison_reruns: int = 0
+    failed_rows: int = 0
+
+
+@dataclass(slots=True)
+class _Report:
+    outcomes: list[tuple[bool, Any]]
+    calls: int
+    poisoned: bool
+    batch_message: str | None  # set when a multi-row call failed and every member then succeeded
+
+
+class Collator:
+    """Lock-leader batching of concurrent requests into synchronous backend calls.
+
+    Args:
+        backend: the batch function and its runtime-kwarg scopes.
+        max_batch_size: the most rows per backend call (>= 1; 1 serialises strictly).
+        static_kwargs: whole-run runtime kwargs: call-scoped pass through, row-scoped are broadcast
+            to every row, undeclared ones are inert.
+
+    Raises:
+        ConfigError: ``max_batch_size`` < 1, or a static kwarg named ``"n_candidates"`` or without
+            a canonical encoding.
+    """
+
+    def __init__(
+        self,
+        backend: CollatorBackend,
+        *,
+        max_batch_size: int = 8,
+        static_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(backend, CollatorBackend):
+            raise ConfigError(f"must be a CollatorBackend, got {backend!r}", field="backend")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="max_batch_size")
+        self._backend = backend
+        self._max = max_batch_size
+        self._lock = anyio.Lock()
+        self._queues: dict[str, dict[int, CollatorRecord]] = {}
+        self._closed = False
+        self._inert: set[str] = set()
+        self._warned: set[str] = set()
+        self._stats = CollatorStatistics()
+        static = _frozen_mapping(static_kwargs, "static_kwargs")
+        if _RESERVED in static:
+            raise ConfigError(f"{_RESERVED!r} is set per request (admit's n_candidates)", field="static_kwargs")
+        scopes = backend.runtime_kwargs
+        self._static = static
+        self._static_call = {k: v for k, v in static.items() if scopes.get(k) == "call"}
+        self._static_row = {k: v for k, v in static.items() if scopes.get(k) == "row"}
+        _canonical(self._static_call, "static_kwargs")
+        for name in static:
+            if name not in scopes:
+                self._note_inert(name, "static_kwargs")
+
+    @property
+    def max_batch_size(self) -> int:
+        """The most rows per backend call."""
+        return self._max
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def inert_runtime_kwargs(self) -> frozenset[str]:
+        """Names of runtime kwargs given but not declared by the backend (dropped, logged once)."""
+        return frozenset(self._inert)
+
+    def statistics(self) -> CollatorStatistics:
+        """A snapshot of the counters (see :class:`CollatorStatistics`)."""
+        return self._stats
+
+    def close(self) -> None:
+        """Refuse new work; records already queued and the in-flight batch still complete.
+
+        Later :meth:`admit` and :meth:`serve` calls raise :class:`~coalescence.errors.EngineClosed`.
+        Idempotent.
+        """
+        self._closed = True
+
+    def _note_inert(self, name: str, where: str) -> None:
+        if name not in self._inert:
+            self._inert.add(name)
+            logger.warning(
+                "runtime kwarg %r (%s) is not consumed by this backend; it is dropped from every call "
+                "and from the batch key", name, where,
+            )
+
+    def admit(
+        self,
+        prompt: Any,
+        *,
+        call_kwargs: Mapping[str, Any] | None = None,
+        row_kwargs: Mapping[str, Any] | None = None,
+        n_candidates: int = 1,
+        key_extra: tuple[Any, ...] = (),
+    ) -> CollatorRecord:
+        """Validate a request and build its record (nothing is queued).
+
+        Args:
+            prompt: the row's prompt as the backend takes it.
+            call_kwargs: per-request generation kwargs (seed, stop strings...); they enter the batch
+                key and reach the backend as call kwargs. Names the backend declares as runtime
+                kwargs are refused here.
+            row_kwargs: per-request runtime kwargs; row-scoped ones are collated row by row,
+                undeclared ones are inert.
+            n_candidates: candidates asked for (>= 1); above 1 the request dispatches alone and the
+                backend receives ``call_kwargs["n_candidates"]``.
+            key_extra: hashable, canonically encodable tuple of what else makes rows batchable
+                (e.g. ``(model_id, utility, length_bucket)``).
+
+        Returns:
+            The frozen :class:`CollatorRecord`, to pass to :meth:`serve`.
+
+        Raises:
+            EngineClosed: the collator is closed.
+            ConfigError: a call-scoped runtime kwarg given per request, a key given both statically
+                and per request (or in both ``call_kwargs`` and ``row_kwargs``), the reserved
+                ``"n_candidates"`` in ``call_kwargs``, a bad ``n_candidates``, or a value without a
+                canonical encoding. The message names the key.
+        """
+        if self._closed:
+            raise EngineClosed("the collator is closed; no new requests are admitted")
+        calls = _frozen_mapping(call_kwargs, "call_kwargs")
+        rows = _frozen_mapping(row_kwargs, "row_kwargs")
+        if not isinstance(key_extra, tuple):
+            raise ConfigError(f"must be a tuple, got {key_extra!r}", field="key_extra")
+        scopes = self._backend.runtime_kwargs
+        if _RESERVED in calls or _RESERVED in rows:
+            raise ConfigError(f"{_RESERVED!r} is reserved; pass admit(..., n_candidates=...)", field="call_kwargs")
+        for name in (*calls, *rows):
+            if name in self._static:
+                raise ConfigError(
+                    f"{name!r} is given both statically and per request; give it in one place",
+                    field=f"kwargs.{name}",
+                )
+        for name in calls:
+            if name in rows:
+                raise ConfigError(f"{name!r} is in both call_kwargs and row_kwargs", field=f"call_kwargs.{name}")
+            if scopes.get(name) == "row":
+                raise ConfigError(
+                    f"{name!r} is a row-scoped runtime kwarg of this backend; pass it in row_kwargs",
+                    field=f"call_kwargs.{name}",
+                )
+            if scopes.get(name) == "call":
+                raise ConfigError(
+                    f"{name!r} is a call-scoped runtime kwarg of this backend and cannot vary per request; "
+                    "set it once in static_kwargs",
+                    field=f"call_kwargs.{name}",
+                )
+        per_row: dict[str, Any] = {}
+        for name, value in rows.items():
+            scope = scopes.get(name)
+            if scope == "call":
+                raise ConfigError(
+                    f"{name!r} is a call-scoped runtime kwarg of this backend and cannot vary per request; "
+                    "set it once in static_kwargs",
+                    field=f"row_kwargs.{name}",
+                )
+            if scope is None:
+                self._note_inert(name, "row_kwargs")
+                continue
+            per_row[name] = value
+        eff_call = {**self._static_call, **calls}
+        eff_row = {**self._static_row, **per_row}
+        if isinstance(n_candidates, bool) or not isinstance(n_candidates, int) or n_candidates < 1:
+            raise ConfigError(f"must be a positive integer, got {n_candidates!r}", field="n_candidates")
+        key = batch_key(eff_call, set(eff_row), single_candidate=n_candidates == 1, key_extra=key_extra)
+        record = CollatorRecord(
+            prompt=prompt, call_kwargs=eff_call, row_kwargs=eff_row, n_candidates=n_candidates, batch_key=key
+        )
+        record._slot.owner = self
+        return record
+
+    async def submit(
+        self,
+        prompt: Any,
+        *,
+        call_kwargs: Mapping[str, Any] | None = None,
+        row_kwargs: Mapping[str, Any] | None = None,
+        n_candidates: int = 1,
+        key_extra: tuple[Any, ...] = (),
+    ) -> Any:
+        """``serve(admit(...))``: see :meth:`admit` and :meth:`serve`."""
+        record = self.admit(
+            prompt, call_kwargs=call_kwargs, row_kwargs=row_kwargs, n_candidates=n_candidates, key_extra=key_extra
+        )
+        return await self.serve(record)
+
+    async def serve(self, record: CollatorRecord) -> Any:
+        """Queue ``record``, batch it with compatible requests, and return its row's output.
+
+        If cancelled while the record is still queued, the record is withdrawn; if it is already
+        part of a running call, that call completes and its batch-mates get their results.
+
+        Args:
+            record: a record from this collator's :meth:`admit`, served at most once.
+
+        Returns:
+            The backend's output for this row.
+
+        Raises:
+            EngineClosed: the collator was closed before this record was queued.
+            ConfigError: the record comes from another collator or was already served.
+            BatchFailed: this row failed (a backend error that is not a
+                :class:`~coalescence.errors.CoalescenceError` is wrapped, with ``__cause__`` set).
+            CoalescenceError: the backend's own error for this row.
+        """
+        slot = record._slot
+        if slot.owner is not self:
+            raise ConfigError("this record was admitted by another collator", field="record")
+        if slot.state is not None:
+            raise ConfigError(f"this record was already served (state {slot.state})", field="record")
+        if self._closed:
+            raise EngineClosed("the collator is closed; no new requests are served")
+        slot.event = anyio.Event()
+        try:
+            while slot.state != _DONE:
+                acquired = False
+                with anyio.CancelScope() as wake:
+                    slot.wake = wake
+                    if slot.state is None:  # queue and wait in one step: no checkpoint in between
+                        slot.state = _QUEUED
+                        self._queues.setdefault(record.batch_key, {})[id(record)] = record
+                    await self._lock.acquire()
+                    slot.wake = None
+                    acquired = True
+                slot.wake = None
+                if acquired:
+                    try:
+                        if slot.state == _QUEUED:
+                            await self._lead(record)
+                    finally:
+                        self._lock.release()
+        except BaseException:
+            slot.wake = None
+            if slot.state == _QUEUED:
+                self._withdraw(record)
+                slot.state = _CANCELLED
+            raise
+        await slot.event.wait()  # already set: delivery precedes _DONE
+        if slot.ok:
+            return slot.value
+        raise slot.value
+
+    def _withdraw(self, record: CollatorRecord) -> None:
+        queue = self._queues.get(record.batch_key)
+        if queue is not None:
+            queue.pop(id(record), None)
+            if not queue:
+                del self._queues[record.batch_key]
+
+    def _take(self, record: CollatorRecord) -> list[CollatorRecord]:
+        """The leader's batch: its record, then compatible queued ones in queue order."""
+        self._withdraw(record)
+        batch = [record]
+        if record.n_candidates == 1:
+            queue = self._queues.get(record.batch_key, {})
+            for rid in list(queue)[: self._max - 1]:
+                batch.append(queue.pop(rid))
+            if not queue:
+                self._queues.pop(record.batch_key, None)
+        for member in batch:
+            member._slot.state = _TAKEN
+        return batch
+
+    async def _lead(self, record: CollatorRecord) -> None:
+        batch = self._take(record)
+        report: _Report | None = None
+        try:
+            with anyio.CancelScope(shield=True):
+                report = await anyio.to_thread.run_sync(self._execute, batch)
+        finally:
+            if report is None:  # the worker call itself could not run: fail every member
+                msg = f"the backend call for a batch of {len(batch)} rows did not complete"
+                report = _Report([(False, BatchFailed(msg)) for _ in batch], 0, False, None)
+            self._deliver(batch, report)
+
+    def _deliver(self, batch: list[CollatorRecord], report: _Report) -> None:
+        failed = sum(1 for ok, _ in report.outcomes if not ok)
+        s = self._stats
+        self._stats = dataclasses.replace(
+            s,
+            calls=s.calls + report.calls,
+            rows=s.rows + len(batch),
+            largest_batch=max(s.largest_batch, len(batch) if report.calls else 0),
+            poison_reruns=s.poison_reruns + int(report.poisoned),
+            failed_rows=s.failed_rows + failed,
+        )
+        if report.batch_message is not None and report.batch_message not in self._warned:
+            self._warned.add(report.batch_message)
+            logger.warning(
+                "a batch of %d rows failed but every row succeeded alone, which points at a batching "
+                "bug in the backend (not a bad sample): %s",
+                len(batch), report.batch_message,
+            )
+        for member, (ok, value) in zip(batch, report.outcomes, strict=True):
+            slot = member._slot
+            slot.ok, slot.value, slot.state = ok, value, _DONE
+            assert slot.event is not None
+            slot.event.set()
+            if slot.wake is not None:
+                slot.wake.cancel()
+
+    def _invoke(self, batch: list[CollatorRecord]) -> list[Any]:
+        """One backend call (worker thread); checks one output per row."""
+        first = batch[0]
+        call_kwargs = dict(first.call_kwargs)
+        if first.n_candidates > 1:
+            call_kwargs[_RESERVED] = first.n_candidates
+        outputs = self._backend.fn([r.prompt for r in batch], call_kwargs, [dict(r.row_kwargs) for r in batch])
+        if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence):
+            raise BatchFailed(
+                f"the backend returned {type(outputs).__name__} instead of a sequence of {len(batch)} outputs"
+            )
+        if len(outputs) != len(batch):
+            raise BatchFailed(f"the backend returned {len(outputs)} outputs for {len(batch)} rows")
+        return list(outputs)
+
+    @staticmethod
+    def _translate(exc: Exception, rows: int) -> Exception:
+        if isinstance(exc, CoalescenceError):
+            return exc
+        err = BatchFailed(f"backend call failed on a batch of {rows} rows: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err
+
+    def _execute(self, batch: list[CollatorRecord]) -> _Report:
+        """The batch call plus, on failure of a multi-row call, one serial re-run per member."""
+        try:
+            outputs = self._invoke(batch)
+        except Exception as exc:
+            batch_exc = exc
+        else:
+            return _Report([(True, out) for out in outputs], 1, False, None)
+        if len(batch) == 1:
+            return _Report([(False, self._translate(batch_exc, 1))], 1, False, None)
+        outcomes: list[tuple[bool, Any]] = []
+        for member in batch:
+            try:
+                outcomes.append((True, self._invoke([member])[0]))
+            except Exception as exc:
+                outcomes.append((False, self._translate(exc, 1)))
+        all_ok = all(ok for ok, _ in outcomes)
+        message = f"{type(batch_exc).__name__}: {batch_exc}" if all_ok else None
+        return _Report(outcomes, 1 + len(batch), True, message)

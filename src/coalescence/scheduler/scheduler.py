@@ -1,0 +1,557 @@
+"""The coalition scheduler: hot store, single-flight dedup and bounded concurrency for evaluations.
+
+A :class:`CoalitionJob` is resolved in this order:
+
+1. **Hot store.** A key in the :class:`~coalescence.scheduler.store.ResultStore` returns at once,
+   without a model call, and is archived with ``cache_hit=True``, elapsed 0 and batch size 0.
+2. **Single flight** (:mod:`coalescence.scheduler.dedup`). A key already being evaluated waits for
+   that evaluation and shares its value or exception; it is counted as deduplicated, not archived.
+3. **Evaluation.** At most ``max_inflight`` calls of ``evaluate`` run at once (a semaphore); the
+   value is put in the store, then archived with its elapsed time.
+
+Jobs come from a sequence (:meth:`CoalitionScheduler.run`, results in input order), a lazy iterable
+(:meth:`~CoalitionScheduler.run_iter`) or an async iterator (:meth:`~CoalitionScheduler.run_stream`),
+results in completion order. A run has ``pending_limit`` worker tasks that pull the next job only
+when they are free, so at most ``pending_limit`` jobs are alive at once and neither jobs nor tasks
+are ever materialised: the producer waits, and a million-job stream runs in bounded memory.
+
+Failure contract: a failing ``evaluate`` never stops a run. Its job (and every job that shared the
+flight) ends as a :class:`JobResult` with ``error`` set and ``utility`` NaN; nothing is stored or
+archived for it, and a later job with the same key evaluates again. :meth:`run` re-raises the error
+of the first failed job in input order once every job has finished; ``run_iter``/``run_stream``
+yield the failed results and never raise for them. Errors of the run itself (the job source raises,
+the archive cannot be written) stop the workers from taking new jobs; the jobs in progress finish,
+and the error is raised at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import aclosing
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from ..errors import ConfigError, MaskError
+from ..masking.codec import PackedMask
+from .dedup import SingleFlight
+from .progress import NullProgress, Progress
+from .store import ResultStore
+
+__all__ = (
+    "CoalitionJob",
+    "CoalitionScheduler",
+    "EvalOutcome",
+    "Evaluate",
+    "JobResult",
+    "SchedulerStatistics",
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoalitionJob:
+    """One coalition to evaluate.
+
+    Attributes:
+        coalition_key: 64-hex-digit SHA-256 coalition key (see
+            :func:`~coalescence.masking.codec.coalition_key`); equal keys are evaluated once.
+        snapshot_id: the conversation snapshot's id.
+        request: what ``evaluate`` needs (e.g. a rendered ``ScoreRequest``); opaque here.
+        absence_policy: the absence policy id.
+        mask: the coalition's packed mask.
+        model_id: the model's id.
+        prefix_hash: hash of the rendered prompt's shared prefix (for KV reuse grouping), or "".
+
+    Raises:
+        ConfigError: an empty or non-string key, snapshot id, policy or model id.
+        MaskError: ``mask`` is not a :class:`~coalescence.masking.codec.PackedMask`.
+    """
+
+    coalition_key: str
+    snapshot_id: str
+    request: Any
+    absence_policy: str
+    mask: PackedMask
+    model_id: str
+    prefix_hash: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("coalition_key", "snapshot_id", "absence_policy", "model_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"must be a non-empty string, got {value!r}", field=f"job.{name}")
+        if not isinstance(self.prefix_hash, str):
+            raise ConfigError(f"must be a string, got {self.prefix_hash!r}", field="job.prefix_hash")
+        if not isinstance(self.mask, PackedMask):
+            raise MaskError(f"must be a PackedMask, got {type(self.mask).__name__}", field="job.mask")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalOutcome:
+    """What an ``evaluate`` function returns for one job.
+
+    Attributes:
+        utility: the coalition's utility in nats.
+        batch_size: rows in the model call that evaluated it (>= 1).
+        kv_cache_hits: prompt tokens served from the backend's KV/prefix cache for this job (>= 0).
+
+    Raises:
+        ConfigError: a non-numeric utility, ``batch_size`` < 1 or ``kv_cache_hits`` < 0.
+    """
+
+    utility: float
+    batch_size: int = 1
+    kv_cache_hits: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.utility, bool) or not isinstance(self.utility, int | float):
+            raise ConfigError(f"must be a float (nats), got {self.utility!r}", field="utility")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"must be an int >= 1, got {self.batch_size!r}", field="batch_size")
+        if not isinstance(self.kv_cache_hits, int) or self.kv_cache_hits < 0:
+            raise ConfigError(f"must be an int >= 0, got {self.kv_cache_hits!r}", field="kv_cache_hits")
+
+
+Evaluate = Callable[[CoalitionJob], Awaitable[EvalOutcome]]
+"""The scheduler's one road to the model: evaluate one job (the engine passes the collator's)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult:
+    """The outcome of one job.
+
+    Attributes:
+        job: the job.
+        utility: utility in nats; NaN when ``error`` is set.
+        elapsed_s: seconds of the evaluation that produced the value (the leader's for a
+            deduplicated job, 0 for a store hit or a failure).
+        cache_hit: served by the hot result store.
+        deduplicated: shared another job's in-flight evaluation.
+        kv_cache_hits: KV-cache hits reported by this job's own evaluation (0 unless executed).
+        batch_size: rows in the model call that produced the value (0 for a store hit).
+        error: the evaluation's exception, or ``None`` on success.
+
+    Raises:
+        ConfigError: negative ``elapsed_s``, ``kv_cache_hits`` or ``batch_size``, or both flags set.
+    """
+
+    job: CoalitionJob
+    utility: float
+    elapsed_s: float
+    cache_hit: bool
+    deduplicated: bool
+    kv_cache_hits: int = 0
+    batch_size: int = 1
+    error: Exception | None = None
+
+    def __post_init__(self) -> None:
+        if self.elapsed_s < 0 or self.kv_cache_hits < 0 or self.batch_size < 0:
+            raise ConfigError(
+                f"elapsed_s={self.elapsed_s!r}, kv_cache_hits={self.kv_cache_hits!r} and "
+                f"batch_size={self.batch_size!r} must be >= 0",
+                field="result",
+            )
+        if self.cache_hit and self.deduplicated:
+            raise ConfigError("a result is a cache hit or deduplicated, not both", field="result")
+
+    @property
+    def ok(self) -> bool:
+        """``True`` when the job has a value (``error`` is ``None``)."""
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerStatistics:
+    """Counters of a scheduler, as a frozen snapshot (all runs of the scheduler together).
+
+    Every job is counted once, when it reaches its outcome, in exactly one of ``executed``,
+    ``deduplicated``, ``cache_hits`` or ``failed``; so at every instant
+
+        ``requested == executed + deduplicated + cache_hits + failed``
+
+    A job cancelled before its outcome is not counted at all.
+
+    Attributes:
+        requested: jobs that reached an outcome.
+        executed: jobs whose own ``evaluate`` call returned a value.
+        deduplicated: jobs that shared another job's in-flight evaluation, whatever its outcome
+            (a follower of a failed flight also ends with the error but is counted here).
+        cache_hits: jobs served by the hot result store.
+        kv_cache_hits: sum of ``EvalOutcome.kv_cache_hits`` over executed jobs.
+        failed: jobs whose own ``evaluate`` call raised (failed without producing a value; each is
+            one evaluation attempt, so ``executed + failed`` is the number of ``evaluate`` calls
+            that finished).
+    """
+
+    requested: int = 0
+    executed: int = 0
+    deduplicated: int = 0
+    cache_hits: int = 0
+    kv_cache_hits: int = 0
+    failed: int = 0
+
+
+class _RunState:
+    """Per-run bookkeeping shared by the workers of one run."""
+
+    __slots__ = ("done", "fatal", "stop", "total")
+
+    def __init__(self, total: int | None) -> None:
+        self.total = total
+        self.done = 0
+        self.fatal: BaseException | None = None
+        self.stop = False
+
+    def fail(self, exc: BaseException) -> None:
+        if self.fatal is None:
+            self.fatal = exc
+        self.stop = True
+
+
+_END: Any = object()
+
+
+class CoalitionScheduler:
+    """Runs coalition jobs through the hot store, single-flight dedup and bounded evaluation.
+
+    Args:
+        evaluate: ``async (job) -> EvalOutcome``; the only caller of the model.
+        store: the hot result store, or ``None`` for none (dedup still applies in flight).
+        archive: an object with ``append(row: dict)`` (e.g. a
+            :class:`~coalescence.archive.writer.RunArchive`), or ``None``.
+        progress: progress callbacks (no-op by default); called once per finished job.
+        max_inflight: the most ``evaluate`` calls running at once (>= 1).
+        pending_limit: the most jobs alive at once per run, i.e. worker tasks (default
+            ``4 * max_inflight``; >= ``max_inflight``).
+
+    Raises:
+        ConfigError: ``max_inflight`` < 1 or ``pending_limit`` < ``max_inflight``.
+    """
+
+    def __init__(
+        self,
+        evaluate: Evaluate,
+        *,
+        store: ResultStore | None = None,
+        archive: Any = None,
+        progress: Progress | None = None,
+        max_inflight: int = 8,
+        pending_limit: int | None = None,
+    ) -> None:
+        if not isinstance(max_inflight, int) or max_inflight < 1:
+            raise ConfigError(f"must be an int >= 1, got {max_inflight!r}", field="max_inflight")
+        if pending_limit is None:
+            pending_limit = 4 * max_inflight
+        if not isinstance(pending_limit, int) or pending_limit < max_inflight:
+            raise ConfigError(
+                f"must be an int >= max_inflight ({max_inflight}), got {pending_limit!r}",
+                field="pending_limit",
+            )
+        if archive is not None and not callable(getattr(archive, "append", None)):
+            raise ConfigError("the archive needs an append(row) method", field="archive")
+        self.evaluate = evaluate
+        self.store = store
+        self.archive = archive
+        self.progress: Progress = progress if progress is not None else NullProgress()
+        self.max_inflight = max_inflight
+        self.pending_limit = pending_limit
+        self._limiter = anyio.Semaphore(max_inflight)
+        self._flights: SingleFlight[tuple[EvalOutcome, float]] = SingleFlight()
+        # counters (mutable inside; statistics() returns a frozen snapshot)
+        self._requested = self._executed = self._deduplicated = 0
+        self._cache_hits = self._kv_cache_hits = self._failed = 0
+        self._live = 0
+        self._peak_live = 0
+        self._inflight = 0
+        self._peak_inflight = 0
+
+    # -- observation ----------------------------------------------------------------------------
+    def statistics(self) -> SchedulerStatistics:
+        """A frozen snapshot of the counters (see :class:`SchedulerStatistics`)."""
+        return SchedulerStatistics(
+            requested=self._requested,
+            executed=self._executed,
+            deduplicated=self._deduplicated,
+            cache_hits=self._cache_hits,
+            kv_cache_hits=self._kv_cache_hits,
+            failed=self._failed,
+        )
+
+    @property
+    def live_jobs(self) -> int:
+        """Jobs taken from their source and not yet finished (all runs together)."""
+        return self._live
+
+    @property
+    def peak_live_jobs(self) -> int:
+        """The most jobs alive at once so far (per run it never exceeds ``pending_limit``)."""
+        return self._peak_live
+
+    @property
+    def peak_inflight(self) -> int:
+        """The most ``evaluate`` calls running at once so far (never above ``max_inflight``)."""
+        return self._peak_inflight
+
+    # -- entry points ---------------------------------------------------------------------------
+    async def run(self, jobs: Sequence[CoalitionJob]) -> list[JobResult]:
+        """Resolve every job; results in input order.
+
+        Args:
+            jobs: the jobs (duplicates allowed).
+
+        Returns:
+            One :class:`JobResult` per job, ``results[i]`` for ``jobs[i]``.
+
+        Raises:
+            Exception: the ``evaluate`` error of the first failed job in input order, raised after
+                every job has finished (successful ones are stored and archived).
+            ArchiveError: the archive could not take a row (raised after the jobs in progress).
+        """
+        results: list[JobResult | None] = [None] * len(jobs)
+        state = _RunState(len(jobs))
+        indexed = iter(enumerate(jobs))
+
+        async def take() -> Any:
+            return next(indexed, _END)
+
+        async def deliver(item: tuple[int, CoalitionJob], result: JobResult) -> None:
+            results[item[0]] = result
+
+        await self._drive(take, deliver, state, n_workers=min(self.pending_limit, len(jobs)))
+        if state.fatal is not None:
+            raise state.fatal
+        for result in results:
+            assert result is not None
+            if result.error is not None:
+                raise result.error
+        return results  # type: ignore[return-value]
+
+    async def run_iter(
+        self, jobs: Iterable[CoalitionJob], *, total: int | None = None
+    ) -> AsyncIterator[JobResult]:
+        """Resolve jobs pulled lazily from an iterable; yield results in completion order.
+
+        At most ``pending_limit`` jobs are pulled ahead of their results; the iterable is advanced
+        only when a worker is free. Failed jobs are yielded with ``error`` set (never raised).
+        Closing the generator early (``break`` inside ``async with contextlib.aclosing(...)``)
+        cancels the jobs in progress; nothing of theirs is stored or archived.
+
+        Args:
+            jobs: the jobs (any iterable; a generator stays lazy).
+            total: the number of jobs, for progress (default ``len(jobs)`` when it has one).
+
+        Yields:
+            One :class:`JobResult` per job.
+
+        Raises:
+            Exception: what the iterable raised, or ArchiveError, after the jobs in progress.
+        """
+        it = iter(jobs)
+        if total is None and hasattr(jobs, "__len__"):
+            total = len(jobs)  # type: ignore[arg-type]
+
+        async def take() -> Any:
+            return next(it, _END)
+
+        async with aclosing(self._stream(take, total)) as results:
+            async for result in results:
+                yield result
+
+    async def run_stream(
+        self, jobs: AsyncIterable[CoalitionJob], *, total: int | None = None
+    ) -> AsyncIterator[JobResult]:
+        """Like :meth:`run_iter`, for an async iterator of jobs (pulled one at a time, under a lock).
+
+        Args:
+            jobs: the jobs.
+            total: the number of jobs, for progress, or ``None`` when unknown.
+
+        Yields:
+            One :class:`JobResult` per job, in completion order.
+
+        Raises:
+            Exception: what the iterator raised, or ArchiveError, after the jobs in progress.
+        """
+        ait = aiter(jobs)
+        lock = anyio.Lock()
+
+        async def take() -> Any:
+            async with lock:
+                try:
+                    return await anext(ait)
+                except StopAsyncIteration:
+                    return _END
+
+        async with aclosing(self._stream(take, total)) as results:
+            async for result in results:
+                yield result
+
+    # -- machinery --------------------------------------------------------------------------------
+    async def _stream(
+        self, take: Callable[[], Awaitable[Any]], total: int | None
+    ) -> AsyncIterator[JobResult]:
+        state = _RunState(total)
+        send, receive = anyio.create_memory_object_stream[JobResult](self.pending_limit)
+
+        async def deliver(item: Any, result: JobResult) -> None:
+            try:
+                send.send_nowait(result)
+            except anyio.WouldBlock:
+                await send.send(result)
+
+        async def pump() -> None:
+            async with send:
+                await self._drive(take, deliver, state, n_workers=self.pending_limit)
+
+        async with anyio.create_task_group() as tg, receive:
+            tg.start_soon(pump)
+            try:
+                async for result in receive:
+                    yield result
+            except GeneratorExit:
+                # closed early by the consumer: cancel the jobs in progress, then finish quietly
+                tg.cancel_scope.cancel()
+                return
+        if state.fatal is not None:
+            raise state.fatal
+
+    async def _drive(
+        self,
+        take: Callable[[], Awaitable[Any]],
+        deliver: Callable[[Any, JobResult], Awaitable[None]],
+        state: _RunState,
+        *,
+        n_workers: int,
+    ) -> None:
+        if state.total is not None:
+            self.progress.on_planned(state.total)
+        async with anyio.create_task_group() as tg:
+            for _ in range(n_workers):
+                tg.start_soon(self._worker, take, deliver, state)
+
+    async def _worker(
+        self,
+        take: Callable[[], Awaitable[Any]],
+        deliver: Callable[[Any, JobResult], Awaitable[None]],
+        state: _RunState,
+    ) -> None:
+        while not state.stop:
+            try:
+                item = await take()
+            except Exception as exc:
+                state.fail(exc)
+                return
+            if item is _END:
+                return
+            job = item[1] if isinstance(item, tuple) else item
+            if not isinstance(job, CoalitionJob):
+                state.fail(ConfigError(f"expected a CoalitionJob, got {type(job).__name__}", field="jobs"))
+                return
+            self._live += 1
+            if self._live > self._peak_live:
+                self._peak_live = self._live
+            try:
+                result = await self._resolve(job)
+            except Exception as exc:  # archive failure: stop the run, keep the results so far
+                state.fail(exc)
+                return
+            finally:
+                self._live -= 1
+            state.done += 1
+            self.progress.on_finished(state.done, state.total if state.total is not None else state.done)
+            try:
+                await deliver(item, result)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return  # the consumer closed the results early
+
+    async def _resolve(self, job: CoalitionJob) -> JobResult:
+        key = job.coalition_key
+        if self.store is not None:
+            hit = self.store.get(key)
+            if hit is not None:
+                await anyio.lowlevel.checkpoint()
+                self._requested += 1
+                self._cache_hits += 1
+                self._archive(job, hit, elapsed_s=0.0, cache_hit=True, batch_size=0)
+                return JobResult(
+                    job=job, utility=hit, elapsed_s=0.0, cache_hit=True, deduplicated=False, batch_size=0
+                )
+
+        async def work() -> tuple[EvalOutcome, float]:
+            # fast path without a checkpoint when a slot is free (evaluate is the checkpoint)
+            try:
+                self._limiter.acquire_nowait()
+            except anyio.WouldBlock:
+                await self._limiter.acquire()
+            self._inflight += 1
+            if self._inflight > self._peak_inflight:
+                self._peak_inflight = self._inflight
+            try:
+                t0 = time.perf_counter()
+                outcome = await self.evaluate(job)
+                elapsed = time.perf_counter() - t0
+            finally:
+                self._inflight -= 1
+                self._limiter.release()
+            if not isinstance(outcome, EvalOutcome):
+                raise TypeError(f"evaluate must return an EvalOutcome, got {type(outcome).__name__}")
+            if self.store is not None:
+                self.store.put(key, outcome.utility)  # before the flight lands: later jobs hit
+            return outcome, elapsed
+
+        value, error, shared = await self._flights.attempt(key, work)
+        if error is not None:
+            self._requested += 1
+            if shared:
+                self._deduplicated += 1
+            else:
+                self._failed += 1
+                logger.debug("evaluation of %s failed: %s", key, error)
+            return JobResult(
+                job=job, utility=math.nan, elapsed_s=0.0, cache_hit=False, deduplicated=shared,
+                batch_size=0, error=error,
+            )
+        assert value is not None
+        outcome, elapsed = value
+        self._requested += 1
+        utility = float(outcome.utility)
+        if shared:
+            self._deduplicated += 1
+            return JobResult(
+                job=job, utility=utility, elapsed_s=elapsed, cache_hit=False, deduplicated=True,
+                batch_size=outcome.batch_size,
+            )
+        self._executed += 1
+        self._kv_cache_hits += outcome.kv_cache_hits
+        self._archive(job, utility, elapsed_s=elapsed, cache_hit=False, batch_size=outcome.batch_size)
+        return JobResult(
+            job=job, utility=utility, elapsed_s=elapsed, cache_hit=False, deduplicated=False,
+            kv_cache_hits=outcome.kv_cache_hits, batch_size=outcome.batch_size,
+        )
+
+    def _archive(
+        self, job: CoalitionJob, utility: float, *, elapsed_s: float, cache_hit: bool, batch_size: int
+    ) -> None:
+        if self.archive is None:
+            return
+        self.archive.append(
+            {
+                "snapshot_id": job.snapshot_id,
+                "coalition_key": job.coalition_key,
+                "mask": job.mask.words,
+                "n_bits": job.mask.n_bits,
+                "absence_policy": job.absence_policy,
+                "model_id": job.model_id,
+                "utility": utility,
+                "elapsed_ms": elapsed_s * 1e3,
+                "cache_hit": cache_hit,
+                "batch_size": batch_size,
+            }
+        )
