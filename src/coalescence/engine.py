@@ -1,19 +1,23 @@
-"""The engine: wires snapshot, planner, masking, backend, store, archive and estimator for a run.
+"""The engine: wires snapshot, planner, masking, scheduler, collator, backend, store and archive.
 
-Flow of :meth:`Engine.explain`: the estimator's plan emits coalition masks lazily; duplicates are
-folded (each distinct coalition once); each coalition's key is looked up in the hot result store;
-the rest are rendered with the absence policy and the chat template, scored by the backend in
-batches from a worker thread (``anyio.to_thread.run_sync``, one backend call at a time), stored,
-and archived; finally the estimator fits values from the pool. The scheduler and collator of
-later work replace the insides of :meth:`Engine.evaluate`; its surface stays.
+Flow of :meth:`Engine.explain`: the estimator's plan emits coalition masks lazily; duplicates
+within the plan are folded; each distinct coalition becomes a
+:class:`~coalescence.scheduler.scheduler.CoalitionJob` keyed by its coalition key. The
+:class:`~coalescence.scheduler.scheduler.CoalitionScheduler` serves it from the hot result store,
+shares an identical evaluation in flight (single flight), or evaluates it: the job renders its
+masked prompt with the absence policy and the chat template and submits it to the lock-leader
+:class:`~coalescence.scheduler.collator.Collator`, which turns concurrent jobs into batched calls of
+the synchronous backend from a worker thread, one call in flight at a time. Every evaluated
+coalition is archived; the estimator then fits values from the pool.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,7 +35,9 @@ from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
 from .masking.render import ChatRenderer, TargetTokens
+from .scheduler.collator import Collator, CollatorBackend
 from .scheduler.progress import NullProgress, Progress
+from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, EvalOutcome
 from .scheduler.store import ResultStore
 
 __all__ = ("UTILITY", "Engine", "EngineStatistics", "fill_store", "key_for", "pool_from_store")
@@ -54,7 +60,7 @@ class EngineStatistics:
         deduplicated: coalitions folded into an identical one of the same plan.
         cache_hits: coalitions served by the hot result store.
         failed: coalitions whose evaluation raised.
-        model_seconds: wall time spent in backend calls (seconds).
+        kv_cache_hits: prompt positions served from a KV cache instead of computed.
     """
 
     requested: int = 0
@@ -62,7 +68,7 @@ class EngineStatistics:
     deduplicated: int = 0
     cache_hits: int = 0
     failed: int = 0
-    model_seconds: float = 0.0
+    kv_cache_hits: int = 0
 
 
 class Engine:
@@ -99,20 +105,15 @@ class Engine:
         self.renderer = ChatRenderer(backend.tokenizer)
         if archive is not None:
             fill_store(self.store, archive.loaded)
-        self._stats = EngineStatistics()
+        self._totals = EngineStatistics()
+        self._batch_ids = itertools.count()
         self._targets: dict[str, TargetTokens] = {}
         self._closed = False
 
     # -- statistics ---------------------------------------------------------------------------
     def statistics(self) -> EngineStatistics:
-        """A snapshot of the counters."""
-        return self._stats
-
-    def _count(self, **delta: float) -> None:
-        s = self._stats
-        self._stats = EngineStatistics(
-            **{f: getattr(s, f) + delta.get(f, 0) for f in EngineStatistics.__dataclass_fields__}
-        )
+        """A snapshot of the counters (the scheduler's, plus duplicates folded within a plan)."""
+        return self._totals
 
     # -- preparation --------------------------------------------------------------------------
     def prepare(
@@ -190,6 +191,34 @@ class Engine:
         return fill_store(self.store, archive.loaded)
 
     # -- evaluation ---------------------------------------------------------------------------
+    def _new_scheduler(self) -> tuple[CoalitionScheduler, Collator]:
+        """A scheduler and collator for one :meth:`evaluate` call (made inside its event loop)."""
+        counter = self._batch_ids
+
+        def score(prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
+            batch_id = next(counter)
+            return [(r, len(prompts), batch_id) for r in self.backend.score(prompts)]
+
+        collator = Collator(CollatorBackend(fn=score), max_batch_size=self.batch_size)
+
+        async def evaluate_job(job: CoalitionJob) -> EvalOutcome:
+            snapshot, policy, row = job.request
+            request = ScoreRequest(
+                prompt_ids=tuple(self.renderer.coalition_prompt(snapshot, policy, row)),
+                target_ids=self.target_tokens(snapshot).ids,
+            )
+            result, batch_size, _ = await collator.submit(request, key_extra=(self.backend.model_id, UTILITY["kind"]))
+            return EvalOutcome(utility=result.utility, batch_size=batch_size)
+
+        scheduler = CoalitionScheduler(
+            evaluate_job,
+            store=self.store,
+            archive=self.archive,
+            progress=self.progress,
+            max_inflight=2 * self.batch_size,
+        )
+        return scheduler, collator
+
     async def evaluate(
         self,
         snapshot: ConversationSnapshot,
@@ -197,6 +226,10 @@ class Engine:
         coalitions: Iterable[np.ndarray],
     ) -> tuple[np.ndarray, np.ndarray]:
         """Utilities of the distinct coalitions among ``coalitions``.
+
+        Each distinct coalition becomes one :class:`~coalescence.scheduler.scheduler.CoalitionJob`;
+        the scheduler serves it from the hot store, shares an identical one in flight, or evaluates
+        it through the lock-leader collator, which batches concurrent jobs into backend calls.
 
         Args:
             snapshot: the conversation and its players.
@@ -209,89 +242,45 @@ class Engine:
 
         Raises:
             EngineClosed: the engine was closed.
-            BatchFailed: a model call failed (rows evaluated before it stay archived).
+            MaskError: a coalition of the wrong width.
+            BatchFailed: a model call failed (every other coalition is still evaluated and archived).
         """
         if self._closed:
             raise EngineClosed("the engine is closed")
-        target = self.target_tokens(snapshot)
+        self.target_tokens(snapshot)
         distinct: dict[bytes, np.ndarray] = {}
         requested = 0
         for row in coalitions:
             requested += 1
-            mask = PackedMask.from_bools(np.asarray(row, dtype=bool))
-            if mask.n_bits != snapshot.n_players:
+            row = np.asarray(row, dtype=bool)
+            if row.shape != (snapshot.n_players,):
                 raise MaskError(
-                    f"a coalition has {mask.n_bits} bits for {snapshot.n_players} players", field="mask"
+                    f"a coalition has shape {row.shape} for {snapshot.n_players} players", field="mask"
                 )
-            distinct.setdefault(mask.words, row)
-        self._count(requested=requested, deduplicated=requested - len(distinct))
-        total = len(distinct)
-        self.progress.on_planned(total)
-        utilities: dict[bytes, float] = {}
-        todo: list[tuple[PackedMask, np.ndarray, str]] = []
+            distinct.setdefault(PackedMask.from_bools(row).words, row)
+        folded = requested - len(distinct)
+        self._totals = replace(self._totals, requested=self._totals.requested + folded, deduplicated=self._totals.deduplicated + folded)
+        jobs = []
         for words, row in distinct.items():
             mask = PackedMask(words, snapshot.n_players)
-            key = self.key(snapshot, policy, mask)
-            hit = self.store.get(key)
-            if hit is None:
-                todo.append((mask, row, key))
-            else:
-                utilities[words] = hit
-        self._count(cache_hits=len(utilities))
-        done = len(utilities)
-        self.progress.on_finished(done, total)
-        for start in range(0, len(todo), self.batch_size):
-            chunk = todo[start : start + self.batch_size]
-            values, elapsed = await anyio.to_thread.run_sync(self._run_batch, snapshot, policy, target, chunk)
-            now = datetime.now(UTC)
-            for (mask, _, key), value in zip(chunk, values, strict=True):
-                utilities[mask.words] = value
-                self.store.put(key, value)
-                if self.archive is not None:
-                    self.archive.append(
-                        {
-                            "snapshot_id": snapshot.snapshot_id,
-                            "coalition_key": key,
-                            "mask": mask.words,
-                            "n_bits": mask.n_bits,
-                            "absence_policy": policy.id,
-                            "model_id": self.backend.model_id,
-                            "utility": value,
-                            "elapsed_ms": elapsed * 1e3,
-                            "cache_hit": False,
-                            "batch_size": len(chunk),
-                            "created_at": now,
-                        }
-                    )
-            self._count(executed=len(chunk), model_seconds=elapsed)
-            done += len(chunk)
-            self.progress.on_finished(done, total)
-        masks = np.array(list(distinct.values()), dtype=bool).reshape(total, snapshot.n_players)
-        values = np.array([utilities[w] for w in distinct], dtype=np.float64)
-        return masks, values
-
-    def _run_batch(
-        self,
-        snapshot: ConversationSnapshot,
-        policy: AbsencePolicy,
-        target: TargetTokens,
-        chunk: Sequence[tuple[PackedMask, np.ndarray, str]],
-    ) -> tuple[list[float], float]:
-        """Render, tokenize and score one batch (runs in a worker thread)."""
-        requests = [
-            ScoreRequest(
-                prompt_ids=tuple(self.renderer.coalition_prompt(snapshot, policy, row)),
-                target_ids=target.ids,
+            jobs.append(
+                CoalitionJob(
+                    coalition_key=self.key(snapshot, policy, mask),
+                    snapshot_id=snapshot.snapshot_id,
+                    request=(snapshot, policy, row),
+                    absence_policy=policy.id,
+                    mask=mask,
+                    model_id=self.backend.model_id,
+                )
             )
-            for _, row, _ in chunk
-        ]
-        t0 = time.perf_counter()
+        scheduler, collator = self._new_scheduler()
         try:
-            results = self.backend.score(requests)
-        except Exception:
-            self._count(failed=len(chunk))
-            raise
-        return [r.utility for r in results], time.perf_counter() - t0
+            results = await scheduler.run(jobs) if jobs else []
+        finally:
+            collator.close()
+            self._totals = _add_stats(self._totals, scheduler.statistics())
+        masks = np.array(list(distinct.values()), dtype=bool).reshape(len(distinct), snapshot.n_players)
+        return masks, np.array([r.utility for r in results], dtype=np.float64)
 
     async def explain(
         self, snapshot: ConversationSnapshot, estimator: Estimator, policy: AbsencePolicy
@@ -307,7 +296,7 @@ class Engine:
         t0 = time.perf_counter()
         estimator.validate(snapshot.n_players)
         target = self.target_tokens(snapshot)
-        before = self._stats.executed
+        before = self.statistics().executed
         masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
         estimate = estimator.fit(masks, utilities)
         return Explanation(
@@ -319,7 +308,7 @@ class Engine:
             absence_params=policy.params(),
             utility=UTILITY["kind"],
             target_token_count=len(target.ids),
-            n_evaluations=self._stats.executed - before,
+            n_evaluations=self.statistics().executed - before,
             wall_seconds=time.perf_counter() - t0,
             notes=self._notes(snapshot, policy),
         )
@@ -345,7 +334,7 @@ class Engine:
         """Refuse new work and close the archive (flushing buffered rows, recording ``status``)."""
         self._closed = True
         if self.archive is not None:
-            self.archive.close(status=status, statistics=_stats_dict(self._stats))
+            self.archive.close(status=status, statistics=_stats_dict(self.statistics()))
 
 
 def key_for(
@@ -401,6 +390,18 @@ def pool_from_store(
             values.append(value)
     masks = np.array(found, dtype=bool).reshape(len(found), snapshot.n_players)
     return masks, np.array(values, dtype=np.float64), missing
+
+
+def _add_stats(total: EngineStatistics, run: Any) -> EngineStatistics:
+    """``total`` plus one scheduler run's counters."""
+    return EngineStatistics(
+        requested=total.requested + run.requested,
+        executed=total.executed + run.executed,
+        deduplicated=total.deduplicated + run.deduplicated,
+        cache_hits=total.cache_hits + run.cache_hits,
+        failed=total.failed + run.failed,
+        kv_cache_hits=total.kv_cache_hits + run.kv_cache_hits,
+    )
 
 
 def _stats_dict(stats: EngineStatistics) -> dict[str, Any]:
