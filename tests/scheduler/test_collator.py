@@ -508,3 +508,13 @@ async def test_real_tiny_model_batched_equals_one_at_a_time(anyio_backend, tiny_
 
     with pytest.raises(BatchFailed, match="ScoreRequest"):
         await collator.submit("not a request")
+
+
+def test_memoised_record_keys_equal_batch_key_and_keep_types_apart():
+    collator = Collator(CollatorBackend(fn=Recorder()))
+    variants = [{"seed": 1}, {"seed": True}, {"seed": 1.0}, {"seed": "1"}, {"seed": None}, {"stop": ["a"]}]
+    for _ in range(2):  # the second pass is served from the memo
+        keys = [collator.admit("p", call_kwargs=v, key_extra=("m", 1)).batch_key for v in variants]
+        assert keys == [batch_key(v, set(), single_candidate=True, key_extra=("m", 1)) for v in variants]
+        assert len(set(keys)) == len(variants)
+    assert collator.admit("p", key_extra=("m", True)).batch_key != collator.admit("p", key_extra=("m", 1)).batch_key

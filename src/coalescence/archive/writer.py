@@ -34,6 +34,8 @@ __all__ = ("IDENTITY_FIELDS", "RunArchive", "compact", "write_json_atomic")
 logger = logging.getLogger(__name__)
 
 IDENTITY_FIELDS = ("snapshot_ids", "model", "utility", "absence_policy")
+_COLUMNS = frozenset(ROW_SCHEMA.names)
+_REQUIRED = frozenset(f.name for f in ROW_SCHEMA if not f.nullable)
 """The run fields that must match for a resume (anything else may differ, e.g. batch size)."""
 
 
@@ -320,9 +322,9 @@ class RunArchive:
         record = dict(row)
         record.setdefault("created_at", datetime.now(UTC))
         record.setdefault("run_id", self.run_id)
-        missing = [f.name for f in ROW_SCHEMA if not f.nullable and record.get(f.name) is None]
-        extra = sorted(set(record) - set(ROW_SCHEMA.names))
-        if missing or extra:
+        if not _REQUIRED <= record.keys() or not record.keys() <= _COLUMNS or any(record[k] is None for k in _REQUIRED):
+            missing = sorted(k for k in _REQUIRED if record.get(k) is None)
+            extra = sorted(record.keys() - _COLUMNS)
             raise ArchiveError(f"bad archive row: missing {missing}, unknown {extra}", field="row")
         key = record["coalition_key"]
         if key in self._keys:

@@ -201,13 +201,12 @@ def scoring_backend(backend: ScoringBackend) -> CollatorBackend:
 class _Slot:
     """Mutable per-record state, touched only on the event-loop thread."""
 
-    __slots__ = ("event", "ok", "owner", "state", "value", "wake")
+    __slots__ = ("event", "ok", "owner", "state", "value")
 
     def __init__(self) -> None:
         self.owner: Collator | None = None
         self.state: str | None = None
         self.event: anyio.Event | None = None
-        self.wake: anyio.CancelScope | None = None
         self.ok = False
         self.value: Any = None
 
@@ -302,6 +301,7 @@ class Collator:
         self._closed = False
         self._inert: set[str] = set()
         self._warned: set[str] = set()
+        self._key_memo: dict[tuple[Any, ...], str] = {}
         self._stats = CollatorStatistics()
         static = _frozen_mapping(static_kwargs, "static_kwargs")
         if _RESERVED in static:
@@ -349,6 +349,25 @@ class Collator:
                 "runtime kwarg %r (%s) is not consumed by this backend; it is dropped from every call "
                 "and from the batch key", name, where,
             )
+
+    def _batch_key(self, call: dict[str, Any], row: dict[str, Any], single: bool, extra: tuple[Any, ...]) -> str:
+        """:func:`batch_key`, memoised for hashable inputs (most requests share a handful of keys)."""
+        scalars = (str, int, float, bool, type(None))
+        if not all(type(v) in scalars for v in (*call.values(), *extra)):
+            return batch_key(call, set(row), single_candidate=single, key_extra=extra)
+        # type tags keep 1, 1.0 and True apart, as the canonical encoding does
+        memo = (
+            tuple((k, type(v), v) for k, v in sorted(call.items())),
+            tuple(sorted(row)),
+            single,
+            tuple((type(v), v) for v in extra),
+        )
+        key = self._key_memo.get(memo)
+        if key is None:
+            key = batch_key(call, set(row), single_candidate=single, key_extra=extra)
+            if len(self._key_memo) < 4096:
+                self._key_memo[memo] = key
+        return key
 
     def admit(
         self,
@@ -429,7 +448,7 @@ class Collator:
         eff_row = {**self._static_row, **per_row}
         if isinstance(n_candidates, bool) or not isinstance(n_candidates, int) or n_candidates < 1:
             raise ConfigError(f"must be a positive integer, got {n_candidates!r}", field="n_candidates")
-        key = batch_key(eff_call, set(eff_row), single_candidate=n_candidates == 1, key_extra=key_extra)
+        key = self._batch_key(eff_call, eff_row, n_candidates == 1, key_extra)
         record = CollatorRecord(
             prompt=prompt, call_kwargs=eff_call, row_kwargs=eff_row, n_candidates=n_candidates, batch_key=key
         )
@@ -478,26 +497,16 @@ class Collator:
         if self._closed:
             raise EngineClosed("the collator is closed; no new requests are served")
         slot.event = anyio.Event()
+        # queue and wait in one step (no checkpoint in between), then take the lock: the holder
+        # leads a batch unless its record was already served by an earlier leader
+        slot.state = _QUEUED
+        self._queues.setdefault(record.batch_key, {})[id(record)] = record
         try:
             while slot.state != _DONE:
-                acquired = False
-                with anyio.CancelScope() as wake:
-                    slot.wake = wake
-                    if slot.state is None:  # queue and wait in one step: no checkpoint in between
-                        slot.state = _QUEUED
-                        self._queues.setdefault(record.batch_key, {})[id(record)] = record
-                    await self._lock.acquire()
-                    slot.wake = None
-                    acquired = True
-                slot.wake = None
-                if acquired:
-                    try:
-                        if slot.state == _QUEUED:
-                            await self._lead(record)
-                    finally:
-                        self._lock.release()
+                async with self._lock:
+                    if slot.state == _QUEUED:
+                        await self._lead(record)
         except BaseException:
-            slot.wake = None
             if slot.state == _QUEUED:
                 self._withdraw(record)
                 slot.state = _CANCELLED
@@ -563,8 +572,6 @@ class Collator:
             slot.ok, slot.value, slot.state = ok, value, _DONE
             assert slot.event is not None
             slot.event.set()
-            if slot.wake is not None:
-                slot.wake.cancel()
 
     def _invoke(self, batch: list[CollatorRecord]) -> list[Any]:
         """One backend call (worker thread); checks one output per row."""
