@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import operator
 import os
 import socket
 import tempfile
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 IDENTITY_FIELDS = ("snapshot_ids", "model", "utility", "absence_policy")
 _COLUMNS = frozenset(ROW_SCHEMA.names)
 _REQUIRED = frozenset(f.name for f in ROW_SCHEMA if not f.nullable)
+_get_required = operator.itemgetter(*sorted(_REQUIRED))
 """The run fields that must match for a resume (anything else may differ, e.g. batch size)."""
 
 
@@ -320,9 +322,15 @@ class RunArchive:
         if self.closed:
             raise ArchiveError("the run archive is closed", field="--archive")
         record = dict(row)
-        record.setdefault("created_at", datetime.now(UTC))
-        record.setdefault("run_id", self.run_id)
-        if not _REQUIRED <= record.keys() or not record.keys() <= _COLUMNS or any(record[k] is None for k in _REQUIRED):
+        if "created_at" not in record:
+            record["created_at"] = datetime.now(UTC)
+        if "run_id" not in record:
+            record["run_id"] = self.run_id
+        try:
+            required = _get_required(record)  # C-level lookups: a KeyError names a missing column
+        except KeyError:
+            required = (None,)
+        if None in required or not record.keys() <= _COLUMNS:
             missing = sorted(k for k in _REQUIRED if record.get(k) is None)
             extra = sorted(record.keys() - _COLUMNS)
             raise ArchiveError(f"bad archive row: missing {missing}, unknown {extra}", field="row")

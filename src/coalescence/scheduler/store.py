@@ -111,9 +111,21 @@ class ResultStore:
             self._evictions += 1
 
     def update(self, items: Iterable[tuple[str, float]]) -> None:
-        """Store many ``(key, utility)`` pairs in order (later pairs are more recent)."""
-        for key, utility in items:
-            self.put(key, utility)
+        """Store many ``(key, utility)`` pairs in order (later pairs are more recent).
+
+        Equivalent to :meth:`put` for each pair, under one lock acquisition, evicting once at the end.
+        """
+        with self._lock:
+            data = self._data
+            added = 0
+            for key, utility in items:
+                if key in data:
+                    data.move_to_end(key)
+                else:
+                    added += entry_bytes(key)
+                data[key] = float(utility)
+            self._nbytes += added
+            self._evict()
 
     def clear(self) -> None:
         """Drop every key."""
