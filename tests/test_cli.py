@@ -528,3 +528,21 @@ def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_m
         assert abs(doc["efficiency_gap"]) < 1e-9  # efficiency imposed exactly
     if method == "lasso":
         assert "lds" in doc["diagnostics"] and "diagnostics:" in stdout
+
+
+def test_target_stderr_stops_and_says_why(tmp_path: Path, tiny_model_dir: Path) -> None:
+    code, stdout, stderr, doc, run_dir = explain(
+        tmp_path, tiny_model_dir, "rounds", "--method", "kernelshap", "--budget", "12", "--target-stderr", "1e-9"
+    )
+    assert code == 0, stderr
+    assert doc["stopping"]["reason"] in ("budget", "exact") and doc["n_evaluations"] <= 12
+    assert "stopped after" in stdout
+
+
+def test_target_stderr_needs_a_method_with_standard_errors(tmp_path: Path, cwd: Path, capsys, tiny_model_dir: Path) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    line = assert_refused(
+        ["explain", str(path), "--model", str(tiny_model_dir), "--method", "loo", "--target-stderr", "0.1"],
+        "--target-stderr", tmp_path, cwd, capsys,
+    )
+    assert "standard errors" in line

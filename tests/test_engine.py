@@ -139,3 +139,33 @@ def test_prepare_generates_a_missing_target(tiny_backend):
         tiny_backend.generate(prompt, max_new_tokens=6), skip_special_tokens=True
     ).strip()
     assert snap.target == expected and snap.conversation.target_source == "generated"
+
+
+@pytest.mark.anyio
+async def test_explain_until_target_stderr_rounds(tiny_backend):
+    from coalescence.attribution.estimators import make_estimator
+    from coalescence.errors import ConfigError
+
+    snap = snapshot()
+    n = snap.n_players
+    # a loose target is met in the first round
+    engine = Engine(tiny_backend, batch_size=4)
+    loose = await engine.explain_until(snap, "permutation", DropPolicy(), budget=64, target_stderr=1e6, first_budget=4 * n)
+    assert loose.stopping["reason"] == "target" and loose.stopping["rounds"] == 1
+    # an unreachable target spends the budget; every round's coalitions are reused by the next
+    engine = Engine(tiny_backend, batch_size=4)
+    tight = await engine.explain_until(snap, "permutation", DropPolicy(), budget=14, target_stderr=1e-12, first_budget=2 * n)
+    assert tight.stopping["reason"] == "budget" and tight.stopping["rounds"] >= 2
+    assert tight.stopping["max_stderr"] >= 1e-12
+    last_plan = {np.packbits(r, bitorder="little").tobytes() for r in make_estimator("permutation", budget=14, seed=0).plan(n)}
+    assert tight.n_evaluations == engine.statistics().executed == len(last_plan) <= 14
+    assert engine.statistics().cache_hits > 0
+    direct = await Engine(tiny_backend, batch_size=4).explain(snap, make_estimator("permutation", budget=14, seed=0), DropPolicy())
+    np.testing.assert_allclose(tight.values, direct.values, atol=1e-4)  # same as one run at the final budget
+    # a budget that covers every coalition makes Banzhaf exact
+    exact = await Engine(tiny_backend).explain_until(snap, "banzhaf", DropPolicy(), budget=2**n, target_stderr=1e-12)
+    assert exact.stopping["reason"] == "exact" and exact.estimate.stderr is None
+    assert "stopped after" in exact.format_table() and exact.to_dict()["stopping"]["reason"] == "exact"
+    with pytest.raises(ConfigError) as info:
+        await Engine(tiny_backend).explain_until(snap, "exact", DropPolicy(), budget=16, target_stderr=0.1)
+    assert info.value.field == "--target-stderr"

@@ -134,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("--seed", type=int, default=0, help="seed of the sampling plan (default: %(default)s)")
     ex.add_argument(
+        "--target-stderr",
+        type=_positive_float,
+        default=None,
+        metavar="NATS",
+        help="permutation, kernelshap, banzhaf: sample in doubling rounds until every player's "
+        "standard error is below NATS or --budget is spent (the output says which)",
+    )
+    ex.add_argument(
         "--absence-policy",
         choices=available_policies(),
         default="drop",
@@ -305,6 +313,11 @@ def _explain(args: argparse.Namespace) -> int:
         )
     estimator = make_estimator(args.method, budget=budget, seed=args.seed)
     estimator.validate(n_players)
+    if args.target_stderr is not None and args.method not in ("permutation", "kernelshap", "banzhaf"):
+        raise ConfigError(
+            f"--method {args.method} reports no standard errors; use permutation, kernelshap or banzhaf",
+            field="--target-stderr",
+        )
     out_path = _check_out(args.out)
     run_dir = Path(args.archive) if args.archive is not None else None
     if run_dir is not None:
@@ -344,6 +357,7 @@ def _explain(args: argparse.Namespace) -> int:
         "method": args.method,
         "budget": None if args.method in _UNBUDGETED else budget,
         "seed": args.seed,
+        "target_stderr": args.target_stderr,
         "device": args.device,
         "batch_size": args.batch_size,
         "max_new_tokens": args.max_new_tokens,
@@ -361,7 +375,15 @@ def _explain(args: argparse.Namespace) -> int:
     if archive.resumed and not args.no_progress:
         print(f"coalescence: resuming {run_dir}: {loaded} coalitions already evaluated", file=sys.stderr)
     try:
-        explanation = _finish(engine, lambda: engine.explain(snapshot, estimator, policy))
+        if args.target_stderr is not None:
+            explanation = _finish(
+                engine,
+                lambda: engine.explain_until(
+                    snapshot, args.method, policy, budget=budget, target_stderr=args.target_stderr, seed=args.seed
+                ),
+            )
+        else:
+            explanation = _finish(engine, lambda: engine.explain(snapshot, estimator, policy))
         document = explanation.to_dict()
         document["archive"] = str(run_dir)
         if out_path is not None:

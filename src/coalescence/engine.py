@@ -29,12 +29,13 @@ import pyarrow as pa
 from .archive.writer import RunArchive
 from .attribution.estimators.base import Estimator
 from .attribution.explanation import Explanation
-from .backends.base import ScoreRequest, ScoringBackend
+from .backends.base import ScoreRequest, ScoringBackend, validate_results
 from .conversation import Conversation, ConversationSnapshot, segment_players
 from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
 from .masking.render import ChatRenderer, TargetTokens
+from .scheduler.buckets import LengthBuckets, share_order
 from .scheduler.collator import Collator, CollatorBackend
 from .scheduler.progress import NullProgress, Progress
 from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, EvalOutcome
@@ -45,6 +46,7 @@ __all__ = ("UTILITY", "Engine", "EngineStatistics", "fill_store", "key_for", "po
 logger = logging.getLogger(__name__)
 
 UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
+_WITH_STDERR = ("permutation", "kernelshap", "banzhaf")
 """The utility spec of this version: log p(target tokens | masked prompt), summed, in nats."""
 
 
@@ -197,9 +199,12 @@ class Engine:
 
         def score(prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
             batch_id = next(counter)
-            return [(r, len(prompts), batch_id) for r in self.backend.score(prompts)]
+            # the whole batch is validated (one finite row of len(target) per request) before any result
+            results = validate_results(prompts, self.backend.score(prompts))
+            return [(r, len(prompts), batch_id) for r in results]
 
-        collator = Collator(CollatorBackend(fn=score), max_batch_size=self.batch_size)
+        buckets = LengthBuckets(max_tokens=int(self.backend.max_context))
+        collator = Collator(CollatorBackend(fn=score), max_batch_size=self.batch_size, buckets=buckets)
 
         async def evaluate_job(job: CoalitionJob) -> EvalOutcome:
             snapshot, policy, row = job.request
@@ -207,8 +212,16 @@ class Engine:
                 prompt_ids=tuple(self.renderer.coalition_prompt(snapshot, policy, row)),
                 target_ids=self.target_tokens(snapshot).ids,
             )
-            result, batch_size, _ = await collator.submit(request, key_extra=(self.backend.model_id, UTILITY["kind"]))
-            return EvalOutcome(utility=result.utility, batch_size=batch_size)
+            result, batch_size, _ = await collator.submit(
+                request, key_extra=(self.backend.model_id, UTILITY["kind"]), n_tokens=request.n_tokens
+            )
+            return EvalOutcome(
+                utility=result.utility,
+                batch_size=batch_size,
+                kv_cache_hits=int(getattr(result, "tokens_reused", 0)),
+                tokens_computed=int(result.tokens_computed),
+                tokens_reused=int(getattr(result, "tokens_reused", 0)),
+            )
 
         scheduler = CoalitionScheduler(
             evaluate_job,
@@ -258,10 +271,18 @@ class Engine:
                     f"a coalition has shape {row.shape} for {snapshot.n_players} players", field="mask"
                 )
             distinct.setdefault(PackedMask.from_bools(row).words, row)
+        # submit in depth-first order over the player trie (player 0 first, present before absent)
+        # so that coalitions sharing their leading players, hence long token prefixes, are adjacent
+        # and land in the same or consecutive batches; which coalitions run, and every result, is
+        # unchanged (results are mapped back to first-seen order below)
+        rows_seen = list(distinct.values())
+        order = share_order(np.array(rows_seen, dtype=bool).reshape(len(rows_seen), snapshot.n_players))
         folded = requested - len(distinct)
         self._totals = replace(self._totals, requested=self._totals.requested + folded, deduplicated=self._totals.deduplicated + folded)
         jobs = []
-        for words, row in distinct.items():
+        words_seen = list(distinct)
+        for i in order:
+            words, row = words_seen[i], rows_seen[i]
             mask = PackedMask(words, snapshot.n_players)
             jobs.append(
                 CoalitionJob(
@@ -279,8 +300,10 @@ class Engine:
         finally:
             collator.close()
             self._totals = _add_stats(self._totals, scheduler.statistics())
-        masks = np.array(list(distinct.values()), dtype=bool).reshape(len(distinct), snapshot.n_players)
-        return masks, np.array([r.utility for r in results], dtype=np.float64)
+        masks = np.array(rows_seen, dtype=bool).reshape(len(distinct), snapshot.n_players)
+        utilities = np.empty(len(results), dtype=np.float64)
+        utilities[order] = [r.utility for r in results]  # back to first-seen order
+        return masks, utilities
 
     async def explain(
         self, snapshot: ConversationSnapshot, estimator: Estimator, policy: AbsencePolicy
@@ -295,10 +318,102 @@ class Engine:
         """
         t0 = time.perf_counter()
         estimator.validate(snapshot.n_players)
-        target = self.target_tokens(snapshot)
+        self.target_tokens(snapshot)
         before = self.statistics().executed
         masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
-        estimate = estimator.fit(masks, utilities)
+        return self._explanation(snapshot, policy, estimator.fit(masks, utilities), t0, before)
+
+    async def explain_until(
+        self,
+        snapshot: ConversationSnapshot,
+        method: str,
+        policy: AbsencePolicy,
+        *,
+        budget: int,
+        target_stderr: float,
+        seed: int = 0,
+        first_budget: int | None = None,
+    ) -> Explanation:
+        """Sample in rounds until every player's standard error is below ``target_stderr``.
+
+        Round k fits ``method`` with budget ``first_budget * 2**k`` (capped at ``budget``) and the
+        same seed. The sampling plans draw sequentially from one seeded generator, so a larger
+        budget's plan extends the smaller one's and earlier rounds' coalitions are served from the
+        hot store: the total number of model evaluations is that of the last round's plan, never
+        more than ``budget``. :attr:`Explanation.stopping` says why sampling stopped: ``"target"``
+        (every standard error below the target), ``"exact"`` (the budget covered every coalition,
+        so the values are exact) or ``"budget"`` (the budget was spent first).
+
+        Args:
+            snapshot: the conversation and its players.
+            method: a method with standard errors (``permutation``, ``kernelshap``, ``banzhaf``).
+            policy: the absence policy.
+            budget: the most distinct model evaluations over all rounds.
+            target_stderr: the standard error (nats) every player must get below (> 0).
+            seed: the sampling seed.
+            first_budget: the first round's budget (default ``max(16, 4 n)``, at most ``budget``).
+
+        Raises:
+            ConfigError: a method without standard errors, a non-positive target, or a budget
+                below the method's minimum.
+        """
+        from .attribution.estimators import make_estimator
+
+        if method not in _WITH_STDERR:
+            raise ConfigError(
+                f"--method {method} reports no standard errors; use one of {', '.join(_WITH_STDERR)}",
+                field="--target-stderr",
+            )
+        if not target_stderr > 0:
+            raise ConfigError(f"must be > 0, got {target_stderr!r}", field="--target-stderr")
+        n = snapshot.n_players
+        make_estimator(method, budget=budget, seed=seed).validate(n)
+        t0 = time.perf_counter()
+        before = self.statistics().executed
+        round_budget = min(budget, first_budget or max(16, 4 * n))
+        rounds = 0
+        while True:
+            estimator = make_estimator(method, budget=round_budget, seed=seed)
+            try:
+                estimator.validate(n)
+            except ConfigError:
+                round_budget = budget  # the first round would be below the method's minimum
+                continue
+            masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
+            estimate = estimator.fit(masks, utilities)
+            rounds += 1
+            if estimate.stderr is None:
+                reason, worst = "exact", 0.0
+                break
+            se = np.asarray(estimate.stderr, dtype=np.float64)
+            worst = float(np.max(se)) if np.all(np.isfinite(se)) else float("inf")
+            if worst < target_stderr:
+                reason = "target"
+                break
+            if round_budget >= budget:
+                reason = "budget"
+                break
+            round_budget = min(budget, 2 * round_budget)
+        stopping = {
+            "reason": reason,
+            "target_stderr": target_stderr,
+            "max_stderr": worst if np.isfinite(worst) else None,
+            "rounds": rounds,
+            "budget": budget,
+            "last_round_budget": round_budget,
+        }
+        return self._explanation(snapshot, policy, estimate, t0, before, stopping=stopping)
+
+    def _explanation(
+        self,
+        snapshot: ConversationSnapshot,
+        policy: AbsencePolicy,
+        estimate: Any,
+        t0: float,
+        before: int,
+        *,
+        stopping: dict[str, Any] | None = None,
+    ) -> Explanation:
         return Explanation(
             snapshot=snapshot,
             estimate=estimate,
@@ -307,10 +422,11 @@ class Engine:
             absence_policy=policy.id,
             absence_params=policy.params(),
             utility=UTILITY["kind"],
-            target_token_count=len(target.ids),
+            target_token_count=len(self.target_tokens(snapshot).ids),
             n_evaluations=self.statistics().executed - before,
             wall_seconds=time.perf_counter() - t0,
             notes=self._notes(snapshot, policy),
+            stopping=stopping,
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:

@@ -39,6 +39,9 @@ class Explanation:
         n_evaluations: coalitions evaluated by the model in this run (cache hits excluded).
         wall_seconds: wall time of the run (seconds), model loading excluded.
         notes: remarks the user should see (e.g. a template that injects a default system prompt).
+        stopping: for ``--target-stderr`` runs, why sampling stopped: ``{"reason": "target" |
+            "exact" | "budget", "target_stderr", "max_stderr", "rounds", "budget",
+            "last_round_budget"}``; ``None`` otherwise.
     """
 
     snapshot: ConversationSnapshot
@@ -52,6 +55,7 @@ class Explanation:
     n_evaluations: int
     wall_seconds: float
     notes: tuple[str, ...] = ()
+    stopping: dict[str, Any] | None = None
 
     @property
     def values(self) -> Any:
@@ -106,6 +110,7 @@ class Explanation:
             "n_evaluations": self.n_evaluations,
             "wall_seconds": _num(self.wall_seconds),
             "diagnostics": {k: _num(v) for k, v in est.diagnostics.items()},
+            "stopping": self.stopping,
             "notes": list(self.notes),
             "players": players,
         }
@@ -154,6 +159,16 @@ class Explanation:
             f"model evaluations = {self.n_evaluations} (coalitions used: {est.n_evaluations})   "
             f"wall time = {self.wall_seconds:.1f} s   ({rate:.1f} evaluations/s)",
         ]
+        if self.stopping is not None:
+            st = self.stopping
+            what = {
+                "target": f"every standard error is below {st['target_stderr']:g}",
+                "exact": "the budget covered every coalition, so the values are exact",
+                "budget": f"the budget of {st['budget']} evaluations was spent before every standard "
+                f"error got below {st['target_stderr']:g}",
+            }[st["reason"]]
+            worst = "" if st["max_stderr"] is None else f"; largest standard error {st['max_stderr']:.4g}"
+            lines.append(f"stopped after {st['rounds']} rounds: {what}{worst}")
         if est.diagnostics:
             lines.append("diagnostics: " + "   ".join(f"{k} = {v:.4g}" for k, v in est.diagnostics.items()))
         lines += [f"note: {n}" for n in self.notes]
