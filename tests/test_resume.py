@@ -241,3 +241,30 @@ def test_archive_info_and_compact(tmp_path, conversation, tiny_model_dir, capsys
     assert after.to_pylist() == before.to_pylist()
     assert main(["archive", "info", str(run_dir)]) == 0
     assert f"{2**N} in 1 parts" in capsys.readouterr().out
+
+
+def test_sigterm_flushes_the_archive_and_a_rerun_resumes(tmp_path, conversation, tiny_model_dir, reference):
+    run_dir = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CHILD, *argv(conversation, tiny_model_dir, run_dir, "--flush-rows", "1000")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    deadline = time.monotonic() + 60
+    while not (run_dir / "manifest.json").exists():  # the run has started evaluating
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.5)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 143, err.decode()
+    assert "terminated; evaluated coalitions are in" in err.decode()
+    saved = read_rows(run_dir).num_rows
+    assert 0 < saved < 2**N  # nothing buffered was lost: flushed on the way out
+    assert read_manifest(run_dir)["runs"][0]["status"] == "interrupted"
+    out = tmp_path / "out.json"
+    assert main(argv(conversation, tiny_model_dir, run_dir, "--out", str(out))) == 0
+    doc = json.loads(out.read_text())
+    assert doc["n_evaluations"] == 2**N - saved
+    assert values(doc) == values(reference[0])

@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -32,6 +33,23 @@ __all__ = ("build_parser", "main")
 logger = logging.getLogger("coalescence")
 
 _UNBUDGETED = ("exact", "loo")
+_STATE: dict[str, Any] = {}  # the run directory being written, for the interrupt message
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the archive is flushed and closed before exiting (143)."""
+
+
+def _on_sigterm() -> Any:
+    """Turn SIGTERM into :class:`_Terminated` in the main thread; returns the previous handler."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. called from a test thread)
+        return None
 
 
 class _RunFailed(Exception):
@@ -115,9 +133,43 @@ def build_parser() -> argparse.ArgumentParser:
         "the model generates the answer once, greedily. An existing --archive is resumed: only the "
         "coalitions it lacks are evaluated.",
     )
-    ex.add_argument("input", metavar="INPUT", help="conversation JSON file (OpenAI chat format)")
+    ex.add_argument(
+        "input",
+        metavar="INPUT",
+        help="input JSON file (OpenAI chat messages, optionally with declared \"players\", or the RAG "
+        'form {"documents", "question", "answer"}), or a .jsonl file with one input per line',
+    )
     _add_model_options(ex, default="smollm2-135m")
-    ex.add_argument("--unit", choices=UNITS, default="turn", help="player unit (default: %(default)s)")
+    ex.add_argument(
+        "--unit",
+        choices=UNITS,
+        default=None,
+        help="player unit: turn, paragraph, sentence, word, tool (a tool call and its results), "
+        "document (the input's declared players or RAG documents) (default: document when the "
+        "input declares players, else turn)",
+    )
+    ex.add_argument(
+        "--template",
+        metavar="JSON",
+        default=None,
+        help='RAG prompt template, a JSON file {"system", "user", "document", "separator"} '
+        "(default: the one in the README)",
+    )
+    ex.add_argument(
+        "--system-absent",
+        choices=("removed", "empty"),
+        default="removed",
+        help="drop policy: a system message whose players are all absent is removed, or kept "
+        "with empty content (default: %(default)s)",
+    )
+    ex.add_argument(
+        "--hierarchy",
+        metavar="COARSE,FINE",
+        default=None,
+        help="hierarchical attribution: attribute at COARSE, then refine the --top-k coarse players "
+        "at FINE with the rest held present (e.g. document,sentence)",
+    )
+    ex.add_argument("--top-k", type=_positive_int, default=None, help="--hierarchy: coarse players refined (default: 3)")
     ex.add_argument(
         "--roles",
         default=None,
@@ -235,15 +287,7 @@ def _load_backend(args: argparse.Namespace, source: Any) -> Any:
         transformers.utils.logging.disable_progress_bar()
     if not args.no_progress:
         print(f"coalescence: loading {source.model_id} ...", file=sys.stderr, flush=True)
-    saved = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"  # silence third-party loading bars (GGUF de-quantization)
-    try:
-        return load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
-    finally:
-        if saved is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = saved
+    return load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
 
 
 def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config: dict[str, Any], target_ids: dict[str, list[int]]) -> dict[str, Any]:
@@ -288,36 +332,60 @@ def _explain(args: argparse.Namespace) -> int:
     from .archive.reader import corrupt_parts, read_manifest
     from .archive.writer import RunArchive, write_json_atomic
     from .attribution.estimators import make_estimator
+    from .attribution.hierarchy import explain_hierarchical, fine_snapshot, parse_hierarchy
     from .backends.registry import resolve_model
-    from .conversation import load_conversation, segment_players
+    from .conversation import segment_players
     from .engine import Engine
+    from .inputs import load_inputs, load_template
     from .masking.policies import get_policy
     from .scheduler.progress import TqdmProgress
 
     # 1. everything that can be checked without the model, before loading it
-    conversation = load_conversation(args.input)
+    template = load_template(args.template)
+    conversations, is_batch = load_inputs(args.input, template)
     roles = None
     if args.roles is not None:
         roles = [r.strip() for r in args.roles.split(",") if r.strip()]
         if not roles:
             raise ConfigError("give at least one role, e.g. --roles user,system", field="--roles")
-    n_players = len(segment_players(conversation, unit=args.unit, roles=roles))
-    policy_params = {"text": args.placeholder} if args.absence_policy == "placeholder" else {}
-    policy = get_policy(args.absence_policy, **policy_params)
-    budget = args.budget if args.budget is not None else 32 * n_players
-    if args.method in _UNBUDGETED and args.budget is not None:
-        raise ConfigError(
-            f"--method {args.method} has a fixed number of evaluations; --budget applies to sampling "
-            "methods (permutation, kernelshap, banzhaf, lasso)",
-            field="--budget",
-        )
-    estimator = make_estimator(args.method, budget=budget, seed=args.seed)
-    estimator.validate(n_players)
-    if args.target_stderr is not None and args.method not in ("permutation", "kernelshap", "banzhaf"):
-        raise ConfigError(
-            f"--method {args.method} reports no standard errors; use permutation, kernelshap or banzhaf",
-            field="--target-stderr",
-        )
+    hierarchy = parse_hierarchy(args.hierarchy) if args.hierarchy is not None else None
+    if hierarchy is None and args.top_k is not None:
+        raise ConfigError("--top-k applies to --hierarchy COARSE,FINE; add it or drop --top-k", field="--top-k")
+    if hierarchy is not None and args.unit is not None:
+        raise ConfigError("--hierarchy sets the units; drop --unit", field="--unit")
+    top_k = args.top_k if args.top_k is not None else 3
+    target_stderr = getattr(args, "target_stderr", None)
+    if target_stderr is not None:
+        if args.method not in ("permutation", "kernelshap", "banzhaf"):
+            raise ConfigError(
+                f"--method {args.method} reports no standard errors; use one of permutation, kernelshap, banzhaf",
+                field="--target-stderr",
+            )
+        if hierarchy is not None:
+            raise ConfigError("--target-stderr does not combine with --hierarchy; drop one", field="--target-stderr")
+    units = []
+    for conversation in conversations:
+        unit = hierarchy[0] if hierarchy else args.unit or ("document" if conversation.declared else "turn")
+        units.append(unit)
+        n_players = len(segment_players(conversation, unit=unit, roles=roles))
+        if args.method in _UNBUDGETED and args.budget is not None:
+            raise ConfigError(
+                f"--method {args.method} has a fixed number of evaluations; --budget applies to sampling "
+                "methods (permutation, kernelshap, banzhaf, lasso)",
+                field="--budget",
+            )
+        budget = args.budget if args.budget is not None else 32 * n_players
+        make_estimator(args.method, budget=budget, seed=args.seed).validate(n_players)
+    if args.absence_policy == "placeholder":
+        if args.system_absent != "removed":
+            raise ConfigError("--system-absent applies to --absence-policy drop", field="--system-absent")
+        policy = get_policy("placeholder", text=args.placeholder)
+    else:
+        policy = get_policy(args.absence_policy, **({"system_absent": args.system_absent} if args.system_absent != "removed" else {}))
+
+    def estimator_for(n: int) -> Any:
+        return make_estimator(args.method, budget=args.budget if args.budget is not None else 32 * n, seed=args.seed)
+
     out_path = _check_out(args.out)
     run_dir = Path(args.archive) if args.archive is not None else None
     if run_dir is not None:
@@ -338,31 +406,53 @@ def _explain(args: argparse.Namespace) -> int:
         _check_parent(run_dir, "--archive")
     source = resolve_model(args.model)
 
-    # 2. the model, the snapshot and its target tokens (context-length check)
+    # 2. the model, the snapshots and their target tokens (context-length check)
     backend = _load_backend(args, source)
     engine = Engine(backend, progress=TqdmProgress("coalitions", disable=args.no_progress), batch_size=args.batch_size)
-    snapshot = engine.prepare(conversation, unit=args.unit, roles=roles, max_new_tokens=args.max_new_tokens)
-    estimator.validate(snapshot.n_players)
-    target = engine.target_tokens(snapshot)
+    snapshots = []
+    fines: list[Any] = []
+    for conversation, unit in zip(conversations, units, strict=True):
+        snapshot = engine.prepare(conversation, unit=unit, roles=roles, max_new_tokens=args.max_new_tokens)
+        estimator_for(snapshot.n_players).validate(snapshot.n_players)
+        snapshots.append(snapshot)
+        if hierarchy is not None:
+            fines.append(fine_snapshot(snapshot, hierarchy[1]))
+    recorded = snapshots + [f for f, _ in fines]
+    targets = {s.snapshot_id: list(engine.target_tokens(s).ids) for s in recorded}
 
     # 3. the archive (created, or resumed after its identity is checked), then the run
     if run_dir is None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        run_dir = Path("runs") / f"{stamp}-{snapshot.snapshot_id[:12]}"
+        run_dir = Path("runs") / f"{stamp}-{snapshots[0].snapshot_id[:12]}"
     config = {
         "command": "explain",
         "input": str(args.input),
-        "unit": args.unit,
+        "unit": units[0] if len(set(units)) == 1 else units,
         "roles": roles,
         "method": args.method,
-        "budget": None if args.method in _UNBUDGETED else budget,
+        "budget": None if args.method in _UNBUDGETED else (args.budget if args.budget is not None else 32 * snapshots[0].n_players),
         "seed": args.seed,
-        "target_stderr": args.target_stderr,
         "device": args.device,
         "batch_size": args.batch_size,
         "max_new_tokens": args.max_new_tokens,
     }
-    run = _run_description(engine, [snapshot], policy, config, {snapshot.snapshot_id: list(target.ids)})
+    if hierarchy is not None:
+        config["hierarchy"] = {"units": list(hierarchy), "top_k": top_k}
+    if args.template is not None:
+        config["template"] = str(args.template)
+    run = _run_description(engine, recorded, policy, config, targets)
+    injects = engine.renderer.injects_default_system
+    for record, snap in zip(run["snapshots"], recorded, strict=True):
+        messages = snap.conversation.messages
+        has_system = any(m.role == "system" for m in messages)
+        system_players = any(p.role == "system" for p in snap.players)
+        record["template_injects_default_system"] = injects
+        record["default_system_in_play"] = (
+            "never" if not injects
+            else "always" if not has_system
+            else "when every system player is absent" if system_players and policy.params().get("system_absent") != "empty"
+            else "never"
+        )
     archive = RunArchive.open(
         run_dir,
         run,
@@ -371,27 +461,46 @@ def _explain(args: argparse.Namespace) -> int:
         flush_rows=args.flush_rows,
         flush_seconds=args.flush_seconds,
     )
+    _STATE["archive"] = str(run_dir)
     loaded = engine.attach_archive(archive)
     if archive.resumed and not args.no_progress:
         print(f"coalescence: resuming {run_dir}: {loaded} coalitions already evaluated", file=sys.stderr)
+
+    async def run_all() -> list[Any]:
+        results = []
+        for k, snap in enumerate(snapshots):
+            if target_stderr is not None:
+                budget = args.budget if args.budget is not None else 32 * snap.n_players
+                results.append(
+                    await engine.explain_until(
+                        snap, args.method, policy, budget=budget, target_stderr=target_stderr, seed=args.seed
+                    )
+                )
+            elif hierarchy is None:
+                results.append(await engine.explain(snap, estimator_for(snap.n_players), policy))
+            else:
+                fine, parents = fines[k]
+                results.append(
+                    await explain_hierarchical(
+                        engine, snap, fine, parents, estimator_for=estimator_for, policy=policy, top_k=top_k
+                    )
+                )
+        return results
+
     try:
-        if args.target_stderr is not None:
-            explanation = _finish(
-                engine,
-                lambda: engine.explain_until(
-                    snapshot, args.method, policy, budget=budget, target_stderr=args.target_stderr, seed=args.seed
-                ),
-            )
-        else:
-            explanation = _finish(engine, lambda: engine.explain(snapshot, estimator, policy))
-        document = explanation.to_dict()
-        document["archive"] = str(run_dir)
+        explanations = _finish(engine, run_all)
+        documents = [e.to_dict() | {"archive": str(run_dir)} for e in explanations]
         if out_path is not None:
-            write_json_atomic(out_path, document)
+            write_json_atomic(out_path, {"archive": str(run_dir), "explanations": documents} if is_batch else documents[0])
     except (ArchiveError, OSError) as exc:
         error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {out_path}: {exc}", field="--out")
         raise _RunFailed(error) from exc
-    print(explanation.format_table())
+    for k, explanation in enumerate(explanations):
+        if is_batch:
+            print(f"== input {k + 1} of {len(explanations)} (snapshot {snapshots[k].snapshot_id[:12]}) ==")
+        print(explanation.format_table())
+        if is_batch:
+            print()
     print(f"archive: {run_dir}" + (f"   json: {out_path}" if out_path else ""))
     return 0
 
@@ -466,6 +575,7 @@ def _replay(args: argparse.Namespace) -> int:
             flush_rows=args.flush_rows,
             flush_seconds=args.flush_seconds,
         )
+        _STATE["archive"] = str(args.run_dir)
         engine.attach_archive(archive)
 
         async def run_all() -> list[Any]:
@@ -531,6 +641,9 @@ def _archive(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring)."""
+    # third-party loading bars (e.g. GGUF de-quantization) read TQDM_* defaults when tqdm is first
+    # imported; our own bar passes its setting explicitly, so this silences only theirs
+    os.environ.setdefault("TQDM_DISABLE", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -539,15 +652,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     commands = {"explain": _explain, "replay": _replay, "archive": _archive}
+    previous = _on_sigterm()
+    _STATE.pop("archive", None)
     try:
         return commands[args.command](args)
     except (BatchFailed, _RunFailed) as exc:
         return _fail(exc.error if isinstance(exc, _RunFailed) else exc, 1)
     except CoalescenceError as exc:
         return _fail(exc, 2)
-    except KeyboardInterrupt:
-        print("coalescence: interrupted; evaluated coalitions are in the archive (run again to resume)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        where = _STATE.get("archive")
+        saved = f"; evaluated coalitions are in {where} (run the same command to resume)" if where else ""
+        print(f"coalescence: {'terminated' if isinstance(exc, _Terminated) else 'interrupted'}{saved}", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":  # pragma: no cover

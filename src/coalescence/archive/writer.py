@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 IDENTITY_FIELDS = ("snapshot_ids", "model", "utility", "absence_policy")
 _COLUMNS = frozenset(ROW_SCHEMA.names)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 _REQUIRED = frozenset(f.name for f in ROW_SCHEMA if not f.nullable)
 _get_required = operator.itemgetter(*sorted(_REQUIRED))
 """The run fields that must match for a resume (anything else may differ, e.g. batch size)."""
@@ -62,6 +64,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual mode
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:

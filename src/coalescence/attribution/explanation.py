@@ -147,8 +147,12 @@ class Explanation:
         span = est.v_full - est.v_empty
         rel = abs(est.efficiency_gap) / abs(span) if span else float("nan")
         rate = self.n_evaluations / self.wall_seconds if self.wall_seconds > 0 else float("nan")
+        target = " ".join(self.snapshot.target.split())
+        if len(target) > 100:
+            target = target[:99] + "\u2026"
         lines += [
             "",
+            f"target ({self.snapshot.conversation.target_source.replace('_', ' ')}): {target}",
             f"method {est.method}, model {self.model_id}, unit {self.snapshot.unit}, "
             f"absence policy {self.absence_policy}, utility {self.utility} "
             f"(log p of {self.target_token_count} target tokens, nats)",

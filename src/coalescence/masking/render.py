@@ -153,8 +153,9 @@ class ChatRenderer:
         first = next((k for k, (s, _) in enumerate(offsets) if s >= boundary), len(ids))
         if first < len(ids) and first > 0 and offsets[first - 1][1] > boundary:
             raise InputError(
-                "the tokenizer merges the assistant header with the answer's first characters; "
-                "cannot separate prompt and answer tokens",
+                "the tokenizer merges the assistant header with the answer's first characters "
+                f"({snapshot.target[:12]!r}...), so prompt and answer tokens cannot be separated; "
+                "remove leading whitespace from the answer",
                 field="target",
             )
         # last answer token: every token starting before the answer's end

@@ -76,7 +76,8 @@ class ExactShapley:
         n = check_n_players(n_players)
         if n > self.MAX_PLAYERS:
             raise EstimatorError(
-                f"exact Shapley needs 2^n model evaluations; {n} players would need {1 << n} > "
+                f"exact Shapley needs 2^n model evaluations; {n} players would need "
+                f"{(1 << n) if n <= 40 else f'2^{n}'} > "
                 f"the limit of 2^{self.MAX_PLAYERS}; use --method permutation with --budget N, "
                 "or --method loo",
                 field="--method",

@@ -15,8 +15,12 @@ Two plans, both pure functions of ``(n, budget, seed)``:
 
 - **Full enumeration** when ``budget >= 2^n``: every coalition, each with its exact kernel weight,
   which gives the exact Shapley values.
-- **Paired sampling** otherwise (Covert & Lee 2021, "Improving KernelSHAP: practical Shapley value
-  estimation using linear regression", AISTATS): a coalition size k in 1 .. n-1 is drawn with
+- **Enumerated sizes plus paired sampling** otherwise. First, as shap's KernelExplainer does, the
+  sizes with the most kernel weight per coalition (1 and n-1, then 2 and n-2, ...) are enumerated
+  completely, each coalition at its exact kernel weight, while the budget would in expectation draw
+  all of them anyway (:func:`_enumerated_sizes`). The remaining sizes are sampled (Covert & Lee
+  2021, "Improving KernelSHAP: practical Shapley value estimation using linear regression",
+  AISTATS), with the kernel mass of the sampled sizes spread over the samples: a size k is drawn with
   probability proportional to ``(n - 1) / (k (n - k))`` (the kernel's total mass on size k), then a
   uniform subset of that size, and its complement is added too. Each distinct coalition is weighted
   by how many times it was drawn (the usual KernelSHAP estimator with ``A`` and ``b`` replaced by
@@ -35,6 +39,7 @@ single pair or a singular system, and None under full enumeration (exact).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 from collections.abc import Iterator
@@ -68,6 +73,9 @@ class _Plan:
     rows: np.ndarray  # [n_distinct, n] bool; row 0 empty, row 1 full (or integer-index order)
     keys: tuple[bytes, ...]  # [n_distinct] packed masks of rows
     pairs: np.ndarray  # [n_pairs, 2] int64 rows of each drawn coalition and its complement
+    enumerated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # [n_enumerated] int64 rows of the coalitions of fully enumerated sizes (exact kernel weights)
+    sampled_mass: float = 1.0  # kernel mass of the sizes that are sampled (the rest is enumerated)
 
 
 def _full_plan(n: int) -> _Plan:
@@ -95,38 +103,79 @@ def size_probabilities(n_players: int) -> np.ndarray:
     return p / p.sum()
 
 
+def _enumerated_sizes(n: int, budget_left: int) -> list[int]:
+    """Coalition sizes to enumerate completely before sampling the rest (as shap's KernelExplainer).
+
+    Sizes are taken in complement pairs (k, n - k) from the outside in (k = 1 first: the kernel puts
+    the most weight per coalition there) while the budget left would, in expectation, draw every
+    coalition of the pair anyway: ``budget_left * mass(k) / remaining_mass >= count(k)``.
+    """
+    probs = size_probabilities(n)  # [n - 1] sizes 1 .. n-1
+    remaining = 1.0
+    sizes: list[int] = []
+    for k in range(1, n // 2 + 1):
+        pair = [k] if 2 * k == n else [k, n - k]
+        count = sum(math.comb(n, j) for j in pair)
+        mass = sum(probs[j - 1] for j in pair)
+        if count > budget_left or budget_left * mass / remaining < count - 1e-8:
+            break
+        sizes += pair
+        budget_left -= count
+        remaining -= mass
+    return sizes
+
+
 def _sampled_plan(n: int, budget: int, seed: int) -> _Plan:
     rng = np.random.default_rng(seed)
-    sizes = np.arange(1, n, dtype=np.int64)
-    probs = size_probabilities(n)
-    max_pairs = min(PAIR_CAP_FACTOR * budget, MAX_PAIRS)
     base = np.stack([np.zeros(n, dtype=np.bool_), np.ones(n, dtype=np.bool_)])
     rows: list[np.ndarray] = list(base)
     seen: dict[bytes, int] = {key: i for i, key in enumerate(row_keys(base))}
+    enumerated_sizes = _enumerated_sizes(n, budget - 2)
+    enumerated: list[int] = []
+    if enumerated_sizes:
+        block = np.zeros((sum(math.comb(n, k) for k in enumerated_sizes), n), dtype=np.bool_)
+        r = 0
+        for k in sorted(enumerated_sizes):
+            for members in itertools.combinations(range(n), k):
+                block[r, list(members)] = True
+                r += 1
+        for key, row in zip(row_keys(block), block, strict=True):
+            seen[key] = len(rows)
+            enumerated.append(len(rows))
+            rows.append(row)
+    all_probs = size_probabilities(n)
+    sizes = np.array([k for k in range(1, n) if k not in enumerated_sizes], dtype=np.int64)
+    sampled_mass = float(all_probs[sizes - 1].sum()) if sizes.size else 0.0
     pairs: list[tuple[int, int]] = []
-    done = False
-    while not done and len(pairs) < max_pairs:
-        ks = rng.choice(sizes, size=_CHUNK, p=probs)  # [chunk]
-        ranks = np.argsort(np.argsort(rng.random((_CHUNK, n)), axis=1), axis=1)  # [chunk, n]
-        drawn = ranks < ks[:, None]  # [chunk, n] uniform subsets of size ks
-        block = np.concatenate([drawn, ~drawn])  # [2 chunk, n]
-        keys = row_keys(block)
-        for p in range(_CHUNK):
-            key_s, key_c = keys[p], keys[_CHUNK + p]
-            new = (key_s not in seen) + (key_c not in seen)
-            if len(seen) + new > budget or len(pairs) >= max_pairs:
-                done = True
-                break
-            for key, row in ((key_s, drawn[p]), (key_c, ~drawn[p])):
-                if key not in seen:
-                    seen[key] = len(rows)
-                    rows.append(row)
-            pairs.append((seen[key_s], seen[key_c]))
+    if sizes.size:
+        probs = all_probs[sizes - 1] / sampled_mass
+        max_pairs = min(PAIR_CAP_FACTOR * budget, MAX_PAIRS)
+        done = False
+        while not done and len(pairs) < max_pairs:
+            ks = rng.choice(sizes, size=_CHUNK, p=probs)  # [chunk]
+            ranks = np.argsort(np.argsort(rng.random((_CHUNK, n)), axis=1), axis=1)  # [chunk, n]
+            drawn = ranks < ks[:, None]  # [chunk, n] uniform subsets of size ks
+            block = np.concatenate([drawn, ~drawn])  # [2 chunk, n]
+            keys = row_keys(block)
+            for p in range(_CHUNK):
+                key_s, key_c = keys[p], keys[_CHUNK + p]
+                new = (key_s not in seen) + (key_c not in seen)
+                if len(seen) + new > budget or len(pairs) >= max_pairs:
+                    done = True
+                    break
+                for key, row in ((key_s, drawn[p]), (key_c, ~drawn[p])):
+                    if key not in seen:
+                        seen[key] = len(rows)
+                        rows.append(row)
+                pairs.append((seen[key_s], seen[key_c]))
     out_rows = np.array(rows, dtype=np.bool_).reshape(len(rows), n)
     out_pairs = np.array(pairs, dtype=np.int64).reshape(len(pairs), 2)
-    out_rows.setflags(write=False)
-    out_pairs.setflags(write=False)
-    return _Plan(full=False, rows=out_rows, keys=tuple(seen), pairs=out_pairs)
+    out_enum = np.array(enumerated, dtype=np.int64)
+    for arr in (out_rows, out_pairs, out_enum):
+        arr.setflags(write=False)
+    return _Plan(
+        full=False, rows=out_rows, keys=tuple(seen), pairs=out_pairs, enumerated=out_enum, sampled_mass=sampled_mass
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -314,13 +363,19 @@ class KernelSHAP:
     def _fit_sampled(
         plan: _Plan, u: np.ndarray, v_empty: float, total: float
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Count-weighted fit and paired delta-method standard errors."""
+        """Enumerated sizes at exact kernel weights plus count-weighted samples; paired standard errors."""
         n = plan.rows.shape[1]
         n_pairs = plan.pairs.shape[0]
         z = plan.rows.astype(np.float64)  # [n_distinct, n]
         y = u - v_empty  # [n_distinct]
-        counts = np.bincount(plan.pairs.ravel(), minlength=z.shape[0]).astype(np.float64)
-        w = counts / (2.0 * n_pairs)  # [n_distinct], sums to 1
+        w = np.zeros(z.shape[0], dtype=np.float64)  # [n_distinct], sums to 1 over proper coalitions
+        if plan.enumerated.size:
+            k = plan.rows[plan.enumerated].sum(axis=1)
+            comb = np.array([math.comb(n, int(j)) for j in range(n + 1)], dtype=np.float64)
+            w[plan.enumerated] = size_probabilities(n)[k - 1] / comb[k]  # exact kernel weight
+        if n_pairs:
+            counts = np.bincount(plan.pairs.ravel(), minlength=z.shape[0]).astype(np.float64)
+            w += plan.sampled_mass * counts / (2.0 * n_pairs)
         a = z.T @ (w[:, None] * z)
         b = z.T @ (w * y)
         values, c = _kkt(a, b, total)
@@ -329,7 +384,8 @@ class KernelSHAP:
         zs, zc = z[plan.pairs[:, 0]], z[plan.pairs[:, 1]]  # [P, n] each
         resid_s = y[plan.pairs[:, 0]] - zs @ values  # [P]
         resid_c = y[plan.pairs[:, 1]] - zc @ values
-        g = 0.5 * (zs * resid_s[:, None] + zc * resid_c[:, None])  # [P, n] b_p - A_p beta
+        # the enumerated part is fixed; only the sampled part varies: b_p - A_p beta per pair
+        g = plan.sampled_mass * 0.5 * (zs * resid_s[:, None] + zc * resid_c[:, None])  # [P, n]
         cov_g = np.atleast_2d(np.cov(g, rowvar=False, ddof=1))  # [n, n]
         cov_beta = c @ cov_g @ c / n_pairs
         stderr = np.sqrt(np.clip(np.diag(cov_beta), 0.0, None))
