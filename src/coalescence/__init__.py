@@ -24,7 +24,7 @@ from .attribution.estimators import Estimate, Estimator, make_estimator
 from .attribution.explanation import Explanation
 from .backends import HFBackend, ModelSource, ScoreRequest, ScoreResult, ScoringBackend, load_backend, resolve_model
 from .conversation import Conversation, ConversationSnapshot, Message, Player, load_conversation, segment_players
-from .engine import Engine, EngineStatistics
+from .engine import Engine
 from .errors import (
     ArchiveError,
     BackendError,
@@ -38,7 +38,7 @@ from .errors import (
     MaskError,
 )
 from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get_policy, register_policy
-from .scheduler import Progress, ResultStore
+from .scheduler import Progress, ResultStore, SchedulerStatistics
 
 try:
     __version__ = _metadata.version("coalescence")
@@ -58,7 +58,6 @@ __all__ = (
     "ConversationSnapshot",
     "Engine",
     "EngineClosed",
-    "EngineStatistics",
     "Estimate",
     "Estimator",
     "EstimatorError",
@@ -75,6 +74,7 @@ __all__ = (
     "RunArchive",
     "ScoreRequest",
     "ScoreResult",
+    "SchedulerStatistics",
     "ScoringBackend",
     "__version__",
     "coalition_key",

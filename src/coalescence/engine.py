@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,39 +38,16 @@ from .masking.render import ChatRenderer, TargetTokens
 from .scheduler.buckets import LengthBuckets, share_order
 from .scheduler.collator import Collator, CollatorBackend
 from .scheduler.progress import NullProgress, Progress
-from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, EvalOutcome
+from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, EvalOutcome, SchedulerStatistics
 from .scheduler.store import ResultStore
 
-__all__ = ("UTILITY", "Engine", "EngineStatistics", "fill_store", "key_for", "pool_from_store")
+__all__ = ("UTILITY", "Engine", "fill_store", "key_for", "pool_from_store")
 
 logger = logging.getLogger(__name__)
 
 UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
 _WITH_STDERR = ("permutation", "kernelshap", "banzhaf")
 """The utility spec of this version: log p(target tokens | masked prompt), summed, in nats."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineStatistics:
-    """Counters of an engine, as a frozen snapshot.
-
-    Invariant: ``requested == executed + deduplicated + cache_hits + failed``.
-
-    Attributes:
-        requested: coalitions asked for by plans (duplicates included).
-        executed: coalitions evaluated by the model.
-        deduplicated: coalitions folded into an identical one of the same plan.
-        cache_hits: coalitions served by the hot result store.
-        failed: coalitions whose evaluation raised.
-        kv_cache_hits: prompt positions served from a KV cache instead of computed.
-    """
-
-    requested: int = 0
-    executed: int = 0
-    deduplicated: int = 0
-    cache_hits: int = 0
-    failed: int = 0
-    kv_cache_hits: int = 0
 
 
 class Engine:
@@ -107,13 +84,13 @@ class Engine:
         self.renderer = ChatRenderer(backend.tokenizer)
         if archive is not None:
             fill_store(self.store, archive.loaded)
-        self._totals = EngineStatistics()
+        self._totals = SchedulerStatistics()
         self._batch_ids = itertools.count()
         self._targets: dict[str, TargetTokens] = {}
         self._closed = False
 
     # -- statistics ---------------------------------------------------------------------------
-    def statistics(self) -> EngineStatistics:
+    def statistics(self) -> SchedulerStatistics:
         """A snapshot of the counters (the scheduler's, plus duplicates folded within a plan)."""
         return self._totals
 
@@ -508,17 +485,10 @@ def pool_from_store(
     return masks, np.array(values, dtype=np.float64), missing
 
 
-def _add_stats(total: EngineStatistics, run: Any) -> EngineStatistics:
+def _add_stats(total: SchedulerStatistics, run: SchedulerStatistics) -> SchedulerStatistics:
     """``total`` plus one scheduler run's counters."""
-    return EngineStatistics(
-        requested=total.requested + run.requested,
-        executed=total.executed + run.executed,
-        deduplicated=total.deduplicated + run.deduplicated,
-        cache_hits=total.cache_hits + run.cache_hits,
-        failed=total.failed + run.failed,
-        kv_cache_hits=total.kv_cache_hits + run.kv_cache_hits,
-    )
+    return SchedulerStatistics(**{f.name: getattr(total, f.name) + getattr(run, f.name) for f in fields(total)})
 
 
-def _stats_dict(stats: EngineStatistics) -> dict[str, Any]:
-    return {f: getattr(stats, f) for f in EngineStatistics.__dataclass_fields__}
+def _stats_dict(stats: SchedulerStatistics) -> dict[str, Any]:
+    return {f.name: getattr(stats, f.name) for f in fields(stats)}
