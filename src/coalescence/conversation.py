@@ -1,8 +1,10 @@
 """Conversations, players and immutable snapshots.
 
 A :class:`Conversation` is the input: chat messages in the OpenAI format plus the *target*, the
-answer being explained. :func:`segment_players` cuts the attributable messages into *players*
-(whole turns or sentences), each a character span of one message. A
+answer being explained, and optionally the players the input declares (character spans, or the
+documents of the RAG form, see :mod:`coalescence.inputs`). :func:`segment_players` cuts the
+attributable messages into *players* (turns, paragraphs, sentences, words, tool exchanges, or the
+declared spans), each a character span of one message (a tool exchange spans several). A
 :class:`ConversationSnapshot` freezes a conversation, its target and its players under a
 ``snapshot_id`` (SHA-256 of a canonical encoding), which every coalition key starts from.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,13 @@ from .errors import InputError
 __all__ = (
     "ROLES",
     "UNITS",
+    "TOOL_CALL_FORMAT",
     "Conversation",
     "ConversationSnapshot",
+    "DeclaredPlayer",
     "Message",
     "Player",
+    "format_tool_call",
     "load_conversation",
     "segment_players",
 )
@@ -32,8 +37,8 @@ __all__ = (
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 """Message roles accepted in the input (OpenAI chat format)."""
 
-UNITS: tuple[str, ...] = ("turn", "sentence")
-"""Player units: each attributable message is one player (``turn``) or one player per sentence."""
+UNITS: tuple[str, ...] = ("turn", "paragraph", "sentence", "word", "tool", "document")
+"""Player units (see :func:`segment_players`)."""
 
 SNAPSHOT_SCHEMA = 1
 
@@ -44,7 +49,10 @@ class Message:
 
     Args:
         role: one of :data:`ROLES`.
-        content: the message text (str, may be empty for non-target messages).
+        content: the message text (str, may be empty for non-target messages). An assistant
+            message's tool calls are part of it (see :func:`format_tool_call`).
+        tool_call_ids: the ids of the tool calls an assistant message makes, or the id a tool
+            message answers (``tool_call_id``); used by ``--unit tool`` to pair them.
 
     Raises:
         InputError: unknown role or non-string content.
@@ -52,6 +60,7 @@ class Message:
 
     role: str
     content: str
+    tool_call_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -66,6 +75,92 @@ class Message:
     def as_dict(self) -> dict[str, str]:
         """The message as an OpenAI/transformers chat message ``{"role", "content"}``."""
         return {"role": self.role, "content": self.content}
+
+
+TOOL_CALL_FORMAT = "<tool_call>\n{call}\n</tool_call>"
+"""How a tool call is written into its assistant message's text (one per call, Hermes style):
+``call`` is ``{"name": ..., "arguments": ...}`` as compact JSON."""
+
+
+def format_tool_call(name: str, arguments: Any) -> str:
+    """The text of one tool call in an assistant message (:data:`TOOL_CALL_FORMAT`)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, separators=(", ", ": "))
+    return TOOL_CALL_FORMAT.format(call=call)
+
+
+def _with_tool_calls(content: str, calls: Any, where: str, role: Any) -> tuple[str, tuple[str, ...]]:
+    """``content`` with the OpenAI ``tool_calls`` written into it, and the call ids."""
+    if role != "assistant":
+        raise InputError("only assistant messages make tool calls", field=f"{where}.tool_calls")
+    if not isinstance(calls, list) or not calls:
+        raise InputError('must be a non-empty list of {"id", "function": {"name", "arguments"}}', field=f"{where}.tool_calls")
+    texts, ids = [], []
+    for k, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise InputError(
+                'must be {"id", "type": "function", "function": {"name", "arguments"}}',
+                field=f"{where}.tool_calls[{k}]",
+            )
+        texts.append(format_tool_call(fn["name"], fn.get("arguments", {})))
+        ids.append(str(call.get("id", f"call_{k}")))
+    body = "\n".join(texts)
+    return (f"{content}\n{body}" if content else body), tuple(ids)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeclaredPlayer:
+    """A player the input declares: a character span of one prompt message.
+
+    Args:
+        message: index of the message in :attr:`Conversation.messages` (the input's index).
+        start: first character (inclusive).
+        end: end (exclusive); non-empty spans only.
+        label: the player's name in tables and documents.
+    """
+
+    message: int
+    start: int
+    end: int
+    label: str
+
+
+def _declared_players(raw: Any, messages: Sequence[Message]) -> tuple[DeclaredPlayer, ...]:
+    """Parse the input's ``"players"`` list (ranges are checked by :class:`Conversation`)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise InputError('must be a non-empty list of {"message", "start", "end", "label"?}', field="players")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"players[{i}]"
+        if not isinstance(item, Mapping):
+            raise InputError('must be an object {"message", "start", "end", "label"?}', field=where)
+        values = {}
+        for key in ("message", "start", "end"):
+            v = item.get(key)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise InputError(f"must be an integer (character offset or message index), got {v!r}", field=f"{where}.{key}")
+            values[key] = v
+        m = values["message"]
+        if not 0 <= m < len(messages):
+            raise InputError(
+                f"message {m} is not a prompt message (0..{len(messages) - 1}; the answer explained "
+                "cannot hold players)",
+                field=f"{where}.message",
+            )
+        label = item.get("label")
+        if label is None:
+            label = f"{messages[m].role}[{m}][{values['start']}:{values['end']}]"
+        if not isinstance(label, str) or not label:
+            raise InputError(f"must be a non-empty string, got {label!r}", field=f"{where}.label")
+        out.append(DeclaredPlayer(message=m, start=values["start"], end=values["end"], label=label))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,8 +181,34 @@ class Conversation:
     messages: tuple[Message, ...]
     target: str | None
     target_source: str = "last_assistant"
+    declared: tuple[DeclaredPlayer, ...] = ()
 
     def __post_init__(self) -> None:
+        for i, d in enumerate(self.declared):
+            where = f"players[{i}]"
+            if not 0 <= d.message < len(self.messages):
+                raise InputError(
+                    f"message {d.message} is not a prompt message (0..{len(self.messages) - 1}; the "
+                    "answer explained cannot hold players)",
+                    field=f"{where}.message",
+                )
+            n = len(self.messages[d.message].content)
+            if not 0 <= d.start < n:
+                raise InputError(f"start {d.start} is outside the message (0..{n - 1})", field=f"{where}.start")
+            if not d.start < d.end <= n:
+                raise InputError(
+                    f"end {d.end} must be after start {d.start} and at most {n} (the message length); "
+                    "a player must not be empty",
+                    field=f"{where}.end",
+                )
+        order = sorted(range(len(self.declared)), key=lambda i: (self.declared[i].message, self.declared[i].start))
+        for a, b in zip(order, order[1:]):
+            da, db = self.declared[a], self.declared[b]
+            if da.message == db.message and db.start < da.end:
+                raise InputError(
+                    f"[{db.start}, {db.end}) overlaps players[{a}] [{da.start}, {da.end}) in message {db.message}",
+                    field=f"players[{b}].start",
+                )
         if not self.messages:
             raise InputError(
                 "the conversation has no prompt messages; add at least one message before the answer",
@@ -135,11 +256,19 @@ class Conversation:
                     f"unknown role {role!r}; use one of {', '.join(ROLES)}", field=f"{where}.role"
                 )
             content = item.get("content")
+            calls = item.get("tool_calls")
+            if content is None and calls:
+                content = ""
             if not isinstance(content, str):
                 raise InputError(
                     f"must be a string, got {type(content).__name__}", field=f"{where}.content"
                 )
-            messages.append(Message(role=role, content=content))
+            call_ids: tuple[str, ...] = ()
+            if calls is not None:
+                content, call_ids = _with_tool_calls(content, calls, where, role)
+            elif role == "tool" and item.get("tool_call_id") is not None:
+                call_ids = (str(item["tool_call_id"]),)
+            messages.append(Message(role=role, content=content, tool_call_ids=call_ids))
         target = data.get("target")
         if target is not None:
             if not isinstance(target, str):
@@ -158,11 +287,12 @@ class Conversation:
             source = "last_assistant"
         else:
             source = "none"
-        return cls(messages=tuple(messages), target=target, target_source=source)
+        declared = _declared_players(data.get("players"), messages)
+        return cls(messages=tuple(messages), target=target, target_source=source, declared=declared)
 
     def with_target(self, target: str, *, source: str) -> Conversation:
         """A copy with the target set (e.g. after generating it)."""
-        return Conversation(messages=self.messages, target=target, target_source=source)
+        return replace(self, target=target, target_source=source)
 
 
 def load_conversation(path: str | Path) -> Conversation:
@@ -186,22 +316,29 @@ def load_conversation(path: str | Path) -> Conversation:
             f"{p.name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
             field="input",
         ) from exc
-    return Conversation.from_dict(data)
+    from .inputs import conversation_from_input  # the RAG form is rendered there
+
+    return conversation_from_input(data)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Player:
-    """One attributable part of the conversation: a character span of one message.
+    """One attributable part of the conversation: a character span of one message (a tool exchange
+    adds the spans of its tool results in :attr:`extra`).
 
     Args:
         index: position in the player order (0-based); bit ``index`` of a coalition mask.
-        label: human-readable name, ``role[message_index]`` for a turn and
-            ``role[message_index].s<k>`` for the k-th (0-based) sentence of a message.
+        label: human-readable name: ``role[m]`` for a turn, ``role[m].p<k>`` / ``.s<k>`` / ``.w<k>``
+            for the k-th (0-based) paragraph / sentence / word of message m, ``assistant[m]+tool[j]``
+            for a tool exchange, the declared label for a declared player (and ``label.s<k>`` ...
+            for the units inside it).
         role: role of the message the player belongs to.
         message_index: index of that message in :attr:`Conversation.messages`.
         start: first character of the span in the message content (inclusive).
         end: end of the span (exclusive); ``content[start:end] == text``.
         text: the player's text.
+        extra: further ``(message_index, start, end)`` spans of the same player, in later messages
+            (the tool results of a tool exchange); empty for every other unit.
     """
 
     index: int
@@ -211,98 +348,16 @@ class Player:
     start: int
     end: int
     text: str
+    extra: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.start <= self.end:
             raise InputError(f"bad span [{self.start}, {self.end})", field="players")
 
-
-def _sentence_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans of the sentences of ``text``, whitespace trimmed, in order.
-
-    Uses pysbd (rule-based sentence boundary disambiguation, Sadvilkar & Neumann 2020) for the
-    boundaries; each span is re-located in ``text`` so offsets are exact even where pysbd's own
-    offsets drift.
-    """
-    import pysbd
-
-    segmenter = pysbd.Segmenter(language="en", clean=False)
-    spans: list[tuple[int, int]] = []
-    cursor = 0
-    for sentence in segmenter.segment(text):
-        core = sentence.strip()
-        if not core:
-            continue
-        start = text.find(core, cursor)
-        if start < 0:  # pysbd altered the text; fall back to the rest of the message
-            start = cursor
-            core = text[cursor:].strip()
-            start = text.find(core, cursor)
-        end = start + len(core)
-        spans.append((start, end))
-        cursor = end
-    return spans
-
-
-def segment_players(
-    conversation: Conversation, *, unit: str = "turn", roles: Iterable[str] | None = None
-) -> tuple[Player, ...]:
-    """Cut the attributable messages of a conversation into players.
-
-    Args:
-        conversation: the conversation (its prompt messages are segmented; the target never is).
-        unit: ``"turn"`` (one player per attributable message) or ``"sentence"`` (one player per
-            sentence, by pysbd, whitespace between sentences excluded from the spans).
-        roles: the roles whose messages are attributable; ``None`` means every role. Messages of
-            other roles are always kept in every coalition.
-
-    Returns:
-        The players in message order, then text order, indexed from 0.
-
-    Raises:
-        InputError: unknown unit or role, or no attributable player (field ``--unit``/``--roles``).
-    """
-    if unit not in UNITS:
-        raise InputError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}", field="--unit")
-    role_set = set(ROLES if roles is None else roles)
-    bad = sorted(role_set - set(ROLES))
-    if bad:
-        raise InputError(
-            f"unknown role {bad[0]!r}; use a comma-separated subset of {','.join(ROLES)}",
-            field="--roles",
-        )
-    players: list[Player] = []
-    counts: dict[int, int] = {}
-    for m, message in enumerate(conversation.messages):
-        if message.role not in role_set or not message.content.strip():
-            continue
-        if unit == "turn":
-            spans = [(0, len(message.content))]
-        else:
-            spans = _sentence_spans(message.content)
-        for start, end in spans:
-            k = counts.get(m, 0)
-            counts[m] = k + 1
-            label = f"{message.role}[{m}]" if unit == "turn" else f"{message.role}[{m}].s{k}"
-            players.append(
-                Player(
-                    index=len(players),
-                    label=label,
-                    role=message.role,
-                    message_index=m,
-                    start=start,
-                    end=end,
-                    text=message.content[start:end],
-                )
-            )
-    if not players:
-        present = sorted({msg.role for msg in conversation.messages if msg.content.strip()})
-        raise InputError(
-            f"no attributable players: no non-empty message has a role in {sorted(role_set)}; "
-            f"the conversation has {present}; widen --roles",
-            field="--roles",
-        )
-    return tuple(players)
+    @property
+    def spans(self) -> tuple[tuple[int, int, int], ...]:
+        """Every ``(message_index, start, end)`` span of the player, the first one first."""
+        return ((self.message_index, self.start, self.end), *self.extra)
 
 
 def _canonical(obj: Any) -> bytes:
@@ -337,22 +392,31 @@ class ConversationSnapshot:
             raise InputError("the snapshot needs a target answer", field="target")
         if not self.players:
             raise InputError("no attributable players", field="--roles")
-        last_end: dict[int, int] = {}
+        msgs = self.conversation.messages
+        taken: dict[int, list[tuple[int, int, str]]] = {}
         for i, p in enumerate(self.players):
-            msgs = self.conversation.messages
-            if p.index != i or not 0 <= p.message_index < len(msgs):
-                raise InputError(f"player {i} is out of order or names no message", field="players")
+            if p.index != i:
+                raise InputError(f"player {i} is out of order", field="players")
+            for m, start, end in p.spans:
+                if not 0 <= m < len(msgs) or not 0 <= start <= end <= len(msgs[m].content):
+                    raise InputError(f"player {p.label} names no message or a span outside it", field="players")
+                taken.setdefault(m, []).append((start, end, p.label))
             if msgs[p.message_index].content[p.start : p.end] != p.text:
                 raise InputError(f"player {p.label} does not match its message text", field="players")
-            if p.start < last_end.get(p.message_index, 0):
-                raise InputError(f"player {p.label} overlaps the previous one", field="players")
-            last_end[p.message_index] = p.end
+        for spans in taken.values():
+            spans.sort()
+            for (_, end_a, _), (start_b, _, label) in zip(spans, spans[1:]):
+                if start_b < end_a:
+                    raise InputError(f"player {label} overlaps another one", field="players")
         payload = {
             "schema": SNAPSHOT_SCHEMA,
             "messages": [[m.role, m.content] for m in self.conversation.messages],
             "target": self.conversation.target,
             "unit": self.unit,
-            "players": [[p.message_index, p.start, p.end] for p in self.players],
+            "players": [
+                [p.message_index, p.start, p.end] + ([list(e) for e in p.extra] if p.extra else [])
+                for p in self.players
+            ],
         }
         object.__setattr__(self, "snapshot_id", hashlib.sha256(_canonical(payload)).hexdigest())
 
@@ -389,6 +453,7 @@ class ConversationSnapshot:
                     start=p["start"],
                     end=p["end"],
                     text=messages[p["message_index"]].content[p["start"] : p["end"]],
+                    extra=tuple(tuple(e) for e in p.get("extra", ())),
                 )
                 for p in data["players"]
             )
@@ -432,14 +497,28 @@ class ConversationSnapshot:
                     "start": p.start,
                     "end": p.end,
                 }
+                | ({"extra": [list(e) for e in p.extra]} if p.extra else {})
                 for p in self.players
             ],
         }
 
 
 def players_by_message(players: Sequence[Player]) -> dict[int, list[Player]]:
-    """Group players by message index, each group in text order."""
+    """Group the pieces of players by message index, each group in text order.
+
+    A player with :attr:`Player.extra` spans appears in the group of each message it covers, as a
+    piece: a copy of the player (same ``index`` and ``label``) with that message's span and text
+    (``text`` is left empty for extra pieces; renderers use the message content and the span).
+    """
     groups: dict[int, list[Player]] = {}
     for p in players:
         groups.setdefault(p.message_index, []).append(p)
+        for m, start, end in p.extra:
+            groups.setdefault(m, []).append(replace(p, message_index=m, start=start, end=end, text="", extra=()))
+    for group in groups.values():
+        group.sort(key=lambda q: (q.start, q.end))
     return groups
+
+
+# segmentation builds on Player and Conversation above; re-exported here (the historical home)
+from .segmentation import segment_players  # noqa: E402

@@ -135,3 +135,122 @@ def test_drop_invariants_on_generated_text(parts, lead, data):
     else:
         assert not users
     assert len(kept) == int(present.sum())
+
+
+# -- every unit: whitespace rule, awkward text, system turn rule --------------------------------
+
+from coalescence.masking.codec import PackedMask, coalition_key  # noqa: E402
+
+AWKWARD = [
+    "Cafe\u0301 au lait. Zoe\u0308 said so.",  # combining marks
+    "👩‍👩‍👧 family. 🇫🇷 flag! 👍🏽 ok.",  # ZWJ sequences, flags, skin tones
+    "שלום עולם. مرحبا بالعالم. Mixed עברית and English.",  # right-to-left
+    "東京は日本の首都です。大阪は大きい。漢字かな交じり文",  # CJK without spaces
+    "Ｆｕｌｌｗｉｄｔｈ. \u00a0non-breaking\u00a0space. Tab\tinside.",
+    "a\u0300\u0301\u0302\u0303 stacked. ∑∫√ math. ẞ ß ǅ.",  # characters a byte-level BPE splits
+    "Line one.\r\nLine two.\u2028Line three.\u2029End.",
+    "  leading and trailing  \n",
+]
+
+
+@pytest.mark.parametrize("unit", ["turn", "paragraph", "sentence", "word"])
+@pytest.mark.parametrize("text", AWKWARD, ids=range(len(AWKWARD)))
+def test_full_coalition_is_byte_exact_on_awkward_text(text, unit, chatml_tokenizer):
+    from coalescence.masking.render import ChatRenderer
+
+    s = snapshot(text, unit=unit)
+    renderer = ChatRenderer(chatml_tokenizer)
+    for policy in (DropPolicy(), DropPolicy(system_absent="empty"), PlaceholderPolicy()):
+        full = policy.render(s, np.ones(s.n_players, dtype=bool))
+        assert full == list(s.conversation.messages)
+        rendered = renderer.render_prompt(full)
+        assert rendered == renderer.render_prompt(s.conversation.messages)
+        assert text in rendered
+        ids = renderer.encode(rendered)
+        assert chatml_tokenizer.decode(ids) == rendered  # byte-level BPE round trip
+    for p in s.players:  # each player alone: its text byte-exact, nothing glued
+        present = np.zeros(s.n_players, dtype=bool)
+        present[p.index] = True
+        present[0] = True
+        body = "".join(m.content for m in DropPolicy().render(s, present))
+        assert p.text in body
+
+
+@pytest.mark.parametrize(
+    ("text", "unit", "absent", "expected"),
+    [
+        ("Don't go home.", "word", ["n't"], "Do go home."),
+        ("Don't go home.", "word", ["Do", "n't"], "go home."),
+        ("Paris, it rains.", "word", [","], "Paris it rains."),
+        ("Paris is big. It rains.", "word", ["big"], "Paris is. It rains."),
+        ("Paris is big. It rains.", "word", ["is", "big"], "Paris. It rains."),
+        ("Paris is big. It rains.", "word", ["It"], "Paris is big. rains."),
+        ("One.\n\nTwo.\n\nThree.", "paragraph", ["Two."], "One.\n\nThree."),
+        ("One.\n\nTwo.\n\nThree.", "paragraph", ["Three."], "One.\n\nTwo."),
+        ("One.\n\nTwo.\n\nThree.\n", "paragraph", ["Three."], "One.\n\nTwo.\n"),
+        ("One.\n\n  Two.", "paragraph", ["One."], "Two."),
+        ("Alpha one. Beta two.\nGamma three.", "sentence", ["Beta two."], "Alpha one. Gamma three."),
+        ("Alpha one. Beta two.\nGamma three.", "sentence", ["Alpha one."], "Beta two.\nGamma three."),
+    ],
+)
+def test_whitespace_rule_per_unit(text, unit, absent, expected):
+    s = snapshot(text, unit=unit)
+    present = np.array([p.role == "system" or p.text not in absent for p in s.players])
+    assert user_text(s, present, DropPolicy()) == expected
+
+
+words = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Zs", "Zl", "Zp")), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(words, st.sampled_from([" ", "  ", "\n", "\n\n", " \t"])), min_size=1, max_size=8), st.data())
+def test_word_drop_never_glues_or_dangles(parts, data):
+    text = "".join(w + sep for w, sep in parts).strip()
+    if not text:
+        return
+    s = snapshot(text, unit="word")
+    assert DropPolicy().render(s, np.ones(s.n_players, dtype=bool)) == list(s.conversation.messages)
+    present = np.array(data.draw(st.lists(st.booleans(), min_size=s.n_players, max_size=s.n_players)))
+    users = [m.content for m in DropPolicy().render(s, present) if m.role == "user"]
+    kept = [p for p in s.players if present[p.index] and p.role == "user"]
+    if not kept:
+        assert not users
+        return
+    body = users[0]
+    assert body == body.strip()  # no dangling separator at either end
+    pos = 0
+    for prev, p in zip([None, *kept], kept):
+        at = body.index(p.text, pos)
+        between = body[pos:at]
+        assert not between.strip()
+        if prev is not None and text[p.start - 1].isspace():
+            assert between  # a word that had whitespace before it is never glued to its neighbour
+        pos = at + len(p.text)
+
+
+def test_system_absent_rule_is_explicit_and_keyed():
+    s = snapshot("Hello there.", unit="turn")
+    none_sys = np.array([False, True])
+    assert [m.role for m in DropPolicy().render(s, none_sys)] == ["user"]
+    msgs = DropPolicy(system_absent="empty").render(s, none_sys)
+    assert [(m.role, m.content) for m in msgs] == [("system", ""), ("user", "Hello there.")]
+    assert DropPolicy().params() == {} and DropPolicy(system_absent="empty").params() == {"system_absent": "empty"}
+    assert get_policy("drop", system_absent="empty") == DropPolicy(system_absent="empty")
+    with pytest.raises(ConfigError) as info:
+        DropPolicy(system_absent="blank")
+    assert info.value.field == "--system-absent"
+    mask = PackedMask.from_bools(none_sys)
+    keys = {
+        coalition_key(snapshot_id=s.snapshot_id, mask=mask, policy_id=p.id, policy_params=p.params(), model_id="m",
+                      model_revision="r", dtype="float32", utility={"kind": "logprob"})
+        for p in (DropPolicy(), DropPolicy(system_absent="empty"))
+    }
+    assert len(keys) == 2
+
+
+def test_an_empty_player_removes_nothing():
+    c = Conversation(messages=(Message(role="system", content=""), Message(role="user", content="Hi.")), target="A.")
+    s = ConversationSnapshot.build(c, unit="turn")
+    assert [p.text for p in s.players] == ["", "Hi."]
+    for policy in (DropPolicy(), PlaceholderPolicy()):
+        assert policy.render(s, np.array([False, True])) == list(c.messages)

@@ -1,0 +1,232 @@
+"""Input forms: chat messages (with optional declared players), the RAG form, and JSONL batches.
+
+Three shapes of one input (a JSON object):
+
+- ``{"messages": [...], "target"?}``: OpenAI chat messages (see
+  :meth:`~coalescence.conversation.Conversation.from_dict`).
+- the same with ``"players": [{"message": i, "start": a, "end": b, "label"?}]``: character spans
+  of prompt messages that are the players (``--unit document``; finer units split inside them).
+- the RAG form ``{"documents": [{"id", "title"?, "text"}], "question": "...", "answer"?: "..."}``:
+  rendered into chat messages through a :class:`RagTemplate`, each document one declared player
+  (its whole rendered block, header included).
+
+A ``.jsonl`` file holds one input per line (:func:`load_inputs`); each becomes its own snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .conversation import Conversation
+from .errors import InputError
+
+__all__ = ("DEFAULT_RAG_TEMPLATE", "RagTemplate", "conversation_from_input", "load_inputs", "load_template")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RagTemplate:
+    """How the RAG form becomes chat messages.
+
+    The user message is ``user`` with ``{documents}`` replaced by the document blocks joined with
+    ``separator`` and ``{question}`` by the question; each block is ``document`` with ``{id}``,
+    ``{title}`` and ``{text}`` replaced (``str.format`` fields; write ``{{`` for a literal brace).
+    A non-empty ``system`` becomes a system message before it. The answer, when given, is the
+    target.
+
+    Args:
+        system: system message text, or ``""`` for none.
+        user: user message template; must contain ``{documents}`` and ``{question}`` once each.
+        document: one document's block; must contain ``{text}``.
+        separator: text between two document blocks.
+
+    Raises:
+        InputError: a template that lacks a required field (field ``--template``).
+    """
+
+    system: str = "Answer the question using only the documents below."
+    user: str = "{documents}\n\nQuestion: {question}"
+    document: str = "Document [{id}] {title}\n{text}"
+    separator: str = "\n\n"
+
+    def __post_init__(self) -> None:
+        for name, needed in (("user", ("{documents}", "{question}")), ("document", ("{text}",))):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise InputError(f"{name!r} must be a string, got {value!r}", field="--template")
+            for key in needed:
+                if value.count(key) != 1:
+                    raise InputError(f"{name!r} must contain {key} exactly once, got {value!r}", field="--template")
+        for name in ("system", "separator"):
+            if not isinstance(getattr(self, name), str):
+                raise InputError(f"{name!r} must be a string", field="--template")
+
+    def render(self, documents: list[dict[str, str]], question: str) -> tuple[str, list[tuple[int, int]]]:
+        """The user message text and each document block's ``(start, end)`` span in it."""
+        def fill(side: str) -> str:
+            side = side.replace("{question}", "\0q\0").replace("{{", "{").replace("}}", "}")
+            return side.replace("\0q\0", question)
+
+        before, after = self.user.split("{documents}")
+        head, tail = fill(before), fill(after)
+        parts, spans = [head], []
+        cursor = len(head)
+        for k, doc in enumerate(documents):
+            if k:
+                parts.append(self.separator)
+                cursor += len(self.separator)
+            try:
+                block = self.document.format(id=doc["id"], title=doc["title"], text=doc["text"])
+            except (KeyError, IndexError, ValueError) as exc:
+                raise InputError(f"the document template cannot be filled: {exc}", field="--template") from exc
+            parts.append(block)
+            spans.append((cursor, cursor + len(block)))
+            cursor += len(block)
+        parts.append(tail)
+        return "".join(parts), spans
+
+
+DEFAULT_RAG_TEMPLATE = RagTemplate()
+"""The default RAG template (documented in the README)."""
+
+
+def load_template(path: str | Path | None) -> RagTemplate:
+    """Read a :class:`RagTemplate` from a JSON file ``{"system"?, "user"?, "document"?,
+    "separator"?}`` (missing keys take the defaults); ``None`` gives the default template.
+
+    Raises:
+        InputError: unreadable file, invalid JSON, unknown keys or a bad template (``--template``).
+    """
+    if path is None:
+        return DEFAULT_RAG_TEMPLATE
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read the template {str(path)!r}: {exc}", field="--template") from exc
+    if not isinstance(data, Mapping):
+        raise InputError("the template must be a JSON object", field="--template")
+    unknown = sorted(set(data) - {"system", "user", "document", "separator"})
+    if unknown:
+        raise InputError(f"unknown key {unknown[0]!r}; use system, user, document, separator", field="--template")
+    return RagTemplate(**data)
+
+
+def _rag_input(data: Mapping[str, Any], template: RagTemplate) -> dict[str, Any]:
+    """The RAG form as a chat input with declared players (one per document)."""
+    docs = data.get("documents")
+    if not isinstance(docs, list) or not docs:
+        raise InputError('must be a non-empty list of {"id", "title"?, "text"}', field="documents")
+    clean: list[dict[str, str]] = []
+    ids: set[str] = set()
+    for i, doc in enumerate(docs):
+        where = f"documents[{i}]"
+        if not isinstance(doc, Mapping):
+            raise InputError('must be an object {"id", "title"?, "text"}', field=where)
+        text = doc.get("text")
+        if not isinstance(text, str):
+            raise InputError(f"must be a string, got {type(text).__name__}", field=f"{where}.text")
+        doc_id = doc.get("id", str(i))
+        if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
+            raise InputError(f"must be a string, got {doc_id!r}", field=f"{where}.id")
+        doc_id = str(doc_id)
+        if doc_id in ids:
+            raise InputError(f"duplicate document id {doc_id!r}; ids must be unique", field=f"{where}.id")
+        ids.add(doc_id)
+        title = doc.get("title", "")
+        if not isinstance(title, str):
+            raise InputError(f"must be a string, got {type(title).__name__}", field=f"{where}.title")
+        clean.append({"id": doc_id, "title": title, "text": text})
+    question = data.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise InputError("must be a non-empty string", field="question")
+    user, spans = template.render(clean, question)
+    messages = [{"role": "system", "content": template.system}] if template.system else []
+    m = len(messages)
+    messages.append({"role": "user", "content": user})
+    out: dict[str, Any] = {
+        "messages": messages,
+        "players": [
+            {"message": m, "start": a, "end": b, "label": f"doc[{d['id']}]"} for d, (a, b) in zip(clean, spans, strict=True)
+        ],
+    }
+    answer = data.get("answer")
+    if answer is not None:
+        if not isinstance(answer, str):
+            raise InputError(f"must be a string, got {type(answer).__name__}", field="answer")
+        out["target"] = answer
+    return out
+
+
+def conversation_from_input(data: Any, template: RagTemplate | None = None) -> Conversation:
+    """Build a conversation from one parsed input object, in any of the forms (module docs).
+
+    Args:
+        data: the parsed JSON object.
+        template: the RAG template (default :data:`DEFAULT_RAG_TEMPLATE`).
+
+    Raises:
+        InputError: naming the field at fault (``documents[2].text``, ``players[1].end``, ...).
+    """
+    if isinstance(data, Mapping) and "documents" in data:
+        if "messages" in data:
+            raise InputError('give either "messages" or the RAG form "documents", not both', field="documents")
+        data = _rag_input(data, template or DEFAULT_RAG_TEMPLATE)
+    return Conversation.from_dict(data)
+
+
+def _prefixed(exc: InputError, line: int) -> InputError:
+    field = f"line {line}: {exc.field}" if exc.field else f"line {line}"
+    return InputError(exc.message, field=field)
+
+
+def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[list[Conversation], bool]:
+    """Read the inputs of a run: one JSON object, or one per line of a ``.jsonl`` file.
+
+    Args:
+        path: a ``.json`` file (one input) or a ``.jsonl`` file (one input per non-blank line).
+        template: the RAG template for inputs in the RAG form.
+
+    Returns:
+        The conversations, in file order, and whether the file was JSONL.
+
+    Raises:
+        InputError: the file is missing or unreadable, invalid JSON (with line and column), empty,
+            or an invalid input (a JSONL error names the line: ``line 3: players[0].end``).
+    """
+    p = Path(path)
+    if p.suffix.lower() != ".jsonl":
+        from .conversation import load_conversation
+
+        if template is None or template == DEFAULT_RAG_TEMPLATE:
+            return [load_conversation(p)], False
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError(f"no such file {str(p)!r}", field="input") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
+        return [conversation_from_input(data, template)], False
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"no such file {str(p)!r}", field="input") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
+    conversations = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{p.name} line {n} is not valid JSON: {exc.msg} at column {exc.colno}", field="input") from exc
+        try:
+            conversations.append(conversation_from_input(data, template))
+        except InputError as exc:
+            raise _prefixed(exc, n) from exc
+    if not conversations:
+        raise InputError(f"{p.name} holds no input (one JSON object per line)", field="input")
+    return conversations, True

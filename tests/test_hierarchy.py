@@ -1,0 +1,151 @@
+"""Units on the tiny model, the game axioms they must keep, and hierarchical attribution."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import numpy as np
+import pytest
+
+from coalescence.attribution.estimators import ExactShapley, LeaveOneOut
+from coalescence.attribution.hierarchy import explain_hierarchical, fine_snapshot, parse_hierarchy
+from coalescence.cli import main
+from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.engine import Engine
+from coalescence.errors import ConfigError
+from coalescence.inputs import conversation_from_input
+from coalescence.masking.policies import DropPolicy
+
+RAG = {
+    "documents": [
+        {"id": "a", "title": "Paris", "text": "Paris is the capital of France. It is big."},
+        {"id": "b", "title": "Rome", "text": "Rome is in Italy."},
+        {"id": "c", "title": "Tower", "text": "The tower was completed in 1889. It is tall. It is old."},
+    ],
+    "question": "When was the tower completed?",
+    "answer": "In 1889.",
+}
+
+
+def run(engine, snap, estimator, policy=DropPolicy()):
+    return anyio.run(engine.explain, snap, estimator, policy)
+
+
+@pytest.mark.parametrize(
+    ("unit", "data"),
+    [
+        ("paragraph", {"messages": [{"role": "user", "content": "Paris is big.\n\nRome is old.\n\nWhen?"}], "target": "Now."}),
+        ("word", {"messages": [{"role": "user", "content": "When was it completed?"}], "target": "In 1889."}),
+        ("tool", {"messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "1", "function": {"name": "w", "arguments": {}}}]},
+            {"role": "tool", "tool_call_id": "1", "content": "Sunny."},
+        ], "target": "It is sunny."}),
+    ],
+)
+def test_units_on_the_tiny_model(tiny_backend, unit, data):
+    engine = Engine(tiny_backend, batch_size=4)
+    snap = engine.prepare(Conversation.from_dict(data), unit=unit)
+    explanation = run(engine, snap, ExactShapley())
+    assert explanation.n_evaluations == 2**snap.n_players
+    assert abs(explanation.estimate.efficiency_gap) < 1e-6
+
+
+def test_dummy_axiom_for_an_empty_player(tiny_backend):
+    c = Conversation(
+        messages=(Message(role="system", content=""), Message(role="user", content="When was the tower completed? Tell me.")),
+        target="In 1889.",
+    )
+    snap = ConversationSnapshot.build(c, unit="turn")
+    assert snap.players[0].text == ""
+    explanation = run(Engine(tiny_backend, batch_size=1), snap, ExactShapley())
+    assert abs(explanation.values[0]) < 1e-4
+    assert explanation.values[0] == pytest.approx(0.0, abs=1e-4)
+
+
+def test_one_player_gets_v_full_minus_v_empty(tiny_backend):
+    c = Conversation(messages=(Message(role="user", content="When was the tower completed?"),), target="In 1889.")
+    snap = ConversationSnapshot.build(c, unit="turn")
+    explanation = run(Engine(tiny_backend), snap, ExactShapley())
+    est = explanation.estimate
+    assert explanation.n_evaluations == 2
+    assert est.values[0] == pytest.approx(est.v_full - est.v_empty, abs=1e-9)
+
+
+# -- hierarchical attribution -------------------------------------------------------------------
+
+def test_parse_hierarchy():
+    assert parse_hierarchy("document,sentence") == ("document", "sentence")
+    for bad in ("document", "sentence,sentence", "turn,document", "turn,letter"):
+        with pytest.raises(ConfigError) as info:
+            parse_hierarchy(bad)
+        assert info.value.field == "--hierarchy"
+
+
+def test_fine_snapshot_is_the_direct_fine_segmentation():
+    c = conversation_from_input(RAG)
+    coarse = ConversationSnapshot.build(c, unit="document")
+    fine, parents = fine_snapshot(coarse, "sentence")
+    direct = ConversationSnapshot.build(c, unit="sentence")
+    assert fine.snapshot_id == direct.snapshot_id
+    assert parents == tuple(sorted(parents)) and set(parents) == {0, 1, 2}
+    for f, parent in zip(fine.players, parents, strict=True):
+        assert f.text in coarse.players[parent].text
+    assert [p.label for p in fine.players][:3] == ["doc[a].s0", "doc[a].s1", "doc[a].s2"]
+
+
+def hierarchical(engine, coarse, fine, parents, top_k, estimator=ExactShapley):
+    return anyio.run(
+        lambda: explain_hierarchical(engine, coarse, fine, parents, estimator_for=lambda n: estimator(), policy=DropPolicy(), top_k=top_k)
+    )
+
+
+def test_k_equal_to_all_coarse_players_is_the_direct_fine_run(tiny_backend):
+    c = Conversation(
+        messages=(
+            Message(role="system", content="Be brief. Answer."),
+            Message(role="user", content="The tower was completed in 1889. When was it completed?"),
+        ),
+        target="In 1889.",
+    )
+    coarse = ConversationSnapshot.build(c, unit="turn")
+    fine, parents = fine_snapshot(coarse, "sentence")
+    result = hierarchical(Engine(tiny_backend), coarse, fine, parents, top_k=2)
+    assert result.coarse.n_evaluations == 2**2 and result.fine.n_evaluations == 2**4
+    direct = run(Engine(tiny_backend), ConversationSnapshot.build(c, unit="sentence"), ExactShapley())
+    np.testing.assert_allclose(result.fine.values, direct.values, atol=1e-4)
+    assert [p.label for p in result.fine.snapshot.players] == [p.label for p in direct.snapshot.players]
+
+
+def test_top_k_refines_with_the_rest_held_present(tiny_backend):
+    coarse = ConversationSnapshot.build(conversation_from_input(RAG), unit="document")
+    fine, parents = fine_snapshot(coarse, "sentence")
+    engine = Engine(tiny_backend)
+    result = hierarchical(engine, coarse, fine, parents, top_k=1, estimator=LeaveOneOut)
+    (top,) = result.refined
+    assert abs(result.coarse.values[top]) == max(abs(v) for v in result.coarse.values)
+    k = parents.count(top)
+    assert result.coarse.n_evaluations == 3 + 2 and result.fine.n_evaluations == k + 2  # the plans
+    assert result.n_evaluations == engine.statistics().executed
+    assert [p.label.split(".")[0] for p in result.fine.snapshot.players] == [coarse.players[top].label] * k
+    # the fine game's grand coalition is the full conversation; its empty one keeps the other documents
+    assert result.fine.estimate.v_full == pytest.approx(result.coarse.estimate.v_full, abs=1e-4)
+    doc = result.to_dict()
+    assert doc["hierarchy"]["n_evaluations"] == {"coarse": 5, "fine": k + 2, "total": k + 7}
+    assert doc["fine"]["coalitions_snapshot_id"] == fine.snapshot_id
+
+
+def test_cli_hierarchy(tmp_path, tiny_model_dir, capsys):
+    path = tmp_path / "rag.json"
+    path.write_text(json.dumps(RAG))
+    out = tmp_path / "out.json"
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--hierarchy", "document,sentence", "--top-k", "1",
+            "--method", "loo", "--archive", str(tmp_path / "run"), "--out", str(out), "--no-progress"]
+    assert main(argv) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert doc["hierarchy"]["units"] == ["document", "sentence"] and len(doc["hierarchy"]["refined"]) == 1
+    assert doc["coarse"]["unit"] == "document" and doc["fine"]["players"]
+    assert "model evaluations: coarse 5 + fine" in capsys.readouterr().out
+    code = main([*argv[:-5], "--archive", str(tmp_path / "run2"), "--unit", "sentence", "--no-progress"])
+    assert code == 2 and "--unit" in capsys.readouterr().err
