@@ -22,9 +22,19 @@ from importlib import metadata as _metadata
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
 from .attribution.explanation import Explanation
+from .attribution.hierarchy import HierarchicalExplanation, explain_hierarchical
 from .backends import HFBackend, ModelSource, ScoreRequest, ScoreResult, ScoringBackend, load_backend, resolve_model
-from .conversation import Conversation, ConversationSnapshot, Message, Player, load_conversation, segment_players
+from .conversation import (
+    Conversation,
+    ConversationSnapshot,
+    DeclaredPlayer,
+    Message,
+    Player,
+    load_conversation,
+    segment_players,
+)
 from .engine import Engine
+from .inputs import RagTemplate, load_inputs
 from .errors import (
     ArchiveError,
     BackendError,
@@ -56,6 +66,7 @@ __all__ = (
     "ConfigError",
     "Conversation",
     "ConversationSnapshot",
+    "DeclaredPlayer",
     "Engine",
     "EngineClosed",
     "Estimate",
@@ -63,6 +74,7 @@ __all__ = (
     "EstimatorError",
     "Explanation",
     "HFBackend",
+    "HierarchicalExplanation",
     "InputError",
     "MaskError",
     "Message",
@@ -70,17 +82,20 @@ __all__ = (
     "PackedMask",
     "Player",
     "Progress",
+    "RagTemplate",
     "ResultStore",
     "RunArchive",
+    "SchedulerStatistics",
     "ScoreRequest",
     "ScoreResult",
-    "SchedulerStatistics",
     "ScoringBackend",
     "__version__",
     "coalition_key",
+    "explain_hierarchical",
     "get_policy",
     "load_backend",
     "load_conversation",
+    "load_inputs",
     "make_estimator",
     "read_manifest",
     "read_pool",

@@ -77,3 +77,30 @@ def test_exact_shapley_on_eiffel(eiffel):
     span = est.v_full - est.v_empty
     assert span > 0
     assert abs(est.efficiency_gap) < 1e-6 * abs(span)
+
+
+@pytest.mark.parametrize(
+    ("example", "unit", "expect"),
+    [
+        ("examples/rag.json", "document", "1889"),  # each retrieved document a player
+        ("examples/tools.json", "tool", "rain_probability"),  # a tool call and its result as one player
+        ("examples/trip.json", "paragraph", "shellfish"),
+        ("examples/eiffel.json", "word", "1889"),
+    ],
+)
+def test_input_forms_and_units_on_the_real_model(backend, example, unit, expect, tmp_path):
+    """Leave-one-out through the CLI on the real model: each form renders, tokenizes and scores,
+    and the player holding the answer's evidence gets a positive value."""
+    import json
+
+    from coalescence.cli import main
+
+    out = tmp_path / "out.json"
+    roles = ["--roles", "user"] if unit == "word" else []
+    code = main(["explain", example, "--unit", unit, *roles, "--method", "loo", "--archive", str(tmp_path / "run"),
+                 "--out", str(out), "--no-progress"])  # fmt: skip
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["unit"] == unit and doc["n_evaluations"] == len(doc["players"]) + 2
+    evidence = [p for p in doc["players"] if expect in p["text"]]
+    assert evidence and max(p["value"] for p in evidence) > 0
