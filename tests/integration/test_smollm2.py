@@ -83,7 +83,7 @@ def test_exact_shapley_on_eiffel(eiffel):
     ("example", "unit", "expect"),
     [
         ("examples/rag.json", "document", "1889"),  # each retrieved document a player
-        ("examples/tools.json", "tool", "rain_probability"),  # a tool call and its result as one player
+        ("examples/tools.json", "tool", "get_forecast"),  # a tool call and its result as one player
         ("examples/trip.json", "paragraph", "shellfish"),
         ("examples/eiffel.json", "word", "1889"),
     ],
