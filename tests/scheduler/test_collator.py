@@ -504,7 +504,8 @@ async def test_real_tiny_model_batched_equals_one_at_a_time(anyio_backend, tiny_
         got = results[i]
         assert abs(got.utility - exp.utility) < 1e-4
         np.testing.assert_allclose(got.token_logprobs, exp.token_logprobs, atol=1e-4)
-        assert got.tokens_computed == exp.tokens_computed
+        # with prefix sharing the split between computed and reused depends on batch-mates and cache
+        assert got.tokens_computed + got.tokens_reused == requests[i].n_tokens
 
     with pytest.raises(BatchFailed, match="ScoreRequest"):
         await collator.submit("not a request")

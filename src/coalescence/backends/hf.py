@@ -4,10 +4,28 @@ Rows of a batch are right-padded to the longest row with a true attention mask, 
 are never attended to by real tokens and never scored; position ids run 0..len-1 on every row.
 Logits are computed only for the positions that predict target tokens (``logits_to_keep``), and
 log-softmax runs in float32 whatever the model dtype.
+
+Prefix sharing (default): masked variants of one conversation share long token prefixes. Each
+batch runs the longest prefix common to all its rows once into a ``DynamicCache``, resuming from
+the longest matching entry of a run-level LRU :class:`~coalescence.backends.prefix.PrefixCache`
+(cropped to the shared length; ``copy.deepcopy`` so cached entries are never touched). On top of
+that state the rows' suffixes run either
+
+- as one tree-attention row (default while the mask is small): the token trie of the suffixes,
+  flattened, each distinct suffix token once, a float additive 4-D mask letting each node see the
+  prefix and its trie ancestors, position ids = prefix length + depth, no padding; or
+- right-padded on the cache repeated across the batch (``batch_repeat_interleave``), with a 2-D
+  mask over prefix + suffix and position ids continuing from the prefix length (large batches,
+  where an N x (P + N) mask would be too big).
+
+Both are exact up to float rounding (fp32: within 1e-4 nats of the plain path); with the run cache
+and the engine's depth-first order the positions run come within a few percent of the token-trie
+lower bound (see benchmarks/RESULTS.md, "Prefix sharing").
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 from collections.abc import Sequence
@@ -16,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import BatchFailed, ConfigError
-from .base import ScoreRequest, ScoreResult
+from .base import ScoreRequest, ScoreResult, ScoringStatistics, validate_results
+from .prefix import PrefixCache, common_prefix_length
 
 __all__ = ("HFBackend",)
 
@@ -34,9 +53,17 @@ class HFBackend:
         model_id: name recorded in coalition keys and the archive.
         revision: weights revision recorded in coalition keys.
         max_batch_size: rows per forward pass (>= 1).
+        prefix_sharing: run the token prefix common to a batch's rows once and reuse its
+            key/value states for every row (exact up to float rounding); ``False`` runs every row
+            from its first token (the plain path).
+        prefix_cache_bytes: bound (bytes) of the run-level LRU cache of prefix key/value states
+            that later batches resume from (0: no run-level cache; only per-batch sharing).
+        tree_mask_limit: with prefix sharing, a batch's suffixes run as one tree-attention row
+            (each distinct suffix token once, no padding) when its mask has at most this many
+            elements (nodes x (prefix + nodes)); larger batches, or 0, use right-padded suffixes.
 
     Raises:
-        ConfigError: ``max_batch_size`` < 1.
+        ConfigError: ``max_batch_size`` < 1 or ``prefix_cache_bytes`` < 0.
     """
 
     def __init__(
@@ -47,6 +74,9 @@ class HFBackend:
         model_id: str,
         revision: str = "",
         max_batch_size: int = 4,
+        prefix_sharing: bool = True,
+        prefix_cache_bytes: int = 256 * 2**20,
+        tree_mask_limit: int = 2**22,
     ) -> None:
         import torch
 
@@ -70,6 +100,13 @@ class HFBackend:
         )
         self._keep_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._torch = torch
+        self.prefix_sharing = bool(prefix_sharing)
+        if isinstance(tree_mask_limit, bool) or not isinstance(tree_mask_limit, int) or tree_mask_limit < 0:
+            raise ConfigError(f"must be an int >= 0, got {tree_mask_limit!r}", field="tree_mask_limit")
+        self.tree_mask_limit = tree_mask_limit
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._stats = ScoringStatistics()
+        self._last_prefix_forwards = 0
 
     @staticmethod
     def dtype_from_name(name: str) -> Any:
@@ -84,33 +121,89 @@ class HFBackend:
             raise ConfigError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}", field="--dtype")
         return getattr(torch, name)
 
+    def statistics(self) -> ScoringStatistics:
+        """A snapshot of the scoring counters over every :meth:`score` call (see :class:`ScoringStatistics`)."""
+        return self._stats
+
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """Teacher-forced log-probabilities of each request's target, in nats.
 
-        Runs ``ceil(len(requests) / max_batch_size)`` forward passes.
+        Runs ``ceil(len(requests) / max_batch_size)`` batches. With prefix sharing each batch
+        first runs (or resumes from the prefix cache) the longest token prefix common to all its
+        rows, then its rows' suffixes on top of that state.
 
         Returns:
-            One :class:`ScoreResult` per request, in order.
+            One :class:`ScoreResult` per request, in order (validated as a whole batch).
 
         Raises:
             BatchFailed: a row is longer than ``max_context``, the model raised, or it produced
                 non-finite log-probabilities.
         """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(
+                    f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}"
+                )
         results: list[ScoreResult] = []
         for start in range(0, len(requests), self.max_batch_size):
-            results.extend(self._score_batch(requests[start : start + self.max_batch_size]))
+            batch = requests[start : start + self.max_batch_size]
+            if not batch:
+                continue
+            try:
+                if self.prefix_sharing:
+                    out = self._score_shared(batch)
+                else:
+                    out = self._score_plain(batch)
+            except BatchFailed:
+                raise
+            except Exception as exc:  # translate the library's errors at the boundary
+                raise BatchFailed(f"model call failed on a batch of {len(batch)} rows: {exc}") from exc
+            results.extend(validate_results(batch, out))
+            s = self._stats
+            self._stats = ScoringStatistics(
+                batches=s.batches + 1,
+                rows=s.rows + len(batch),
+                tokens=s.tokens + sum(r.n_tokens for r in batch),
+                tokens_computed=s.tokens_computed + sum(x.tokens_computed for x in out),
+                tokens_reused=s.tokens_reused + sum(x.tokens_reused for x in out),
+                padded_positions=s.padded_positions + sum(x.padded_positions for x in out),
+                prefix_forwards=s.prefix_forwards + self._last_prefix_forwards,
+            )
         return results
 
-    def _score_batch(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+    def _row_results(
+        self, batch: Sequence[ScoreRequest], logits: Any, offset: int, shared: int, computed_prefix: int, width: int
+    ) -> list[ScoreResult]:
+        """Per-row log-probabilities from ``logits`` ``[B, kept, V]`` whose index 0 is absolute
+        position ``offset``; ``shared`` leading positions came from a prefix state, of which
+        ``computed_prefix`` were run for this batch; ``width`` is the padded run length per row."""
         torch = self._torch
-        if not batch:
-            return []
+        results = []
+        for b, r in enumerate(batch):
+            p, t = len(r.prompt_ids), len(r.target_ids)
+            scored = logits[b, p - 1 - offset : p - 1 - offset + t].float()  # [t, V]
+            logp = torch.log_softmax(scored, dim=-1)
+            tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
+            token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [t] float32
+            own = r.n_tokens - shared
+            computed = own + (computed_prefix if b == 0 else 0)
+            results.append(
+                ScoreResult(
+                    token_logprobs=token_lp,
+                    utility=float(token_lp.astype(np.float64).sum()),
+                    tokens_computed=computed,
+                    tokens_reused=r.n_tokens - computed,
+                    padded_positions=width - own,
+                )
+            )
+        return results
+
+    def _score_plain(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """One right-padded forward over the whole rows (no sharing)."""
+        torch = self._torch
+        self._last_prefix_forwards = 0
         lengths = [r.n_tokens for r in batch]
         width = max(lengths)
-        if width > self.max_context:
-            raise BatchFailed(
-                f"a sequence of {width} tokens exceeds the model's context of {self.max_context}"
-            )
         rows = len(batch)
         input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)  # [B, L]
         attention = torch.zeros((rows, width), dtype=torch.long)  # [B, L] 1 = real token
@@ -120,43 +213,241 @@ class HFBackend:
             attention[b, : len(seq)] = 1
         # positions whose logits predict target tokens: prompt_len - 1 .. n_tokens - 2 per row
         lo = min(len(r.prompt_ids) for r in batch) - 1
-        hi = max(lengths) - 1
+        hi = width - 1
         kwargs: dict[str, Any] = {}
+        offset = 0
         if self._keep_logits:
             kwargs["logits_to_keep"] = torch.arange(lo, hi, device=self.device)
             offset = lo
-        else:
-            offset = 0
-        try:
-            with torch.inference_mode():
-                out = self.model(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=attention.to(self.device),
-                    use_cache=False,
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                use_cache=False,
+                **kwargs,
+            )
+            return self._row_results(batch, out.logits, offset, 0, 0, width)
+
+    def _score_shared(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """The batch's common prefix once (resumed from the prefix cache), then the suffixes.
+
+        The shared prefix stops before the last prompt token of the shortest prompt, so every
+        scored position is in the suffix forward. The suffixes run as one tree-attention row
+        (:meth:`_score_tree`) when its mask fits ``tree_mask_limit``; otherwise right-padded on
+        the repeated cache, with a 2-D attention mask over prefix + suffix and position ids
+        continuing from the prefix length. Either way each real token sees exactly the tokens it
+        sees in an unpadded forward of its own row.
+        """
+        torch = self._torch
+        from transformers import DynamicCache
+
+        self._last_prefix_forwards = 0
+        seqs = [r.prompt_ids + r.target_ids for r in batch]
+        limit = min(len(r.prompt_ids) for r in batch) - 1
+        shared = limit
+        first = seqs[0]
+        for seq in seqs[1:]:
+            shared = min(shared, common_prefix_length(first, seq[:shared]))
+        if shared < 1:
+            return self._score_plain(batch)
+        prefix = first[:shared]
+        rows = len(batch)
+        with torch.no_grad():
+            # look up with the first row's whole prompt (all but its last token): an entry that
+            # covers the batch prefix may go on along some rows (a chain the tree path reuses)
+            entry_tokens, state, match = self.prefix_cache.longest(first[: len(batch[0].prompt_ids) - 1])
+            resumed = min(match, shared)
+            chain: tuple[int, ...] = ()
+            if match >= shared and self.tree_mask_limit:
+                tail = entry_tokens[shared:]
+                depth = max(common_prefix_length(tail, seq[shared : len(r.prompt_ids) - 1]) for r, seq in zip(batch, seqs))
+                chain = tail[:depth]
+            if resumed > 0:
+                cache = copy.deepcopy(state)
+                if len(entry_tokens) > resumed + len(chain):
+                    cache.crop(-(len(entry_tokens) - resumed - len(chain)))
+            else:
+                cache = DynamicCache(config=self.model.config)
+            if shared > resumed:
+                ids = torch.tensor([prefix[resumed:]], dtype=torch.long, device=self.device)  # [1, P - C]
+                kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_logits else {}
+                self.model(
+                    input_ids=ids,
+                    attention_mask=torch.ones((1, shared), dtype=torch.long, device=self.device),
+                    position_ids=torch.arange(resumed, shared, device=self.device)[None],
+                    cache=cache,
+                    use_cache=True,
                     **kwargs,
                 )
-                logits = out.logits  # [B, kept positions, V]
-                results = []
-                for b, r in enumerate(batch):
-                    p, t = len(r.prompt_ids), len(r.target_ids)
-                    scored = logits[b, p - 1 - offset : p - 1 - offset + t].float()  # [t, V]
-                    logp = torch.log_softmax(scored, dim=-1)
-                    tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
-                    token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [t] float32
-                    results.append(
-                        ScoreResult(
-                            token_logprobs=token_lp,
-                            utility=float(token_lp.astype(np.float64).sum()),
-                            tokens_computed=r.n_tokens,
-                        )
-                    )
-        except BatchFailed:
-            raise
-        except Exception as exc:  # translate the library's errors at the boundary
-            raise BatchFailed(f"model call failed on a batch of {rows} rows: {exc}") from exc
-        if len(results) != rows or not all(np.isfinite(x.token_logprobs).all() for x in results):
-            raise BatchFailed(f"the model returned non-finite log-probabilities in a batch of {rows} rows")
+                self._last_prefix_forwards = 1
+                if self.prefix_cache.max_bytes:
+                    self.prefix_cache.put(prefix, copy.deepcopy(cache), _cache_bytes(cache))
+            tree = self._suffix_trie(seqs, shared, chain, [len(r.prompt_ids) for r in batch])
+            n_nodes = len(tree[0])
+            if self.tree_mask_limit and n_nodes * (shared + len(chain) + n_nodes) <= self.tree_mask_limit:
+                return self._score_tree(batch, cache, shared, len(chain), shared - resumed, tree)
+            if chain:
+                cache.crop(-len(chain))
+            if rows > 1:
+                cache.batch_repeat_interleave(rows)
+            width = max(len(s) for s in seqs) - shared
+            input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)  # [B, S]
+            attention = torch.zeros((rows, shared + width), dtype=torch.long)  # [B, P + S]
+            attention[:, :shared] = 1
+            for b, seq in enumerate(seqs):
+                own = len(seq) - shared
+                input_ids[b, :own] = torch.tensor(seq[shared:], dtype=torch.long)
+                attention[b, shared : shared + own] = 1
+            positions = torch.arange(shared, shared + width)[None].expand(rows, width)  # [B, S]
+            lo = limit  # smallest (prompt_len - 1), absolute
+            hi = max(len(s) for s in seqs) - 1
+            kwargs = {}
+            offset = shared
+            if self._keep_logits:
+                kwargs["logits_to_keep"] = torch.arange(lo - shared, hi - shared, device=self.device)
+                offset = lo
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
+                cache=cache,
+                use_cache=True,
+                **kwargs,
+            )
+            return self._row_results(batch, out.logits, offset, shared, shared - resumed, width)
+
+    @staticmethod
+    def _suffix_trie(
+        seqs: Sequence[tuple[int, ...]], shared: int, chain: Sequence[int], prompt_lens: Sequence[int]
+    ) -> tuple[list[int], list[int], list[int], list[int], list[list[int]]]:
+        """The token trie of the rows' suffixes after ``shared`` tokens, flattened in creation order.
+
+        ``chain`` are tokens after the shared prefix whose states are already in the cache (from
+        a cached entry); they are trie nodes with ids ``-2, -3, ...`` that rows may follow, but
+        only before their last prompt token (a scored position needs its logits computed).
+
+        Returns:
+            ``(tokens, parent, depth, owner, row_nodes)``: per new node its token, parent (-1 the
+            root, <= -2 a chain node, else a new node), depth (0 = first suffix position) and the
+            row that created it; per row the node of each of its suffix positions.
+        """
+        chained: dict[tuple[int, int], int] = {}
+        prev = -1
+        for j, tok in enumerate(chain):
+            chained[(prev, tok)] = prev = -2 - j
+        index: dict[tuple[int, int], int] = {}
+        tokens: list[int] = []
+        parent: list[int] = []
+        depth: list[int] = []
+        owner: list[int] = []
+        row_nodes: list[list[int]] = []
+        for b, seq in enumerate(seqs):
+            here = -1
+            nodes = []
+            for k in range(shared, len(seq)):
+                node = chained.get((here, seq[k])) if here < 0 and k < prompt_lens[b] - 1 else None
+                if node is None:
+                    node = index.get((here, seq[k]))
+                if node is None:
+                    node = index[(here, seq[k])] = len(tokens)
+                    tokens.append(seq[k])
+                    parent.append(here)
+                    depth.append(k - shared)
+                    owner.append(b)
+                nodes.append(node)
+                here = node
+            row_nodes.append(nodes)
+        return tokens, parent, depth, owner, row_nodes
+
+    def _score_tree(
+        self, batch: Sequence[ScoreRequest], cache: Any, shared: int, n_chain: int, computed_prefix: int, tree: tuple
+    ) -> list[ScoreResult]:
+        """Tree attention on top of the prefix state: the suffix trie as one row, no padding.
+
+        Each node attends to the whole prefix and to its trie ancestors (a float additive 4-D
+        mask: a boolean one gave wrong logits under eager attention in a reported test); its
+        position id is the prefix length plus its depth, so it sees exactly what the same token
+        sees in an unpadded forward of its own row.
+        """
+        torch = self._torch
+        tokens, parent, depth, owner, row_nodes = tree
+        n = len(tokens)
+        allowed = torch.zeros((n, n), dtype=torch.bool)  # [N, N] node i may attend to node j
+        chained = [0] * n  # cached chain positions each node sees (its chain ancestors)
+        for i in range(n):
+            if parent[i] >= 0:
+                allowed[i] = allowed[parent[i]]
+                chained[i] = chained[parent[i]]
+            elif parent[i] <= -2:
+                chained[i] = -parent[i] - 1
+            allowed[i, i] = True
+        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+        mask = torch.zeros((1, 1, n, shared + n_chain + n), dtype=dtype)  # [1, 1, N, P + C + N] additive
+        sees_chain = torch.arange(n_chain)[None, :] < torch.tensor(chained)[:, None]  # [N, C]
+        mask[0, 0, :, shared : shared + n_chain].masked_fill_(~sees_chain, torch.finfo(dtype).min)
+        mask[0, 0, :, shared + n_chain :].masked_fill_(~allowed, torch.finfo(dtype).min)
+        keep = sorted(
+            {nodes[len(r.prompt_ids) - 1 - shared + j] for r, nodes in zip(batch, row_nodes) for j in range(len(r.target_ids))}
+        )
+        where = {node: k for k, node in enumerate(keep)}
+        kwargs: dict[str, Any] = {}
+        if self._keep_logits:
+            kwargs["logits_to_keep"] = torch.tensor(keep, device=self.device)
+        out = self.model(
+            input_ids=torch.tensor([tokens], dtype=torch.long, device=self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=(shared + torch.tensor([depth], dtype=torch.long)).to(self.device),
+            cache=cache,
+            use_cache=True,
+            **kwargs,
+        )
+        logits = out.logits[0]  # [kept or N, V]
+        self._cache_last_row(batch[-1], row_nodes[-1], cache, shared, n_chain)
+        created = [0] * len(batch)
+        for b in owner:
+            created[b] += 1
+        results = []
+        for b, (r, nodes) in enumerate(zip(batch, row_nodes, strict=True)):
+            p, t = len(r.prompt_ids), len(r.target_ids)
+            rows_idx = [nodes[p - 1 - shared + j] for j in range(t)]
+            if self._keep_logits:
+                rows_idx = [where[x] for x in rows_idx]
+            logp = torch.log_softmax(logits[rows_idx].float(), dim=-1)  # [t, V]
+            tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
+            token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [t] float32
+            computed = created[b] + (computed_prefix if b == 0 else 0)
+            results.append(
+                ScoreResult(
+                    token_logprobs=token_lp,
+                    utility=float(token_lp.astype(np.float64).sum()),
+                    tokens_computed=computed,
+                    tokens_reused=r.n_tokens - computed,
+                    padded_positions=0,
+                )
+            )
         return results
+
+    def _cache_last_row(self, last: ScoreRequest, nodes: list[int], cache: Any, shared: int, n_chain: int) -> None:
+        """Put the last row's prompt path, gathered from the tree forward's cache, in the prefix cache.
+
+        In depth-first order the next batch most likely continues the last row; its key/value
+        states are in ``cache`` already (prefix, chain, then tree nodes, each at its own position
+        id), so gathering its path gives exactly the states of a contiguous forward of its prompt.
+        """
+        torch = self._torch
+        p = len(last.prompt_ids)
+        path = nodes[: p - shared]
+        if not self.prefix_cache.max_bytes or len(path) < 1:
+            return
+        cols = list(range(shared)) + [shared - x - 2 if x <= -2 else shared + n_chain + x for x in path]
+        index = torch.tensor(cols, dtype=torch.long, device=self.device)
+        entry = copy.copy(cache)
+        entry.layers = [copy.copy(layer) for layer in cache.layers]
+        for layer in entry.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(-2, index)
+                layer.values = layer.values.index_select(-2, index)
+        self.prefix_cache.put(last.prompt_ids, entry, _cache_bytes(entry))
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
         """Greedy continuation of ``prompt_ids`` (at most ``max_new_tokens`` tokens, stops at EOS).
@@ -184,3 +475,13 @@ class HFBackend:
         except Exception as exc:
             raise BatchFailed(f"generation failed: {exc}") from exc
         return [int(x) for x in out[0, ids.shape[1] :].tolist()]
+
+
+def _cache_bytes(cache: Any) -> int:
+    """Bytes of the key/value tensors held by a ``DynamicCache``."""
+    total = 0
+    for layer in getattr(cache, "layers", ()):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if t is not None:
+                total += t.numel() * t.element_size()
+    return total

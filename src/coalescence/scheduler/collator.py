@@ -13,7 +13,10 @@ the same code path.
 
 Batch key: SHA-256 of the canonical JSON of the call-scoped kwargs (seed and stop strings
 included), the sorted key set of the per-row runtime kwargs, a single-candidate flag and the
-caller's ``key_extra`` (for scoring: model, utility, length bucket). Per-row values never enter it.
+caller's ``key_extra`` (for scoring: model, utility), plus the length bucket of requests admitted
+with ``n_tokens`` when the collator has :class:`~coalescence.scheduler.buckets.LengthBuckets`
+(their calls also take at most ``padded_token_budget // ceiling`` rows). Per-row values never
+enter it.
 
 Runtime kwargs and scopes: the backend declares the runtime kwargs it consumes, each ``"row"`` or
 ``"call"``. Static (whole-run) kwargs: call-scoped pass through to every call, row-scoped are
@@ -50,8 +53,9 @@ from typing import Any, Literal
 
 import anyio
 
-from ..backends.base import ScoreRequest, ScoringBackend
+from ..backends.base import ScoreRequest, ScoringBackend, validate_results
 from ..errors import BatchFailed, CoalescenceError, ConfigError, EngineClosed
+from .buckets import LengthBuckets
 
 __all__ = (
     "BatchFn",
@@ -193,7 +197,7 @@ def scoring_backend(backend: ScoringBackend) -> CollatorBackend:
         for p in prompts:
             if not isinstance(p, ScoreRequest):
                 raise BatchFailed(f"a scoring backend takes ScoreRequest rows, got {type(p).__name__}")
-        return list(backend.score(prompts))
+        return validate_results(prompts, backend.score(prompts))
 
     return CollatorBackend(fn=fn, runtime_kwargs={})
 
@@ -221,6 +225,8 @@ class CollatorRecord:
         row_kwargs: effective per-row runtime kwargs (static row-scoped broadcast + per request).
         n_candidates: candidates asked for (>= 1); above 1 the request dispatches alone.
         batch_key: 64-hex SHA-256 (see :func:`batch_key`).
+        max_rows: the most rows of a call this record leads (0: the collator's ``max_batch_size``);
+            set from its length bucket and the padded-token budget.
 
     Raises:
         ConfigError: ``n_candidates`` < 1 or a malformed ``batch_key``.
@@ -231,6 +237,7 @@ class CollatorRecord:
     row_kwargs: Mapping[str, Any]
     n_candidates: int
     batch_key: str
+    max_rows: int = 0
     _slot: _Slot = field(init=False, default_factory=_Slot, repr=False)
 
     def __post_init__(self) -> None:
@@ -277,6 +284,9 @@ class Collator:
         max_batch_size: the most rows per backend call (>= 1; 1 serialises strictly).
         static_kwargs: whole-run runtime kwargs: call-scoped pass through, row-scoped are broadcast
             to every row, undeclared ones are inert.
+        buckets: length buckets and padded-token budget (see
+            :class:`~coalescence.scheduler.buckets.LengthBuckets`); requests admitted with
+            ``n_tokens`` are bucketed, others are not.
 
     Raises:
         ConfigError: ``max_batch_size`` < 1, or a static kwarg named ``"n_candidates"`` or without
@@ -289,13 +299,17 @@ class Collator:
         *,
         max_batch_size: int = 8,
         static_kwargs: Mapping[str, Any] | None = None,
+        buckets: LengthBuckets | None = None,
     ) -> None:
         if not isinstance(backend, CollatorBackend):
             raise ConfigError(f"must be a CollatorBackend, got {backend!r}", field="backend")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="max_batch_size")
+        if buckets is not None and not isinstance(buckets, LengthBuckets):
+            raise ConfigError(f"must be a LengthBuckets, got {buckets!r}", field="buckets")
         self._backend = backend
         self._max = max_batch_size
+        self._buckets = buckets
         self._lock = anyio.Lock()
         self._queues: dict[str, dict[int, CollatorRecord]] = {}
         self._closed = False
@@ -377,6 +391,7 @@ class Collator:
         row_kwargs: Mapping[str, Any] | None = None,
         n_candidates: int = 1,
         key_extra: tuple[Any, ...] = (),
+        n_tokens: int | None = None,
     ) -> CollatorRecord:
         """Validate a request and build its record (nothing is queued).
 
@@ -390,7 +405,9 @@ class Collator:
             n_candidates: candidates asked for (>= 1); above 1 the request dispatches alone and the
                 backend receives ``call_kwargs["n_candidates"]``.
             key_extra: hashable, canonically encodable tuple of what else makes rows batchable
-                (e.g. ``(model_id, utility, length_bucket)``).
+                (e.g. ``(model_id, utility)``).
+            n_tokens: the row's length in tokens; with ``buckets`` its bucket ceiling enters the
+                batch key and bounds the rows of its calls by the padded-token budget.
 
         Returns:
             The frozen :class:`CollatorRecord`, to pass to :meth:`serve`.
@@ -401,9 +418,16 @@ class Collator:
                 and per request (or in both ``call_kwargs`` and ``row_kwargs``), the reserved
                 ``"n_candidates"`` in ``call_kwargs``, a bad ``n_candidates``, or a value without a
                 canonical encoding. The message names the key.
+            InputError: ``n_tokens`` exceeds the largest bucket or the model's context (nothing
+                is queued, no model call is made).
         """
         if self._closed:
             raise EngineClosed("the collator is closed; no new requests are admitted")
+        max_rows = 0
+        if self._buckets is not None and n_tokens is not None:
+            ceiling = self._buckets.bucket(n_tokens)
+            max_rows = self._buckets.max_rows(ceiling, self._max)
+            key_extra = (*key_extra, "length_bucket", ceiling) if isinstance(key_extra, tuple) else key_extra
         calls = _frozen_mapping(call_kwargs, "call_kwargs")
         rows = _frozen_mapping(row_kwargs, "row_kwargs")
         if not isinstance(key_extra, tuple):
@@ -450,7 +474,8 @@ class Collator:
             raise ConfigError(f"must be a positive integer, got {n_candidates!r}", field="n_candidates")
         key = self._batch_key(eff_call, eff_row, n_candidates == 1, key_extra)
         record = CollatorRecord(
-            prompt=prompt, call_kwargs=eff_call, row_kwargs=eff_row, n_candidates=n_candidates, batch_key=key
+            prompt=prompt, call_kwargs=eff_call, row_kwargs=eff_row, n_candidates=n_candidates, batch_key=key,
+            max_rows=max_rows,
         )
         record._slot.owner = self
         return record
@@ -463,10 +488,12 @@ class Collator:
         row_kwargs: Mapping[str, Any] | None = None,
         n_candidates: int = 1,
         key_extra: tuple[Any, ...] = (),
+        n_tokens: int | None = None,
     ) -> Any:
         """``serve(admit(...))``: see :meth:`admit` and :meth:`serve`."""
         record = self.admit(
-            prompt, call_kwargs=call_kwargs, row_kwargs=row_kwargs, n_candidates=n_candidates, key_extra=key_extra
+            prompt, call_kwargs=call_kwargs, row_kwargs=row_kwargs, n_candidates=n_candidates, key_extra=key_extra,
+            n_tokens=n_tokens,
         )
         return await self.serve(record)
 
@@ -529,7 +556,8 @@ class Collator:
         batch = [record]
         if record.n_candidates == 1:
             queue = self._queues.get(record.batch_key, {})
-            for rid in list(queue)[: self._max - 1]:
+            limit = record.max_rows or self._max
+            for rid in list(queue)[: limit - 1]:
                 batch.append(queue.pop(rid))
             if not queue:
                 self._queues.pop(record.batch_key, None)

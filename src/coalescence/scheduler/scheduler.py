@@ -101,6 +101,8 @@ class EvalOutcome:
         utility: the coalition's utility in nats.
         batch_size: rows in the model call that evaluated it (>= 1).
         kv_cache_hits: prompt tokens served from the backend's KV/prefix cache for this job (>= 0).
+        tokens_computed: token positions the model ran for this job, archived; ``None`` if unknown.
+        tokens_reused: token positions served from a shared prefix, archived; ``None`` if unknown.
 
     Raises:
         ConfigError: a non-numeric utility, ``batch_size`` < 1 or ``kv_cache_hits`` < 0.
@@ -109,6 +111,8 @@ class EvalOutcome:
     utility: float
     batch_size: int = 1
     kv_cache_hits: int = 0
+    tokens_computed: int | None = None
+    tokens_reused: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.utility, bool) or not isinstance(self.utility, int | float):
@@ -530,19 +534,25 @@ class CoalitionScheduler:
             )
         self._executed += 1
         self._kv_cache_hits += outcome.kv_cache_hits
-        self._archive(job, utility, elapsed_s=elapsed, cache_hit=False, batch_size=outcome.batch_size)
+        self._archive(
+            job, utility, elapsed_s=elapsed, cache_hit=False, batch_size=outcome.batch_size,
+            tokens=(outcome.tokens_computed, outcome.tokens_reused),
+        )
         return JobResult(
             job=job, utility=utility, elapsed_s=elapsed, cache_hit=False, deduplicated=False,
             kv_cache_hits=outcome.kv_cache_hits, batch_size=outcome.batch_size,
         )
 
     def _archive(
-        self, job: CoalitionJob, utility: float, *, elapsed_s: float, cache_hit: bool, batch_size: int
+        self, job: CoalitionJob, utility: float, *, elapsed_s: float, cache_hit: bool, batch_size: int,
+        tokens: tuple[int | None, int | None] = (None, None),
     ) -> None:
         if self.archive is None:
             return
         self.archive.append(
             {
+                "tokens_computed": tokens[0],
+                "tokens_reused": tokens[1],
                 "snapshot_id": job.snapshot_id,
                 "coalition_key": job.coalition_key,
                 "mask": job.mask.words,

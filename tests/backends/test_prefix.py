@@ -1,0 +1,244 @@
+"""Prefix-sharing scoring equals the plain path; the prefix cache, trie bound and batch validation."""
+
+from __future__ import annotations
+
+import itertools
+
+import anyio
+import numpy as np
+import pytest
+from conftest import build_model
+
+from coalescence.archive import RunArchive, read_rows
+from coalescence.backends.base import ScoreRequest, ScoreResult, validate_results
+from coalescence.backends.hf import HFBackend
+from coalescence.backends.prefix import PrefixCache, common_prefix_length, trie_nodes
+from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.engine import Engine
+from coalescence.errors import BatchFailed, ConfigError
+from coalescence.masking.policies import DropPolicy
+
+
+@pytest.fixture(scope="module")
+def model(chatml_tokenizer):
+    return build_model(chatml_tokenizer, seed=2)
+
+
+def plain(model, tok, **kw) -> HFBackend:
+    return HFBackend(model, tok, model_id="tiny", prefix_sharing=False, **kw)
+
+
+def shared(model, tok, **kw) -> HFBackend:
+    return HFBackend(model, tok, model_id="tiny", prefix_sharing=True, **kw)
+
+
+TREE = {"padded": 0, "tree": 2**22}
+"""``tree_mask_limit`` values: suffixes right-padded on a repeated cache, or one tree-attention row."""
+
+
+def ids(rng, n) -> tuple[int, ...]:
+    return tuple(int(x) for x in rng.integers(5, 300, n))
+
+
+def family(seed: int = 0) -> list[ScoreRequest]:
+    """Rows sharing a 24-token prefix, then a branch point, with different lengths."""
+    rng = np.random.default_rng(seed)
+    base = ids(rng, 24)
+    mid = ids(rng, 7)
+    out = []
+    for extra, tail, tgt in [(0, 3, 2), (1, 11, 4), (1, 0, 3), (0, 17, 1), (1, 5, 6), (0, 1, 2)]:
+        prompt = base + (mid if extra else ()) + ids(rng, tail)
+        out.append(ScoreRequest(prompt_ids=prompt, target_ids=ids(rng, tgt)))
+    return out
+
+
+def assert_same(a: list[ScoreResult], b: list[ScoreResult]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(x.token_logprobs, y.token_logprobs, atol=1e-4)
+        assert abs(x.utility - y.utility) < 1e-4
+
+
+def check_accounting(backend: HFBackend, reqs, results) -> None:
+    for r, x in zip(reqs, results, strict=True):
+        assert x.tokens_computed + x.tokens_reused == r.n_tokens
+        assert x.tokens_computed >= 0 and x.tokens_reused >= 0 and x.padded_positions >= 0
+
+
+@pytest.mark.parametrize("suffixes", list(TREE))
+def test_rows_of_different_lengths_equal_plain_and_compute_less(model, chatml_tokenizer, suffixes):
+    reqs = family()
+    ref = plain(model, chatml_tokenizer, max_batch_size=len(reqs)).score(reqs)
+    b = shared(model, chatml_tokenizer, max_batch_size=len(reqs), prefix_cache_bytes=0, tree_mask_limit=TREE[suffixes])
+    got = b.score(reqs)
+    assert_same(got, ref)
+    check_accounting(b, reqs, got)
+    stats = b.statistics()
+    assert stats.prefix_forwards == 1
+    assert stats.padded_positions == sum(x.padded_positions for x in got)
+    if suffixes == "padded":
+        # the 24-token common prefix (capped before the shortest prompt's last token) runs once
+        assert stats.tokens_reused == 24 * (len(reqs) - 1)
+        assert stats.tokens_computed == sum(r.n_tokens for r in reqs) - 24 * (len(reqs) - 1)
+    else:  # every distinct prefix once: exactly the trie lower bound, no padding
+        assert stats.tokens_computed == trie_nodes(r.prompt_ids + r.target_ids for r in reqs)
+        assert stats.padded_positions == 0
+    # one row at a time, cache off: no sharing at all, same values
+    solo = shared(model, chatml_tokenizer, max_batch_size=1, prefix_cache_bytes=0)
+    assert_same(solo.score(reqs), ref)
+    assert solo.statistics().tokens_reused == 0
+
+
+@pytest.mark.parametrize("suffixes", list(TREE))
+def test_a_prompt_that_is_a_strict_token_prefix_of_another(model, chatml_tokenizer, suffixes):
+    rng = np.random.default_rng(1)
+    long_prompt = ids(rng, 30)
+    reqs = [
+        ScoreRequest(prompt_ids=long_prompt[:12], target_ids=long_prompt[12:15]),  # sequence inside the other
+        ScoreRequest(prompt_ids=long_prompt, target_ids=ids(rng, 3)),
+        ScoreRequest(prompt_ids=long_prompt[:12], target_ids=ids(rng, 4)),
+    ]
+    ref = plain(model, chatml_tokenizer, max_batch_size=1).score(reqs)
+    for bs, cache in [(3, 0), (1, 2**20), (3, 2**20)]:
+        b = shared(model, chatml_tokenizer, max_batch_size=bs, prefix_cache_bytes=cache, tree_mask_limit=TREE[suffixes])
+        got = b.score(reqs)
+        assert_same(got, ref)
+        check_accounting(b, reqs, got)
+        assert b.statistics().tokens_reused > 0
+
+
+@pytest.mark.parametrize("suffixes", list(TREE))
+def test_order_and_warm_cache_do_not_change_values(model, chatml_tokenizer, suffixes):
+    a, b_, c = family(seed=4)[:3]
+    ref = {r: x.utility for r, x in zip((a, b_, c), plain(model, chatml_tokenizer).score([a, b_, c]), strict=True)}
+    backend = shared(model, chatml_tokenizer, max_batch_size=1)
+    first = [backend.score([r])[0].utility for r in (a, b_, c)]
+    assert backend.prefix_cache.statistics().hits >= 2  # B and C resumed from A's prefix
+    again = [backend.score([r])[0].utility for r in (c, b_, a)]  # cache warm, reverse order
+    for r, u in zip((a, b_, c), first, strict=True):
+        assert abs(u - ref[r]) < 1e-4
+    for r, u in zip((c, b_, a), again, strict=True):
+        assert abs(u - ref[r]) < 1e-4
+    batched = shared(model, chatml_tokenizer, max_batch_size=3, tree_mask_limit=TREE[suffixes])
+    for order in itertools.permutations((a, b_, c)):
+        for r, x in zip(order, batched.score(list(order)), strict=True):
+            assert abs(x.utility - ref[r]) < 1e-4
+
+
+@pytest.mark.parametrize("suffixes", list(TREE))
+def test_cache_evicted_mid_run(model, chatml_tokenizer, suffixes):
+    rng = np.random.default_rng(7)
+    roots = [ids(rng, 40), ids(rng, 40), ids(rng, 40)]
+    reqs = [
+        ScoreRequest(prompt_ids=roots[(i // 2) % 3] + ids(rng, 1 + (i % 4)), target_ids=ids(rng, 2))
+        for i in range(12)
+    ]
+    ref = plain(model, chatml_tokenizer, max_batch_size=1).score(reqs)
+    probe = shared(model, chatml_tokenizer, max_batch_size=1, tree_mask_limit=0)  # stores one entry
+    probe.score(reqs[:1])
+    one_entry = probe.prefix_cache.statistics().bytes
+    assert one_entry > 0
+    backend = shared(
+        model, chatml_tokenizer, max_batch_size=2, prefix_cache_bytes=int(1.5 * one_entry), tree_mask_limit=TREE[suffixes]
+    )
+    got = backend.score(reqs)
+    assert_same(got, ref)
+    check_accounting(backend, reqs, got)
+    stats = backend.prefix_cache.statistics()
+    # batches of 2 cycle through roots 0, 1, 2, 0, 1, 2: each root's entry is evicted before it returns
+    assert stats.evictions >= 5 and stats.entries == 1 and stats.bytes <= 1.5 * one_entry
+    assert backend.statistics().tokens_reused == 6 * 40
+
+
+def test_plain_switch_and_bad_cache_bound(model, chatml_tokenizer):
+    reqs = family(seed=9)
+    b = plain(model, chatml_tokenizer, max_batch_size=3)
+    got = b.score(reqs)
+    assert all(x.tokens_reused == 0 and x.tokens_computed == r.n_tokens for r, x in zip(reqs, got, strict=True))
+    assert b.statistics().padded_positions == sum(x.padded_positions for x in got) > 0
+    with pytest.raises(ConfigError):
+        HFBackend(model, chatml_tokenizer, model_id="tiny", prefix_cache_bytes=-1)
+    with pytest.raises(ConfigError):
+        HFBackend(model, chatml_tokenizer, model_id="tiny", tree_mask_limit=-1)
+
+
+def test_prefix_cache_lru_and_longest_match():
+    cache = PrefixCache(100)
+    assert cache.put((1, 2, 3), "abc", 40)
+    assert cache.put((1, 2, 9, 9), "ab99", 40)
+    assert cache.longest((1, 2, 3, 4)) == ((1, 2, 3), "abc", 3)  # also marks (1,2,3) recent
+    assert cache.longest((1, 2, 9)) == ((1, 2, 9, 9), "ab99", 3)
+    assert cache.longest((7,)) == ((), None, 0)
+    assert cache.put((5,), "five", 40)  # evicts the least recently used: (1, 2, 3)
+    assert cache.longest((1, 2, 3)) == ((1, 2, 9, 9), "ab99", 2)
+    assert not cache.put((6,), "big", 101)
+    s = cache.statistics()
+    assert s.entries == 2 and s.bytes == 80 and s.evictions == 1 and s.misses == 1
+    with pytest.raises(ConfigError):
+        PrefixCache(-5)
+
+
+def test_trie_nodes_is_the_distinct_prefix_count():
+    rng = np.random.default_rng(0)
+    seqs = [tuple(int(x) for x in rng.integers(0, 3, int(rng.integers(1, 7)))) for _ in range(40)]
+    brute = len({s[:k] for s in seqs for k in range(1, len(s) + 1)})
+    assert trie_nodes(seqs) == brute
+    assert trie_nodes([]) == 0
+    assert common_prefix_length((1, 2, 3), (1, 2)) == 2
+
+
+def test_validate_results_refuses_malformed_batches():
+    reqs = [ScoreRequest(prompt_ids=(1,), target_ids=(2, 3)), ScoreRequest(prompt_ids=(1,), target_ids=(4,))]
+    ok = [
+        ScoreResult(token_logprobs=np.array([-1.0, -2.0], dtype=np.float32), utility=-3.0, tokens_computed=3),
+        ScoreResult(token_logprobs=np.array([-1.0], dtype=np.float32), utility=-1.0, tokens_computed=2),
+    ]
+    assert validate_results(reqs, ok) == ok
+    with pytest.raises(BatchFailed, match="1 results for 2 rows"):
+        validate_results(reqs, ok[:1])
+    with pytest.raises(BatchFailed, match="target tokens"):
+        validate_results(reqs, [ok[1], ok[0]])  # wrong widths
+    nan = ScoreResult(token_logprobs=np.array([np.nan], dtype=np.float32), utility=float("nan"), tokens_computed=2)
+    with pytest.raises(BatchFailed, match="non-finite"):
+        validate_results(reqs, [ok[0], nan])
+
+
+def test_engine_archives_token_counts_and_kv_hits(tiny_backend, tmp_path):
+    snap = ConversationSnapshot.build(
+        Conversation(
+            messages=(
+                Message(role="system", content="You are a helpful assistant."),
+                Message(role="user", content="The Eiffel Tower was completed in 1889. Big Ben was finished in 1859. When?"),
+            ),
+            target="It was completed in 1889.",
+        ),
+        unit="sentence",
+    )
+    archive = RunArchive.create(tmp_path / "run", {"test": True})
+    engine = Engine(tiny_backend, archive=archive, batch_size=4)
+    masks = list(itertools.product([False, True], repeat=snap.n_players))
+    got_masks, utilities = anyio.run(engine.evaluate, snap, DropPolicy(), [np.array(m) for m in masks])
+    engine.close()
+    assert [tuple(m) for m in got_masks.tolist()] == masks  # first-seen order kept
+    rows = read_rows(tmp_path / "run")
+    computed = rows["tokens_computed"].to_pylist()
+    reused = rows["tokens_reused"].to_pylist()
+    assert None not in computed and None not in reused
+    assert sum(reused) > 0
+    assert engine.statistics().kv_cache_hits == sum(reused)
+
+
+def test_tree_rows_follow_a_cached_entry_past_the_batch_prefix(model, chatml_tokenizer):
+    reqs = family(seed=11)  # rows 1, 2, 4 continue the 24-token base with the same 7 tokens
+    ref = plain(model, chatml_tokenizer, max_batch_size=1).score(reqs)
+    warm = shared(model, chatml_tokenizer, max_batch_size=8)
+    warm.score([reqs[1], reqs[4]])  # caches base + those 7 tokens (and more)
+    before = warm.statistics().tokens_computed
+    got = warm.score(reqs)  # batch prefix: the 24-token base only
+    assert_same(got, ref)
+    check_accounting(warm, reqs, got)
+    cold = shared(model, chatml_tokenizer, max_batch_size=8, prefix_cache_bytes=0)
+    cold.score(reqs)
+    # the warm run took the base and the shared tokens from the cached entry (all 7 but the last,
+    # which row 2 scores from: a scored position's logits are always computed)
+    assert cold.statistics().tokens_computed - (warm.statistics().tokens_computed - before) >= 24 + 6
