@@ -98,14 +98,14 @@ def ours(method: str, game, budget: int, seed: int) -> tuple[np.ndarray, int] | 
     return fit.values, fit.n_evaluations
 
 
-def shap_kernel(game, budget: int, seed: int, l1_reg: object = "auto") -> tuple[np.ndarray, int] | None:
+def shap_kernel(game, budget: int, seed: int, **options) -> tuple[np.ndarray, int] | None:
     import shap
 
     n = game.n_players
     f = Counted(game)
     np.random.seed(seed)  # shap samples with the global numpy generator
     explainer = shap.KernelExplainer(f, np.zeros((1, n)))
-    values = explainer.shap_values(np.ones((1, n)), nsamples=max(budget - 2, 1), silent=True, l1_reg=l1_reg)
+    values = explainer.shap_values(np.ones((1, n)), nsamples=max(budget - 2, 1), silent=True, **options)
     return np.asarray(values).reshape(-1)[:n], len(f.seen)
 
 
@@ -129,7 +129,7 @@ def captum_method(kind: str, game, budget: int, seed: int) -> tuple[np.ndarray, 
 METHODS = {
     "ours: kernelshap": lambda g, b, s: ours("kernelshap", g, b, s),
     "ours: permutation": lambda g, b, s: ours("permutation", g, b, s),
-    "shap KernelExplainer (default l1_reg='auto')": shap_kernel,
+    "shap KernelExplainer (its defaults)": shap_kernel,
     "shap KernelExplainer (l1_reg=False)": lambda g, b, s: shap_kernel(g, b, s, l1_reg=False),
     "captum ShapleyValueSampling": lambda g, b, s: captum_method("svs", g, b, s),
     "captum KernelShap": lambda g, b, s: captum_method("kernel", g, b, s),
