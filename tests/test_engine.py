@@ -73,6 +73,14 @@ async def test_exact_through_engine_equals_direct_scoring(tiny_backend, tmp_path
     assert rows.num_rows == 2**n
     assert len(set(rows["coalition_key"].to_pylist())) == 2**n
     assert set(rows["batch_size"].to_pylist()) <= {1, 2, 3}
+    # every row names its model call; a call's rows share its size and its model time
+    by_batch: dict[int, list[tuple[int, float]]] = {}
+    for b, size, ms in zip(rows["batch_id"].to_pylist(), rows["batch_size"].to_pylist(), rows["elapsed_ms"].to_pylist(), strict=True):
+        by_batch.setdefault(b, []).append((size, ms))
+    assert None not in by_batch
+    for members in by_batch.values():
+        assert {size for size, _ in members} == {len(members)} and len({ms for _, ms in members}) == 1
+    assert all(t is not None and t > 0 for t in rows["tokens_computed"].to_pylist())
     assert not any(rows["cache_hit"].to_pylist())
     parts = sorted((tmp_path / "run" / "parts").glob("*.parquet"))
     assert len(parts) == -(-(2**n) // 5)

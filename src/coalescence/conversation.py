@@ -304,7 +304,7 @@ def load_conversation(path: str | Path) -> Conversation:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise InputError(f"no such file {str(p)!r}", field="input") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -59,6 +59,8 @@ class Engine:
         store: the hot result store (a new unbounded one by default).
         progress: progress callbacks (no-op by default).
         batch_size: rows per backend call (default: the backend's ``max_batch_size`` or 8).
+        buckets: length buckets and padded-token budget of the collator (default: 128, 512, 2048
+            and 8192-token buckets, a 16,384-token budget, capped at the model's context).
 
     Raises:
         ConfigError: ``batch_size`` < 1.
@@ -73,8 +75,10 @@ class Engine:
         store: ResultStore | None = None,
         progress: Progress | None = None,
         batch_size: int | None = None,
+        buckets: LengthBuckets | None = None,
     ) -> None:
         self.backend = backend
+        self.buckets = buckets
         self.archive = archive
         self.store = store if store is not None else ResultStore()
         self.progress: Progress = progress if progress is not None else NullProgress()
@@ -176,11 +180,13 @@ class Engine:
 
         def score(prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
             batch_id = next(counter)
+            t0 = time.perf_counter()
             # the whole batch is validated (one finite row of len(target) per request) before any result
             results = validate_results(prompts, self.backend.score(prompts))
-            return [(r, len(prompts), batch_id) for r in results]
+            seconds = time.perf_counter() - t0
+            return [(r, len(prompts), batch_id, seconds) for r in results]
 
-        buckets = LengthBuckets(max_tokens=int(self.backend.max_context))
+        buckets = self.buckets or LengthBuckets(max_tokens=int(self.backend.max_context))
         collator = Collator(CollatorBackend(fn=score), max_batch_size=self.batch_size, buckets=buckets)
 
         async def evaluate_job(job: CoalitionJob) -> EvalOutcome:
@@ -189,12 +195,14 @@ class Engine:
                 prompt_ids=tuple(self.renderer.coalition_prompt(snapshot, policy, row)),
                 target_ids=self.target_tokens(snapshot).ids,
             )
-            result, batch_size, _ = await collator.submit(
+            result, batch_size, batch_id, seconds = await collator.submit(
                 request, key_extra=(self.backend.model_id, UTILITY["kind"]), n_tokens=request.n_tokens
             )
             return EvalOutcome(
                 utility=result.utility,
                 batch_size=batch_size,
+                batch_id=batch_id,
+                batch_seconds=seconds,
                 kv_cache_hits=int(getattr(result, "tokens_reused", 0)),
                 tokens_computed=int(result.tokens_computed),
                 tokens_reused=int(getattr(result, "tokens_reused", 0)),

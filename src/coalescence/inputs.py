@@ -103,7 +103,7 @@ def load_template(path: str | Path | None) -> RagTemplate:
     if path is None:
         return DEFAULT_RAG_TEMPLATE
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"cannot read the template {str(path)!r}: {exc}", field="--template") from exc
     if not isinstance(data, Mapping):
@@ -203,14 +203,14 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
         if template is None or template == DEFAULT_RAG_TEMPLATE:
             return [load_conversation(p)], False
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = json.loads(p.read_text(encoding="utf-8-sig"))
         except FileNotFoundError:
             raise InputError(f"no such file {str(p)!r}", field="input") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
         return [conversation_from_input(data, template)], False
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise InputError(f"no such file {str(p)!r}", field="input") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -103,6 +103,9 @@ class EvalOutcome:
         kv_cache_hits: prompt tokens served from the backend's KV/prefix cache for this job (>= 0).
         tokens_computed: token positions the model ran for this job, archived; ``None`` if unknown.
         tokens_reused: token positions served from a shared prefix, archived; ``None`` if unknown.
+        batch_id: the model call that evaluated it, archived; ``None`` if unknown.
+        batch_seconds: wall time of that model call (seconds), archived as ``elapsed_ms``; when
+            ``None`` the time of the ``evaluate`` call (queueing included) is archived instead.
 
     Raises:
         ConfigError: a non-numeric utility, ``batch_size`` < 1 or ``kv_cache_hits`` < 0.
@@ -113,6 +116,8 @@ class EvalOutcome:
     kv_cache_hits: int = 0
     tokens_computed: int | None = None
     tokens_reused: int | None = None
+    batch_id: int | None = None
+    batch_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.utility, bool) or not isinstance(self.utility, int | float):
@@ -535,8 +540,8 @@ class CoalitionScheduler:
         self._executed += 1
         self._kv_cache_hits += outcome.kv_cache_hits
         self._archive(
-            job, utility, elapsed_s=elapsed, cache_hit=False, batch_size=outcome.batch_size,
-            tokens=(outcome.tokens_computed, outcome.tokens_reused),
+            job, utility, elapsed_s=elapsed if outcome.batch_seconds is None else outcome.batch_seconds,
+            cache_hit=False, batch_size=outcome.batch_size, outcome=outcome,
         )
         return JobResult(
             job=job, utility=utility, elapsed_s=elapsed, cache_hit=False, deduplicated=False,
@@ -545,14 +550,15 @@ class CoalitionScheduler:
 
     def _archive(
         self, job: CoalitionJob, utility: float, *, elapsed_s: float, cache_hit: bool, batch_size: int,
-        tokens: tuple[int | None, int | None] = (None, None),
+        outcome: EvalOutcome | None = None,
     ) -> None:
         if self.archive is None:
             return
         self.archive.append(
             {
-                "tokens_computed": tokens[0],
-                "tokens_reused": tokens[1],
+                "tokens_computed": None if outcome is None else outcome.tokens_computed,
+                "tokens_reused": None if outcome is None else outcome.tokens_reused,
+                "batch_id": None if outcome is None else outcome.batch_id,
                 "snapshot_id": job.snapshot_id,
                 "coalition_key": job.coalition_key,
                 "mask": job.mask.words,
