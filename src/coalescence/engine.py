@@ -16,13 +16,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
-from datetime import UTC, datetime
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import numpy as np
 import pyarrow as pa
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import ConfigError
-from .base import Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
 from .exact import coalition_rows
 
 __all__ = ("DRAW_CAP_FACTOR", "MAX_DRAWS", "Banzhaf", "UniformPlan", "uniform_plan")
@@ -129,18 +129,6 @@ def uniform_plan(n: int, budget: int, seed: int) -> UniformPlan:
         n, budget, seed, samples.shape[0], rows.shape[0],
     )
     return UniformPlan(full=False, rows=rows, keys=tuple(seen), samples=samples)
-
-
-def check_budget_seed(budget: object, seed: object) -> None:
-    """Check a sampler's ``budget`` (positive int) and ``seed`` (non-negative int).
-
-    Raises:
-        ConfigError: a bad budget (``field="--budget"``) or seed (``field="--seed"``), quoting it.
-    """
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ConfigError(f"--budget must be a positive integer, got {budget!r}", field="--budget")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"--seed must be a non-negative integer, got {seed!r}", field="--seed")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

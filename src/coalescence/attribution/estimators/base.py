@@ -24,7 +24,7 @@ import numpy as np
 
 from ...errors import ConfigError, EstimatorError, MaskError
 
-__all__ = ("METHODS", "Estimate", "Estimator", "make_estimator", "pool_lookup", "row_keys")
+__all__ = ("METHODS", "Estimate", "Estimator", "make_estimator", "pool_lookup", "check_budget_seed", "row_keys")
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +247,18 @@ def gather(lookup: dict[bytes, float], keys: Sequence[bytes], method: str) -> np
             "check the backend's outputs"
         )
     return out
+
+
+def check_budget_seed(budget: object, seed: object) -> None:
+    """Check a sampler's ``budget`` (positive int) and ``seed`` (non-negative int).
+
+    Raises:
+        ConfigError: a bad budget (``field="--budget"``) or seed (``field="--seed"``), quoting it.
+    """
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ConfigError(f"--budget must be a positive integer, got {budget!r}", field="--budget")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed must be a non-negative integer, got {seed!r}", field="--seed")
 
 
 def check_n_players(n_players: int) -> int:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import ConfigError
-from .base import Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
 from .exact import coalition_rows
 
 __all__ = ("MAX_PAIRS", "PAIR_CAP_FACTOR", "KernelSHAP")
@@ -245,14 +245,7 @@ class KernelSHAP:
     name: str = field(default="kernelshap", init=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
-            raise ConfigError(
-                f"--budget must be a positive integer, got {self.budget!r}", field="--budget"
-            )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(
-                f"--seed must be a non-negative integer, got {self.seed!r}", field="--seed"
-            )
+        check_budget_seed(self.budget, self.seed)
         if self.paired is not True:
             raise ConfigError(
                 f"paired must be True (only paired sampling is implemented), got {self.paired!r}",

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import ConfigError, EstimatorError
-from .banzhaf import check_budget_seed, uniform_plan
-from .base import Estimate, check_n_players, check_pool, gather, pool_lookup
+from .banzhaf import uniform_plan
+from .base import Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup
 
 __all__ = ("HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate")
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import ConfigError
-from .base import Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
 
 __all__ = ("MAX_PAIRS", "PAIR_CAP_FACTOR", "PermutationShapley")
 
@@ -118,14 +118,7 @@ class PermutationShapley:
     name: str = field(default="permutation", init=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
-            raise ConfigError(
-                f"--budget must be a positive integer, got {self.budget!r}", field="--budget"
-            )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(
-                f"--seed must be a non-negative integer, got {self.seed!r}", field="--seed"
-            )
+        check_budget_seed(self.budget, self.seed)
 
     def validate(self, n_players: int) -> None:
         """Refuse an empty game or a budget below one antithetic pair (2n coalitions).
