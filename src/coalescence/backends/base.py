@@ -1,4 +1,4 @@
-"""The backend protocol: score (prompt, target) token sequences with teacher forcing.
+"""The backend protocol: score (prompt, target) token sequences with teacher forcing, and generate.
 
 A backend is synchronous and is called from one worker thread at a time (the engine, and later
 the collator, are its only callers). Each backend translates its library's exceptions into
@@ -7,6 +7,8 @@ the collator, are its only callers). Each backend translates its library's excep
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,7 +17,19 @@ import numpy as np
 
 from ..errors import BatchFailed, ConfigError
 
-__all__ = ("ScoreRequest", "ScoreResult", "ScoringBackend", "ScoringStatistics", "validate_results")
+__all__ = (
+    "GenerateRequest",
+    "GenerateResult",
+    "ScoreRequest",
+    "ScoreResult",
+    "ScoringBackend",
+    "ScoringStatistics",
+    "validate_generations",
+    "validate_results",
+)
+
+_SEED_BOUND = 2**63
+"""Seeds are non-negative and below this bound (fits a signed 64-bit integer; every torch generator accepts it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +83,102 @@ class ScoreResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateRequest:
+    """One prompt to continue, ``len(seeds)`` times.
+
+    Greedy decoding (``temperature == 0``) takes the arg-max token at every step, so every sample
+    is the same text: a backend decodes it once and repeats it. Sampling (``temperature > 0``)
+    draws sample ``s`` with the random stream seeded by ``seeds[s]`` alone, so the same request
+    gives the same texts whatever else is in its batch and whatever the global RNG state.
+    Tokens are drawn from ``softmax(logits / temperature)`` restricted to the nucleus: the
+    smallest set of most-likely tokens whose probability reaches ``top_p`` (Holtzman et al.
+    2020, "The Curious Case of Neural Text Degeneration"); no other truncation (no top-k).
+
+    Args:
+        prompt_ids: prompt token ids (at least one).
+        max_new_tokens: most new tokens per sample (>= 1); a sample stops earlier at an
+            end-of-sequence / end-of-turn token, which it keeps.
+        temperature: softmax temperature (>= 0, finite); 0 is greedy.
+        top_p: nucleus mass in ``(0, 1]``; 1 keeps the whole vocabulary. Ignored when greedy.
+        seeds: one seed per sample (at least one), each an int in ``[0, 2**63)``; the engine
+            derives them from the run seed, the coalition key and the sample index. Greedy
+            requests use only their number.
+
+    Raises:
+        ConfigError: an empty prompt (field ``prompt_ids``), ``max_new_tokens`` < 1
+            (``--max-new-tokens``), a negative or non-finite temperature (``--temperature``),
+            ``top_p`` outside ``(0, 1]`` (``--top-p``), no seeds (``--num-samples``) or a seed
+            that is not an int in ``[0, 2**63)`` (``seeds``).
+    """
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seeds: tuple[int, ...] = (0,)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ConfigError("a generate request needs at least one prompt token", field="prompt_ids")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ConfigError(f"must be an int >= 1, got {self.max_new_tokens!r}", field="--max-new-tokens")
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(
+                f"must be a finite number >= 0 (0 = greedy), got {self.temperature!r}", field="--temperature"
+            )
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"must be a number in (0, 1], got {self.top_p!r}", field="--top-p")
+        if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, Sequence):
+            raise ConfigError(f"must be a sequence of ints, got {self.seeds!r}", field="seeds")
+        if not self.seeds:
+            raise ConfigError("must be >= 1: a generate request needs at least one seed", field="--num-samples")
+        seeds = []
+        for seed in self.seeds:
+            try:
+                value = operator.index(seed) if not isinstance(seed, bool) else None
+            except TypeError:
+                value = None
+            if value is None or not 0 <= value < _SEED_BOUND:
+                raise ConfigError(f"each seed must be an int in [0, 2**63), got {seed!r}", field="seeds")
+            seeds.append(value)
+        object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "seeds", tuple(seeds))
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this request decodes greedily (``temperature == 0``)."""
+        return self.temperature == 0.0
+
+    @property
+    def n_samples(self) -> int:
+        """Number of samples asked for, ``len(seeds)``."""
+        return len(self.seeds)
+
+    @property
+    def n_tokens(self) -> int:
+        """Longest sequence a sample can reach (tokens): prompt + ``max_new_tokens``."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateResult:
+    """The samples generated for one :class:`GenerateRequest`.
+
+    Attributes:
+        token_ids: ``[n_samples][<= max_new_tokens]`` per sample (in ``seeds`` order), the new
+            token ids, the end-of-sequence / end-of-turn token included when one was produced.
+        tokens_computed: token positions the model ran for this request: per decode it ran, the
+            prompt plus each new token that was fed back (a greedy request runs one decode
+            whatever its number of samples).
+    """
+
+    token_ids: tuple[tuple[int, ...], ...]
+    tokens_computed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ScoringStatistics:
     """A backend's scoring counters, as a frozen snapshot (all calls together).
 
@@ -80,6 +190,9 @@ class ScoringStatistics:
         tokens_reused: positions served from a shared or cached prefix.
         padded_positions: pad positions run (computed and discarded).
         prefix_forwards: forwards that extended a prefix state (per batch or from the cache).
+        decodes: generation decodes run (one per greedy request, one per sample otherwise).
+        generated_tokens: new tokens those decodes produced.
+        generation_tokens_computed: token positions those decodes ran through the model.
     """
 
     batches: int = 0
@@ -89,6 +202,9 @@ class ScoringStatistics:
     tokens_reused: int = 0
     padded_positions: int = 0
     prefix_forwards: int = 0
+    decodes: int = 0
+    generated_tokens: int = 0
+    generation_tokens_computed: int = 0
 
 
 def validate_results(requests: Sequence[ScoreRequest], results: Sequence[Any]) -> list[ScoreResult]:
@@ -122,6 +238,53 @@ def validate_results(requests: Sequence[ScoreRequest], results: Sequence[Any]) -
     return list(results)
 
 
+def validate_generations(requests: Sequence[GenerateRequest], results: Sequence[Any]) -> list[GenerateResult]:
+    """Check a whole generation batch's outputs before any of them is used.
+
+    Args:
+        requests: the batch's requests.
+        results: what the backend returned for them.
+
+    Returns:
+        ``results`` as a list.
+
+    Raises:
+        BatchFailed: not exactly one :class:`GenerateResult` per request, a result without
+            exactly ``n_samples`` samples, a sample that is not a tuple of at most
+            ``max_new_tokens`` non-negative ints, different samples for a greedy request, or a
+            negative ``tokens_computed``.
+    """
+    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence):
+        raise BatchFailed(f"the backend returned {type(results).__name__}, not a sequence of results")
+    if len(results) != len(requests):
+        raise BatchFailed(f"the backend returned {len(results)} results for {len(requests)} requests")
+    for i, (req, res) in enumerate(zip(requests, results, strict=True)):
+        if not isinstance(res, GenerateResult):
+            raise BatchFailed(f"request {i}: the backend returned {type(res).__name__}, not a GenerateResult")
+        samples = res.token_ids
+        if not isinstance(samples, tuple) or len(samples) != req.n_samples:
+            n = len(samples) if isinstance(samples, Sequence) else type(samples).__name__
+            raise BatchFailed(f"request {i}: {n} samples for {req.n_samples} seeds")
+        for s, ids in enumerate(samples):
+            if not isinstance(ids, tuple) or len(ids) > req.max_new_tokens:
+                n = len(ids) if isinstance(ids, Sequence) else type(ids).__name__
+                raise BatchFailed(
+                    f"request {i}, sample {s}: {n} tokens, not a tuple of at most {req.max_new_tokens} token ids"
+                )
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise BatchFailed(f"request {i}, sample {s}: token ids must be non-negative ints")
+        if req.greedy and any(ids != samples[0] for ids in samples):
+            raise BatchFailed(f"request {i}: greedy samples differ")
+        if isinstance(res.tokens_computed, bool) or not isinstance(res.tokens_computed, int) or res.tokens_computed < 0:
+            raise BatchFailed(f"request {i}: tokens_computed must be an int >= 0, got {res.tokens_computed!r}")
+    return list(results)
+
+
+def _is_real(x: Any) -> bool:
+    """Whether ``x`` is an int or float (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 class ScoringBackend(Protocol):
     """What the engine needs from a model.
 
@@ -149,4 +312,16 @@ class ScoringBackend(Protocol):
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
         """Greedy continuation token ids of ``prompt_ids`` (at most ``max_new_tokens``)."""
+        ...
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate each request's samples; one result per request, in order.
+
+        Each result must be what the request gives alone: greedy samples are the model's
+        arg-max continuation; sample ``s`` of a sampled request depends only on the request and
+        ``seeds[s]`` (not on batch-mates, not on the global RNG, which is left as it was).
+
+        Raises:
+            BatchFailed: a sequence would exceed ``max_context``, or the model call failed.
+        """
         ...

@@ -21,20 +21,37 @@ that state the rows' suffixes run either
 Both are exact up to float rounding (fp32: within 1e-4 nats of the plain path); with the run cache
 and the engine's depth-first order the positions run come within a few percent of the token-trie
 lower bound (see benchmarks/RESULTS.md, "Prefix sharing").
+
+Generation (:meth:`HFBackend.generate_batch`) runs each decode alone through ``model.generate``:
+a greedy request once, a sampled request once per seed inside ``torch.random.fork_rng`` with the
+RNG seeded by that sample's seed. Transformers draws samples from the global torch RNG, so rows of
+one batched ``generate`` cannot be seeded independently; and batched kernels are not
+batch-invariant in floating point (a padded neighbour changes reduction shapes and can flip a
+near-tie), so decoding alone is what makes a sample independent of its batch-mates.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from ..errors import BatchFailed, ConfigError
-from .base import ScoreRequest, ScoreResult, ScoringStatistics, validate_results
+from .base import (
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    ScoreResult,
+    ScoringStatistics,
+    validate_generations,
+    validate_results,
+)
 from .prefix import PrefixCache, common_prefix_length
 
 __all__ = ("HFBackend",)
@@ -42,6 +59,16 @@ __all__ = ("HFBackend",)
 logger = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "bfloat16", "float16")
+
+_NEUTRAL_WARPERS: dict[str, Any] = {
+    "top_k": 0,
+    "min_p": None,
+    "top_h": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+}
+"""``generate`` settings that turn off every sampling warper but temperature and top-p."""
 
 
 class HFBackend:
@@ -61,6 +88,11 @@ class HFBackend:
         tree_mask_limit: with prefix sharing, a batch's suffixes run as one tree-attention row
             (each distinct suffix token once, no padding) when its mask has at most this many
             elements (nodes x (prefix + nodes)); larger batches, or 0, use right-padded suffixes.
+
+    Attributes:
+        eos_token_ids: the token ids every decode (:meth:`generate`, :meth:`generate_batch`)
+            stops at: the model's generation-config ``eos_token_id`` (an int or a list), then the
+            tokenizer's EOS (the chat template's end-of-turn) when it is not among them.
 
     Raises:
         ConfigError: ``max_batch_size`` < 1 or ``prefix_cache_bytes`` < 0.
@@ -107,6 +139,7 @@ class HFBackend:
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._stats = ScoringStatistics()
         self._last_prefix_forwards = 0
+        self.eos_token_ids = _eos_token_ids(model, tokenizer)
 
     @staticmethod
     def dtype_from_name(name: str) -> Any:
@@ -122,7 +155,7 @@ class HFBackend:
         return getattr(torch, name)
 
     def statistics(self) -> ScoringStatistics:
-        """A snapshot of the scoring counters over every :meth:`score` call (see :class:`ScoringStatistics`)."""
+        """A snapshot of the counters over every :meth:`score` and generation call (see :class:`ScoringStatistics`)."""
         return self._stats
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
@@ -160,7 +193,8 @@ class HFBackend:
                 raise BatchFailed(f"model call failed on a batch of {len(batch)} rows: {exc}") from exc
             results.extend(validate_results(batch, out))
             s = self._stats
-            self._stats = ScoringStatistics(
+            self._stats = dataclasses.replace(
+                s,
                 batches=s.batches + 1,
                 rows=s.rows + len(batch),
                 tokens=s.tokens + sum(r.n_tokens for r in batch),
@@ -452,29 +486,177 @@ class HFBackend:
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
         """Greedy continuation of ``prompt_ids`` (at most ``max_new_tokens`` tokens, stops at EOS).
 
+        Stops at :attr:`eos_token_ids`, like :meth:`generate_batch`.
+
         Returns:
             The new token ids, end-of-turn token included when the model produced one.
 
         Raises:
-            ConfigError: ``max_new_tokens`` < 1.
+            ConfigError: ``max_new_tokens`` < 1 (``--max-new-tokens``) or an empty prompt (``prompt_ids``).
             BatchFailed: generation failed.
         """
-        torch = self._torch
-        if max_new_tokens < 1:
-            raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ConfigError(f"must be an int >= 1, got {max_new_tokens!r}", field="--max-new-tokens")
+        if len(prompt_ids) == 0:
+            raise ConfigError("generation needs at least one prompt token", field="prompt_ids")
         try:
-            with torch.inference_mode():
-                out = self.model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=self.pad_token_id,
-                )
-        except Exception as exc:
+            ids = self._decode(tuple(prompt_ids), max_new_tokens)
+        except BatchFailed:
+            raise
+        except Exception as exc:  # translate the library's errors at the boundary
             raise BatchFailed(f"generation failed: {exc}") from exc
-        return [int(x) for x in out[0, ids.shape[1] :].tolist()]
+        self._count_decodes([(len(prompt_ids), len(ids))])
+        return list(ids)
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate each request's samples, every decode run alone through ``model.generate``.
+
+        Rows are generated one at a time because transformers' ``generate`` draws samples from
+        the global torch RNG, so rows of one batched call cannot be seeded independently (and a
+        padded batch is not bit-identical to a row alone). So each result equals, row for row,
+        what the model produces for that request alone:
+
+        - greedy (``temperature == 0``): one decode, the same token ids as
+          ``model.generate(input_ids, attention_mask=ones, do_sample=False, max_new_tokens=...,
+          pad_token_id=...)`` on that prompt, repeated for every seed;
+        - sampling: sample ``s`` is one decode with ``do_sample=True``, the request's
+          ``temperature`` and ``top_p``, and ``top_k=0``, ``min_p``/``top_h`` off and
+          ``typical_p``/``epsilon_cutoff``/``eta_cutoff`` neutral (so the model's generation
+          config defaults, e.g. ``top_k=50``, never truncate), run inside
+          ``torch.random.fork_rng`` after seeding the CPU generator and the model's accelerator
+          generators with ``seeds[s]``. The global RNG state is the same afterwards.
+
+        Logits processors that are not sampling warpers (e.g. a ``repetition_penalty`` in the
+        model's generation config) apply to greedy and sampled decodes alike, so a sampled decode
+        whose nucleus is a single token equals the greedy one. Every decode stops at
+        :attr:`eos_token_ids` (kept in the output) or after ``max_new_tokens``.
+
+        Args:
+            requests: the requests, in order.
+
+        Returns:
+            One :class:`GenerateResult` per request, in order (validated as a whole batch);
+            ``tokens_computed`` counts per decode the prompt plus the new tokens fed back
+            (``len(prompt) + n_new - 1``: the last new token is never run).
+
+        Raises:
+            BatchFailed: a request's ``n_tokens`` exceeds ``max_context``, or the model raised.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(
+                    f"a prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
+                    f"the model's context of {self.max_context}"
+                )
+        results: list[GenerateResult] = []
+        decodes: list[tuple[int, int]] = []  # (prompt length, new tokens) per decode run
+        for i, r in enumerate(requests):
+            try:
+                if r.greedy:
+                    runs = [self._decode(r.prompt_ids, r.max_new_tokens)]
+                    samples = tuple(runs) * r.n_samples
+                else:
+                    runs = [
+                        self._decode(r.prompt_ids, r.max_new_tokens, sampling=(r.temperature, r.top_p, seed))
+                        for seed in r.seeds
+                    ]
+                    samples = tuple(runs)
+            except BatchFailed:
+                raise
+            except Exception as exc:  # translate the library's errors at the boundary
+                raise BatchFailed(f"generation failed on request {i} of a batch of {len(requests)}: {exc}") from exc
+            mine = [(len(r.prompt_ids), len(ids)) for ids in runs]
+            decodes.extend(mine)
+            results.append(GenerateResult(token_ids=samples, tokens_computed=sum(_decode_positions(*d) for d in mine)))
+        results = validate_generations(requests, results)
+        self._count_decodes(decodes)
+        return results
+
+    def _decode(
+        self, prompt_ids: tuple[int, ...], max_new_tokens: int, *, sampling: tuple[float, float, int] | None = None
+    ) -> tuple[int, ...]:
+        """One ``model.generate`` call on ``prompt_ids`` alone: greedy, or with ``sampling`` =
+        ``(temperature, top_p, seed)`` multinomial sampling seeded by ``seed`` (see :meth:`generate_batch`).
+
+        Returns:
+            The new token ids (EOS / end-of-turn included when produced).
+        """
+        torch = self._torch
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)  # [1, P]
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "pad_token_id": self.pad_token_id,
+            "eos_token_id": list(self.eos_token_ids) or None,
+        }
+        if sampling is None:
+            kwargs["do_sample"] = False
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        else:
+            temperature, top_p, seed = sampling
+            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+            # neutralise every other sampling warper the model's generation config may set (a
+            # key this transformers version lacks is left out: generate rejects unknown kwargs)
+            config = self.model.generation_config
+            kwargs.update({k: v for k, v in _NEUTRAL_WARPERS.items() if hasattr(config, k)})
+            with self._seeded(seed), torch.inference_mode():
+                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        return tuple(int(x) for x in out[0, ids.shape[1] :].tolist())
+
+    @contextmanager
+    def _seeded(self, seed: int) -> Iterator[None]:
+        """Run the body with the CPU and the model's accelerator RNGs seeded by ``seed``, then
+        restore every RNG state it touched (``torch.random.fork_rng``)."""
+        torch = self._torch
+        kind = self.device.type
+        if kind == "cuda":
+            devices = sorted({p.device.index for p in self.model.parameters() if p.device.type == "cuda"})
+            with torch.random.fork_rng(devices=devices, device_type="cuda"):
+                torch.random.default_generator.manual_seed(seed)
+                for index in devices:
+                    torch.cuda.default_generators[index].manual_seed(seed)
+                yield
+        elif kind == "cpu":
+            with torch.random.fork_rng(devices=[]):
+                torch.random.default_generator.manual_seed(seed)
+                yield
+        else:  # another accelerator (e.g. mps): fork its RNG too and seed everything
+            with torch.random.fork_rng(devices=[self.device.index or 0], device_type=kind):
+                torch.manual_seed(seed)
+                yield
+
+    def _count_decodes(self, decodes: Sequence[tuple[int, int]]) -> None:
+        """Add ``(prompt length, new tokens)`` decodes to the statistics."""
+        s = self._stats
+        self._stats = dataclasses.replace(
+            s,
+            decodes=s.decodes + len(decodes),
+            generated_tokens=s.generated_tokens + sum(n for _, n in decodes),
+            generation_tokens_computed=s.generation_tokens_computed + sum(_decode_positions(*d) for d in decodes),
+        )
+
+
+def _decode_positions(prompt_len: int, n_new: int) -> int:
+    """Token positions one KV-cached decode runs: the prompt, then each new token but the last
+    (which is only sampled, never fed back)."""
+    return prompt_len + max(n_new - 1, 0)
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The ids every decode stops at: the model's generation-config ``eos_token_id`` (an int or a
+    list), then the tokenizer's EOS (the chat template's end-of-turn) when it is not among them."""
+    out: list[int] = []
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    for x in [eos] if isinstance(eos, int) else list(eos or ()):
+        if int(x) not in out:
+            out.append(int(x))
+    tok = getattr(tokenizer, "eos_token_id", None)
+    if tok is not None and int(tok) not in out:
+        out.append(int(tok))
+    return tuple(out)
 
 
 def _cache_bytes(cache: Any) -> int:
