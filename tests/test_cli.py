@@ -546,3 +546,71 @@ def test_target_stderr_needs_a_method_with_standard_errors(tmp_path: Path, cwd: 
         "--target-stderr", tmp_path, cwd, capsys,
     )
     assert "standard errors" in line
+
+
+# -- utilities: per-token scores, answer sub-spans, kinds --------------------------------------
+
+
+def test_subspan_replay_equals_a_subspan_run(exact_run, tmp_path: Path, tiny_model_dir: Path) -> None:
+    _, whole, run_dir = exact_run
+    code, _, stderr, fresh, _ = explain(tmp_path, tiny_model_dir, "span", "--method", "exact", "--target-substring", "1889")
+    assert code == 0, stderr
+    assert fresh["n_evaluations"] == 2**N_PLAYERS  # a new archive: evaluated with the model
+    assert fresh["utility_detail"]["span_text"] == " 1889" and fresh["utility_detail"]["span_cuts_token"]
+    out = tmp_path / "replay.json"
+    code, stdout, stderr = run_cli(
+        ["replay", str(run_dir), "--method", "exact", "--target-substring", "1889", "--out", str(out), "--no-progress"]
+    )
+    assert code == 0, stderr
+    [replayed] = json.loads(out.read_text())["explanations"]
+    assert "no model call" in stdout and "cuts a token" in stdout
+    assert replayed["utility_detail"]["target_tokens"] == fresh["utility_detail"]["target_tokens"]
+    np.testing.assert_allclose(
+        [p["value"] for p in replayed["players"]], [p["value"] for p in fresh["players"]], atol=1e-4
+    )
+    assert not np.allclose([p["value"] for p in replayed["players"]], [p["value"] for p in whole["players"]])
+
+
+def test_replay_with_another_kind_needs_no_model(exact_run, tmp_path: Path) -> None:
+    _, whole, run_dir = exact_run
+    out = tmp_path / "mean.json"
+    code, stdout, stderr = run_cli(["replay", str(run_dir), "--method", "exact", "--utility", "mean_logprob", "--out", str(out)])
+    assert code == 0, stderr
+    [doc] = json.loads(out.read_text())["explanations"]
+    assert doc["utility"] == "mean_logprob" and doc["value_unit"] == "nats per token"
+    assert "value (nats per token)" in stdout
+    # a mean over the same tokens of every coalition: the values scale by 1 / n_target
+    n = whole["target_token_count"]
+    np.testing.assert_allclose([p["value"] for p in doc["players"]], [p["value"] / n for p in whole["players"]], rtol=1e-5)
+
+
+def test_span_outside_the_target_is_refused(tmp_path: Path, cwd: Path, capsys, tiny_model_dir: Path) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    message = assert_refused(
+        ["explain", str(path), "--model", str(tiny_model_dir), "--target-span", "3:400"], "--target-span", tmp_path, cwd, capsys
+    )
+    assert f"{len(ANSWER)} characters" in message
+
+
+def test_replay_span_outside_the_target_is_refused(exact_run, capsys) -> None:
+    _, _, run_dir = exact_run
+    before = sorted(p.name for p in (run_dir / "parts").iterdir())
+    code = main(["replay", str(run_dir), "--method", "exact", "--target-substring", "Paris"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("coalescence: error: --target-substring: ") and len(err.splitlines()) == 1
+    assert sorted(p.name for p in (run_dir / "parts").iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (["--temperature", "0.7"], "--temperature"),
+        (["--utility", "rouge_l", "--target-span", "0:4"], "--target-span"),
+        (["--utility", "rouge_l", "--num-samples", "3"], "--num-samples"),
+        (["--target-span", "4"], "--target-span"),
+        (["--target-span", "0:4", "--target-substring", "It"], "--target-span"),
+    ],
+)
+def test_bad_utility_settings_are_refused_before_the_model(options, field, tmp_path: Path, cwd: Path, capsys) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    assert_refused(["explain", str(path), "--model", "no-such-model", *options], field, tmp_path, cwd, capsys)

@@ -2,8 +2,8 @@
 
 How much does each part of a chat conversation (a turn, a sentence: the *players*) drive a model's
 answer? coalescence evaluates the model on masked variants of the conversation (*coalitions*),
-scores each by the teacher-forced log-probability of the answer (nats), and estimates
-Shapley-style values from them.
+scores each by a utility (by default the teacher-forced log-probability of the answer, in nats;
+see :mod:`coalescence.utility`), and estimates Shapley-style values from them.
 
 Typical use::
 
@@ -49,6 +49,7 @@ from .errors import (
 )
 from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get_policy, register_policy
 from .scheduler import Progress, ResultStore, SchedulerStatistics
+from .utility import UTILITY_KINDS, GenerationConfig, UtilitySpec
 
 try:
     __version__ = _metadata.version("coalescence")
@@ -73,6 +74,7 @@ __all__ = (
     "Estimator",
     "EstimatorError",
     "Explanation",
+    "GenerationConfig",
     "HFBackend",
     "HierarchicalExplanation",
     "InputError",
@@ -89,6 +91,8 @@ __all__ = (
     "ScoreRequest",
     "ScoreResult",
     "ScoringBackend",
+    "UTILITY_KINDS",
+    "UtilitySpec",
     "__version__",
     "coalition_key",
     "explain_hierarchical",

@@ -105,16 +105,41 @@ def _add_archive_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable archive parts (they are re-evaluated)")
 
 
+_UTILITY_HELP = (
+    "what v(S) measures. Teacher forcing of the fixed answer: logprob (log p of the answer, nats), "
+    "mean_logprob (per token, nats), logit_prob (log-odds of p, as in ContextCite), prob (p). "
+    "Regenerate-and-compare (the model answers each coalition anew; similarity to the original "
+    "answer): exact_match, token_f1, rouge_l, embedding_cosine (needs the embedding extra)"
+)
+
+
+def _add_span_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target-span",
+        metavar="START:END",
+        default=None,
+        help="teacher-forced utilities: score only the answer tokens overlapping characters "
+        "START:END of the answer (a span that cuts a token includes the whole token)",
+    )
+    p.add_argument(
+        "--target-substring",
+        metavar="TEXT",
+        default=None,
+        help="teacher-forced utilities: score only the answer tokens of the first occurrence of TEXT",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``coalescence`` command."""
     from .attribution.estimators import METHODS
     from .conversation import ROLES, UNITS
     from .masking.policies import available_policies
+    from .utility import UTILITY_KINDS
 
     parser = argparse.ArgumentParser(
         prog="coalescence",
         description="Coalition attribution for language models: how much each part of a chat "
-        "conversation drives the model's answer (Shapley-style values, in nats of log-probability).",
+        "conversation drives the model's answer (Shapley-style values, by default in nats of log-probability).",
     )
     parser.add_argument("--version", action="version", version=f"coalescence {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -205,7 +230,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens",
         type=_positive_int,
         default=64,
-        help="length limit when the answer is generated (default: %(default)s)",
+        help="length limit when the answer is generated, and of each regenerated answer (default: %(default)s)",
+    )
+    ex.add_argument("--utility", choices=UTILITY_KINDS, default="logprob", help=_UTILITY_HELP + " (default: %(default)s)")
+    _add_span_options(ex)
+    ex.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="regenerate utilities: 0 decodes greedily, > 0 samples at this temperature (default: %(default)s)",
+    )
+    ex.add_argument("--top-p", type=float, default=1.0, help="regenerate utilities: nucleus sampling mass (default: %(default)s)")
+    ex.add_argument(
+        "--num-samples",
+        type=_positive_int,
+        default=1,
+        help="regenerate utilities: sampled answers per coalition, similarities averaged; each "
+        "sample's seed derives from --seed, the coalition and the sample index (default: %(default)s)",
     )
     ex.add_argument(
         "--archive",
@@ -233,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--seed", type=int, default=0, help="seed of the sampling plans (default: %(default)s)")
     rp.add_argument("--run", default=None, help="run id in the archive (default: the last run)")
     rp.add_argument("--snapshot", default=None, help="snapshot id or prefix (default: every snapshot of the run)")
+    rp.add_argument(
+        "--utility",
+        choices=UTILITY_KINDS,
+        default=None,
+        help=_UTILITY_HELP + " (default: the run's). An archive with per-token scores serves every "
+        "teacher-forced utility and sub-span, one with generated texts every similarity, with no model",
+    )
+    _add_span_options(rp)
     _add_model_options(rp, default=None)
     _add_archive_options(rp)
     rp.add_argument("--out", metavar="JSON", default=None, help='write {"explanations": [...]} as JSON here')
@@ -290,18 +339,50 @@ def _load_backend(args: argparse.Namespace, source: Any) -> Any:
     return load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
 
 
-def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config: dict[str, Any], target_ids: dict[str, list[int]]) -> dict[str, Any]:
-    from .engine import UTILITY
+def _utility_spec(args: argparse.Namespace) -> Any:
+    """The run's :class:`~coalescence.utility.UtilitySpec` from the explain options (checked before the model loads)."""
+    from .utility import REGENERATE_KINDS, GenerationConfig, UtilitySpec, parse_span
 
+    span = parse_span(args.target_span) if args.target_span is not None else None
+    generation = None
+    if args.utility in REGENERATE_KINDS:
+        generation = GenerationConfig(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            num_samples=args.num_samples,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+        )
+        from .similarity import get_similarity
+
+        get_similarity(args.utility)  # a missing optional package is reported now, with its install hint
+    else:
+        for option, value, default in (
+            ("--temperature", args.temperature, 0.0),
+            ("--top-p", args.top_p, 1.0),
+            ("--num-samples", args.num_samples, 1),
+        ):
+            if value != default:
+                raise ConfigError(
+                    f"applies to the regenerate utilities ({', '.join(REGENERATE_KINDS)}); --utility "
+                    f"{args.utility} scores the fixed answer. Drop {option} or choose one of those",
+                    field=option,
+                )
+    return UtilitySpec(kind=args.utility, span=span, substring=args.target_substring, generation=generation)
+
+
+def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config: dict[str, Any], target_ids: dict[str, list[int]]) -> dict[str, Any]:
     return {
         "package_version": __version__,
         "snapshot_ids": [s.snapshot_id for s in snapshots],
         "model": engine.model,
-        "utility": UTILITY,
+        "utility": engine.utility.to_dict(),
         "absence_policy": {"id": policy.id, "params": policy.params()},
         "run_config": config,
         "template_injects_default_system": engine.renderer.injects_default_system,
         "target_token_ids": target_ids,
+        # per target token, its characters in the answer: answer sub-spans replay without a tokenizer
+        "target_token_offsets": {s.snapshot_id: [list(o) for o in engine.target_tokens(s).offsets] for s in snapshots},
         "snapshots": [s.to_dict() for s in snapshots],
     }
 
@@ -354,6 +435,7 @@ def _explain(args: argparse.Namespace) -> int:
     if hierarchy is not None and args.unit is not None:
         raise ConfigError("--hierarchy sets the units; drop --unit", field="--unit")
     top_k = args.top_k if args.top_k is not None else 3
+    utility = _utility_spec(args)
     target_stderr = getattr(args, "target_stderr", None)
     if target_stderr is not None:
         if args.method not in ("permutation", "kernelshap", "banzhaf"):
@@ -408,7 +490,9 @@ def _explain(args: argparse.Namespace) -> int:
 
     # 2. the model, the snapshots and their target tokens (context-length check)
     backend = _load_backend(args, source)
-    engine = Engine(backend, progress=TqdmProgress("coalitions", disable=args.no_progress), batch_size=args.batch_size)
+    engine = Engine(
+        backend, progress=TqdmProgress("coalitions", disable=args.no_progress), batch_size=args.batch_size, utility=utility
+    )
     snapshots = []
     fines: list[Any] = []
     for conversation, unit in zip(conversations, units, strict=True):
@@ -418,6 +502,8 @@ def _explain(args: argparse.Namespace) -> int:
         if hierarchy is not None:
             fines.append(fine_snapshot(snapshot, hierarchy[1]))
     recorded = snapshots + [f for f, _ in fines]
+    for snap in recorded:
+        engine.resolved_utility(snap)  # an answer sub-span outside a target fails here, before the archive
     targets = {s.snapshot_id: list(engine.target_tokens(s).ids) for s in recorded}
 
     # 3. the archive (created, or resumed after its identity is checked), then the run
@@ -514,16 +600,18 @@ def _replay(args: argparse.Namespace) -> int:
     from .attribution.explanation import Explanation
     from .backends.registry import resolve_model
     from .conversation import ConversationSnapshot
-    from .engine import UTILITY, Engine, fill_store, pool_from_store
+    from .engine import Engine, fill_measurements, fill_store, pool_from_store, utility_detail
     from .errors import EstimatorError, InputError
     from .masking.policies import get_policy
     from .scheduler.progress import TqdmProgress
     from .scheduler.store import ResultStore
+    from .utility import REGENERATE_KINDS, TEACHER_FORCED_KINDS, UtilitySpec, parse_span
 
     methods = [m.strip() for m in args.method.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if not methods or unknown:
         raise ConfigError(f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(METHODS)}", field="--method")
+    span = parse_span(args.target_span) if args.target_span is not None else None
     out_path = _check_out(args.out)
     manifest = read_manifest(args.run_dir)
     runs = manifest.get("runs") or []
@@ -532,16 +620,58 @@ def _replay(args: argparse.Namespace) -> int:
     run = next((r for r in runs if r["run_id"] == args.run), None) if args.run else runs[-1]
     if run is None:
         raise ConfigError(f"no run {args.run!r}; the archive has {[r['run_id'] for r in runs]}", field="--run")
-    if run.get("utility") != UTILITY:
-        raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot replay", field="RUN_DIR")
+    try:
+        run_utility = UtilitySpec.from_dict(run.get("utility") or {})
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot replay", field="RUN_DIR") from exc
+    # the utility replayed: the run's, with --utility / --target-span / --target-substring applied
+    kind = args.utility or run_utility.kind
+    if kind in REGENERATE_KINDS and run_utility.kind in TEACHER_FORCED_KINDS:
+        raise ConfigError(
+            f"run {run['run_id']} scored the fixed answer ({run_utility.kind}); it holds no regenerated "
+            f"answers to compare, so --utility {kind} needs a new explain run",
+            field="--utility",
+        )
+    if kind in TEACHER_FORCED_KINDS and run_utility.kind in REGENERATE_KINDS:
+        raise ConfigError(
+            f"run {run['run_id']} regenerated answers ({run_utility.kind}); it holds no per-token scores, "
+            f"so --utility {kind} needs a new explain run",
+            field="--utility",
+        )
+    spanned = span is not None or args.target_substring is not None
+    utility = UtilitySpec(
+        kind=kind,
+        span=span if spanned else run_utility.span,
+        substring=args.target_substring if spanned else run_utility.substring,
+        generation=run_utility.generation,
+    )
     policy = get_policy(run["absence_policy"]["id"], **run["absence_policy"]["params"])
     records = {s["snapshot_id"]: s for s in manifest.get("snapshots", [])}
     ids = [i for i in run["snapshot_ids"] if args.snapshot is None or i.startswith(args.snapshot)]
     if not ids:
         raise ConfigError(f"no snapshot of run {run['run_id']} starts with {args.snapshot!r}", field="--snapshot")
     snapshots = [ConversationSnapshot.from_dict(records[i]) for i in ids]
+    offsets = run.get("target_token_offsets") or {}
+    target_ids = run.get("target_token_ids") or {}
+    resolved = {}
+    for snap in snapshots:
+        known = offsets.get(snap.snapshot_id)
+        if known is None:
+            known = [(0, 0)] * len(target_ids.get(snap.snapshot_id, []))
+            if utility.span is not None or utility.substring is not None:
+                if args.model is None:
+                    raise ConfigError(
+                        "this archive does not record the target tokens' characters (it predates answer "
+                        f"sub-spans); pass --model {run['model']['id']} to align the span with the tokenizer",
+                        field="--target-span" if utility.span is not None else "--target-substring",
+                    )
+                continue  # the engine aligns it with the model's tokenizer
+        resolved[snap.snapshot_id] = utility.resolve(snap.target, [tuple(o) for o in known])
+    rows = read_rows(args.run_dir, skip_corrupt=args.skip_corrupt)
     store = ResultStore()
-    fill_store(store, read_rows(args.run_dir, skip_corrupt=args.skip_corrupt))
+    fill_store(store, rows)
+    measurements: dict[str, Any] = {}
+    fill_measurements(measurements, rows)
     jobs = []
     for snap in snapshots:
         for m in methods:
@@ -549,28 +679,46 @@ def _replay(args: argparse.Namespace) -> int:
             estimator = make_estimator(m, budget=budget, seed=args.seed)
             estimator.validate(snap.n_players)
             jobs.append((snap, estimator))
-    missing = {id(e): pool_from_store(store, s, policy, run["model"], e.plan(s.n_players))[2] for s, e in jobs}
+    missing = {
+        id(e): (
+            pool_from_store(
+                store, s, policy, run["model"], e.plan(s.n_players), utility=resolved[s.snapshot_id], measurements=measurements
+            )[2]
+            if s.snapshot_id in resolved
+            else 1
+        )
+        for s, e in jobs
+    }
     explanations = []
     if any(missing.values()):
         if args.model is None:
             s, e = next((s, e) for s, e in jobs if missing[id(e)])
             raise EstimatorError(
                 f"the archive lacks {missing[id(e)]} of the coalitions {e.name} plans for snapshot "
-                f"{s.snapshot_id[:12]}; pass --model {run['model']['id']} to evaluate them",
+                f"{s.snapshot_id[:12]} under utility {utility.kind}; pass --model {run['model']['id']} "
+                "to evaluate them",
                 field="--method",
             )
         source = resolve_model(args.model)
         backend = _load_backend(args, source)
-        engine = Engine(backend, store=store, progress=TqdmProgress("coalitions", disable=args.no_progress), batch_size=args.batch_size)
+        engine = Engine(
+            backend, store=store, progress=TqdmProgress("coalitions", disable=args.no_progress),
+            batch_size=args.batch_size, utility=utility,
+        )
+        engine.measurements.update(measurements)
         if engine.model != run["model"]:
             raise InputError(
                 f"--model is {engine.model}, but the run was evaluated with {run['model']}; give the run's model",
                 field="--model",
             )
+        for snap in snapshots:
+            engine.resolved_utility(snap)
+        description = {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics")}
+        description |= {"utility": utility.to_dict(), "snapshots": [records[i] for i in run["snapshot_ids"]]}
         archive = RunArchive.open(
             args.run_dir,
-            {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics")}
-            | {"snapshots": [records[i] for i in run["snapshot_ids"]]},
+            description,
+            new_run=utility.to_dict() != run.get("utility"),
             skip_corrupt=args.skip_corrupt,
             flush_rows=args.flush_rows,
             flush_seconds=args.flush_seconds,
@@ -588,7 +736,10 @@ def _replay(args: argparse.Namespace) -> int:
     else:
         for snap, estimator in jobs:
             t0 = time.perf_counter()
-            masks, utilities, _ = pool_from_store(store, snap, policy, run["model"], estimator.plan(snap.n_players))
+            chosen = resolved[snap.snapshot_id]
+            masks, utilities, _ = pool_from_store(
+                store, snap, policy, run["model"], estimator.plan(snap.n_players), utility=chosen, measurements=measurements
+            )
             estimate = estimator.fit(masks, utilities)
             explanations.append(
                 Explanation(
@@ -598,10 +749,14 @@ def _replay(args: argparse.Namespace) -> int:
                     model_revision=run["model"]["revision"],
                     absence_policy=policy.id,
                     absence_params=policy.params(),
-                    target_token_count=len(run.get("target_token_ids", {}).get(snap.snapshot_id, [])),
+                    utility=utility.kind,
+                    utility_unit=utility.unit,
+                    utility_detail=utility_detail(chosen),
+                    utility_description=chosen.describe(),
+                    target_token_count=len(target_ids.get(snap.snapshot_id, [])),
                     n_evaluations=0,
                     wall_seconds=time.perf_counter() - t0,
-                    notes=("replayed from the archive: no model call",),
+                    notes=chosen.notes() + ("replayed from the archive: no model call",),
                 )
             )
     for explanation in explanations:
@@ -625,7 +780,11 @@ def _archive(args: argparse.Namespace) -> int:
         for r in info["runs"]:
             model = r.get("model") or {}
             policy = r.get("absence_policy") or {}
-            print(f"run             {r['run_id']} started {r['started_at']} [{r.get('status')}] model {model.get('id')} policy {policy.get('id')}")
+            kind = (r.get("utility") or {}).get("kind")
+            print(
+                f"run             {r['run_id']} started {r['started_at']} [{r.get('status')}] model {model.get('id')} "
+                f"policy {policy.get('id')} utility {kind}"
+            )
         for s in info["snapshots"]:
             print(f"snapshot        {s['snapshot_id'][:16]}  {s['coalitions']} coalitions")
         print(f"coalitions      {info['coalitions']} in {info['parts']} parts, {info['bytes']} bytes")

@@ -20,13 +20,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
 from typing import Any
 
+import anyio
 import numpy as np
 import pyarrow as pa
 
 from .archive.writer import RunArchive
 from .attribution.estimators.base import Estimator
 from .attribution.explanation import Explanation
-from .backends.base import ScoreRequest, ScoringBackend, validate_results
+from .backends.base import GenerateRequest, ScoreRequest, ScoringBackend, validate_generations, validate_results
 from .conversation import Conversation, ConversationSnapshot, segment_players
 from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
@@ -37,14 +38,17 @@ from .scheduler.collator import Collator, CollatorBackend
 from .scheduler.progress import NullProgress, Progress
 from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, EvalOutcome, SchedulerStatistics
 from .scheduler.store import ResultStore
+from .utility import ResolvedUtility, UtilitySpec, item_seed
 
-__all__ = ("UTILITY", "Engine", "fill_store", "key_for", "pool_from_store")
+__all__ = ("UTILITY", "Engine", "fill_measurements", "fill_store", "key_for", "pool_from_store", "utility_detail")
 
 logger = logging.getLogger(__name__)
 
 UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
+"""The key of the default utility: log p(target tokens | masked prompt), summed, in nats."""
 _WITH_STDERR = ("permutation", "kernelshap", "banzhaf")
-"""The utility spec of this version: log p(target tokens | masked prompt), summed, in nats."""
+
+Measurement = Any  # [n_target] float32 token log-probabilities (nats), or a tuple of generated texts
 
 
 class Engine:
@@ -58,6 +62,13 @@ class Engine:
         batch_size: rows per backend call (default: the backend's ``max_batch_size`` or 8).
         buckets: length buckets and padded-token budget of the collator (default: 128, 512, 2048
             and 8192-token buckets, a 16,384-token budget, capped at the model's context).
+        utility: the utility v(S) (default: ``logprob``, the target's log-probability in nats;
+            see :mod:`coalescence.utility`).
+
+    Every model evaluation's measurement (per-token log-probabilities, or generated texts) is
+    kept by its evaluation key (:attr:`measurements`, filled from an attached archive too), so a
+    coalition whose evaluation is known is served under any utility reduced from it with no
+    model call (counted as a cache hit).
 
     Raises:
         ConfigError: ``batch_size`` < 1.
@@ -73,8 +84,12 @@ class Engine:
         progress: Progress | None = None,
         batch_size: int | None = None,
         buckets: LengthBuckets | None = None,
+        utility: UtilitySpec | None = None,
     ) -> None:
         self.backend = backend
+        self.utility = utility if utility is not None else UtilitySpec()
+        self.measurements: dict[str, Measurement] = {}
+        self._resolved: dict[str, ResolvedUtility] = {}
         self.buckets = buckets
         self.archive = archive
         self.store = store if store is not None else ResultStore()
@@ -85,6 +100,7 @@ class Engine:
         self.renderer = ChatRenderer(backend.tokenizer)
         if archive is not None:
             fill_store(self.store, archive.loaded)
+            fill_measurements(self.measurements, archive.loaded)
         self._totals = SchedulerStatistics()
         self._batch_ids = itertools.count()
         self._targets: dict[str, TargetTokens] = {}
@@ -157,9 +173,25 @@ class Engine:
         """The model identity that enters coalition keys: ``{"id", "revision", "dtype"}``."""
         return {"id": self.backend.model_id, "revision": self.backend.revision, "dtype": self.backend.dtype}
 
+    def resolved_utility(self, snapshot: ConversationSnapshot) -> ResolvedUtility:
+        """The engine's utility fixed for ``snapshot``'s target (cached).
+
+        Raises:
+            InputError: an answer sub-span outside the target (see :meth:`UtilitySpec.resolve`).
+        """
+        cached = self._resolved.get(snapshot.snapshot_id)
+        if cached is None:
+            cached = self.utility.resolve(snapshot.target, self.target_tokens(snapshot).offsets)
+            self._resolved[snapshot.snapshot_id] = cached
+        return cached
+
     def key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
         """The coalition key of ``mask`` under this engine's model and utility."""
-        return key_for(snapshot, policy, self.model, mask)
+        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot).coalition_utility())
+
+    def evaluation_key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
+        """The key of ``mask``'s model evaluation (its measurement, whatever the reduction)."""
+        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot).evaluation_utility())
 
     def attach_archive(self, archive: RunArchive) -> int:
         """Record results in ``archive`` and serve the coalitions it already holds from the store.
@@ -168,6 +200,7 @@ class Engine:
             The number of archived coalitions loaded into the hot store.
         """
         self.archive = archive
+        fill_measurements(self.measurements, archive.loaded)
         return fill_store(self.store, archive.loaded)
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -175,34 +208,62 @@ class Engine:
         """A scheduler and collator for one :meth:`evaluate` call (made inside its event loop)."""
         counter = self._batch_ids
 
-        def score(prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
+        def call(prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
             batch_id = next(counter)
             t0 = time.perf_counter()
-            # the whole batch is validated (one finite row of len(target) per request) before any result
-            results = validate_results(prompts, self.backend.score(prompts))
+            # the whole batch is validated before any result is used (batch keys keep kinds apart)
+            if isinstance(prompts[0], GenerateRequest):
+                results: list[Any] = validate_generations(prompts, self.backend.generate_batch(prompts))
+            else:
+                results = validate_results(prompts, self.backend.score(prompts))
             seconds = time.perf_counter() - t0
             return [(r, len(prompts), batch_id, seconds) for r in results]
 
         buckets = self.buckets or LengthBuckets(max_tokens=int(self.backend.max_context))
-        collator = Collator(CollatorBackend(fn=score), max_batch_size=self.batch_size, buckets=buckets)
+        collator = Collator(CollatorBackend(fn=call), max_batch_size=self.batch_size, buckets=buckets)
+        tokenizer = self.backend.tokenizer
 
         async def evaluate_job(job: CoalitionJob) -> EvalOutcome:
-            snapshot, policy, row = job.request
-            request = ScoreRequest(
-                prompt_ids=tuple(self.renderer.coalition_prompt(snapshot, policy, row)),
-                target_ids=self.target_tokens(snapshot).ids,
-            )
+            snapshot, policy, row, evaluation_key = job.request
+            resolved = self.resolved_utility(snapshot)
+            known = self.measurements.get(evaluation_key)
+            if known is not None:  # the same evaluation under another utility: no model call
+                return await self._outcome(snapshot, resolved, evaluation_key, known, cache_hit=True)
+            prompt_ids = tuple(self.renderer.coalition_prompt(snapshot, policy, row))
+            if resolved.spec.teacher_forced:
+                request: Any = ScoreRequest(prompt_ids=prompt_ids, target_ids=self.target_tokens(snapshot).ids)
+            else:
+                gen = resolved.spec.generation
+                assert gen is not None
+                request = GenerateRequest(
+                    prompt_ids=prompt_ids,
+                    max_new_tokens=gen.max_new_tokens,
+                    temperature=float(gen.temperature),
+                    top_p=float(gen.top_p),
+                    seeds=tuple(item_seed(gen.seed, evaluation_key, i) for i in range(gen.num_samples)),
+                )
             result, batch_size, batch_id, seconds = await collator.submit(
-                request, key_extra=(self.backend.model_id, UTILITY["kind"]), n_tokens=request.n_tokens
+                request,
+                key_extra=(self.backend.model_id, "score" if resolved.spec.teacher_forced else "generate"),
+                n_tokens=request.n_tokens,
             )
-            return EvalOutcome(
-                utility=result.utility,
+            if resolved.spec.teacher_forced:
+                measurement: Measurement = np.asarray(result.token_logprobs, dtype=np.float32)
+            else:
+                measurement = tuple(
+                    tokenizer.decode(list(ids), skip_special_tokens=True).strip() for ids in result.token_ids
+                )
+            self.measurements[evaluation_key] = measurement
+            outcome = await self._outcome(snapshot, resolved, evaluation_key, measurement, cache_hit=False)
+            reused = int(getattr(result, "tokens_reused", 0))
+            return replace(
+                outcome,
                 batch_size=batch_size,
                 batch_id=batch_id,
                 batch_seconds=seconds,
-                kv_cache_hits=int(getattr(result, "tokens_reused", 0)),
+                kv_cache_hits=reused,
                 tokens_computed=int(result.tokens_computed),
-                tokens_reused=int(getattr(result, "tokens_reused", 0)),
+                tokens_reused=reused,
             )
 
         scheduler = CoalitionScheduler(
@@ -213,6 +274,29 @@ class Engine:
             max_inflight=2 * self.batch_size,
         )
         return scheduler, collator
+
+    async def _outcome(
+        self,
+        snapshot: ConversationSnapshot,
+        resolved: ResolvedUtility,
+        evaluation_key: str,
+        measurement: Measurement,
+        *,
+        cache_hit: bool,
+    ) -> EvalOutcome:
+        """v(S) reduced from a measurement, as an outcome carrying the measurement to the archive."""
+        if resolved.spec.teacher_forced:
+            value = resolved.from_token_logprobs(measurement)
+            return EvalOutcome(
+                utility=value, cache_hit=cache_hit, batch_size=0 if cache_hit else 1,
+                evaluation_key=evaluation_key, token_logprobs=measurement,
+            )
+        # similarity models (embeddings) run in a worker thread, off the event loop
+        value = await anyio.to_thread.run_sync(resolved.from_generations, measurement, snapshot.target)
+        return EvalOutcome(
+            utility=value, cache_hit=cache_hit, batch_size=0 if cache_hit else 1,
+            evaluation_key=evaluation_key, generated_texts=tuple(measurement),
+        )
 
     async def evaluate(
         self,
@@ -233,7 +317,7 @@ class Engine:
 
         Returns:
             ``masks`` ``[m, n_players]`` bool (distinct, first-seen order) and ``utilities``
-            ``[m]`` float64, log p(target | masked prompt) in nats.
+            ``[m]`` float64 in the utility's unit (default: log p(target | masked prompt), nats).
 
         Raises:
             EngineClosed: the engine was closed.
@@ -242,7 +326,7 @@ class Engine:
         """
         if self._closed:
             raise EngineClosed("the engine is closed")
-        self.target_tokens(snapshot)
+        self.resolved_utility(snapshot)
         distinct: dict[bytes, np.ndarray] = {}
         requested = 0
         for row in coalitions:
@@ -270,7 +354,7 @@ class Engine:
                 CoalitionJob(
                     coalition_key=self.key(snapshot, policy, mask),
                     snapshot_id=snapshot.snapshot_id,
-                    request=(snapshot, policy, row),
+                    request=(snapshot, policy, row, self.evaluation_key(snapshot, policy, mask)),
                     absence_policy=policy.id,
                     mask=mask,
                     model_id=self.backend.model_id,
@@ -300,7 +384,7 @@ class Engine:
         """
         t0 = time.perf_counter()
         estimator.validate(snapshot.n_players)
-        self.target_tokens(snapshot)
+        self.resolved_utility(snapshot)
         before = self.statistics().executed
         masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
         return self._explanation(snapshot, policy, estimator.fit(masks, utilities), t0, before)
@@ -350,6 +434,7 @@ class Engine:
             raise ConfigError(f"must be > 0, got {target_stderr!r}", field="--target-stderr")
         n = snapshot.n_players
         make_estimator(method, budget=budget, seed=seed).validate(n)
+        self.resolved_utility(snapshot)
         t0 = time.perf_counter()
         before = self.statistics().executed
         round_budget = min(budget, first_budget or max(16, 4 * n))
@@ -403,7 +488,10 @@ class Engine:
             model_revision=self.backend.revision,
             absence_policy=policy.id,
             absence_params=policy.params(),
-            utility=UTILITY["kind"],
+            utility=self.utility.kind,
+            utility_unit=self.utility.unit,
+            utility_detail=utility_detail(self.resolved_utility(snapshot)),
+            utility_description=self.resolved_utility(snapshot).describe(),
             target_token_count=len(self.target_tokens(snapshot).ids),
             n_evaluations=self.statistics().executed - before,
             wall_seconds=time.perf_counter() - t0,
@@ -412,6 +500,9 @@ class Engine:
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
+        return self.resolved_utility(snapshot).notes() + self._template_notes(snapshot, policy)
+
+    def _template_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
         if not self.renderer.injects_default_system:
             return ()
         messages = snapshot.conversation.messages
@@ -436,9 +527,20 @@ class Engine:
 
 
 def key_for(
-    snapshot: ConversationSnapshot, policy: AbsencePolicy, model: Mapping[str, str], mask: PackedMask
+    snapshot: ConversationSnapshot,
+    policy: AbsencePolicy,
+    model: Mapping[str, str],
+    mask: PackedMask,
+    *,
+    utility: Mapping[str, Any] = UTILITY,
 ) -> str:
-    """The coalition key of ``mask`` for a model identity ``{"id", "revision", "dtype"}``."""
+    """The coalition key of ``mask`` for a model identity ``{"id", "revision", "dtype"}``.
+
+    Args:
+        utility: the utility part of the key: :meth:`ResolvedUtility.coalition_utility` for a
+            coalition key, :meth:`ResolvedUtility.evaluation_utility` for an evaluation key
+            (default: the ``logprob`` utility over the whole target).
+    """
     return coalition_key(
         snapshot_id=snapshot.snapshot_id,
         mask=mask,
@@ -447,8 +549,20 @@ def key_for(
         model_id=model["id"],
         model_revision=model["revision"],
         dtype=model["dtype"],
-        utility=UTILITY,
+        utility=utility,
     )
+
+
+def utility_detail(resolved: ResolvedUtility) -> dict[str, Any]:
+    """The utility of an explanation as recorded in its JSON document."""
+    out = resolved.spec.to_dict()
+    out["description"] = resolved.describe()
+    if resolved.tokens is not None:
+        out["target_tokens"] = list(resolved.tokens)
+        out["char_span"] = list(resolved.char_span or ())
+        out["span_text"] = resolved.span_text
+        out["span_cuts_token"] = resolved.cut
+    return out
 
 
 def fill_store(store: ResultStore, rows: pa.Table) -> int:
@@ -459,19 +573,56 @@ def fill_store(store: ResultStore, rows: pa.Table) -> int:
     return rows.num_rows
 
 
+def fill_measurements(measurements: dict[str, Measurement], rows: pa.Table) -> int:
+    """Load the archived measurements (per-token log-probabilities or generated texts) by evaluation key.
+
+    Returns:
+        The number of rows that carried a measurement (older archives carry none).
+    """
+    if rows.num_rows == 0:
+        return 0
+    keys = rows["evaluation_key"].to_pylist()
+    logprobs = rows["token_logprobs"].to_pylist()
+    texts = rows["generated_texts"].to_pylist()
+    count = 0
+    for key, lp, gen in zip(keys, logprobs, texts, strict=True):
+        if key is None or key in measurements:
+            continue
+        if lp is not None:
+            measurements[key] = np.asarray(lp, dtype=np.float32)
+        elif gen is not None:
+            measurements[key] = tuple(gen)
+        else:
+            continue
+        count += 1
+    return count
+
+
 def pool_from_store(
     store: ResultStore,
     snapshot: ConversationSnapshot,
     policy: AbsencePolicy,
     model: Mapping[str, str],
     coalitions: Iterable[np.ndarray],
+    *,
+    utility: ResolvedUtility | None = None,
+    measurements: Mapping[str, Measurement] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The stored utilities of the distinct coalitions among ``coalitions``, with no model.
 
+    A coalition is found by its coalition key in ``store``, or else (given ``measurements``) its
+    value is reduced from its evaluation's measurement under ``utility``.
+
+    Args:
+        utility: the utility (default: ``logprob`` over the whole target).
+        measurements: measurements by evaluation key (see :func:`fill_measurements`).
+
     Returns:
-        ``masks`` ``[m, n_players]`` bool and ``utilities`` ``[m]`` float64 (nats) of the coalitions
-        found, and the number of distinct coalitions missing from the store.
+        ``masks`` ``[m, n_players]`` bool and ``utilities`` ``[m]`` float64 (the utility's unit)
+        of the coalitions found, and the number of distinct coalitions missing.
     """
+    ckey = utility.coalition_utility() if utility is not None else UTILITY
+    ekey = utility.evaluation_utility() if utility is not None else None
     seen: set[bytes] = set()
     found, values = [], []
     missing = 0
@@ -480,7 +631,14 @@ def pool_from_store(
         if mask.words in seen:
             continue
         seen.add(mask.words)
-        value = store.get(key_for(snapshot, policy, model, mask))
+        value = store.get(key_for(snapshot, policy, model, mask, utility=ckey))
+        if value is None and measurements and utility is not None and ekey is not None:
+            measured = measurements.get(key_for(snapshot, policy, model, mask, utility=ekey))
+            if measured is not None:
+                if utility.spec.teacher_forced:
+                    value = utility.from_token_logprobs(measured)
+                else:
+                    value = utility.from_generations(measured, snapshot.target)
         if value is None:
             missing += 1
         else:

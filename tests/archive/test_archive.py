@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coalescence.archive import ROW_SCHEMA, SCHEMA_VERSION, RunArchive, read_manifest, read_pool, read_rows
+from coalescence.archive.reader import corrupt_parts
 from coalescence.errors import ArchiveError, CoalescenceError
 from coalescence.masking.codec import PackedMask
 
@@ -140,7 +141,7 @@ def test_round_trip_keeps_values_exactly_and_in_order(closed_run: tuple[Path, li
     for written, read in zip(rows, back, strict=True):
         for name in ("snapshot_id", "coalition_key", "mask", "n_bits", "absence_policy", "model_id"):
             assert read[name] == written[name], name
-        assert read["generation_text"] is None
+        assert read["token_logprobs"] is None and read["generated_texts"] is None
         assert read["cache_hit"] is False
         assert read["batch_size"] == 3
         assert read["elapsed_ms"] == 1.5
@@ -172,11 +173,38 @@ def test_created_at_is_utc(run_dir: Path) -> None:
     assert before - timedelta(microseconds=1) <= second <= after
 
 
-def test_generation_text_round_trips(run_dir: Path) -> None:
+def test_measurements_round_trip(run_dir: Path) -> None:
     archive = RunArchive.create(run_dir, {})
-    archive.append({**make_row([0], utility=-3.0), "generation_text": "Paris, 1889 \u2014 ok"})
+    lp = np.array([-0.5, -1e-8, -30.25], dtype=np.float32)
+    archive.append({**make_row([0], utility=-3.0), "evaluation_key": "e" * 64, "token_logprobs": lp.tolist()})
+    archive.append({**make_row([1], utility=0.5), "generated_texts": ["Paris, 1889 \u2014 ok", ""]})
     archive.close()
-    assert read_rows(run_dir)["generation_text"].to_pylist() == ["Paris, 1889 \u2014 ok"]
+    rows = read_rows(run_dir)
+    assert rows["evaluation_key"].to_pylist() == ["e" * 64, None]
+    back = rows["token_logprobs"].to_pylist()
+    assert np.array_equal(np.array(back[0], dtype=np.float32), lp) and back[1] is None  # float32 bit for bit
+    assert rows["generated_texts"].to_pylist() == [None, ["Paris, 1889 \u2014 ok", ""]]
+
+
+def test_parts_of_schema_version_1_read_with_the_new_columns_null(run_dir: Path) -> None:
+    archive = RunArchive.create(run_dir, {})
+    archive.append(make_row([0], utility=-3.0))
+    archive.close()
+    # rewrite the part as version 1 wrote it: no measurement columns, the never-used generation_text
+    part = next((run_dir / "parts").glob("part-*.parquet"))
+    old = pq.read_table(part).drop_columns(["evaluation_key", "token_logprobs", "generated_texts"])
+    old = old.append_column("generation_text", pa.array([None], type=pa.string()))
+    pq.write_table(old, part)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps(manifest | {"schema_version": 1}))
+    assert corrupt_parts(run_dir) == []
+    rows = read_rows(run_dir)
+    assert rows.schema.equals(ROW_SCHEMA)
+    assert rows["utility"].to_pylist() == [-3.0]
+    assert rows["token_logprobs"].to_pylist() == [None]
+    # a resumed version-1 archive is written on as version 2
+    RunArchive.open(run_dir, {}).close()
+    assert read_manifest(run_dir)["schema_version"] == SCHEMA_VERSION == 2
 
 
 def test_parts_read_as_one_pyarrow_dataset(closed_run: tuple[Path, list[dict]]) -> None:

@@ -104,3 +104,25 @@ def test_input_forms_and_units_on_the_real_model(backend, example, unit, expect,
     assert doc["unit"] == unit and doc["n_evaluations"] == len(doc["players"]) + 2
     evidence = [p for p in doc["players"] if expect in p["text"]]
     assert evidence and max(p["value"] for p in evidence) > 0
+
+
+def test_answer_subspan_replays_from_per_token_scores(eiffel, backend):
+    """Which sentence drives the year? The "1889" tokens, reduced from the exact run's per-token scores."""
+    from coalescence.utility import UtilitySpec
+
+    engine, snap = eiffel
+    policy = get_policy("drop")
+    whole = anyio.run(engine.explain, snap, make_estimator("exact"), policy)  # served by the hot store
+    year = Engine(backend, utility=UtilitySpec(substring="1889"))
+    year.measurements.update(engine.measurements)
+    span = anyio.run(year.explain, snap, make_estimator("exact"), policy)
+    assert span.n_evaluations == 0 and year.statistics().cache_hits == 1024
+    assert span.utility_detail["span_text"] == "1889"  # SmolLM2 splits digits: 4 tokens, no token cut
+    fact = next(p.index for p in snap.players if "1889" in p.text)
+    context = [p.index for p in snap.players if p.role == "user" and not p.text.startswith("Question:")]
+    # the year is driven by the sentence stating it, far ahead of every other context sentence ...
+    assert [i for i in span.ranking() if i in context][0] == fact
+    assert span.values[fact] > 2 * max(span.values[i] for i in context if i != fact)
+    # ... and that sentence carries a larger share of the year's log-probability than of the whole answer's
+    share = lambda e: e.values[fact] / (e.estimate.v_full - e.estimate.v_empty)  # noqa: E731
+    assert share(span) > 1.5 * share(whole)

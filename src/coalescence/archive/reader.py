@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ArchiveError
 from ..masking.codec import PackedMask
-from .schema import MANIFEST_NAME, PARTS_DIR, ROW_SCHEMA, SCHEMA_VERSION, part_index
+from .schema import MANIFEST_NAME, PARTS_DIR, REQUIRED_COLUMNS, ROW_SCHEMA, SCHEMA_VERSION, part_index
 
 __all__ = ("archive_info", "corrupt_parts", "dedupe_rows", "list_parts", "read_manifest", "read_pool", "read_rows")
 
@@ -75,7 +75,7 @@ def corrupt_parts(run_dir: str | Path) -> list[str]:
         except (OSError, pa.ArrowException):
             bad.append(part.name)
             continue
-        if not set(ROW_SCHEMA.names) <= set(schema.names):
+        if not REQUIRED_COLUMNS <= set(schema.names):
             bad.append(part.name)
     return bad
 
@@ -99,7 +99,8 @@ def read_rows(run_dir: str | Path, *, skip_corrupt: bool = False, dedupe: bool =
         dedupe: drop repeated coalition keys (first occurrence wins).
 
     Returns:
-        A table with :data:`~coalescence.archive.schema.ROW_SCHEMA`.
+        A table with :data:`~coalescence.archive.schema.ROW_SCHEMA` (columns a part of an older
+        schema version lacks are null).
 
     Raises:
         ArchiveError: a part is corrupt or truncated (named, with the ``--skip-corrupt`` hint).

@@ -28,14 +28,18 @@ __all__ = (
     "MANIFEST_NAME",
     "PARTS_DIR",
     "PART_PATTERN",
+    "REQUIRED_COLUMNS",
     "ROW_SCHEMA",
     "SCHEMA_VERSION",
     "part_index",
     "part_name",
 )
 
-SCHEMA_VERSION = 1
-"""Version of the manifest and row schema; a reader refuses a newer one."""
+SCHEMA_VERSION = 2
+"""Version of the manifest and row schema; a reader refuses a newer one.
+
+Version 2 added ``evaluation_key``, ``token_logprobs`` and ``generated_texts`` (replacing the
+never-written ``generation_text``); parts of version 1 read with those columns null."""
 
 MANIFEST_NAME = "manifest.json"
 PARTS_DIR = "parts"
@@ -51,8 +55,10 @@ ROW_SCHEMA = pa.schema(
         pa.field("n_bits", pa.int32(), nullable=False),  # number of players
         pa.field("absence_policy", pa.string(), nullable=False),  # policy id
         pa.field("model_id", pa.string(), nullable=False),
-        pa.field("utility", pa.float64(), nullable=False),  # nats
-        pa.field("generation_text", pa.string(), nullable=True),  # generated text, if any
+        pa.field("utility", pa.float64(), nullable=False),  # in the run's utility unit (default nats)
+        pa.field("evaluation_key", pa.string(), nullable=True),  # 64 hex chars: the measurement's key
+        pa.field("token_logprobs", pa.list_(pa.float32()), nullable=True),  # [n_target] nats, teacher forcing
+        pa.field("generated_texts", pa.list_(pa.string()), nullable=True),  # [num_samples] regenerated answers
         pa.field("elapsed_ms", pa.float64(), nullable=False),  # model time of the row's batch
         pa.field("cache_hit", pa.bool_(), nullable=False),
         pa.field("batch_size", pa.int32(), nullable=False),  # rows in the model call
@@ -64,7 +70,15 @@ ROW_SCHEMA = pa.schema(
     ],
     metadata={"coalescence.schema_version": str(SCHEMA_VERSION)},
 )
-"""One row per evaluated coalition."""
+"""One row per evaluated coalition.
+
+``coalition_key`` identifies the utility value (measurement and reduction: utility kind, answer
+sub-span); ``evaluation_key`` identifies the model evaluation it was reduced from (the per-token
+log-probabilities or the generated texts, which are stored with it), so rows of one evaluation
+under other utilities are derived from it with no model call."""
+
+REQUIRED_COLUMNS = frozenset(f.name for f in ROW_SCHEMA if not f.nullable)
+"""Columns every readable part has (version 1 parts lack some nullable ones)."""
 
 
 def part_name(index: int) -> str:

@@ -294,6 +294,7 @@ class RunArchive:
         parts = list_parts(path)
         next_part = (part_index(parts[-1].name) + 1) if parts else 0
         manifest["updated_at"] = now
+        manifest["schema_version"] = SCHEMA_VERSION  # older parts stay readable (new columns null)
         write_json_atomic(path / MANIFEST_NAME, manifest)
         if resumed:
             logger.info("resuming run %s in %s: %d coalitions on disk", match["run_id"], path, loaded.num_rows)

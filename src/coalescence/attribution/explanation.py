@@ -28,14 +28,19 @@ class Explanation:
 
     Attributes:
         snapshot: the conversation, target and players.
-        estimate: the estimator's values (``[n_players]`` float64, nats), standard errors,
+        estimate: the estimator's values (``[n_players]`` float64, in ``utility_unit``), standard errors,
             v(empty), v(full) and efficiency gap.
         model_id: the model that scored the coalitions.
         model_revision: its revision string.
         absence_policy: the absence policy id.
         absence_params: the policy parameters.
-        utility: the utility name (``"logprob"``: sum of target-token log-probabilities, nats).
-        target_token_count: number of scored target tokens.
+        utility: the utility kind (``"logprob"``: sum of target-token log-probabilities, nats;
+            see :mod:`coalescence.utility`).
+        utility_unit: the unit of the utility, hence of the values (e.g. ``"nats"``).
+        utility_detail: the utility spec as recorded (kind, unit, answer sub-span and the target
+            tokens it selects, generation config), for the JSON document.
+        utility_description: one line naming what is measured, for the table.
+        target_token_count: number of target tokens (the whole answer, end-of-turn included).
         n_evaluations: coalitions evaluated by the model in this run (cache hits excluded).
         wall_seconds: wall time of the run (seconds), model loading excluded.
         notes: remarks the user should see (e.g. a template that injects a default system prompt).
@@ -51,6 +56,9 @@ class Explanation:
     absence_policy: str
     absence_params: dict[str, Any] = field(default_factory=dict)
     utility: str = "logprob"
+    utility_unit: str = "nats"
+    utility_detail: dict[str, Any] = field(default_factory=dict)
+    utility_description: str = ""
     target_token_count: int = 0
     n_evaluations: int
     wall_seconds: float
@@ -59,7 +67,7 @@ class Explanation:
 
     @property
     def values(self) -> Any:
-        """``[n_players]`` float64 values in nats."""
+        """``[n_players]`` float64 values, in :attr:`utility_unit`."""
         return self.estimate.values
 
     def ranking(self) -> list[int]:
@@ -99,7 +107,8 @@ class Explanation:
             "absence_policy": self.absence_policy,
             "absence_params": dict(self.absence_params),
             "utility": self.utility,
-            "value_unit": "nats",
+            "value_unit": self.utility_unit,
+            "utility_detail": dict(self.utility_detail) or {"kind": self.utility, "unit": self.utility_unit},
             "target": self.snapshot.target,
             "target_source": self.snapshot.conversation.target_source,
             "target_token_count": self.target_token_count,
@@ -134,7 +143,7 @@ class Explanation:
                 s = _num(est.stderr[i])
                 se = "-" if s is None else f"{s:.4f}"
             rows.append((str(rank), f"{est.values[i]:+.4f}", se, p.label, text))
-        head = ("rank", "value (nats)", "stderr" if has_se else "", "player", "text")
+        head = ("rank", f"value ({self.utility_unit})", "stderr" if has_se else "", "player", "text")
         cols = [head, *rows]
         widths = [max(len(r[c]) for r in cols) for c in range(4)]
         lines = []
@@ -155,7 +164,7 @@ class Explanation:
             f"target ({self.snapshot.conversation.target_source.replace('_', ' ')}): {target}",
             f"method {est.method}, model {self.model_id}, unit {self.snapshot.unit}, "
             f"absence policy {self.absence_policy}, utility {self.utility} "
-            f"(log p of {self.target_token_count} target tokens, nats)",
+            f"({self.utility_description or f'log p of {self.target_token_count} target tokens, nats'})",
             f"v(empty) = {est.v_empty:.4f}   v(full) = {est.v_full:.4f}   "
             f"v(full) - v(empty) = {span:.4f}",
             f"sum of values = {float(est.values.sum()):.4f}   efficiency gap = {est.efficiency_gap:.3g}"

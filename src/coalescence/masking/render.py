@@ -39,6 +39,9 @@ class TargetTokens:
         full_prompt_ids: token ids of the full (unmasked) prompt up to the assistant header.
         full_text: the rendered full conversation, prompt and answer.
         includes_end_of_turn: True when the template's end-of-turn token is scored.
+        offsets: ``[n_target]`` character ``(start, end)`` of each target token, relative to the
+            start of the answer text (from the tokenizer's offset mapping of the full
+            conversation); the end-of-turn token starts at ``len(answer)`` or later.
     """
 
     ids: tuple[int, ...]
@@ -46,6 +49,7 @@ class TargetTokens:
     full_prompt_ids: tuple[int, ...]
     full_text: str
     includes_end_of_turn: bool
+    offsets: tuple[tuple[int, int], ...] = ()
 
 
 class ChatRenderer:
@@ -191,4 +195,5 @@ class ChatRenderer:
             full_prompt_ids=tuple(prompt_ids),
             full_text=full_text,
             includes_end_of_turn=includes_eot,
+            offsets=tuple((s - answer_start, e - answer_start) for s, e in offsets[first:last]),
         )

@@ -106,9 +106,16 @@ class EvalOutcome:
         batch_id: the model call that evaluated it, archived; ``None`` if unknown.
         batch_seconds: wall time of that model call (seconds), archived as ``elapsed_ms``; when
             ``None`` the time of the ``evaluate`` call (queueing included) is archived instead.
+        cache_hit: the value was derived without a model call (e.g. from the archived per-token
+            scores of the same evaluation under another utility); counted and archived as a
+            cache hit, with ``batch_size`` 0.
+        evaluation_key: the key of the model evaluation the value was reduced from, archived.
+        token_logprobs: ``[n_target]`` float32 per-token log-probabilities (nats), archived.
+        generated_texts: the regenerated answers the value compares, archived.
 
     Raises:
-        ConfigError: a non-numeric utility, ``batch_size`` < 1 or ``kv_cache_hits`` < 0.
+        ConfigError: a non-numeric utility, ``batch_size`` < 1 (< 0 for a cache hit) or
+            ``kv_cache_hits`` < 0.
     """
 
     utility: float
@@ -118,11 +125,15 @@ class EvalOutcome:
     tokens_reused: int | None = None
     batch_id: int | None = None
     batch_seconds: float | None = None
+    cache_hit: bool = False
+    evaluation_key: str | None = None
+    token_logprobs: Any = None  # [n_target] float32 nats, or None
+    generated_texts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.utility, bool) or not isinstance(self.utility, int | float):
             raise ConfigError(f"must be a float (nats), got {self.utility!r}", field="utility")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+        if not isinstance(self.batch_size, int) or self.batch_size < (0 if self.cache_hit else 1):
             raise ConfigError(f"must be an int >= 1, got {self.batch_size!r}", field="batch_size")
         if not isinstance(self.kv_cache_hits, int) or self.kv_cache_hits < 0:
             raise ConfigError(f"must be an int >= 0, got {self.kv_cache_hits!r}", field="kv_cache_hits")
@@ -537,6 +548,12 @@ class CoalitionScheduler:
                 job=job, utility=utility, elapsed_s=elapsed, cache_hit=False, deduplicated=True,
                 batch_size=outcome.batch_size,
             )
+        if outcome.cache_hit:  # derived without a model call
+            self._cache_hits += 1
+            self._archive(job, utility, elapsed_s=0.0, cache_hit=True, batch_size=0, outcome=outcome)
+            return JobResult(
+                job=job, utility=utility, elapsed_s=0.0, cache_hit=True, deduplicated=False, batch_size=0
+            )
         self._executed += 1
         self._kv_cache_hits += outcome.kv_cache_hits
         self._archive(
@@ -559,6 +576,9 @@ class CoalitionScheduler:
                 "tokens_computed": None if outcome is None else outcome.tokens_computed,
                 "tokens_reused": None if outcome is None else outcome.tokens_reused,
                 "batch_id": None if outcome is None else outcome.batch_id,
+                "evaluation_key": None if outcome is None else outcome.evaluation_key,
+                "token_logprobs": None if outcome is None or outcome.token_logprobs is None else outcome.token_logprobs.tolist(),
+                "generated_texts": None if outcome is None or outcome.generated_texts is None else list(outcome.generated_texts),
                 "snapshot_id": job.snapshot_id,
                 "coalition_key": job.coalition_key,
                 "mask": job.mask.words,
