@@ -236,3 +236,53 @@ def test_cuda_sampling_is_seeded_per_row_and_leaves_cuda_rng_alone(chatml_tokeni
     mate = GenerateRequest(prompt_ids=PROMPTS[1], max_new_tokens=16, temperature=1.5, seeds=(7,))
     assert backend.generate_batch([mate, row])[1].token_ids == alone
     assert len(set(alone)) == 2
+
+
+LONGER = [PROMPTS[0], PROMPTS[1], PROMPTS[2], (3, 3, 3), (9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12, 13), (60, 61)]
+
+
+@pytest.mark.parametrize("margin", [0.0, None, 1e9], ids=["never-redo", "default", "always-redo"])
+def test_greedy_rows_decoded_together_equal_each_row_alone(model, chatml_tokenizer, margin):
+    """Left-padded batches of greedy rows (ragged prompts: padding matters) give each row's own text."""
+    backend = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=4, greedy_tie_margin=margin)
+    reqs = [GenerateRequest(prompt_ids=p, max_new_tokens=10) for p in LONGER]
+    results = backend.generate_batch(reqs)
+    for r, res in zip(reqs, results, strict=True):
+        assert res.token_ids == (hf_generate(model, r.prompt_ids, 10, backend.pad_token_id, do_sample=False),)
+    redone = backend.statistics().greedy_redone
+    if margin == 0.0:
+        assert redone == 0  # every row came from a batched decode
+    elif margin == 1e9:
+        assert redone == len(LONGER)  # every row was near a "tie", so decoded again alone
+    else:
+        assert backend.greedy_tie_margin == 1e-3 and 0 <= redone <= len(LONGER)
+
+
+def test_greedy_batches_record_the_top2_margins_of_their_rows(model, chatml_tokenizer):
+    # the margin a row is checked against is that of its own steps only: a margin just above the
+    # smallest step margin of any row keeps exactly the rows whose every step is above it
+    backend = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=8, greedy_tie_margin=0.0)
+    reqs = [GenerateRequest(prompt_ids=p, max_new_tokens=6) for p in LONGER]
+    logits_min = []
+    for p in LONGER:
+        ids = torch.tensor([list(p)])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6,
+                pad_token_id=backend.pad_token_id, output_scores=True, return_dict_in_generate=True,
+            )
+        scores = torch.stack(out.scores, dim=1)[0]  # [T, V]
+        top2 = scores.topk(2, dim=-1).values
+        logits_min.append(float((top2[:, 0] - top2[:, 1]).min()))
+    ordered = sorted(logits_min)
+    k = len(LONGER) // 2
+    assert ordered[k] - ordered[k - 1] > 1e-3  # far apart compared with padding's float rounding
+    cut = (ordered[k - 1] + ordered[k]) / 2  # half the rows have a step below it
+    strict = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=8, greedy_tie_margin=cut)
+    strict.generate_batch(reqs)
+    assert strict.statistics().greedy_redone == sum(m < cut for m in logits_min)
+
+
+def test_bad_tie_margin_is_refused(model, chatml_tokenizer):
+    with pytest.raises(ConfigError):
+        HFBackend(model, chatml_tokenizer, model_id="tiny", greedy_tie_margin=-1.0)

@@ -193,6 +193,8 @@ class ScoringStatistics:
         decodes: generation decodes run (one per greedy request, one per sample otherwise).
         generated_tokens: new tokens those decodes produced.
         generation_tokens_computed: token positions those decodes ran through the model.
+        greedy_redone: greedy rows of a batched decode decoded again alone because a step's
+            top-2 margin was below the backend's tie margin.
     """
 
     batches: int = 0
@@ -205,6 +207,7 @@ class ScoringStatistics:
     decodes: int = 0
     generated_tokens: int = 0
     generation_tokens_computed: int = 0
+    greedy_redone: int = 0
 
 
 def validate_results(requests: Sequence[ScoreRequest], results: Sequence[Any]) -> list[ScoreResult]:

@@ -36,6 +36,7 @@ import copy
 import dataclasses
 import inspect
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -88,6 +89,11 @@ class HFBackend:
         tree_mask_limit: with prefix sharing, a batch's suffixes run as one tree-attention row
             (each distinct suffix token once, no padding) when its mask has at most this many
             elements (nodes x (prefix + nodes)); larger batches, or 0, use right-padded suffixes.
+        greedy_tie_margin: greedy requests of a batch decode together (left-padded, up to
+            ``max_batch_size`` rows per ``generate`` call); a row whose top-2 logit margin fell
+            below this at any of its steps is decoded again alone, so a near-tie that padding's
+            float rounding could flip never changes its text (default: 1e-3 for float32, 0.1 for
+            16-bit dtypes; ``None`` for that default, ``float("inf")`` decodes every row alone).
 
     Attributes:
         eos_token_ids: the token ids every decode (:meth:`generate`, :meth:`generate_batch`)
@@ -109,6 +115,7 @@ class HFBackend:
         prefix_sharing: bool = True,
         prefix_cache_bytes: int = 256 * 2**20,
         tree_mask_limit: int = 2**22,
+        greedy_tie_margin: float | None = None,
     ) -> None:
         import torch
 
@@ -140,6 +147,11 @@ class HFBackend:
         self._stats = ScoringStatistics()
         self._last_prefix_forwards = 0
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        if greedy_tie_margin is None:
+            greedy_tie_margin = 1e-3 if self.dtype == "float32" else 0.1
+        if isinstance(greedy_tie_margin, bool) or not isinstance(greedy_tie_margin, int | float) or not greedy_tie_margin >= 0:
+            raise ConfigError(f"must be a number >= 0, got {greedy_tie_margin!r}", field="greedy_tie_margin")
+        self.greedy_tie_margin = float(greedy_tie_margin)
 
     @staticmethod
     def dtype_from_name(name: str) -> Any:
@@ -550,10 +562,12 @@ class HFBackend:
                 )
         results: list[GenerateResult] = []
         decodes: list[tuple[int, int]] = []  # (prompt length, new tokens) per decode run
+        greedy = self._greedy_batches([r for r in requests if r.greedy])
         for i, r in enumerate(requests):
             try:
                 if r.greedy:
-                    runs = [self._decode(r.prompt_ids, r.max_new_tokens)]
+                    done = greedy.get((r.prompt_ids, r.max_new_tokens))
+                    runs = [done if done is not None else self._decode(r.prompt_ids, r.max_new_tokens)]
                     samples = tuple(runs) * r.n_samples
                 else:
                     runs = [
@@ -571,6 +585,73 @@ class HFBackend:
         results = validate_generations(requests, results)
         self._count_decodes(decodes)
         return results
+
+    def _greedy_batches(self, requests: Sequence[GenerateRequest]) -> dict[tuple[tuple[int, ...], int], tuple[int, ...]]:
+        """Greedy decodes of ``requests`` run together, ``max_batch_size`` rows per call.
+
+        Rows are left-padded (the attention mask hides the padding; transformers derives position
+        ids from it) and decoded by one ``model.generate`` call per group of equal
+        ``max_new_tokens``. A :class:`_MarginRecorder` after the model's own logits processors
+        records each row's top-2 margin of the scores the argmax is taken over; a row whose
+        smallest margin before its EOS is below :attr:`greedy_tie_margin` is left out of the
+        returned map, so the caller decodes it alone. Padding changes a row's logits only by float
+        rounding (fp32: about 1e-5), far below the margin, so every returned row is the token
+        sequence the row gives alone. Errors propagate (the caller translates them).
+
+        Returns:
+            ``(prompt_ids, max_new_tokens) -> new token ids`` (EOS included when produced) for the
+            rows decoded in a batch; a row redone alone is absent.
+        """
+        torch = self._torch
+        from transformers import LogitsProcessorList
+
+        out: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
+        if not requests or not math.isfinite(self.greedy_tie_margin):
+            return out
+        distinct: dict[tuple[tuple[int, ...], int], None] = {}
+        for r in requests:
+            distinct.setdefault((r.prompt_ids, r.max_new_tokens), None)
+        by_length: dict[int, list[tuple[int, ...]]] = {}
+        for prompt, n_new in distinct:
+            by_length.setdefault(n_new, []).append(prompt)
+        eos = set(self.eos_token_ids)
+        redone = 0
+        for n_new, prompts in by_length.items():
+            prompts.sort(key=len)  # similar lengths together: less padding
+            for start in range(0, len(prompts), self.max_batch_size):
+                chunk = prompts[start : start + self.max_batch_size]
+                if len(chunk) == 1:
+                    continue  # alone already: the caller's plain decode
+                width = max(len(p) for p in chunk)
+                ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)  # [B, P] left-padded
+                attention = torch.zeros((len(chunk), width), dtype=torch.long)  # [B, P] 1 = real token
+                for b, prompt in enumerate(chunk):
+                    ids[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+                    attention[b, width - len(prompt) :] = 1
+                recorder = _MarginRecorder()
+                with torch.inference_mode():
+                    seqs = self.model.generate(
+                        input_ids=ids.to(self.device),
+                        attention_mask=attention.to(self.device),
+                        do_sample=False,
+                        max_new_tokens=n_new,
+                        pad_token_id=self.pad_token_id,
+                        eos_token_id=list(self.eos_token_ids) or None,
+                        logits_processor=LogitsProcessorList([recorder]),
+                    )
+                new = seqs[:, width:].tolist()  # [B, T]
+                margins = torch.stack(recorder.margins, dim=1).cpu()  # [B, T] float32
+                for b, prompt in enumerate(chunk):
+                    row = new[b]
+                    n = next((k + 1 for k, x in enumerate(row) if x in eos), len(row))
+                    if n and float(margins[b, :n].min()) < self.greedy_tie_margin:
+                        redone += 1
+                        continue
+                    out[(prompt, n_new)] = tuple(int(x) for x in row[:n])
+        if redone:
+            logger.debug("%d greedy rows near a tie decoded again alone", redone)
+        self._stats = dataclasses.replace(self._stats, greedy_redone=self._stats.greedy_redone + redone)
+        return out
 
     def _decode(
         self, prompt_ids: tuple[int, ...], max_new_tokens: int, *, sampling: tuple[float, float, int] | None = None
@@ -634,6 +715,22 @@ class HFBackend:
             generated_tokens=s.generated_tokens + sum(n for _, n in decodes),
             generation_tokens_computed=s.generation_tokens_computed + sum(_decode_positions(*d) for d in decodes),
         )
+
+
+class _MarginRecorder:
+    """A logits processor that records each row's top-2 margin of the final scores, unchanged.
+
+    transformers appends user processors after the generation config's own, so the recorded
+    margins are those of the scores greedy decoding takes its argmax over.
+    """
+
+    def __init__(self) -> None:
+        self.margins: list[Any] = []  # per step: [B] float32
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        top2 = scores.float().topk(2, dim=-1).values  # [B, 2]
+        self.margins.append(top2[:, 0] - top2[:, 1])
+        return scores
 
 
 def _decode_positions(prompt_len: int, n_new: int) -> int:
