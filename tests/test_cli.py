@@ -563,7 +563,7 @@ def test_subspan_replay_equals_a_subspan_run(exact_run, tmp_path: Path, tiny_mod
     )
     assert code == 0, stderr
     [replayed] = json.loads(out.read_text())["explanations"]
-    assert "no model call" in stdout and "cuts a token" in stdout
+    assert "no model call" in stdout and "inside a token" in stdout
     assert replayed["utility_detail"]["target_tokens"] == fresh["utility_detail"]["target_tokens"]
     np.testing.assert_allclose(
         [p["value"] for p in replayed["players"]], [p["value"] for p in fresh["players"]], atol=1e-4
@@ -614,3 +614,57 @@ def test_replay_span_outside_the_target_is_refused(exact_run, capsys) -> None:
 def test_bad_utility_settings_are_refused_before_the_model(options, field, tmp_path: Path, cwd: Path, capsys) -> None:
     path = write_input(tmp_path, CONVERSATION)
     assert_refused(["explain", str(path), "--model", "no-such-model", *options], field, tmp_path, cwd, capsys)
+
+
+def test_argparse_errors_keep_the_one_line_contract(tmp_path: Path, cwd: Path, capsys) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    for argv, field in ((["--utility", "bleu"], "--utility"), (["--top-p", "abc"], "--top-p")):
+        with pytest.raises(SystemExit) as info:
+            main(["explain", str(path), *argv])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"coalescence: error: {field}: ") and len(err.splitlines()) == 1, err
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_batch_names_the_line_whose_target_lacks_the_substring(tmp_path: Path, cwd: Path, capsys) -> None:
+    lines = [CONVERSATION, {"messages": [{"role": "user", "content": "Where?"}], "target": "In Paris."}]
+    path = write_input(tmp_path, "\n".join(json.dumps(x) for x in lines) + "\n", name="batch.jsonl")
+    message = assert_refused(
+        ["explain", str(path), "--model", "no-such-model", "--target-substring", "1889"], "line 2: --target-substring", tmp_path, cwd, capsys
+    )
+    assert "'In Paris.'" in message
+
+
+def test_replay_whole_answer_drops_the_runs_subspan(exact_run, tmp_path: Path, tiny_model_dir: Path) -> None:
+    _, whole, _ = exact_run
+    code, _, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "span", "--method", "exact", "--target-substring", "1889")
+    assert code == 0, stderr
+    out = tmp_path / "whole.json"
+    code, stdout, stderr = run_cli(["replay", str(run_dir), "--method", "exact", "--out", str(out)])
+    [kept] = json.loads(out.read_text())["explanations"]
+    assert code == 0 and kept["utility_detail"]["substring"] == "1889"  # the run's sub-span by default
+    code, stdout, stderr = run_cli(["replay", str(run_dir), "--method", "exact", "--whole-answer", "--out", str(out)])
+    assert code == 0, stderr
+    [replayed] = json.loads(out.read_text())["explanations"]
+    assert "substring" not in replayed["utility_detail"]
+    np.testing.assert_allclose([p["value"] for p in replayed["players"]], [p["value"] for p in whole["players"]], atol=1e-4)
+
+
+def test_prob_values_print_in_scientific_notation(exact_run) -> None:
+    _, _, run_dir = exact_run
+    code, stdout, stderr = run_cli(["replay", str(run_dir), "--method", "exact", "--utility", "prob"])
+    assert code == 0, stderr
+    v_full = next(line for line in stdout.splitlines() if line.startswith("v(empty)"))
+    assert "e-" in v_full  # p of a whole answer is tiny: 0.0000 would say nothing
+
+
+def test_resuming_with_another_utility_points_to_replay(exact_run, tmp_path: Path, tiny_model_dir: Path, capsys) -> None:
+    _, _, run_dir = exact_run
+    path = write_input(tmp_path, CONVERSATION)
+    before = sorted(p.name for p in (run_dir / "parts").iterdir())
+    code = main(["explain", str(path), "--model", str(tiny_model_dir), "--unit", "sentence", "--utility", "mean_logprob",
+                 "--archive", str(run_dir), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "coalescence replay" in err and "--new-run" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in (run_dir / "parts").iterdir()) == before

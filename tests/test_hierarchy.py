@@ -149,3 +149,17 @@ def test_cli_hierarchy(tmp_path, tiny_model_dir, capsys):
     assert "model evaluations: coarse 5 + fine" in capsys.readouterr().out
     code = main([*argv[:-5], "--archive", str(tmp_path / "run2"), "--unit", "sentence", "--no-progress"])
     assert code == 2 and "--unit" in capsys.readouterr().err
+
+
+def test_cli_hierarchy_fine_level_names_the_runs_utility(tmp_path, tiny_model_dir, capsys):
+    path = tmp_path / "rag.json"
+    path.write_text(json.dumps(RAG))
+    out = tmp_path / "out.json"
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--hierarchy", "document,sentence", "--top-k", "1",
+            "--method", "loo", "--utility", "mean_logprob", "--archive", str(tmp_path / "run"), "--out", str(out), "--no-progress"]
+    assert main(argv) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    for level in ("coarse", "fine"):
+        assert doc[level]["utility"] == "mean_logprob" and doc[level]["value_unit"] == "nats per token"
+    assert doc["fine"]["utility_detail"] == doc["coarse"]["utility_detail"]
+    assert capsys.readouterr().out.count("value (nats per token)") == 2

@@ -174,6 +174,8 @@ def test_offsets_from_a_real_tokenizer_cover_the_answer(chatml_tokenizer) -> Non
 
 def test_greedy_keys_leave_out_the_seed_and_sampling_keys_keep_it() -> None:
     assert GenerationConfig(seed=1).to_key() == GenerationConfig(seed=2).to_key()
+    # ... and so does the run record: a greedy run resumes whatever --seed its plan used
+    assert GenerationConfig(seed=1).to_dict() == GenerationConfig(seed=2).to_dict() == {"temperature": 0.0, "max_new_tokens": 64}
     assert GenerationConfig(temperature=0.7, seed=1).to_key() != GenerationConfig(temperature=0.7, seed=2).to_key()
     spec = UtilitySpec(kind="token_f1")
     assert spec.generation == GenerationConfig()
@@ -188,6 +190,7 @@ def test_greedy_keys_leave_out_the_seed_and_sampling_keys_keep_it() -> None:
         ({"top_p": 1.5}, "--top-p"),
         ({"num_samples": 0}, "--num-samples"),
         ({"num_samples": 3}, "--num-samples"),  # several greedy samples are one text
+        ({"top_p": 0.5}, "--top-p"),  # nucleus sampling without sampling
         ({"max_new_tokens": 0}, "--max-new-tokens"),
     ],
 )

@@ -169,7 +169,7 @@ async def test_subspan_explain_over_the_archive_needs_no_model_call(full_run, ti
     assert explanation.n_evaluations == 0
     assert explanation.utility_detail["span_text"] == " 1889"
     assert explanation.utility_detail["span_cuts_token"] is True
-    assert any("cuts a token" in n for n in explanation.notes)
+    assert any("inside a token" in n for n in explanation.notes)
     doc = explanation.to_dict()
     assert doc["value_unit"] == "nats" and doc["utility"] == "logprob"
     # the sub-span's values differ from the whole answer's (the span is a part of it)

@@ -18,12 +18,13 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .errors import ArchiveError, BatchFailed, CoalescenceError, ConfigError
@@ -58,6 +59,15 @@ class _RunFailed(Exception):
     def __init__(self, error: CoalescenceError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the command's error contract: one line naming the option, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        match = re.match(r"argument ([^:]+): (.*)", message, re.S)
+        field, text = (match.group(1).split("/")[-1], match.group(2)) if match else ("arguments", message)
+        self.exit(2, f"coalescence: error: {field}: {' '.join(text.split())} (see {self.prog} --help)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -119,7 +129,8 @@ def _add_span_options(p: argparse.ArgumentParser) -> None:
         metavar="START:END",
         default=None,
         help="teacher-forced utilities: score only the answer tokens overlapping characters "
-        "START:END of the answer (a span that cuts a token includes the whole token)",
+        "START:END of the answer (0-based, END exclusive; a span that cuts a token includes the whole "
+        "token; the end-of-turn token is scored with the whole answer only) (default: the whole answer)",
     )
     p.add_argument(
         "--target-substring",
@@ -136,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .masking.policies import available_policies
     from .utility import UTILITY_KINDS
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="coalescence",
         description="Coalition attribution for language models: how much each part of a chat "
         "conversation drives the model's answer (Shapley-style values, by default in nats of log-probability).",
@@ -282,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
         "teacher-forced utility and sub-span, one with generated texts every similarity, with no model",
     )
     _add_span_options(rp)
+    rp.add_argument(
+        "--whole-answer",
+        action="store_true",
+        help="score every answer token, end-of-turn included, even if the run used a sub-span "
+        "(by default replay keeps the run's --target-span/--target-substring unless new ones are given)",
+    )
     _add_model_options(rp, default=None)
     _add_archive_options(rp)
     rp.add_argument("--out", metavar="JSON", default=None, help='write {"explanations": [...]} as JSON here')
@@ -371,6 +388,18 @@ def _utility_spec(args: argparse.Namespace) -> Any:
     return UtilitySpec(kind=args.utility, span=span, substring=args.target_substring, generation=generation)
 
 
+def _on_line(k: int, is_batch: bool, check: Any, *args: Any) -> Any:
+    """Run ``check(*args)``; in a JSONL batch, an input error names the input's line (``line N: FIELD``)."""
+    from .errors import InputError
+
+    try:
+        return check(*args)
+    except InputError as exc:
+        if not is_batch:
+            raise
+        raise InputError(exc.message, field=f"line {k + 1}: {exc.field}" if exc.field else f"line {k + 1}") from None
+
+
 def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config: dict[str, Any], target_ids: dict[str, list[int]]) -> dict[str, Any]:
     return {
         "package_version": __version__,
@@ -445,6 +474,9 @@ def _explain(args: argparse.Namespace) -> int:
             )
         if hierarchy is not None:
             raise ConfigError("--target-stderr does not combine with --hierarchy; drop one", field="--target-stderr")
+    for k, conversation in enumerate(conversations):
+        if conversation.target is not None:  # a generated target is checked once it exists
+            _on_line(k, is_batch, utility.locate, conversation.target)
     units = []
     for conversation in conversations:
         unit = hierarchy[0] if hierarchy else args.unit or ("document" if conversation.declared else "turn")
@@ -502,8 +534,10 @@ def _explain(args: argparse.Namespace) -> int:
         if hierarchy is not None:
             fines.append(fine_snapshot(snapshot, hierarchy[1]))
     recorded = snapshots + [f for f, _ in fines]
+    for k, snap in enumerate(snapshots):
+        _on_line(k, is_batch, engine.resolved_utility, snap)  # a sub-span outside a target fails here, before the archive
     for snap in recorded:
-        engine.resolved_utility(snap)  # an answer sub-span outside a target fails here, before the archive
+        engine.resolved_utility(snap)
     targets = {s.snapshot_id: list(engine.target_tokens(s).ids) for s in recorded}
 
     # 3. the archive (created, or resumed after its identity is checked), then the run
@@ -539,14 +573,24 @@ def _explain(args: argparse.Namespace) -> int:
             else "when every system player is absent" if system_players and policy.params().get("system_absent") != "empty"
             else "never"
         )
-    archive = RunArchive.open(
-        run_dir,
-        run,
-        new_run=args.new_run,
-        skip_corrupt=args.skip_corrupt,
-        flush_rows=args.flush_rows,
-        flush_seconds=args.flush_seconds,
-    )
+    try:
+        archive = RunArchive.open(
+            run_dir,
+            run,
+            new_run=args.new_run,
+            skip_corrupt=args.skip_corrupt,
+            flush_rows=args.flush_rows,
+            flush_seconds=args.flush_seconds,
+        )
+    except ArchiveError as exc:
+        if "utility:" in exc.message and not args.new_run:
+            raise ArchiveError(
+                exc.message + f". For another utility of the same answer, `coalescence replay {run_dir} --method "
+                f"{args.method} --utility ...` (or --target-span/--target-substring) needs no model, and "
+                "--new-run evaluates only what the archived measurements do not cover",
+                field=exc.field,
+            ) from None
+        raise
     _STATE["archive"] = str(run_dir)
     loaded = engine.attach_archive(archive)
     if archive.resumed and not args.no_progress:
@@ -639,10 +683,13 @@ def _replay(args: argparse.Namespace) -> int:
             field="--utility",
         )
     spanned = span is not None or args.target_substring is not None
+    if args.whole_answer and spanned:
+        raise ConfigError("--whole-answer scores every answer token; drop it or the sub-span", field="--whole-answer")
+    keep = not spanned and not args.whole_answer
     utility = UtilitySpec(
         kind=kind,
-        span=span if spanned else run_utility.span,
-        substring=args.target_substring if spanned else run_utility.substring,
+        span=run_utility.span if keep else span,
+        substring=run_utility.substring if keep else args.target_substring,
         generation=run_utility.generation,
     )
     policy = get_policy(run["absence_policy"]["id"], **run["absence_policy"]["params"])

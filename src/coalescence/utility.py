@@ -115,6 +115,11 @@ class GenerationConfig:
             raise ConfigError(f"must be in (0, 1], got {self.top_p!r}", field="--top-p")
         if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ConfigError(f"must be an integer >= 1, got {self.num_samples!r}", field="--num-samples")
+        if self.top_p != 1 and self.temperature == 0:
+            raise ConfigError(
+                f"nucleus sampling (top-p {self.top_p!r}) needs sampling; add --temperature (e.g. 0.7) or drop --top-p",
+                field="--top-p",
+            )
         if self.num_samples > 1 and self.temperature == 0:
             raise ConfigError(
                 f"{self.num_samples} samples of greedy decoding are all the same text; add --temperature "
@@ -145,7 +150,9 @@ class GenerationConfig:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, for the run config."""
+        """The settings that matter, for the run config (greedy decoding: no sampling settings, no seed)."""
+        if self.greedy:
+            return {"temperature": 0.0, "max_new_tokens": self.max_new_tokens}
         return {
             "temperature": float(self.temperature),
             "top_p": float(self.top_p),
@@ -302,6 +309,32 @@ class UtilitySpec:
             generation=GenerationConfig(**gen) if gen is not None else None,
         )
 
+    def locate(self, target: str) -> tuple[int, int] | None:
+        """The sub-span's characters ``(start, end)`` in ``target``, or ``None`` for the whole answer.
+
+        Raises:
+            InputError: the span ends past the target or the substring is not in it (field
+                ``--target-span`` / ``--target-substring``).
+        """
+        if self.substring is not None:
+            start = target.find(self.substring)
+            if start < 0:
+                raise InputError(
+                    f"{self.substring!r} is not in the target {_clip(target)}; give text that appears in the answer",
+                    field="--target-substring",
+                )
+            return start, start + len(self.substring)
+        if self.span is not None:
+            start, end = self.span
+            if end > len(target):
+                raise InputError(
+                    f"{start}:{end} ends past the target, which has {len(target)} characters "
+                    f"({_clip(target)}); give START:END within 0:{len(target)}",
+                    field="--target-span",
+                )
+            return start, end
+        return None
+
     def resolve(self, target: str, offsets: Sequence[tuple[int, int]]) -> ResolvedUtility:
         """Fix the utility for one target: which target tokens a sub-span selects.
 
@@ -318,25 +351,11 @@ class UtilitySpec:
                 covers no token (field ``--target-span`` / ``--target-substring``).
         """
         n = len(offsets)
-        if self.span is None and self.substring is None:
+        located = self.locate(target)
+        if located is None:
             return ResolvedUtility(spec=self, tokens=None, n_target=n)
+        start, end = located
         option = "--target-span" if self.span is not None else "--target-substring"
-        if self.substring is not None:
-            start = target.find(self.substring)
-            if start < 0:
-                raise InputError(
-                    f"{self.substring!r} is not in the target {_clip(target)}; give text that appears in the answer",
-                    field=option,
-                )
-            end = start + len(self.substring)
-        else:
-            start, end = self.span  # type: ignore[misc]
-            if end > len(target):
-                raise InputError(
-                    f"{start}:{end} ends past the target, which has {len(target)} characters "
-                    f"({_clip(target)}); give START:END within 0:{len(target)}",
-                    field=option,
-                )
         selected = [j for j, (s, e) in enumerate(offsets) if s < end and e > start and s < len(target)]
         if not selected:
             raise InputError(f"characters {start}:{end} of the target cover no token", field=option)
@@ -461,7 +480,8 @@ class ResolvedUtility:
             a, b = self.requested_span  # type: ignore[misc]
             c, d = self.char_span  # type: ignore[misc]
             return (
-                f"the answer span {a}:{b} cuts a token; whole tokens are scored, so the span is {c}:{d} ({self.span_text!r})",
+                f"the answer span {a}:{b} starts or ends inside a token; whole tokens are scored, so the "
+                f"span is {c}:{d} ({self.span_text!r})",
             )
         return ()
 

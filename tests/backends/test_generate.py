@@ -34,12 +34,32 @@ def hf_generate(model, prompt, max_new_tokens, pad_token_id, **kwargs):
     return tuple(out[0, ids.shape[1] :].tolist())
 
 
-def hf_sample(model, prompt, max_new_tokens, pad_token_id, *, seed, temperature, top_p, top_k=0):
-    """A reference sample: the global RNG seeded by ``seed``, then ``generate(do_sample=True)`` alone."""
-    torch.manual_seed(seed)
-    return hf_generate(
-        model, prompt, max_new_tokens, pad_token_id, do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k
-    )
+def reference_sample(model, prompt, max_new_tokens, eos, *, seed, temperature, top_p, top_k=None):
+    """The documented sampler, written out without KV cache, batching or ``generate``: per step
+    ``softmax(top_p(logits / T))``, one uniform draw from a generator seeded by ``seed``, the first
+    token whose cumulative probability exceeds it; stops at ``eos`` (kept)."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(seed)
+    ids = list(prompt)
+    new = []
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[:, -1].float()  # [1, V]
+        warped = logits / temperature
+        if top_k is not None:
+            warped = TopKLogitsWarper(top_k=top_k)(None, warped)
+        if top_p < 1:
+            warped = TopPLogitsWarper(top_p=top_p)(None, warped)
+        cdf = torch.softmax(warped, dim=-1).cumsum(-1)[0]
+        cdf = cdf / cdf[-1]
+        u = torch.rand(1, generator=g)
+        token = int(torch.searchsorted(cdf, u, right=True).clamp(max=len(cdf) - 1))
+        ids.append(token)
+        new.append(token)
+        if token in eos:
+            break
+    return tuple(new)
 
 
 def test_greedy_batch_equals_generate_on_each_prompt_alone(model, backend):
@@ -66,7 +86,7 @@ def test_greedy_batch_equals_generate_on_each_prompt_alone(model, backend):
 def test_sampled_row_is_the_same_alone_beside_neighbours_and_after_reseeding(model, backend):
     row = GenerateRequest(prompt_ids=PROMPTS[0], max_new_tokens=16, temperature=1.5, top_p=0.9, seeds=(123,))
     alone = backend.generate_batch([row])[0].token_ids[0]
-    ref = hf_sample(model, PROMPTS[0], 16, backend.pad_token_id, seed=123, temperature=1.5, top_p=0.9)
+    ref = reference_sample(model, PROMPTS[0], 16, backend.eos_token_ids, seed=123, temperature=1.5, top_p=0.9)
     assert alone == ref
     seeded_mate = GenerateRequest(prompt_ids=PROMPTS[1], max_new_tokens=16, temperature=1.5, top_p=0.9, seeds=(7,))
     greedy_mate = GenerateRequest(prompt_ids=PROMPTS[0], max_new_tokens=16)
@@ -98,13 +118,13 @@ def test_generate_batch_leaves_the_global_rng_state_alone(backend):
 
 
 def test_only_temperature_and_top_p_truncate(model, backend):
-    """The model's generation defaults (top_k=50) never apply: the sample is the top_k=0 one."""
+    """The model's generation defaults (e.g. top_k=50) never apply: the samples are the documented sampler's."""
     seeds = (0, 1, 2, 3)
     req = GenerateRequest(prompt_ids=PROMPTS[1], max_new_tokens=16, temperature=2.0, seeds=seeds)
     got = backend.generate_batch([req])[0].token_ids
-    pad = backend.pad_token_id
-    assert got == tuple(hf_sample(model, PROMPTS[1], 16, pad, seed=s, temperature=2.0, top_p=1.0) for s in seeds)
-    top50 = tuple(hf_sample(model, PROMPTS[1], 16, pad, seed=s, temperature=2.0, top_p=1.0, top_k=50) for s in seeds)
+    eos = backend.eos_token_ids
+    assert got == tuple(reference_sample(model, PROMPTS[1], 16, eos, seed=s, temperature=2.0, top_p=1.0) for s in seeds)
+    top50 = tuple(reference_sample(model, PROMPTS[1], 16, eos, seed=s, temperature=2.0, top_p=1.0, top_k=50) for s in seeds)
     assert got != top50
 
 
@@ -249,7 +269,7 @@ def test_greedy_rows_decoded_together_equal_each_row_alone(model, chatml_tokeniz
     results = backend.generate_batch(reqs)
     for r, res in zip(reqs, results, strict=True):
         assert res.token_ids == (hf_generate(model, r.prompt_ids, 10, backend.pad_token_id, do_sample=False),)
-    redone = backend.statistics().greedy_redone
+    redone = backend.statistics().redone_alone
     if margin == 0.0:
         assert redone == 0  # every row came from a batched decode
     elif margin == 1e9:
@@ -280,9 +300,29 @@ def test_greedy_batches_record_the_top2_margins_of_their_rows(model, chatml_toke
     cut = (ordered[k - 1] + ordered[k]) / 2  # half the rows have a step below it
     strict = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=8, greedy_tie_margin=cut)
     strict.generate_batch(reqs)
-    assert strict.statistics().greedy_redone == sum(m < cut for m in logits_min)
+    assert strict.statistics().redone_alone == sum(m < cut for m in logits_min)
 
 
 def test_bad_tie_margin_is_refused(model, chatml_tokenizer):
     with pytest.raises(ConfigError):
         HFBackend(model, chatml_tokenizer, model_id="tiny", greedy_tie_margin=-1.0)
+
+
+@pytest.mark.parametrize("gap", [0.0, None, 2.0], ids=["never-redo", "default", "always-redo"])
+def test_sampled_rows_decoded_together_equal_each_row_alone(model, chatml_tokenizer, gap):
+    """Ragged prompts, several seeds each, in left-padded batches: every sample is its row's own."""
+    backend = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=4, sample_tie_gap=gap)
+    reqs = [GenerateRequest(prompt_ids=p, max_new_tokens=10, temperature=1.3, top_p=0.95, seeds=(k, 100 + k)) for k, p in enumerate(LONGER)]
+    results = backend.generate_batch(reqs)
+    eos = backend.eos_token_ids
+    for r, res in zip(reqs, results, strict=True):
+        assert res.token_ids == tuple(
+            reference_sample(model, r.prompt_ids, 10, eos, seed=s, temperature=1.3, top_p=0.95) for s in r.seeds
+        )
+    redone = backend.statistics().redone_alone
+    if gap == 0.0:
+        assert redone == 0
+    elif gap == 2.0:
+        assert redone == 2 * len(LONGER)  # every draw is within 2 of a boundary
+    else:
+        assert backend.sample_tie_gap == 1e-5 and redone <= 2 * len(LONGER)

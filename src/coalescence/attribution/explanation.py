@@ -15,6 +15,14 @@ EXPLANATION_SCHEMA = 1
 """Version of the ``--out`` JSON document (:meth:`Explanation.to_dict`)."""
 
 
+def _fmt(x: float, *, sign: bool = False) -> str:
+    """Four decimals, or four significant digits in scientific notation below 1e-3 (e.g. ``prob``)."""
+    x = float(x)
+    if x != 0 and math.isfinite(x) and abs(x) < 1e-3:
+        return f"{x:+.3e}" if sign else f"{x:.3e}"
+    return f"{x:+.4f}" if sign else f"{x:.4f}"
+
+
 def _num(x: float | None) -> float | None:
     if x is None:
         return None
@@ -141,8 +149,8 @@ class Explanation:
             se = ""
             if has_se:
                 s = _num(est.stderr[i])
-                se = "-" if s is None else f"{s:.4f}"
-            rows.append((str(rank), f"{est.values[i]:+.4f}", se, p.label, text))
+                se = "-" if s is None else _fmt(s)
+            rows.append((str(rank), _fmt(est.values[i], sign=True), se, p.label, text))
         head = ("rank", f"value ({self.utility_unit})", "stderr" if has_se else "", "player", "text")
         cols = [head, *rows]
         widths = [max(len(r[c]) for r in cols) for c in range(4)]
@@ -165,10 +173,10 @@ class Explanation:
             f"method {est.method}, model {self.model_id}, unit {self.snapshot.unit}, "
             f"absence policy {self.absence_policy}, utility {self.utility} "
             f"({self.utility_description or f'log p of {self.target_token_count} target tokens, nats'})",
-            f"v(empty) = {est.v_empty:.4f}   v(full) = {est.v_full:.4f}   "
-            f"v(full) - v(empty) = {span:.4f}",
-            f"sum of values = {float(est.values.sum()):.4f}   efficiency gap = {est.efficiency_gap:.3g}"
-            f" ({rel:.2g} of |v(full) - v(empty)|)",
+            f"v(empty) = {_fmt(est.v_empty)}   v(full) = {_fmt(est.v_full)}   "
+            f"v(full) - v(empty) = {_fmt(span)}",
+            f"sum of values = {_fmt(float(est.values.sum()))}   efficiency gap = {est.efficiency_gap:.3g}"
+            + (f" ({rel:.2g} of |v(full) - v(empty)|)" if math.isfinite(rel) else " (v(full) = v(empty))"),
             f"model evaluations = {self.n_evaluations} (coalitions used: {est.n_evaluations})   "
             f"wall time = {self.wall_seconds:.1f} s   ({rate:.1f} evaluations/s)",
         ]

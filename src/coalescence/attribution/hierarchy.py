@@ -224,16 +224,23 @@ async def explain_hierarchical(
         absence_policy=policy.id,
         absence_params=policy.params(),
         utility=coarse_explanation.utility,
+        utility_unit=coarse_explanation.utility_unit,
+        utility_detail=dict(coarse_explanation.utility_detail),
+        utility_description=coarse_explanation.utility_description,
         target_token_count=coarse_explanation.target_token_count,
         n_evaluations=engine.statistics().executed - before,
         wall_seconds=time.perf_counter() - t0,
         notes=coarse_explanation.notes
         + (
-            f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; the other "
-            f"{fine.n_players - int(sel.size)} are held present (coalitions of snapshot "
+            f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; "
+            f"{_others(fine.n_players - int(sel.size))} held present (coalitions of snapshot "
             f"{fine.snapshot_id[:12]})",
         ),
     )
     return HierarchicalExplanation(
         coarse=coarse_explanation, fine=fine_explanation, fine_snapshot=fine, refined=refined, top_k=top_k
     )
+
+
+def _others(n: int) -> str:
+    return "the other one is" if n == 1 else f"the other {n} are"

@@ -193,8 +193,9 @@ class ScoringStatistics:
         decodes: generation decodes run (one per greedy request, one per sample otherwise).
         generated_tokens: new tokens those decodes produced.
         generation_tokens_computed: token positions those decodes ran through the model.
-        greedy_redone: greedy rows of a batched decode decoded again alone because a step's
-            top-2 margin was below the backend's tie margin.
+        redone_alone: rows of a batched decode decoded again alone because a decision came
+            close to another (a greedy top-2 margin or a sampled draw's distance to a CDF
+            boundary below the backend's guard).
     """
 
     batches: int = 0
@@ -207,7 +208,18 @@ class ScoringStatistics:
     decodes: int = 0
     generated_tokens: int = 0
     generation_tokens_computed: int = 0
-    greedy_redone: int = 0
+    redone_alone: int = 0
+
+
+def _check_batch(requests: Sequence[Any], results: Any, kind: type, item: str) -> None:
+    """One ``kind`` result per request, in a sequence (``BatchFailed`` naming the ``item`` otherwise)."""
+    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence):
+        raise BatchFailed(f"the backend returned {type(results).__name__}, not a sequence of results")
+    if len(results) != len(requests):
+        raise BatchFailed(f"the backend returned {len(results)} results for {len(requests)} {item}s")
+    for i, res in enumerate(results):
+        if not isinstance(res, kind):
+            raise BatchFailed(f"{item} {i}: the backend returned {type(res).__name__}, not a {kind.__name__}")
 
 
 def validate_results(requests: Sequence[ScoreRequest], results: Sequence[Any]) -> list[ScoreResult]:
@@ -224,13 +236,8 @@ def validate_results(requests: Sequence[ScoreRequest], results: Sequence[Any]) -
         BatchFailed: not exactly one :class:`ScoreResult` per request, a row without exactly
             ``len(target_ids)`` log-probabilities, or a non-finite one.
     """
-    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence):
-        raise BatchFailed(f"the backend returned {type(results).__name__}, not a sequence of results")
-    if len(results) != len(requests):
-        raise BatchFailed(f"the backend returned {len(results)} results for {len(requests)} rows")
+    _check_batch(requests, results, ScoreResult, "row")
     for i, (req, res) in enumerate(zip(requests, results, strict=True)):
-        if not isinstance(res, ScoreResult):
-            raise BatchFailed(f"row {i}: the backend returned {type(res).__name__}, not a ScoreResult")
         lp = np.asarray(res.token_logprobs)
         if lp.shape != (len(req.target_ids),):
             raise BatchFailed(
@@ -257,13 +264,8 @@ def validate_generations(requests: Sequence[GenerateRequest], results: Sequence[
             ``max_new_tokens`` non-negative ints, different samples for a greedy request, or a
             negative ``tokens_computed``.
     """
-    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence):
-        raise BatchFailed(f"the backend returned {type(results).__name__}, not a sequence of results")
-    if len(results) != len(requests):
-        raise BatchFailed(f"the backend returned {len(results)} results for {len(requests)} requests")
+    _check_batch(requests, results, GenerateResult, "request")
     for i, (req, res) in enumerate(zip(requests, results, strict=True)):
-        if not isinstance(res, GenerateResult):
-            raise BatchFailed(f"request {i}: the backend returned {type(res).__name__}, not a GenerateResult")
         samples = res.token_ids
         if not isinstance(samples, tuple) or len(samples) != req.n_samples:
             n = len(samples) if isinstance(samples, Sequence) else type(samples).__name__

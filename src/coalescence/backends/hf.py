@@ -22,12 +22,14 @@ Both are exact up to float rounding (fp32: within 1e-4 nats of the plain path); 
 and the engine's depth-first order the positions run come within a few percent of the token-trie
 lower bound (see benchmarks/RESULTS.md, "Prefix sharing").
 
-Generation (:meth:`HFBackend.generate_batch`) runs each decode alone through ``model.generate``:
-a greedy request once, a sampled request once per seed inside ``torch.random.fork_rng`` with the
-RNG seeded by that sample's seed. Transformers draws samples from the global torch RNG, so rows of
-one batched ``generate`` cannot be seeded independently; and batched kernels are not
-batch-invariant in floating point (a padded neighbour changes reduction shapes and can flip a
-near-tie), so decoding alone is what makes a sample independent of its batch-mates.
+Generation (:meth:`HFBackend.generate_batch`) decodes the rows of a batch together: prompts
+left-padded, one ``model.generate`` call per ``max_batch_size`` rows (one row per greedy request,
+one per sample of a sampled request). Sampling draws each row's tokens by inverse CDF from a
+``torch.Generator`` of its own, seeded by the sample's seed (:class:`_SeededSampler`, a logits
+processor; the global RNG is never used), so a sample does not depend on its batch-mates' draws.
+Batched kernels are not batch-invariant in floating point, so a row whose decision was close (a
+top-2 logit margin below ``greedy_tie_margin``, or a uniform draw within ``sample_tie_gap`` of a
+CDF boundary) is decoded again alone: every text is exactly what its row gives alone.
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ import dataclasses
 import inspect
 import logging
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -60,17 +61,6 @@ __all__ = ("HFBackend",)
 logger = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "bfloat16", "float16")
-
-_NEUTRAL_WARPERS: dict[str, Any] = {
-    "top_k": 0,
-    "min_p": None,
-    "top_h": None,
-    "typical_p": 1.0,
-    "epsilon_cutoff": 0.0,
-    "eta_cutoff": 0.0,
-}
-"""``generate`` settings that turn off every sampling warper but temperature and top-p."""
-
 
 class HFBackend:
     """Scores teacher-forced targets with a transformers causal LM (synchronous).
@@ -94,6 +84,9 @@ class HFBackend:
             below this at any of its steps is decoded again alone, so a near-tie that padding's
             float rounding could flip never changes its text (default: 1e-3 for float32, 0.1 for
             16-bit dtypes; ``None`` for that default, ``float("inf")`` decodes every row alone).
+        sample_tie_gap: the same guard for sampled rows: a row whose uniform draw fell within
+            this probability of a boundary of its cumulative distribution at any step is decoded
+            again alone (default: 1e-5 for float32, 1e-2 for 16-bit dtypes).
 
     Attributes:
         eos_token_ids: the token ids every decode (:meth:`generate`, :meth:`generate_batch`)
@@ -116,6 +109,7 @@ class HFBackend:
         prefix_cache_bytes: int = 256 * 2**20,
         tree_mask_limit: int = 2**22,
         greedy_tie_margin: float | None = None,
+        sample_tie_gap: float | None = None,
     ) -> None:
         import torch
 
@@ -152,6 +146,11 @@ class HFBackend:
         if isinstance(greedy_tie_margin, bool) or not isinstance(greedy_tie_margin, int | float) or not greedy_tie_margin >= 0:
             raise ConfigError(f"must be a number >= 0, got {greedy_tie_margin!r}", field="greedy_tie_margin")
         self.greedy_tie_margin = float(greedy_tie_margin)
+        if sample_tie_gap is None:
+            sample_tie_gap = 1e-5 if self.dtype == "float32" else 1e-2
+        if isinstance(sample_tie_gap, bool) or not isinstance(sample_tie_gap, int | float) or not sample_tie_gap >= 0:
+            raise ConfigError(f"must be a number >= 0, got {sample_tie_gap!r}", field="sample_tie_gap")
+        self.sample_tie_gap = float(sample_tie_gap)
 
     @staticmethod
     def dtype_from_name(name: str) -> Any:
@@ -512,7 +511,7 @@ class HFBackend:
         if len(prompt_ids) == 0:
             raise ConfigError("generation needs at least one prompt token", field="prompt_ids")
         try:
-            ids = self._decode(tuple(prompt_ids), max_new_tokens)
+            ids = self._decode((tuple(prompt_ids), max_new_tokens, 0.0, 1.0, 0))
         except BatchFailed:
             raise
         except Exception as exc:  # translate the library's errors at the boundary
@@ -521,27 +520,27 @@ class HFBackend:
         return list(ids)
 
     def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
-        """Generate each request's samples, every decode run alone through ``model.generate``.
+        """Generate each request's samples, the rows of the batch decoded together.
 
-        Rows are generated one at a time because transformers' ``generate`` draws samples from
-        the global torch RNG, so rows of one batched call cannot be seeded independently (and a
-        padded batch is not bit-identical to a row alone). So each result equals, row for row,
-        what the model produces for that request alone:
+        A greedy request is one row (its text repeated for every seed); a sampled request is one
+        row per seed. Rows with equal ``max_new_tokens``, temperature and top-p are decoded
+        together, ``max_batch_size`` per left-padded ``model.generate`` call (greedy decoding,
+        ``do_sample=False``); a sampled row's token at each step is drawn by :class:`_SeededSampler`
+        from ``softmax(scores / temperature)`` restricted to the top-p nucleus, with the row's own
+        ``torch.Generator`` seeded by its seed. Transformers' own sampling warpers (e.g. a
+        ``top_k=50`` generation default) never apply; its other logits processors (e.g. a
+        ``repetition_penalty``) apply to greedy and sampled rows alike, so a sampled row whose
+        nucleus is a single token is the greedy one. A row that came close to another decision
+        (see the module docs) is decoded again alone, so each result equals, row for row, what
+        its request gives alone, whatever the batch:
 
-        - greedy (``temperature == 0``): one decode, the same token ids as
-          ``model.generate(input_ids, attention_mask=ones, do_sample=False, max_new_tokens=...,
-          pad_token_id=...)`` on that prompt, repeated for every seed;
-        - sampling: sample ``s`` is one decode with ``do_sample=True``, the request's
-          ``temperature`` and ``top_p``, and ``top_k=0``, ``min_p``/``top_h`` off and
-          ``typical_p``/``epsilon_cutoff``/``eta_cutoff`` neutral (so the model's generation
-          config defaults, e.g. ``top_k=50``, never truncate), run inside
-          ``torch.random.fork_rng`` after seeding the CPU generator and the model's accelerator
-          generators with ``seeds[s]``. The global RNG state is the same afterwards.
+        - greedy: the token ids of ``model.generate(input_ids, attention_mask=ones,
+          do_sample=False, max_new_tokens=..., pad_token_id=...)`` on that prompt;
+        - sampled: a function of (prompt, temperature, top-p, seed) only. The global torch RNG is
+          never used or changed.
 
-        Logits processors that are not sampling warpers (e.g. a ``repetition_penalty`` in the
-        model's generation config) apply to greedy and sampled decodes alike, so a sampled decode
-        whose nucleus is a single token equals the greedy one. Every decode stops at
-        :attr:`eos_token_ids` (kept in the output) or after ``max_new_tokens``.
+        Every decode stops at :attr:`eos_token_ids` (kept in the output) or after
+        ``max_new_tokens``.
 
         Args:
             requests: the requests, in order.
@@ -549,7 +548,7 @@ class HFBackend:
         Returns:
             One :class:`GenerateResult` per request, in order (validated as a whole batch);
             ``tokens_computed`` counts per decode the prompt plus the new tokens fed back
-            (``len(prompt) + n_new - 1``: the last new token is never run).
+            (``len(prompt) + n_new - 1``: the last new token is never run; padding excluded).
 
         Raises:
             BatchFailed: a request's ``n_tokens`` exceeds ``max_context``, or the model raised.
@@ -560,25 +559,26 @@ class HFBackend:
                     f"a prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
                     f"the model's context of {self.max_context}"
                 )
+        rows = {_row_key(r, seed): None for r in requests for seed in (r.seeds[:1] if r.greedy else r.seeds)}
+        try:
+            together = self._decode_together(list(rows))
+        except Exception as exc:  # translate the library's errors at the boundary
+            together = {}
+            logger.debug("batched decode failed (%s); decoding each row alone to find the failing request", exc)
         results: list[GenerateResult] = []
         decodes: list[tuple[int, int]] = []  # (prompt length, new tokens) per decode run
-        greedy = self._greedy_batches([r for r in requests if r.greedy])
         for i, r in enumerate(requests):
             try:
-                if r.greedy:
-                    done = greedy.get((r.prompt_ids, r.max_new_tokens))
-                    runs = [done if done is not None else self._decode(r.prompt_ids, r.max_new_tokens)]
-                    samples = tuple(runs) * r.n_samples
-                else:
-                    runs = [
-                        self._decode(r.prompt_ids, r.max_new_tokens, sampling=(r.temperature, r.top_p, seed))
-                        for seed in r.seeds
-                    ]
-                    samples = tuple(runs)
+                runs = []
+                for seed in r.seeds[:1] if r.greedy else r.seeds:
+                    key = _row_key(r, seed)
+                    done = together.get(key)
+                    runs.append(done if done is not None else self._decode(key))
             except BatchFailed:
                 raise
             except Exception as exc:  # translate the library's errors at the boundary
                 raise BatchFailed(f"generation failed on request {i} of a batch of {len(requests)}: {exc}") from exc
+            samples = tuple(runs) * r.n_samples if r.greedy else tuple(runs)
             mine = [(len(r.prompt_ids), len(ids)) for ids in runs]
             decodes.extend(mine)
             results.append(GenerateResult(token_ids=samples, tokens_computed=sum(_decode_positions(*d) for d in mine)))
@@ -586,125 +586,91 @@ class HFBackend:
         self._count_decodes(decodes)
         return results
 
-    def _greedy_batches(self, requests: Sequence[GenerateRequest]) -> dict[tuple[tuple[int, ...], int], tuple[int, ...]]:
-        """Greedy decodes of ``requests`` run together, ``max_batch_size`` rows per call.
+    def _decode_together(self, rows: Sequence[_Row]) -> dict[_Row, tuple[int, ...]]:
+        """Decode ``rows`` in left-padded batches; the rows whose every decision was clear.
 
-        Rows are left-padded (the attention mask hides the padding; transformers derives position
-        ids from it) and decoded by one ``model.generate`` call per group of equal
-        ``max_new_tokens``. A :class:`_MarginRecorder` after the model's own logits processors
-        records each row's top-2 margin of the scores the argmax is taken over; a row whose
-        smallest margin before its EOS is below :attr:`greedy_tie_margin` is left out of the
-        returned map, so the caller decodes it alone. Padding changes a row's logits only by float
-        rounding (fp32: about 1e-5), far below the margin, so every returned row is the token
-        sequence the row gives alone. Errors propagate (the caller translates them).
+        Rows are grouped by ``(max_new_tokens, temperature, top_p)`` and sorted by prompt length
+        (less padding), ``max_batch_size`` per ``model.generate`` call; the attention mask hides
+        the padding and transformers derives position ids from it. After the model's own logits
+        processors, :class:`_MarginRecorder` (greedy) or :class:`_SeededSampler` (sampling)
+        records how close each row's decision was at each step; a row below the guard
+        (:attr:`greedy_tie_margin`, :attr:`sample_tie_gap`) at any step before its EOS is left
+        out, so the caller decodes it alone. Padding moves a row's scores only by float rounding
+        (fp32: about 1e-5 of a logit), so every returned row is the token sequence the row gives
+        alone. A group of one row is left to the caller. Errors propagate.
+        """
+        out: dict[_Row, tuple[int, ...]] = {}
+        groups: dict[tuple[int, float, float], list[_Row]] = {}
+        for row in rows:
+            groups.setdefault(row[1:4], []).append(row)
+        eos = set(self.eos_token_ids)
+        redone = 0
+        for (n_new, temperature, top_p), members in groups.items():
+            greedy = temperature == 0
+            guard = self.greedy_tie_margin if greedy else self.sample_tie_gap
+            if not math.isfinite(guard):
+                continue
+            members.sort(key=lambda row: len(row[0]))
+            for start in range(0, len(members), self.max_batch_size):
+                chunk = members[start : start + self.max_batch_size]
+                if len(chunk) == 1:
+                    continue
+                processor = _MarginRecorder() if greedy else _SeededSampler(
+                    temperature, top_p, [row[4] for row in chunk], device=self.device
+                )
+                new = self._generate([row[0] for row in chunk], n_new, processor)
+                closeness = torch_stack_steps(processor.closeness)  # [B, T]
+                for b, row in enumerate(chunk):
+                    tokens = new[b]
+                    n = next((k + 1 for k, x in enumerate(tokens) if x in eos), len(tokens))
+                    if n and float(closeness[b, :n].min()) < guard:
+                        redone += 1
+                        continue
+                    out[row] = tuple(tokens[:n])
+        if redone:
+            logger.debug("%d rows close to another decision decoded again alone", redone)
+        self._stats = dataclasses.replace(self._stats, redone_alone=self._stats.redone_alone + redone)
+        return out
+
+    def _generate(self, prompts: Sequence[tuple[int, ...]], max_new_tokens: int, processor: Any) -> list[list[int]]:
+        """One ``model.generate`` call, greedy over ``processor``'s scores, on left-padded ``prompts``.
 
         Returns:
-            ``(prompt_ids, max_new_tokens) -> new token ids`` (EOS included when produced) for the
-            rows decoded in a batch; a row redone alone is absent.
+            Per row the new token ids (padding after a row's EOS included).
         """
         torch = self._torch
         from transformers import LogitsProcessorList
 
-        out: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
-        if not requests or not math.isfinite(self.greedy_tie_margin):
-            return out
-        distinct: dict[tuple[tuple[int, ...], int], None] = {}
-        for r in requests:
-            distinct.setdefault((r.prompt_ids, r.max_new_tokens), None)
-        by_length: dict[int, list[tuple[int, ...]]] = {}
-        for prompt, n_new in distinct:
-            by_length.setdefault(n_new, []).append(prompt)
-        eos = set(self.eos_token_ids)
-        redone = 0
-        for n_new, prompts in by_length.items():
-            prompts.sort(key=len)  # similar lengths together: less padding
-            for start in range(0, len(prompts), self.max_batch_size):
-                chunk = prompts[start : start + self.max_batch_size]
-                if len(chunk) == 1:
-                    continue  # alone already: the caller's plain decode
-                width = max(len(p) for p in chunk)
-                ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)  # [B, P] left-padded
-                attention = torch.zeros((len(chunk), width), dtype=torch.long)  # [B, P] 1 = real token
-                for b, prompt in enumerate(chunk):
-                    ids[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-                    attention[b, width - len(prompt) :] = 1
-                recorder = _MarginRecorder()
-                with torch.inference_mode():
-                    seqs = self.model.generate(
-                        input_ids=ids.to(self.device),
-                        attention_mask=attention.to(self.device),
-                        do_sample=False,
-                        max_new_tokens=n_new,
-                        pad_token_id=self.pad_token_id,
-                        eos_token_id=list(self.eos_token_ids) or None,
-                        logits_processor=LogitsProcessorList([recorder]),
-                    )
-                new = seqs[:, width:].tolist()  # [B, T]
-                margins = torch.stack(recorder.margins, dim=1).cpu()  # [B, T] float32
-                for b, prompt in enumerate(chunk):
-                    row = new[b]
-                    n = next((k + 1 for k, x in enumerate(row) if x in eos), len(row))
-                    if n and float(margins[b, :n].min()) < self.greedy_tie_margin:
-                        redone += 1
-                        continue
-                    out[(prompt, n_new)] = tuple(int(x) for x in row[:n])
-        if redone:
-            logger.debug("%d greedy rows near a tie decoded again alone", redone)
-        self._stats = dataclasses.replace(self._stats, greedy_redone=self._stats.greedy_redone + redone)
-        return out
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)  # [B, P] left-padded
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, P] 1 = real token
+        for b, prompt in enumerate(prompts):
+            ids[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[b, width - len(prompt) :] = 1
+        with torch.inference_mode():
+            seqs = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=self.pad_token_id,
+                eos_token_id=list(self.eos_token_ids) or None,
+                logits_processor=LogitsProcessorList([processor]),
+            )
+        return [[int(x) for x in row] for row in seqs[:, width:].tolist()]
 
-    def _decode(
-        self, prompt_ids: tuple[int, ...], max_new_tokens: int, *, sampling: tuple[float, float, int] | None = None
-    ) -> tuple[int, ...]:
-        """One ``model.generate`` call on ``prompt_ids`` alone: greedy, or with ``sampling`` =
-        ``(temperature, top_p, seed)`` multinomial sampling seeded by ``seed`` (see :meth:`generate_batch`).
+    def _decode(self, row: _Row) -> tuple[int, ...]:
+        """One row decoded alone: the reference every batched row equals (see :meth:`generate_batch`).
 
         Returns:
             The new token ids (EOS / end-of-turn included when produced).
         """
-        torch = self._torch
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)  # [1, P]
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "pad_token_id": self.pad_token_id,
-            "eos_token_id": list(self.eos_token_ids) or None,
-        }
-        if sampling is None:
-            kwargs["do_sample"] = False
-            with torch.inference_mode():
-                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        else:
-            temperature, top_p, seed = sampling
-            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
-            # neutralise every other sampling warper the model's generation config may set (a
-            # key this transformers version lacks is left out: generate rejects unknown kwargs)
-            config = self.model.generation_config
-            kwargs.update({k: v for k, v in _NEUTRAL_WARPERS.items() if hasattr(config, k)})
-            with self._seeded(seed), torch.inference_mode():
-                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        return tuple(int(x) for x in out[0, ids.shape[1] :].tolist())
-
-    @contextmanager
-    def _seeded(self, seed: int) -> Iterator[None]:
-        """Run the body with the CPU and the model's accelerator RNGs seeded by ``seed``, then
-        restore every RNG state it touched (``torch.random.fork_rng``)."""
-        torch = self._torch
-        kind = self.device.type
-        if kind == "cuda":
-            devices = sorted({p.device.index for p in self.model.parameters() if p.device.type == "cuda"})
-            with torch.random.fork_rng(devices=devices, device_type="cuda"):
-                torch.random.default_generator.manual_seed(seed)
-                for index in devices:
-                    torch.cuda.default_generators[index].manual_seed(seed)
-                yield
-        elif kind == "cpu":
-            with torch.random.fork_rng(devices=[]):
-                torch.random.default_generator.manual_seed(seed)
-                yield
-        else:  # another accelerator (e.g. mps): fork its RNG too and seed everything
-            with torch.random.fork_rng(devices=[self.device.index or 0], device_type=kind):
-                torch.manual_seed(seed)
-                yield
+        prompt, n_new, temperature, top_p, seed = row
+        processor = _MarginRecorder() if temperature == 0 else _SeededSampler(temperature, top_p, [seed], device=self.device)
+        tokens = self._generate([prompt], n_new, processor)[0]
+        eos = set(self.eos_token_ids)
+        n = next((k + 1 for k, x in enumerate(tokens) if x in eos), len(tokens))
+        return tuple(tokens[:n])
 
     def _count_decodes(self, decodes: Sequence[tuple[int, int]]) -> None:
         """Add ``(prompt length, new tokens)`` decodes to the statistics."""
@@ -717,6 +683,23 @@ class HFBackend:
         )
 
 
+_Row = tuple[tuple[int, ...], int, float, float, int]
+"""One decode: ``(prompt_ids, max_new_tokens, temperature, top_p, seed)`` (greedy: temperature 0, seed 0)."""
+
+
+def _row_key(request: GenerateRequest, seed: int) -> _Row:
+    if request.greedy:
+        return (request.prompt_ids, request.max_new_tokens, 0.0, 1.0, 0)
+    return (request.prompt_ids, request.max_new_tokens, float(request.temperature), float(request.top_p), int(seed))
+
+
+def torch_stack_steps(steps: Sequence[Any]) -> Any:
+    """Per-step ``[B]`` tensors as one ``[B, T]`` float32 CPU tensor."""
+    import torch
+
+    return torch.stack(list(steps), dim=1).float().cpu()
+
+
 class _MarginRecorder:
     """A logits processor that records each row's top-2 margin of the final scores, unchanged.
 
@@ -725,12 +708,51 @@ class _MarginRecorder:
     """
 
     def __init__(self) -> None:
-        self.margins: list[Any] = []  # per step: [B] float32
+        self.closeness: list[Any] = []  # per step: [B] float32 top-2 margins (logits)
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         top2 = scores.float().topk(2, dim=-1).values  # [B, 2]
-        self.margins.append(top2[:, 0] - top2[:, 1])
+        self.closeness.append(top2[:, 0] - top2[:, 1])
         return scores
+
+
+class _SeededSampler:
+    """A logits processor that samples each row's next token with the row's own generator.
+
+    Per step and row: ``p = softmax(top_p_filter(scores / temperature))`` (transformers'
+    ``TopPLogitsWarper``, float32), ``u`` uniform in [0, 1) from the row's ``torch.Generator``
+    (seeded by the row's seed; one draw per step), and the token is the first whose cumulative
+    probability exceeds ``u`` (inverse-CDF sampling). It returns scores that are 0 at that token
+    and -inf elsewhere, so ``generate``'s greedy argmax takes it. It records each draw's distance
+    to the nearest CDF boundary (``closeness``): a draw that close could pick another token under
+    a float-rounding change of the scores.
+    """
+
+    def __init__(self, temperature: float, top_p: float, seeds: Sequence[int], *, device: Any) -> None:
+        import torch
+        from transformers import TopPLogitsWarper
+
+        self.temperature = float(temperature)
+        self.top_p = TopPLogitsWarper(top_p=float(top_p)) if top_p < 1 else None
+        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        self.device = device
+        self.closeness: list[Any] = []  # per step: [B] float32 distance of u to a CDF boundary
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        warped = scores.float() / self.temperature  # [B, V]
+        if self.top_p is not None:
+            warped = self.top_p(input_ids, warped)
+        cdf = torch.softmax(warped, dim=-1).cumsum(dim=-1)  # [B, V]
+        cdf = cdf / cdf[:, -1:]  # exactly 1 at the end
+        u = torch.cat([torch.rand(1, generator=g, device=self.device) for g in self.generators])  # [B]
+        token = torch.searchsorted(cdf, u[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)  # [B, 1]
+        upper = cdf.gather(1, token)[:, 0]
+        lower = torch.where(token[:, 0] > 0, cdf.gather(1, (token - 1).clamp_(min=0))[:, 0], torch.zeros_like(u))
+        self.closeness.append(torch.minimum(u - lower, upper - u))
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, token, 0.0)
 
 
 def _decode_positions(prompt_len: int, n_new: int) -> int:
