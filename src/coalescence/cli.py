@@ -388,6 +388,18 @@ def _utility_spec(args: argparse.Namespace) -> Any:
     return UtilitySpec(kind=args.utility, span=span, substring=args.target_substring, generation=generation)
 
 
+def _same_measurement(run_dir: Path, utility: Any) -> bool:
+    """Whether the archive's last run measured what ``utility`` needs (so replay can reduce it)."""
+    from .archive.reader import read_manifest
+    from .utility import UtilitySpec
+
+    try:
+        last = UtilitySpec.from_dict(read_manifest(run_dir)["runs"][-1].get("utility") or {})
+    except (CoalescenceError, KeyError, IndexError, TypeError, ValueError):
+        return False
+    return last.teacher_forced == utility.teacher_forced and last.generation == utility.generation
+
+
 def _on_line(k: int, is_batch: bool, check: Any, *args: Any) -> Any:
     """Run ``check(*args)``; in a JSONL batch, an input error names the input's line (``line N: FIELD``)."""
     from .errors import InputError
@@ -583,7 +595,7 @@ def _explain(args: argparse.Namespace) -> int:
             flush_seconds=args.flush_seconds,
         )
     except ArchiveError as exc:
-        if "utility:" in exc.message and not args.new_run:
+        if "utility:" in exc.message and not args.new_run and _same_measurement(run_dir, utility):
             raise ArchiveError(
                 exc.message + f". For another utility of the same answer, `coalescence replay {run_dir} --method "
                 f"{args.method} --utility ...` (or --target-span/--target-substring) needs no model, and "
@@ -684,7 +696,7 @@ def _replay(args: argparse.Namespace) -> int:
         )
     spanned = span is not None or args.target_substring is not None
     if args.whole_answer and spanned:
-        raise ConfigError("--whole-answer scores every answer token; drop it or the sub-span", field="--whole-answer")
+        raise ConfigError("scores every answer token, so it does not combine with a sub-span; drop one", field="--whole-answer")
     keep = not spanned and not args.whole_answer
     utility = UtilitySpec(
         kind=kind,

@@ -258,7 +258,7 @@ def check_budget_seed(budget: object, seed: object) -> None:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ConfigError(f"--budget must be a positive integer, got {budget!r}", field="--budget")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"--seed must be a non-negative integer, got {seed!r}", field="--seed")
+        raise ConfigError(f"must be a non-negative integer, got {seed!r}", field="--seed")
 
 
 def check_n_players(n_players: int) -> int:
