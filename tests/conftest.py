@@ -101,6 +101,12 @@ def build_model(tokenizer, *, seed: int = 0, layers: int = 2):
     return LlamaForCausalLM(config).eval()
 
 
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    """Every ``@pytest.mark.anyio`` test runs on a real asyncio and a real trio event loop."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def chatml_tokenizer():
     return build_tokenizer("chatml")

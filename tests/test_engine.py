@@ -17,11 +17,6 @@ from coalescence.errors import EngineClosed, InputError
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request):
-    return request.param
-
-
 def snapshot() -> ConversationSnapshot:
     c = Conversation(
         messages=(

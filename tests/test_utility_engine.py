@@ -21,11 +21,6 @@ from coalescence.utility import UtilitySpec
 TARGET = "It was completed in 1889."
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request):
-    return request.param
-
-
 def snapshot() -> ConversationSnapshot:
     c = Conversation(
         messages=(

@@ -15,11 +15,6 @@ from coalescence.scheduler.buckets import LengthBuckets, share_order
 from coalescence.scheduler.collator import Collator, CollatorBackend, scoring_backend
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request):
-    return request.param
-
-
 def test_bucket_config_is_checked_at_construction():
     b = LengthBuckets()
     assert b.ceilings == (128, 512, 2048, 8192)

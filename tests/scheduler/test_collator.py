@@ -25,11 +25,6 @@ from coalescence.scheduler.collator import (
 LOGGER = "coalescence.scheduler.collator"
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request):
-    return request.param
-
-
 class Recorder:
     """A deterministic batch function that records every call and the concurrency it saw.
 

@@ -32,11 +32,6 @@ MASK = PackedMask.from_indices([0, 2], 3)
 STREAM_JOBS = {"asyncio": 1_000_000, "trio": 200_000}
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request):
-    return request.param
-
-
 def key(i: int) -> str:
     return hashlib.sha256(str(i).encode()).hexdigest()
 

@@ -619,7 +619,7 @@ class HFBackend:
                     temperature, top_p, [row[4] for row in chunk], device=self.device
                 )
                 new = self._generate([row[0] for row in chunk], n_new, processor)
-                closeness = torch_stack_steps(processor.closeness)  # [B, T]
+                closeness = _stack_steps(processor.closeness)  # [B, T]
                 for b, row in enumerate(chunk):
                     tokens = new[b]
                     n = next((k + 1 for k, x in enumerate(tokens) if x in eos), len(tokens))
@@ -693,7 +693,7 @@ def _row_key(request: GenerateRequest, seed: int) -> _Row:
     return (request.prompt_ids, request.max_new_tokens, float(request.temperature), float(request.top_p), int(seed))
 
 
-def torch_stack_steps(steps: Sequence[Any]) -> Any:
+def _stack_steps(steps: Sequence[Any]) -> Any:
     """Per-step ``[B]`` tensors as one ``[B, T]`` float32 CPU tensor."""
     import torch
 
