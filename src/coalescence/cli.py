@@ -423,7 +423,9 @@ def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config:
         "template_injects_default_system": engine.renderer.injects_default_system,
         "target_token_ids": target_ids,
         # per target token, its characters in the answer: answer sub-spans replay without a tokenizer
-        "target_token_offsets": {s.snapshot_id: [list(o) for o in engine.target_tokens(s).offsets] for s in snapshots},
+        "target_token_offsets": {s.snapshot_id: [list(o) for o in engine.target_tokens(s, policy).offsets] for s in snapshots},
+        # what the chat template writes around the answer (prompt, never scored): e.g. Qwen3's empty reasoning block
+        "answer_rendering": {s.snapshot_id: engine.target_tokens(s, policy).to_dict() for s in snapshots},
         "snapshots": [s.to_dict() for s in snapshots],
     }
 
@@ -547,10 +549,10 @@ def _explain(args: argparse.Namespace) -> int:
             fines.append(fine_snapshot(snapshot, hierarchy[1]))
     recorded = snapshots + [f for f, _ in fines]
     for k, snap in enumerate(snapshots):
-        _on_line(k, is_batch, engine.resolved_utility, snap)  # a sub-span outside a target fails here, before the archive
+        _on_line(k, is_batch, engine.resolved_utility, snap, policy)  # a sub-span outside a target fails here, before the archive
     for snap in recorded:
-        engine.resolved_utility(snap)
-    targets = {s.snapshot_id: list(engine.target_tokens(s).ids) for s in recorded}
+        engine.resolved_utility(snap, policy)
+    targets = {s.snapshot_id: list(engine.target_tokens(s, policy).ids) for s in recorded}
 
     # 3. the archive (created, or resumed after its identity is checked), then the run
     if run_dir is None:
@@ -771,7 +773,7 @@ def _replay(args: argparse.Namespace) -> int:
                 field="--model",
             )
         for snap in snapshots:
-            engine.resolved_utility(snap)
+            engine.resolved_utility(snap, policy)
         description = {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics")}
         description |= {"utility": utility.to_dict(), "snapshots": [records[i] for i in run["snapshot_ids"]]}
         archive = RunArchive.open(

@@ -146,17 +146,24 @@ class Engine:
             conversation = conversation.with_target(text, source="generated")
         return ConversationSnapshot.build(conversation, unit=unit, roles=roles)
 
-    def target_tokens(self, snapshot: ConversationSnapshot) -> TargetTokens:
+    def target_tokens(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> TargetTokens:
         """The scored target tokens of a snapshot (cached), checked against the model's context.
+
+        Args:
+            snapshot: the conversation and its answer.
+            policy: the absence policy whose full coalition is scored (``None``: the snapshot's
+                messages as they are; they differ only under ``merge_adjacent``).
 
         Raises:
             InputError: the full conversation does not fit the model's context (field
                 ``messages``), or the template/tokenizer cannot separate prompt and answer.
+            TemplateRefused: the chat template refuses the full conversation or changes the answer.
         """
-        cached = self._targets.get(snapshot.snapshot_id)
+        cache_key = (snapshot.snapshot_id, policy)
+        cached = self._targets.get(cache_key)
         if cached is not None:
             return cached
-        target = self.renderer.target_tokens(snapshot)
+        target = self.renderer.target_tokens(snapshot, policy)
         total = len(target.full_prompt_ids) + len(target.ids)
         limit = int(self.backend.max_context)
         if total > limit:
@@ -165,7 +172,7 @@ class Engine:
                 f"model's context of {limit}; shorten the conversation or use a longer-context model",
                 field="messages",
             )
-        self._targets[snapshot.snapshot_id] = target
+        self._targets[cache_key] = target
         return target
 
     @property
@@ -173,25 +180,26 @@ class Engine:
         """The model identity that enters coalition keys: ``{"id", "revision", "dtype"}``."""
         return {"id": self.backend.model_id, "revision": self.backend.revision, "dtype": self.backend.dtype}
 
-    def resolved_utility(self, snapshot: ConversationSnapshot) -> ResolvedUtility:
+    def resolved_utility(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> ResolvedUtility:
         """The engine's utility fixed for ``snapshot``'s target (cached).
 
         Raises:
             InputError: an answer sub-span outside the target (see :meth:`UtilitySpec.resolve`).
         """
-        cached = self._resolved.get(snapshot.snapshot_id)
+        cache_key = (snapshot.snapshot_id, policy)
+        cached = self._resolved.get(cache_key)
         if cached is None:
-            cached = self.utility.resolve(snapshot.target, self.target_tokens(snapshot).offsets)
-            self._resolved[snapshot.snapshot_id] = cached
+            cached = self.utility.resolve(snapshot.target, self.target_tokens(snapshot, policy).offsets)
+            self._resolved[cache_key] = cached
         return cached
 
     def key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
         """The coalition key of ``mask`` under this engine's model and utility."""
-        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot).coalition_utility())
+        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot, policy).coalition_utility())
 
     def evaluation_key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
         """The key of ``mask``'s model evaluation (its measurement, whatever the reduction)."""
-        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot).evaluation_utility())
+        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot, policy).evaluation_utility())
 
     def attach_archive(self, archive: RunArchive) -> int:
         """Record results in ``archive`` and serve the coalitions it already holds from the store.
@@ -225,14 +233,16 @@ class Engine:
 
         async def evaluate_job(job: CoalitionJob) -> EvalOutcome:
             snapshot, policy, row, evaluation_key = job.request
-            resolved = self.resolved_utility(snapshot)
+            resolved = self.resolved_utility(snapshot, policy)
             known = self.measurements.get(evaluation_key)
             if known is not None:  # the same evaluation under another utility: no model call
                 return await self._outcome(snapshot, resolved, evaluation_key, known, cache_hit=True)
-            prompt_ids = tuple(self.renderer.coalition_prompt(snapshot, policy, row))
             if resolved.spec.teacher_forced:
-                request: Any = ScoreRequest(prompt_ids=prompt_ids, target_ids=self.target_tokens(snapshot).ids)
+                target = self.target_tokens(snapshot, policy)
+                prompt_ids = tuple(self.renderer.coalition_prompt(snapshot, policy, row, target))
+                request: Any = ScoreRequest(prompt_ids=prompt_ids, target_ids=target.ids)
             else:
+                prompt_ids = tuple(self.renderer.generation_prompt(snapshot, policy, row))
                 gen = resolved.spec.generation
                 assert gen is not None
                 request = GenerateRequest(
@@ -326,7 +336,7 @@ class Engine:
         """
         if self._closed:
             raise EngineClosed("the engine is closed")
-        self.resolved_utility(snapshot)
+        self.resolved_utility(snapshot, policy)
         distinct: dict[bytes, np.ndarray] = {}
         requested = 0
         for row in coalitions:
@@ -384,7 +394,7 @@ class Engine:
         """
         t0 = time.perf_counter()
         estimator.validate(snapshot.n_players)
-        self.resolved_utility(snapshot)
+        self.resolved_utility(snapshot, policy)
         before = self.statistics().executed
         masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
         return self._explanation(snapshot, policy, estimator.fit(masks, utilities), t0, before)
@@ -434,7 +444,7 @@ class Engine:
             raise ConfigError(f"must be > 0, got {target_stderr!r}", field="--target-stderr")
         n = snapshot.n_players
         make_estimator(method, budget=budget, seed=seed).validate(n)
-        self.resolved_utility(snapshot)
+        self.resolved_utility(snapshot, policy)
         t0 = time.perf_counter()
         before = self.statistics().executed
         round_budget = min(budget, first_budget or max(16, 4 * n))
@@ -490,9 +500,9 @@ class Engine:
             absence_params=policy.params(),
             utility=self.utility.kind,
             utility_unit=self.utility.unit,
-            utility_detail=utility_detail(self.resolved_utility(snapshot)),
-            utility_description=self.resolved_utility(snapshot).describe(),
-            target_token_count=len(self.target_tokens(snapshot).ids),
+            utility_detail=utility_detail(self.resolved_utility(snapshot, policy)),
+            utility_description=self.resolved_utility(snapshot, policy).describe(),
+            target_token_count=len(self.target_tokens(snapshot, policy).ids),
             n_evaluations=self.statistics().executed - before,
             wall_seconds=time.perf_counter() - t0,
             notes=self._notes(snapshot, policy),
@@ -500,9 +510,24 @@ class Engine:
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
-        return self.resolved_utility(snapshot).notes() + self._template_notes(snapshot, policy)
+        return self.resolved_utility(snapshot, policy).notes() + self._template_notes(snapshot, policy)
 
     def _template_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
+        target = self.target_tokens(snapshot, policy)
+        notes: tuple[str, ...] = ()
+        if target.inserted:
+            notes += (
+                f"the chat template writes {target.inserted!r} between the assistant header and the answer; "
+                "it is prompt (conditioned on, not scored)",
+            )
+        if target.lead:
+            notes += (
+                f"the answer's first scored token starts with the template's {target.lead!r} (the "
+                "tokenizer joins them); the answer's first word is scored with it",
+            )
+        return notes + self._default_system_notes(snapshot, policy)
+
+    def _default_system_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
         if not self.renderer.injects_default_system:
             return ()
         messages = snapshot.conversation.messages

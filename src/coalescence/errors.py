@@ -6,6 +6,7 @@ errors are translated at the boundary with ``raise ... from exc``::
     CoalescenceError
     ├── ConfigError        (also ValueError)  a setting is invalid: bad option value, impossible budget
     ├── InputError         (also ValueError)  the input conversation is invalid: malformed JSON, unknown role
+    │   └── TemplateRefused                   the model's chat template refuses a coalition's conversation
     ├── MaskError          (also ValueError)  a coalition mask is malformed: wrong length, pad bits set
     ├── EstimatorError                        an estimator cannot run: too many players, pool misses coalitions
     ├── BackendError                          the model backend failed
@@ -31,6 +32,7 @@ __all__ = (
     "EstimatorError",
     "InputError",
     "MaskError",
+    "TemplateRefused",
 )
 
 
@@ -60,6 +62,11 @@ class ConfigError(CoalescenceError, ValueError):
 
 class InputError(CoalescenceError, ValueError):
     """The input conversation is invalid (malformed JSON, unknown role, empty target, no players)."""
+
+
+class TemplateRefused(InputError):
+    """The model's chat template raised on a conversation (e.g. roles that do not alternate), or
+    renders the answer other than verbatim; the message quotes the template's own words."""
 
 
 class MaskError(CoalescenceError, ValueError):

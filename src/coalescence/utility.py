@@ -344,7 +344,8 @@ class UtilitySpec:
         Args:
             target: the target answer text.
             offsets: ``[n_target]`` character ``(start, end)`` of each target token in ``target``
-                (the end-of-turn token starts at ``len(target)`` or later).
+                (the end-of-turn token starts at ``len(target)`` or later; a first token that
+                starts with template whitespace starts below 0).
 
         Raises:
             InputError: the span ends past the target, the substring is not in it, or the span
@@ -360,7 +361,8 @@ class UtilitySpec:
         if not selected:
             raise InputError(f"characters {start}:{end} of the target cover no token", field=option)
         lo, hi = selected[0], selected[-1] + 1
-        widened = (min(start, offsets[lo][0]), max(end, min(offsets[hi - 1][1], len(target))))
+        # a first token that starts with template whitespace (a negative start) covers answer text from 0
+        widened = (max(0, min(start, offsets[lo][0])), max(end, min(offsets[hi - 1][1], len(target))))
         return ResolvedUtility(
             spec=self,
             tokens=(lo, hi),

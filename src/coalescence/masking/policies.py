@@ -11,20 +11,27 @@ Rules shared by every policy:
 
 ``drop`` (:class:`DropPolicy`) removes an absent player's text. A *turn* player removes its whole
 message. The whitespace rule, the same for every unit (paragraph, sentence, word, declared spans,
-tool exchanges): a removed player and the whitespace touching it collapse to one separator, the
-first non-empty whitespace among the text's end before it, the gaps, and the text's start after
-it, except that text that touched the removed player on its right stays attached (punctuation);
-to nothing at the start or end of the message (the message's own leading and trailing whitespace
-stay). So removing a player never glues two neighbours together and never leaves a dangling
-separator: ``"A. B.  C."`` without B is ``"A. C."``, without C is ``"A. B."``; the words ``Do
-n't go`` of ``"Don't go"`` without ``n't`` give ``"Do go"``, the words of ``"is big."`` without
-``big`` give ``"is."``; blank-line paragraphs keep their blank line. Text between players that is not whitespace (a template's headers) is never removed.
-A message whose players are all absent and whose remaining text is whitespace is removed, like a
-dropped turn, except a system message under ``system_absent="empty"``, which stays with empty
-content. (Chat templates that inject a default system prompt when no system message is present
-will inject it when the system message is removed: the renderer reports that behaviour, see
+tool exchanges): a removed run of players collapses, with the whitespace touching it, to the
+strongest whitespace around it: a blank line beats a line break, a line break beats spaces; among
+equal line breaks the last one wins (so the next line keeps its indentation), among spaces the
+first. So removing players never
+joins two lines or paragraphs that were separate and changes no character outside the removed
+players and that one separator: ``"A. B.\n\nQ?"`` without B is ``"A.\n\nQ?"``, ``"A. B. C."``
+without B is ``"A. C."``, ``"- a\n- b\n- c"`` without ``- b`` is ``"- a\n- c"``. Two exceptions
+remove the separator: at the start or end of a message the run collapses to nothing (the
+message's own leading and trailing whitespace stay), and text that touched the removed run on its
+right stays attached when no line break is involved (punctuation: the words of ``"is big."``
+without ``big`` give ``"is."``; of ``"Don't go"`` without ``n't``, ``"Do go"``). Text between
+players that is not whitespace (a template's headers, text outside declared players) is never
+removed. A message whose players are all absent and whose remaining text is whitespace is removed,
+like a dropped turn, except under ``empty_turns="empty"`` (every role) or
+``system_absent="empty"`` (system messages), where it stays with empty content. (Chat templates
+that inject a default system prompt when no system message is present will inject it when the
+system message is removed: the renderer reports that behaviour, see
 :attr:`ChatRenderer.injects_default_system`.) An empty player (an empty message under ``turn``)
-removes nothing, so its value is 0 (the dummy axiom).
+removes nothing, so its value is 0 (the dummy axiom). ``merge_adjacent=True`` (both policies)
+then joins adjacent messages of the same role into one, joined by a blank line, for templates that
+require alternating roles.
 
 ``placeholder`` (:class:`PlaceholderPolicy`) replaces an absent player's text with a fixed string
 (default ``"[removed]"``) and keeps every message and separator.
@@ -32,6 +39,7 @@ removes nothing, so its value is 0 (the dummy axiom).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -44,8 +52,11 @@ from ..errors import ConfigError, MaskError
 __all__ = (
     "AbsencePolicy",
     "DropPolicy",
+    "EMPTY_TURNS",
     "PlaceholderPolicy",
     "SYSTEM_ABSENT",
+    "line_breaks",
+    "merge_adjacent_messages",
     "available_policies",
     "get_policy",
     "register_policy",
@@ -92,17 +103,51 @@ def _check_present(snapshot: ConversationSnapshot, present: np.ndarray) -> np.nd
     return arr
 
 
+_LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+"""A line break: what :meth:`str.splitlines` splits on, ``\\r\\n`` counted once."""
+
+
+def line_breaks(whitespace: str) -> int:
+    """The number of line breaks in ``whitespace`` (``\\r\\n`` is one; see :meth:`str.splitlines`)."""
+    return len(_LINE_BREAK.findall(whitespace))
+
+
+def _separator(candidates: list[str], attached: bool) -> str:
+    """The whitespace a removed run collapses to: the strongest of ``candidates``.
+
+    ``candidates`` are the whitespace strings around and inside the run, in text order (the end of
+    the text before it, whitespace-only gaps, the start of the text after it). Strength is the
+    number of line breaks (a blank line beats a line break, a line break beats spaces); among
+    equal line breaks the last one wins, so the line after the run keeps its own indentation, and
+    among spaces alone the first. With no line
+    break anywhere and text that touched the removed run on its right (punctuation), nothing.
+    """
+    best = ""
+    strength = -1
+    for ws in candidates:
+        if not ws:
+            continue
+        k = line_breaks(ws)
+        if k > strength or (k == strength and k > 0):  # equal line breaks: the last; equal spaces: the first
+            best, strength = ws, k
+    if strength <= 0 and attached:
+        return ""
+    return best
+
+
 def _join_kept(content: str, players: list[Player], kept: list[str | None]) -> str:
     """Rebuild a message from its pieces (text, or None where removed) and the text between them.
 
     The whitespace rule (module docs): text with no removed piece in it is unchanged. A run of
     removed pieces together with the whitespace touching it (the whitespace that ends the text
     before, whitespace-only gaps, the whitespace that starts the text after) becomes, when there is
-    text on both sides, nothing if the text after touched the removed piece (punctuation: ``"is
-    big."`` without ``big`` is ``"is."``), else the first non-empty of those whitespace strings;
-    nothing at the start
-    of the message (leading whitespace of the message itself is kept), and the message's own
-    trailing whitespace at its end. Text between players that is not whitespace is never removed.
+    text on both sides, the strongest of those whitespace strings (:func:`_separator`: most line
+    breaks; among equal line breaks the last, among spaces the first), or nothing when none has a line break and the text after
+    touched the removed piece (punctuation: ``"is big."`` without ``big`` is ``"is."``); nothing
+    at the start of the message (the message's own leading whitespace is kept), and the message's
+    own trailing whitespace at its end. Text between players that is not whitespace is never
+    removed, and no line break outside the removed pieces is lost unless an equal or stronger
+    one stands in for it.
     """
     segs: list[str | None] = [content[: players[0].start]]
     for j, (player, text) in enumerate(zip(players, kept, strict=True)):
@@ -137,8 +182,7 @@ def _join_kept(content: str, players: list[Player], kept: list[str | None]) -> s
             leading = right[: len(right) - len(right.lstrip())]
             whitespace.append(leading)
             attached = not ((segs[j - 1] or "") + leading)  # the right text touched the removed one
-            separator = "" if attached else next((w for w in whitespace if w), "")
-            out = out.rstrip() + separator + right.lstrip()
+            out = out.rstrip() + _separator(whitespace, attached) + right.lstrip()
         i = j + 1
     return out
 
@@ -147,10 +191,58 @@ SYSTEM_ABSENT: tuple[str, ...] = ("removed", "empty")
 """What ``drop`` does with a system message whose players are all absent: remove the message (a
 template may then inject its default system prompt), or keep it with empty content."""
 
+EMPTY_TURNS: tuple[str, ...] = ("removed", "empty")
+"""What ``drop`` does with any message whose players are all absent: remove it (default), or keep
+it with empty content, so the conversation keeps its sequence of roles in every coalition."""
+
+MERGED_ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
+"""The roles whose adjacent messages ``merge_adjacent`` joins (tool results stay separate)."""
+
+MERGE_SEPARATOR = "\n\n"
+"""What joins the contents of merged adjacent messages (a blank line)."""
+
+
+def merge_adjacent_messages(messages: list[Message]) -> list[Message]:
+    """Join adjacent messages of the same role (system, user or assistant) into one message.
+
+    The contents are joined by :data:`MERGE_SEPARATOR` (empty contents are skipped); tool messages
+    are never merged. Chat templates that require alternating roles (Llama-2, Mistral, Gemma)
+    refuse two user turns side by side, which dropping the assistant turn between them produces.
+
+    Returns:
+        The messages with every run of same-role messages merged (the input is not changed).
+    """
+    out: list[Message] = []
+    for message in messages:
+        prev = out[-1] if out else None
+        if prev is not None and prev.role == message.role and message.role in MERGED_ROLES:
+            parts = [c for c in (prev.content, message.content) if c]
+            out[-1] = replace(
+                prev,
+                content=MERGE_SEPARATOR.join(parts),
+                tool_call_ids=prev.tool_call_ids + message.tool_call_ids,
+            )
+        else:
+            out.append(message)
+    return out
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _SpanPolicy:
-    """Shared rendering: each absent player's text becomes :meth:`_absent_text` (None = removed)."""
+    """Shared rendering: each absent player's text becomes :meth:`_absent_text` (None = removed).
+
+    Args:
+        merge_adjacent: after removal, join adjacent messages of the same role into one
+            (:func:`merge_adjacent_messages`), in every coalition, the full one included; it changes
+            the rendered text, so ``True`` enters the coalition key through :meth:`params`.
+    """
+
+    merge_adjacent: bool = False
+
+    def _base_params(self) -> dict[str, Any]:
+        if not isinstance(self.merge_adjacent, bool):
+            raise ConfigError(f"must be true or false, got {self.merge_adjacent!r}", field="--merge-adjacent")
+        return {"merge_adjacent": True} if self.merge_adjacent else {}
 
     def _absent_text(self, player: Player) -> str | None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -180,7 +272,7 @@ class _SpanPolicy:
                     messages.append(emptied)
                 continue
             messages.append(replace(message, content=content))
-        return messages
+        return merge_adjacent_messages(messages) if self.merge_adjacent else messages
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,14 +282,22 @@ class DropPolicy(_SpanPolicy):
     Args:
         system_absent: ``"removed"`` (default): a system message whose players are all absent is
             removed like any other; ``"empty"``: it stays, with empty content (so a template that
-            injects a default system prompt when none is given does not). The two render
-            differently, so a non-default value enters the coalition key through :meth:`params`.
+            injects a default system prompt when none is given does not).
+        empty_turns: ``"removed"`` (default): any message whose players are all absent is
+            removed; ``"empty"``: it stays with empty content, so every coalition keeps the
+            original sequence of roles (what templates that require alternating roles need for
+            units finer than a turn).
+        merge_adjacent: see :class:`_SpanPolicy`.
+
+        Non-default values render differently, so they enter the coalition key through
+        :meth:`params`.
 
     Raises:
-        ConfigError: ``system_absent`` is not one of :data:`SYSTEM_ABSENT`.
+        ConfigError: ``system_absent`` or ``empty_turns`` is not one of :data:`SYSTEM_ABSENT`.
     """
 
     system_absent: str = "removed"
+    empty_turns: str = "removed"
     id: str = "drop"
 
     def __post_init__(self) -> None:
@@ -206,16 +306,26 @@ class DropPolicy(_SpanPolicy):
                 f"unknown rule {self.system_absent!r}; use one of {', '.join(SYSTEM_ABSENT)}",
                 field="--system-absent",
             )
+        if self.empty_turns not in EMPTY_TURNS:
+            raise ConfigError(
+                f"unknown rule {self.empty_turns!r}; use one of {', '.join(EMPTY_TURNS)}",
+                field="--empty-turns",
+            )
+        self._base_params()
 
     def params(self) -> dict[str, Any]:
-        """``{}`` for the default rule, else ``{"system_absent": "empty"}``."""
-        return {} if self.system_absent == "removed" else {"system_absent": self.system_absent}
+        """The non-default rules: ``{}`` by default, else e.g. ``{"system_absent": "empty"}``,
+        ``{"empty_turns": "empty"}``, ``{"merge_adjacent": True}``."""
+        out = {} if self.system_absent == "removed" else {"system_absent": self.system_absent}
+        if self.empty_turns != "removed":
+            out["empty_turns"] = self.empty_turns
+        return out | self._base_params()
 
     def _absent_text(self, player: Player) -> str | None:
         return None
 
     def _emptied(self, message: Message) -> Message | None:
-        if message.role == "system" and self.system_absent == "empty":
+        if self.empty_turns == "empty" or (message.role == "system" and self.system_absent == "empty"):
             return replace(message, content="")
         return None
 
@@ -223,6 +333,10 @@ class DropPolicy(_SpanPolicy):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlaceholderPolicy(_SpanPolicy):
     """Replace an absent player's text with ``text`` (default ``"[removed]"``).
+
+    Args:
+        text: the placeholder.
+        merge_adjacent: see :class:`_SpanPolicy`.
 
     Raises:
         ConfigError: ``text`` is not a string.
@@ -234,10 +348,11 @@ class PlaceholderPolicy(_SpanPolicy):
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
             raise ConfigError(f"placeholder must be a string, got {self.text!r}", field="--placeholder")
+        self._base_params()
 
     def params(self) -> dict[str, Any]:
-        """``{"text": placeholder}``."""
-        return {"text": self.text}
+        """``{"text": placeholder}`` (and ``"merge_adjacent": True`` when set)."""
+        return {"text": self.text} | self._base_params()
 
     def _absent_text(self, player: Player) -> str | None:
         return self.text
