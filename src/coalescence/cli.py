@@ -181,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=UNITS,
         default=None,
         help="player unit: turn, paragraph, sentence, word, tool (a tool call and its results), "
-        "document (the input's declared players or RAG documents) (default: document when the "
-        "input declares players, else turn)",
+        "exchange (a user turn and the reply to it; the last user turn stays), document (the input's "
+        "declared players or RAG documents) (default: document when the input declares players, else turn)",
     )
     ex.add_argument(
         "--template",
@@ -197,6 +197,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="removed",
         help="drop policy: a system message whose players are all absent is removed, or kept "
         "with empty content (default: %(default)s)",
+    )
+    ex.add_argument(
+        "--empty-turns",
+        choices=("removed", "empty"),
+        default="removed",
+        help="drop policy: a message (any role) whose players are all absent is removed, or kept with "
+        "empty content so every coalition keeps the conversation's sequence of roles, as templates "
+        "that require alternating roles need for units finer than a turn (default: %(default)s)",
+    )
+    ex.add_argument(
+        "--merge-adjacent",
+        action="store_true",
+        help="render adjacent messages of the same role (system, user, assistant) as one message, "
+        "joined by a blank line, in every coalition: dropping a turn then never puts two user turns "
+        "side by side (templates that require alternating roles)",
     )
     ex.add_argument(
         "--hierarchy",
@@ -343,17 +358,47 @@ def _check_out(out: str | None) -> Path | None:
     return path
 
 
-def _load_backend(args: argparse.Namespace, source: Any) -> Any:
-    from .backends.registry import load_backend
-
+def _quiet_transformers(args: argparse.Namespace) -> None:
     if not args.verbose:
         import transformers
 
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
+
+
+def _load_backend(args: argparse.Namespace, source: Any, **loaded: Any) -> Any:
+    """Load the model's weights (``loaded``: the tokenizer, config and fingerprint already at hand)."""
+    from .backends.registry import load_backend
+
+    _quiet_transformers(args)
     if not args.no_progress:
         print(f"coalescence: loading {source.model_id} ...", file=sys.stderr, flush=True)
-    return load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size)
+    return load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size, **loaded)
+
+
+def _model_identity(run_dir: Path | None, model: dict[str, Any], new_run: bool) -> None:
+    """Refuse, before the weights load, to resume an archive whose runs used other model content."""
+    from .archive.reader import read_manifest
+
+    if run_dir is None or new_run or not (run_dir / "manifest.json").is_file():
+        return
+    runs = read_manifest(run_dir).get("runs") or []
+    if not runs or any(r.get("model") == model for r in runs):
+        return
+    old = runs[-1].get("model") or {}
+    if not isinstance(old, dict) or "id" not in old:
+        return  # not a model record this check can compare; opening the archive checks the run
+    diffs = "; ".join(
+        f"{k}: archive has {str(old.get(k))[:16]!r}, this run has {str(model.get(k))[:16]!r}"
+        for k in sorted(set(old) | set(model))
+        if old.get(k) != model.get(k)
+    )
+    raise ArchiveError(
+        f"the archive's runs used another model ({diffs}"
+        + (": the weight, tokenizer or template files changed" if "sha256" in old and old.get("sha256") != model.get("sha256") else "")
+        + "); use --new-run to add a run with this model, or another --archive",
+        field="--archive",
+    )
 
 
 def _utility_spec(args: argparse.Namespace) -> Any:
@@ -412,6 +457,46 @@ def _on_line(k: int, is_batch: bool, check: Any, *args: Any) -> Any:
         raise InputError(exc.message, field=f"line {k + 1}: {exc.field}" if exc.field else f"line {k + 1}") from None
 
 
+def _preflight(
+    args: argparse.Namespace,
+    renderer: Any,
+    conversation: Any,
+    unit: str,
+    roles: Any,
+    policy: Any,
+    utility: Any,
+    hierarchy: Any,
+    max_context: int,
+) -> None:
+    """Check one input's game with the tokenizer alone (see :mod:`coalescence.preflight`)."""
+    from .attribution.estimators import make_estimator
+    from .attribution.hierarchy import fine_snapshot
+    from .conversation import ConversationSnapshot
+    from .preflight import check_game
+
+    provisional = conversation.target is None
+    if provisional:  # the answer is generated later; its prompts must render now
+        conversation = conversation.with_target("\u2063answer\u2063", source="generated")
+    snapshot = ConversationSnapshot.build(conversation, unit=unit, roles=roles)
+    n = snapshot.n_players
+    budget = args.budget if args.budget is not None else 32 * n
+    plan = make_estimator(args.method, budget=budget, seed=args.seed).plan(n)
+    report = check_game(
+        renderer,
+        snapshot,
+        policy,
+        plan,
+        max_context=max_context,
+        teacher_forced=utility.teacher_forced and not provisional,
+        provisional=provisional,
+    )
+    if report.target is not None:
+        utility.resolve(snapshot.target, report.target.offsets)  # a span that covers no token
+    if hierarchy is not None and not provisional:
+        fine, _ = fine_snapshot(snapshot, hierarchy[1])
+        check_game(renderer, fine, policy, None, max_context=max_context, teacher_forced=utility.teacher_forced)
+
+
 def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config: dict[str, Any], target_ids: dict[str, list[int]]) -> dict[str, Any]:
     return {
         "package_version": __version__,
@@ -457,11 +542,12 @@ def _explain(args: argparse.Namespace) -> int:
     from .archive.writer import RunArchive, write_json_atomic
     from .attribution.estimators import make_estimator
     from .attribution.hierarchy import explain_hierarchical, fine_snapshot, parse_hierarchy
-    from .backends.registry import resolve_model
+    from .backends.registry import load_config, load_tokenizer, model_context, model_fingerprint, resolve_model
     from .conversation import segment_players
     from .engine import Engine
     from .inputs import load_inputs, load_template
     from .masking.policies import get_policy
+    from .masking.render import ChatRenderer
     from .scheduler.progress import TqdmProgress
 
     # 1. everything that can be checked without the model, before loading it
@@ -504,12 +590,15 @@ def _explain(args: argparse.Namespace) -> int:
             )
         budget = args.budget if args.budget is not None else 32 * n_players
         make_estimator(args.method, budget=budget, seed=args.seed).validate(n_players)
+    merge = {"merge_adjacent": True} if args.merge_adjacent else {}
     if args.absence_policy == "placeholder":
-        if args.system_absent != "removed":
-            raise ConfigError("--system-absent applies to --absence-policy drop", field="--system-absent")
-        policy = get_policy("placeholder", text=args.placeholder)
+        for option, value in (("--system-absent", args.system_absent), ("--empty-turns", args.empty_turns)):
+            if value != "removed":
+                raise ConfigError(f"{option} applies to --absence-policy drop (placeholder removes no message)", field=option)
+        policy = get_policy("placeholder", text=args.placeholder, **merge)
     else:
-        policy = get_policy(args.absence_policy, **({"system_absent": args.system_absent} if args.system_absent != "removed" else {}))
+        rules = {"system_absent": args.system_absent, "empty_turns": args.empty_turns}
+        policy = get_policy(args.absence_policy, **{k: v for k, v in rules.items() if v != "removed"}, **merge)
 
     def estimator_for(n: int) -> Any:
         return make_estimator(args.method, budget=args.budget if args.budget is not None else 32 * n, seed=args.seed)
@@ -534,8 +623,24 @@ def _explain(args: argparse.Namespace) -> int:
         _check_parent(run_dir, "--archive")
     source = resolve_model(args.model)
 
-    # 2. the model, the snapshots and their target tokens (context-length check)
-    backend = _load_backend(args, source)
+    # 2. what the tokenizer and chat template alone can reveal, before the weights load: every
+    #    coalition the plans need renders, the answer is located, everything fits the context
+    _quiet_transformers(args)
+    tokenizer = load_tokenizer(source)
+    config = load_config(source)
+    max_context = model_context(config, tokenizer)
+    fingerprint = model_fingerprint(source)
+    _model_identity(
+        run_dir,
+        {"id": source.model_id, "revision": source.revision, "dtype": args.dtype, "sha256": fingerprint},
+        args.new_run,
+    )
+    renderer = ChatRenderer(tokenizer)
+    for k, (conversation, unit) in enumerate(zip(conversations, units, strict=True)):
+        _on_line(k, is_batch, _preflight, args, renderer, conversation, unit, roles, policy, utility, hierarchy, max_context)
+
+    # 3. the model, the snapshots and their target tokens
+    backend = _load_backend(args, source, tokenizer=tokenizer, config=config, fingerprint=fingerprint)
     engine = Engine(
         backend, progress=TqdmProgress("coalitions", disable=args.no_progress), batch_size=args.batch_size, utility=utility
     )
@@ -554,7 +659,7 @@ def _explain(args: argparse.Namespace) -> int:
         engine.resolved_utility(snap, policy)
     targets = {s.snapshot_id: list(engine.target_tokens(s, policy).ids) for s in recorded}
 
-    # 3. the archive (created, or resumed after its identity is checked), then the run
+    # 4. the archive (created, or resumed after its identity is checked), then the run
     if run_dir is None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         run_dir = Path("runs") / f"{stamp}-{snapshots[0].snapshot_id[:12]}"
@@ -584,7 +689,7 @@ def _explain(args: argparse.Namespace) -> int:
         record["default_system_in_play"] = (
             "never" if not injects
             else "always" if not has_system
-            else "when every system player is absent" if system_players and policy.params().get("system_absent") != "empty"
+            else "when every system player is absent" if system_players and "empty" not in (policy.params().get("system_absent"), policy.params().get("empty_turns"))
             else "never"
         )
     try:

@@ -37,7 +37,7 @@ __all__ = (
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 """Message roles accepted in the input (OpenAI chat format)."""
 
-UNITS: tuple[str, ...] = ("turn", "paragraph", "sentence", "word", "tool", "document")
+UNITS: tuple[str, ...] = ("turn", "paragraph", "sentence", "word", "tool", "exchange", "document")
 """Player units (see :func:`segment_players`)."""
 
 SNAPSHOT_SCHEMA = 1

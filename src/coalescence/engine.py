@@ -177,8 +177,15 @@ class Engine:
 
     @property
     def model(self) -> dict[str, str]:
-        """The model identity that enters coalition keys: ``{"id", "revision", "dtype"}``."""
-        return {"id": self.backend.model_id, "revision": self.backend.revision, "dtype": self.backend.dtype}
+        """The model identity that enters coalition keys: ``{"id", "revision", "dtype", "sha256"}``
+        (``sha256``: the content fingerprint of the weight, tokenizer and template files, ``""``
+        for a model with no files)."""
+        return {
+            "id": self.backend.model_id,
+            "revision": self.backend.revision,
+            "dtype": self.backend.dtype,
+            "sha256": str(getattr(self.backend, "fingerprint", "") or ""),
+        }
 
     def resolved_utility(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> ResolvedUtility:
         """The engine's utility fixed for ``snapshot``'s target (cached).
@@ -559,7 +566,9 @@ def key_for(
     *,
     utility: Mapping[str, Any] = UTILITY,
 ) -> str:
-    """The coalition key of ``mask`` for a model identity ``{"id", "revision", "dtype"}``.
+    """The coalition key of ``mask`` for a model identity ``{"id", "revision", "dtype", "sha256"}``
+    (a model record without ``sha256``, from an archive written before fingerprints, gives the
+    schema-1 key it was archived under).
 
     Args:
         utility: the utility part of the key: :meth:`ResolvedUtility.coalition_utility` for a
@@ -575,6 +584,7 @@ def key_for(
         model_revision=model["revision"],
         dtype=model["dtype"],
         utility=utility,
+        model_sha256=model.get("sha256"),
     )
 
 

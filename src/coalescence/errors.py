@@ -66,7 +66,15 @@ class InputError(CoalescenceError, ValueError):
 
 class TemplateRefused(InputError):
     """The model's chat template raised on a conversation (e.g. roles that do not alternate), or
-    renders the answer other than verbatim; the message quotes the template's own words."""
+    renders the answer other than verbatim; the message quotes the template's own words.
+
+    Attributes:
+        reason: the template's own words (its ``raise_exception`` message), or ``""``.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, reason: str = "") -> None:
+        super().__init__(message, field=field)
+        self.reason = reason
 
 
 class MaskError(CoalescenceError, ValueError):

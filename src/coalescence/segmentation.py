@@ -177,6 +177,29 @@ def _tool_groups(conversation: Conversation, role_set: set[str]) -> list[list[in
     return groups
 
 
+def _exchange_groups(conversation: Conversation, role_set: set[str]) -> list[list[int]]:
+    """Message groups of ``--unit exchange``: a user message and the messages after it up to the
+    next user or system message (the assistant's reply, its tool calls and their results) form one
+    group; a system message, and a message before the first user message, is a group of its own.
+    The last user message and what follows it (the exchange the answer completes) form no group:
+    they stay in every coalition. A group is attributable when its first message's role is."""
+    msgs = conversation.messages
+    users = [m for m, msg in enumerate(msgs) if msg.role == "user"]
+    last_user = users[-1] if users else len(msgs)
+    groups: list[list[int]] = []
+    in_exchange = False  # whether the last group is a user's exchange that later messages join
+    for m in range(last_user):
+        role = msgs[m].role
+        if role in ("user", "system"):
+            groups.append([m])
+            in_exchange = role == "user"
+        elif in_exchange:
+            groups[-1].append(m)
+        else:  # before the first user message, or right after a system message
+            groups.append([m])
+    return [g for g in groups if msgs[g[0]].role in role_set]
+
+
 def segment_players(
     conversation: Conversation, *, unit: str = "turn", roles: Iterable[str] | None = None
 ) -> tuple[Player, ...]:
@@ -192,6 +215,12 @@ def segment_players(
       the text inside them is split and the rest is held fixed.
     - ``tool``: like ``turn``, except that an assistant message with tool calls and the tool
       messages answering it form one player.
+    - ``exchange``: a user message and the reply to it (every message up to the next user or
+      system message: the assistant's turns, its tool calls and their results) form one player; a
+      system message is a player of its own. The last user message and what follows it, the
+      exchange the answer completes, stay in every coalition. Removing whole exchanges keeps
+      user and assistant turns alternating, so every coalition renders with templates that
+      require alternation (Llama-2, Mistral, Gemma).
     - ``document``: the players the input declares (its ``players`` list, or the documents of the
       RAG form), in the input's order.
 
@@ -248,8 +277,9 @@ def segment_players(
         for m, msg in enumerate(msgs):
             if msg.role in role_set:
                 add(f"{msg.role}[{m}]", m, 0, len(msg.content))
-    elif unit == "tool":
-        for group in _tool_groups(conversation, role_set):
+    elif unit in ("tool", "exchange"):
+        groups = _tool_groups(conversation, role_set) if unit == "tool" else _exchange_groups(conversation, role_set)
+        for group in groups:
             m = group[0]
             label = "+".join(f"{msgs[j].role}[{j}]" for j in group)
             add(label, m, 0, len(msgs[m].content), tuple((j, 0, len(msgs[j].content)) for j in group[1:]))

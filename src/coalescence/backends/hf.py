@@ -70,6 +70,9 @@ class HFBackend:
         tokenizer: its tokenizer (with a chat template for the engine's renderer).
         model_id: name recorded in coalition keys and the archive.
         revision: weights revision recorded in coalition keys.
+        fingerprint: SHA-256 of the model's weight, tokenizer and template files
+            (:func:`~coalescence.backends.registry.model_fingerprint`), part of the coalition key;
+            ``""`` when unknown (a model built in memory).
         max_batch_size: rows per forward pass (>= 1).
         prefix_sharing: run the token prefix common to a batch's rows once and reuse its
             key/value states for every row (exact up to float rounding); ``False`` runs every row
@@ -104,6 +107,7 @@ class HFBackend:
         *,
         model_id: str,
         revision: str = "",
+        fingerprint: str = "",
         max_batch_size: int = 4,
         prefix_sharing: bool = True,
         prefix_cache_bytes: int = 256 * 2**20,
@@ -119,6 +123,7 @@ class HFBackend:
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.revision = revision
+        self.fingerprint = fingerprint
         self.max_batch_size = max_batch_size
         param = next(model.parameters())
         self.device = param.device

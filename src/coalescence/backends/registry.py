@@ -19,10 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Any
+
 from ..errors import BackendUnavailable, ConfigError
+from .fingerprint import fingerprint
 from .hf import HFBackend
 
-__all__ = ("ALIASES", "ModelSource", "load_backend", "resolve_model")
+__all__ = ("ALIASES", "ModelSource", "load_backend", "load_config", "load_tokenizer", "model_context", "model_fingerprint", "resolve_model")
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +74,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _fingerprint(directory: Path) -> str:
-    """A cheap revision for a local directory: SHA-256 of file names, sizes and config text."""
+    """A cheap revision for a local directory: SHA-256 of file names, sizes and config text (the
+    content itself is pinned by :func:`model_fingerprint`)."""
     h = hashlib.sha256()
     for f in sorted(directory.iterdir()):
         if f.is_file():
@@ -79,6 +83,28 @@ def _fingerprint(directory: Path) -> str:
             if f.suffix == ".json":
                 h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def model_fingerprint(source: ModelSource) -> str:
+    """SHA-256 of a model's weight, tokenizer and template files (see
+    :mod:`coalescence.backends.fingerprint`), cached by path, size, mtime and inode.
+
+    A hub id is fingerprinted from its local cache snapshot when there is one; ``""`` otherwise
+    (its identity is then the hub id alone, logged as a warning).
+
+    Raises:
+        BackendUnavailable: a local model's files cannot be read.
+    """
+    if Path(source.location).is_dir():
+        return fingerprint(source.location, source.gguf_file)
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(source.location, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not in the local cache, or no hub library
+        logger.warning("model %s is not in a local folder; its identity is the hub id, not its content", source.model_id)
+        return ""
+    return fingerprint(local)
 
 
 def resolve_model(spec: str) -> ModelSource:
@@ -116,8 +142,65 @@ def resolve_model(spec: str) -> ModelSource:
     )
 
 
+def _loading_error(source: ModelSource, exc: BaseException) -> BackendUnavailable:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    where = "" if Path(source.location).exists() else " (no such local directory; hub ids need a reachable hub)"
+    return BackendUnavailable(f"cannot load model {source.model_id!r}{where}: {first}", field="--model")
+
+
+def load_tokenizer(spec: str | ModelSource) -> Any:
+    """Load a model's tokenizer (with its chat template) without its weights.
+
+    What the input and the tokenizer alone can reveal (a template that refuses a coalition, an
+    answer the template changes, a conversation longer than the context) is checked with it before
+    the weights load.
+
+    Raises:
+        BackendUnavailable: the tokenizer cannot be found or loaded.
+    """
+    source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
+    from transformers import AutoTokenizer
+
+    extra = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    try:
+        return AutoTokenizer.from_pretrained(source.location, **extra)
+    except (OSError, ValueError, ImportError, KeyError) as exc:
+        raise _loading_error(source, exc) from exc
+
+
+def load_config(spec: str | ModelSource) -> Any:
+    """Load a model's configuration (no weights); pass it on to :func:`load_backend`, which then
+    does not parse it again (a GGUF file's header takes seconds to parse).
+
+    Raises:
+        BackendUnavailable: the configuration cannot be loaded.
+    """
+    source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
+    from transformers import AutoConfig
+
+    extra = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    try:
+        return AutoConfig.from_pretrained(source.location, **extra)
+    except (OSError, ValueError, ImportError, KeyError) as exc:
+        raise _loading_error(source, exc) from exc
+
+
+def model_context(config: Any, tokenizer: Any = None) -> int:
+    """The longest sequence (tokens) a model accepts, from its configuration: its
+    ``max_position_embeddings``, else the tokenizer's ``model_max_length``, else 2048 (as
+    :class:`~coalescence.backends.hf.HFBackend` computes it)."""
+    return int(getattr(config, "max_position_embeddings", None) or getattr(tokenizer, "model_max_length", 2048))
+
+
 def load_backend(
-    spec: str | ModelSource, *, device: str = "cpu", dtype: str = "float32", max_batch_size: int = 4
+    spec: str | ModelSource,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_batch_size: int = 4,
+    tokenizer: Any = None,
+    config: Any = None,
+    fingerprint: str | None = None,
 ) -> HFBackend:
     """Load a model and tokenizer into an :class:`~coalescence.backends.hf.HFBackend`.
 
@@ -126,6 +209,10 @@ def load_backend(
         device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
         max_batch_size: rows per forward pass.
+        tokenizer: the model's tokenizer when already loaded (:func:`load_tokenizer`).
+        config: the model's configuration when already loaded (:func:`load_config`).
+        fingerprint: the model's content fingerprint when already computed
+            (:func:`model_fingerprint`).
 
     Raises:
         BackendUnavailable: the model cannot be found or loaded (offline hub, missing files,
@@ -135,7 +222,7 @@ def load_backend(
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
     torch_dtype = HFBackend.dtype_from_name(dtype)
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     try:
         torch_device = torch.device(device)
@@ -143,16 +230,24 @@ def load_backend(
         raise ConfigError(f"unknown device {device!r}: {exc}", field="--device") from exc
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu", field="--device")
-    extra = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    if fingerprint is None:
+        fingerprint = model_fingerprint(source)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(source)
+    extra: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    if config is not None:
+        extra["config"] = config
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.location, **extra)
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype, **extra)
     except (OSError, ValueError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = "" if Path(source.location).exists() else " (no such local directory; hub ids need a reachable hub)"
-        raise BackendUnavailable(f"cannot load model {source.model_id!r}{where}: {first}", field="--model") from exc
+        raise _loading_error(source, exc) from exc
     model.to(torch_device)
-    logger.info("loaded %s (%s) on %s as %s", source.model_id, source.revision, torch_device, dtype)
+    logger.info("loaded %s (%s, sha256 %s) on %s as %s", source.model_id, source.revision, fingerprint[:12], torch_device, dtype)
     return HFBackend(
-        model, tokenizer, model_id=source.model_id, revision=source.revision, max_batch_size=max_batch_size
+        model,
+        tokenizer,
+        model_id=source.model_id,
+        revision=source.revision,
+        max_batch_size=max_batch_size,
+        fingerprint=fingerprint,
     )

@@ -21,8 +21,11 @@ from ..errors import MaskError
 
 __all__ = ("KEY_SCHEMA", "PackedMask", "coalition_key", "pack_rows", "unpack_rows")
 
-KEY_SCHEMA = 1
-"""Version of the coalition key's canonical encoding; bump it when the encoding changes."""
+KEY_SCHEMA = 2
+"""Version of the coalition key's canonical encoding; bump it when the encoding or the rendering
+rules change (so no archived value is served for a game it was not computed on). 2: the model's
+content fingerprint; removal keeps line structure; answers located in each coalition's full
+rendering. Schema-1 keys (no fingerprint) are still computed for replaying older archives."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,26 +147,36 @@ def coalition_key(
     dtype: str,
     utility: Mapping[str, Any],
     generation: Mapping[str, Any] | None = None,
+    model_sha256: str | None = None,
 ) -> str:
     """The identity of one coalition's utility value.
 
     SHA-256 (64 hex chars) over the canonical JSON encoding (sorted keys, compact, UTF-8) of every
     input that changes the value: the snapshot, the packed mask bytes and n_bits, the absence policy
-    id and parameters, the model id, revision and dtype, the utility spec and the generation config
-    (including its seed). Batch size, concurrency and timing never enter it.
+    id and parameters, the model id, revision, content fingerprint and dtype, the utility spec and
+    the generation config (including its seed). Batch size, concurrency and timing never enter it.
+
+    Args:
+        model_sha256: the model's content fingerprint (``""`` when unknown). Keys carrying it are
+            of schema :data:`KEY_SCHEMA` (the rendering rules of this version: structure-keeping
+            removal, answers located in each coalition's full rendering); ``None`` computes a
+            schema-1 key, as archives written before fingerprints recorded them (replay only).
 
     Raises:
         MaskError: ``mask`` is not a :class:`PackedMask`.
     """
     if not isinstance(mask, PackedMask):
         raise MaskError(f"mask must be a PackedMask, got {type(mask).__name__}", field="mask")
+    model: dict[str, Any] = {"id": model_id, "revision": model_revision, "dtype": dtype}
+    if model_sha256 is not None:
+        model["sha256"] = model_sha256
     payload = {
-        "schema": KEY_SCHEMA,
+        "schema": KEY_SCHEMA if model_sha256 is not None else 1,
         "snapshot_id": snapshot_id,
         "mask": mask.words.hex(),
         "n_bits": mask.n_bits,
         "policy": {"id": policy_id, "params": dict(policy_params)},
-        "model": {"id": model_id, "revision": model_revision, "dtype": dtype},
+        "model": model,
         "utility": dict(utility),
         "generation": dict(generation or {}),
     }

@@ -135,8 +135,9 @@ class ChatRenderer:
         try:
             return self.tokenizer.apply_chat_template(conversation, tokenize=False, **options)
         except Exception as exc:  # jinja2's TemplateError (raise_exception), or a template bug
+            reason = _first_line(exc)
             raise TemplateRefused(
-                f"the model's chat template refuses the conversation ({_first_line(exc)})", field="chat template"
+                f"the model's chat template refuses the conversation ({reason})", field="chat template", reason=reason
             ) from exc
 
     def render_prompt(self, messages: Sequence[Message]) -> str:
