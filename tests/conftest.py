@@ -8,8 +8,11 @@ wrapped in transformers' ``PreTrainedTokenizerFast`` with a chat template; the m
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# model fingerprints are cached per file; tests keep their cache out of the user's home
+os.environ.setdefault("COALESCENCE_CACHE_DIR", tempfile.mkdtemp(prefix="coalescence-cache-"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest

@@ -1,0 +1,185 @@
+"""The command line on the template corpus: refusals before the weights load, Qwen3's reasoning
+block recorded, the remedies for strict templates, and the model identified by its content."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from chat_templates import FAMILIES, build_family_tokenizer, conversation
+from conftest import build_model
+
+from coalescence.archive import read_manifest
+from coalescence.backends import fingerprint as fp
+from coalescence.cli import main
+
+ANSWER = "It was completed in 1889."
+
+
+def family_dir(root: Path, name: str, *, weights: bool, seed: int = 0, max_positions: int = 512) -> Path:
+    """A model directory of the family: tokenizer and config always, weights when asked."""
+    fam = next(f for f in FAMILIES if f.name == name)
+    tok = build_family_tokenizer(fam)
+    path = root / f"{name}-{'w' if weights else 'nw'}-{seed}-{max_positions}"
+    path.mkdir(parents=True, exist_ok=True)
+    model = build_model(tok, seed=seed)
+    model.config.max_position_embeddings = max_positions
+    if weights:
+        model.save_pretrained(path)
+    else:
+        model.config.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*argv, "--no-progress"])
+    return code, out.getvalue(), err.getvalue()
+
+
+def write(tmp: Path, data: dict, name: str = "chat.json") -> Path:
+    path = tmp / name
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def assert_refused_early(code: int, out: str, err: str, field: str, says: str, tmp: Path) -> None:
+    assert code == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"coalescence: error: {field}: "), err
+    assert says in lines[0], lines[0]
+    assert "Traceback" not in err and out == ""
+    assert not (tmp / "run").exists() and not (tmp / "out.json").exists()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tmp_path_factory.mktemp("family-models")
+
+
+def _argv(tmp: Path, chat: Path, model: Path, *options: str) -> list[str]:
+    return ["explain", str(chat), "--model", str(model), "--archive", str(tmp / "run"), "--out", str(tmp / "out.json"), *options]
+
+
+@pytest.mark.parametrize("name", ["llama2", "gemma"])
+def test_a_strict_template_is_refused_before_the_weights_load(name, models, tmp_path):
+    fam = next(f for f in FAMILIES if f.name == name)
+    # the directory has no weights: any attempt to load them would fail with another error
+    model = family_dir(models, name, weights=False)
+    chat = write(tmp_path, conversation(fam))
+    code, out, err = run(_argv(tmp_path, chat, model, "--unit", "turn", "--method", "loo"))
+    assert_refused_early(code, out, err, "chat template", "Conversation roles must alternate", tmp_path)
+    assert "--unit exchange" in err and "--empty-turns empty" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "data_change", "field", "says"),
+    [
+        pytest.param("chatml", ["--target-substring", "Rome"], None, "--target-substring", "Rome", id="span-outside-answer"),
+        pytest.param("trim", [], {"target": ANSWER + "\n"}, "chat template", "verbatim", id="template-changes-answer"),
+        pytest.param("chatml", ["--max-positions-test"], None, "messages", "context", id="context-too-long"),
+    ],
+)
+def test_errors_the_tokenizer_reveals_come_before_the_weights(name, options, data_change, field, says, models, tmp_path):
+    fam = next(f for f in FAMILIES if f.name == name)
+    small = "--max-positions-test" in options
+    options = [o for o in options if o != "--max-positions-test"]
+    model = family_dir(models, name, weights=False, max_positions=40 if small else 512)
+    data = conversation(fam) | (data_change or {})
+    chat = write(tmp_path, data)
+    code, out, err = run(_argv(tmp_path, chat, model, "--unit", "sentence", "--method", "loo", *options))
+    assert_refused_early(code, out, err, field, says, tmp_path)
+
+
+def test_qwen3_reasoning_block_is_recorded_and_not_scored(models, tmp_path):
+    fam = next(f for f in FAMILIES if f.name == "qwen3")
+    model = family_dir(models, "qwen3", weights=True)
+    chat = write(tmp_path, conversation(fam))
+    code, out, err = run(_argv(tmp_path, chat, model, "--unit", "turn", "--method", "loo"))
+    assert code == 0, err
+    doc = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    tok = build_family_tokenizer(fam)
+    assert doc["target_token_count"] == len(tok(ANSWER, add_special_tokens=False).input_ids) + 1
+    assert any("<think>" in note and "not scored" in note for note in doc["notes"])
+    run_record = read_manifest(tmp_path / "run")["runs"][-1]
+    (rendering,) = run_record["answer_rendering"].values()
+    assert rendering == {"inserted": "<think>\n\n</think>\n\n", "lead": "", "tail": "<|im_end|>\n"}
+    assert all(start >= 0 for start, _ in next(iter(run_record["target_token_offsets"].values())))
+
+
+@pytest.mark.parametrize(
+    ("unit", "options", "params"),
+    [
+        ("exchange", [], {}),
+        ("sentence", ["--empty-turns", "empty"], {"empty_turns": "empty"}),
+        ("turn", ["--roles", "assistant", "--merge-adjacent"], {"merge_adjacent": True}),
+    ],
+)
+def test_the_remedies_run_on_a_strict_template(unit, options, params, models, tmp_path):
+    fam = next(f for f in FAMILIES if f.name == "llama2")
+    model = family_dir(models, "llama2", weights=True)
+    chat = write(tmp_path, conversation(fam))
+    code, out, err = run(_argv(tmp_path, chat, model, "--unit", unit, "--method", "loo", *options))
+    assert code == 0, err
+    doc = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    assert doc["absence_params"] == params
+    assert doc["n_evaluations"] == len(doc["players"]) + 2 - (len(doc["players"]) == 1)
+    assert read_manifest(tmp_path / "run")["runs"][-1]["absence_policy"]["params"] == params
+
+
+def test_a_changed_model_in_the_same_folder_is_refused_on_resume(tmp_path):
+    fam = next(f for f in FAMILIES if f.name == "chatml")
+    model = family_dir(tmp_path / "models", "chatml", weights=True, seed=0)
+    weights = sorted(p for p in model.iterdir() if p.suffix == ".safetensors")
+    sizes = [p.stat().st_size for p in weights]
+    chat = write(tmp_path, conversation(fam))
+    argv = ["explain", str(chat), "--model", str(model), "--unit", "turn", "--method", "loo", "--archive", str(tmp_path / "run")]
+    code, _, err = run([*argv, "--out", str(tmp_path / "a.json")])
+    assert code == 0, err
+    first = json.loads((tmp_path / "a.json").read_text(encoding="utf-8"))
+    # a fine-tune of the same shape saved over it: same file names, same sizes, other content
+    build_model(build_family_tokenizer(fam), seed=1).save_pretrained(model)
+    assert [p.stat().st_size for p in weights] == sizes
+    code, out, err = run([*argv, "--out", str(tmp_path / "b.json")])
+    assert code == 2 and out == "" and not (tmp_path / "b.json").exists(), err
+    assert "sha256" in err and "weight, tokenizer or template files changed" in err and "--new-run" in err
+    assert len(err.splitlines()) == 1
+    code, _, err = run([*argv, "--new-run", "--out", str(tmp_path / "c.json")])
+    assert code == 0, err
+    fresh = json.loads((tmp_path / "c.json").read_text(encoding="utf-8"))
+    assert fresh["n_evaluations"] == len(fresh["players"]) + 2  # nothing served from the old run
+    assert abs(fresh["v_full"] - first["v_full"]) > 1e-3
+    runs = read_manifest(tmp_path / "run")["runs"]
+    assert len(runs) == 2 and runs[0]["model"]["sha256"] != runs[1]["model"]["sha256"]
+
+
+def test_fingerprints_are_cached_by_path_size_mtime_and_inode(tmp_path, monkeypatch):
+    monkeypatch.setenv("COALESCENCE_CACHE_DIR", str(tmp_path / "cache"))
+    model = family_dir(tmp_path, "chatml", weights=True)
+    hashed = [p for p in model.iterdir() if p.is_file() and not p.name.startswith(".")]
+    before = fp.statistics()
+    first = fp.fingerprint(model)
+    assert fp.statistics().files_hashed - before.files_hashed == len(fp.model_files(model)) >= 4
+    mid = fp.statistics()
+    assert fp.fingerprint(model) == first
+    assert fp.statistics().files_hashed == mid.files_hashed  # nothing hashed again
+    assert fp.statistics().cache_hits - mid.cache_hits == len(fp.model_files(model))
+    # the reference: SHA-256 over "name NUL sha256(file) LF" in name order
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(fp.model_files(model)):
+        h.update(f"{f.name}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
+    assert h.hexdigest() == first
+    # one changed file (new content, new mtime) is hashed again, alone
+    config = model / "config.json"
+    config.write_text(config.read_text(encoding="utf-8").replace("512", "513"), encoding="utf-8")
+    mid = fp.statistics()
+    assert fp.fingerprint(model) != first
+    assert fp.statistics().files_hashed - mid.files_hashed == 1
+    assert len(hashed) >= len(fp.model_files(model))
