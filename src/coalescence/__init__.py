@@ -46,6 +46,7 @@ from .errors import (
     EstimatorError,
     InputError,
     MaskError,
+    TemplateRefused,
 )
 from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get_policy, register_policy
 from .scheduler import Progress, ResultStore, SchedulerStatistics
@@ -91,6 +92,7 @@ __all__ = (
     "ScoreRequest",
     "ScoreResult",
     "ScoringBackend",
+    "TemplateRefused",
     "UTILITY_KINDS",
     "UtilitySpec",
     "__version__",

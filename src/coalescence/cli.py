@@ -646,9 +646,11 @@ def _explain(args: argparse.Namespace) -> int:
     )
     snapshots = []
     fines: list[Any] = []
-    for conversation, unit in zip(conversations, units, strict=True):
+    for k, (conversation, unit) in enumerate(zip(conversations, units, strict=True)):
         snapshot = engine.prepare(conversation, unit=unit, roles=roles, max_new_tokens=args.max_new_tokens)
         estimator_for(snapshot.n_players).validate(snapshot.n_players)
+        if conversation.target is None:  # checked with a stand-in answer before; now with the real one
+            _on_line(k, is_batch, _preflight, args, engine.renderer, snapshot.conversation, unit, roles, policy, utility, hierarchy, max_context)
         snapshots.append(snapshot)
         if hierarchy is not None:
             fines.append(fine_snapshot(snapshot, hierarchy[1]))
