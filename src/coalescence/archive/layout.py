@@ -182,10 +182,16 @@ class PartFile:
 def part_files(directory: Path) -> list[PartFile]:
     """The parts in a live directory, by index.
 
+    In a generation directory every part's name carries its digest; a part named without one
+    (``part-NNNNNN.parquet``) is accepted only in the real ``parts/`` directory of an archive of
+    version 2 or older.
+
     Raises:
         ArchiveError: an entry that a plain ``pyarrow.dataset`` read would take for data but is not
-            a part (a stray file or directory, a link), or two parts with the same index.
+            a part (a stray file or directory, a link, a part without a digest in a generation),
+            or two parts with the same index.
     """
+    generation = GENERATION_PATTERN.match(Path(directory).name) is not None
     found: dict[int, PartFile] = {}
     for entry in os.scandir(directory):
         if hidden(entry.name):
@@ -198,6 +204,12 @@ def part_files(directory: Path) -> list[PartFile]:
                 field="RUN_DIR",
             )
         index, digest = parsed
+        if digest is None and generation:
+            raise ArchiveError(
+                f"{Path(directory) / entry.name} was not written by coalescence (a part's name carries "
+                "its SHA-256 since schema version 3); move it out of the archive",
+                field="RUN_DIR",
+            )
         if index in found:
             raise ArchiveError(
                 f"{found[index].path.name} and {entry.name} in {directory} have the same index; the "
@@ -231,7 +243,13 @@ def switch(run_dir: Path, generation: Path) -> None:
     if not os.path.islink(parts) and os.path.isdir(parts):
         os.rename(parts, run_dir / LEGACY_OLD)  # parts is absent until the next rename (legacy only)
         old = LEGACY_OLD
-    os.replace(nxt, parts)  # the switch: one atomic rename
+    try:
+        os.replace(nxt, parts)  # the switch: one atomic rename
+    except BaseException:
+        if os.path.lexists(parts):
+            _discard(nxt)  # not switched: the old generation stays live
+        # else (legacy) the new generation is complete: readers and recover() take it from .parts.next
+        raise
     fsync_dir(run_dir)
     if old is not None and old != generation.name:
         remove_tree(run_dir / old)

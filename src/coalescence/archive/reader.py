@@ -191,10 +191,10 @@ def load_rows(run_dir: str | Path, *, skip_corrupt: bool = False) -> tuple[pa.Ta
                     tables.append(_verify(part, decode=True))
                 except _Unusable as exc:
                     bad.append(BadPart(part=part, reason=str(exc)))
+                    if not skip_corrupt:
+                        raise _refusal(bad) from None  # the first is enough (check_parts counts them all)
         except FileNotFoundError:
             continue
-        if bad and not skip_corrupt:
-            raise _refusal(bad)
         for b in bad:
             logger.warning("skipping %s", b.message(hint=False))
         table = pa.concat_tables(tables) if tables else ROW_SCHEMA.empty_table()

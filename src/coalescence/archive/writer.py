@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import ArchiveError, ConfigError
+from ..errors import ArchiveError, ArchiveWriteError, ConfigError
 from .layout import (
     fsync_dir,
     live_dir,
@@ -433,7 +433,6 @@ class RunArchive:
         manifest["updated_at"] = now
         manifest["rows"] = loaded.num_rows
         manifest["schema_version"] = SCHEMA_VERSION  # older parts stay readable (new columns null)
-        write_json_atomic(path / MANIFEST_NAME, manifest, field="--archive")  # the first change
         archive = cls(
             path,
             manifest,
@@ -447,17 +446,20 @@ class RunArchive:
             resumed=resumed,
             quarantined=tuple(b.part.path.name for b in bad),
         )
+        changed = False
         try:
+            write_json_atomic(path / MANIFEST_NAME, manifest, field="--archive")  # the first change
+            changed = True
             _quarantine(path, bad)
             archive._directory = _live_generation(path)
             indices = [p.index for p in part_files(archive._directory)]
-        except OSError as exc:
-            error = os_error(exc, f"cannot prepare the parts of {path}")
-            archive._record_failure(error.message)
+        except (OSError, ArchiveError) as exc:
+            error = exc if isinstance(exc, ArchiveError) else os_error(exc, f"cannot prepare the parts of {path}")
+            if changed or isinstance(error, ArchiveWriteError):  # a refusal (exit 2) changes nothing
+                archive._record_failure(error.message)
+            if error is exc:
+                raise
             raise error from exc
-        except ArchiveError as exc:
-            archive._record_failure(exc.message)
-            raise
         archive._next_part = max(indices, default=-1) + 1
         if resumed:
             logger.info("resuming run %s in %s: %d coalitions on disk", match["run_id"], path, loaded.num_rows)
@@ -573,6 +575,7 @@ class RunArchive:
                 write_json_atomic(self.run_dir / MANIFEST_NAME, self.manifest, field="--archive")
             except ArchiveError as exc:
                 error = error or exc
+                self._record_failure(exc.message)  # once more, saying why (a transient fault may let it through)
         finally:
             self.closed = True
             self._lock.release()
