@@ -862,9 +862,8 @@ def _archive(args: argparse.Namespace) -> int:
             return 0
         print(f"run directory   {info['run_dir']} (schema version {info['schema_version']}, coalescence {info['package_version']})")
         for r in info["runs"]:
-            model = r.get("model") or {}
-            policy = r.get("absence_policy") or {}
-            kind = (r.get("utility") or {}).get("kind")
+            model, policy, utility = (r.get(k) if isinstance(r.get(k), dict) else {} for k in ("model", "absence_policy", "utility"))
+            kind = utility.get("kind")
             print(
                 f"run             {r['run_id']} started {r.get('started_at')} [{r.get('status')}] model {model.get('id')} "
                 f"policy {policy.get('id')} utility {kind}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -271,10 +272,8 @@ MANIFEST_DAMAGE = [
     ("runs.0.run_id", _DELETE, "runs[0].run_id is missing"),
     ("runs.0.run_id", 7, "runs[0].run_id must be a string, got 7"),
     ("runs.0.status", ["done"], "runs[0].status must be a string"),
-    ("runs.0.snapshot_ids", "abc", "runs[0].snapshot_ids must be a list of strings"),
-    ("runs.0.model", "m", "runs[0].model must be an object"),
-    ("runs.0.target_token_ids", {"a": [1, "2"]}, "runs[0].target_token_ids must be an object of integer lists"),
-    ("runs.0.target_token_offsets", {"a": [[1]]}, "runs[0].target_token_offsets must be an object of [start, end] lists"),
+    ("runs.0.statistics", [1], "runs[0].statistics must be an object"),
+    ("runs.0.error", 3, "runs[0].error must be a string"),
     ("rows", -1, "rows must be a count"),
     ("rows", True, "rows must be a count"),
     ("quarantine", [{"reason": "x"}], "quarantine[0].part is missing"),
@@ -344,3 +343,37 @@ def test_a_damaged_part_of_an_old_archive_is_caught_only_if_its_structure_breaks
     part.write_bytes(data[: len(data) // 2])
     with pytest.raises(ArchiveError, match="part-000000.parquet is corrupt or truncated"):
         read_rows(run_dir)
+
+
+REPLAY_DAMAGE = [
+    ("snapshot_ids", "abc", "snapshot_ids must be a list of strings"),
+    ("snapshot_ids", ["b" * 64], "snapshot bbbbbbbbbbbbbbbb has no record in snapshots"),
+    ("model", "m", "model must be an object"),
+    ("model", {"id": "m"}, "model.revision is missing"),
+    ("absence_policy", {"id": "drop"}, "absence_policy.params is missing"),
+    ("utility", None, "does not record its utility"),
+    ("target_token_ids", {"a": [1, "2"]}, "target_token_ids must be an object of integer lists"),
+    ("target_token_offsets", {"a": [[1]]}, "target_token_offsets must be an object of [start, end] lists"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "says"), REPLAY_DAMAGE, ids=[f"{f}={v!r}"[:40] for f, v, _ in REPLAY_DAMAGE])
+def test_what_replay_needs_of_a_run_is_checked(tmp_path: Path, field: str, value: object, says: str) -> None:
+    from coalescence.archive.manifest import check_replayable
+
+    run = {
+        "snapshot_ids": ["a" * 64],
+        "model": {"id": "m", "revision": "r", "dtype": "float32"},
+        "utility": {"kind": "logprob"},
+        "absence_policy": {"id": "drop", "params": {}},
+        "target_token_ids": {"a" * 64: [1, 2]},
+        "target_token_offsets": {"a" * 64: [[0, 2], [2, 3]]},
+    }
+    path = tmp_path / "run"
+    RunArchive.create(path, run | {"snapshots": [{"snapshot_id": "a" * 64}]}).close()
+    manifest = read_manifest(path)
+    check_replayable(path, manifest, manifest["runs"][0])  # as written: fine
+    manifest["runs"][0][field] = value
+    with pytest.raises(ArchiveError, match=re.escape(says)) as refused:
+        check_replayable(path, manifest, manifest["runs"][0])
+    assert "manifest.json" in str(refused.value) and "\n" not in str(refused.value)

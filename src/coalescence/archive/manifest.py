@@ -62,12 +62,15 @@ _RUN = (
     ("started_at", _is_str, "a string", False),
     ("resumed_at", _is_str, "a string", False),
     ("error", _is_str, "a string", False),
-    ("snapshot_ids", _is_list_of(_is_str), "a list of strings", False),
-    ("model", _is_object, "an object", False),
-    ("utility", _is_object, "an object", False),
-    ("absence_policy", _is_object, "an object", False),
-    ("run_config", _is_object, "an object", False),
     ("statistics", _is_object, "an object", False),
+)
+"""What the archive itself uses of a run; the rest of a run's description is the caller's (any JSON
+through the Python API), checked by :func:`check_replayable` where replay needs it."""
+_REPLAYED = (
+    ("snapshot_ids", _is_list_of(_is_str), "a list of strings", True),
+    ("model", _is_object, "an object", True),
+    ("utility", _is_object, "an object", True),
+    ("absence_policy", _is_object, "an object", True),
     ("target_token_ids", _is_map_of(_is_list_of(_is_int)), "an object of integer lists", False),
     ("target_token_offsets", _is_map_of(_is_list_of(_is_offset)), "an object of [start, end] lists", False),
 )
@@ -136,8 +139,9 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
 def check_replayable(run_dir: str | Path, manifest: dict[str, Any], run: dict[str, Any]) -> None:
     """Check that ``run`` (an entry of ``manifest["runs"]``) records what a replay needs.
 
-    That is its snapshot ids, a snapshot record for each, its model (``id``), utility and absence
-    policy; a run recorded through the Python API may lack them. The model's ``id``, ``revision``
+    That is its snapshot ids, a snapshot record for each, its model, utility and absence policy
+    (objects), and the target tokens' ids and offsets when recorded; a run recorded through the
+    Python API may lack them or hold other shapes. The model's ``id``, ``revision``
     and ``dtype`` enter the coalition keys replay recomputes.
 
     Raises:
@@ -152,6 +156,7 @@ def check_replayable(run_dir: str | Path, manifest: dict[str, Any], run: dict[st
                 "coalescence explain)",
                 field="RUN_DIR",
             )
+    _check(path, f"run {run['run_id']}: ", run, _REPLAYED)
     _check(path, f"run {run['run_id']}: model.", run["model"], _MODEL)
     _check(path, f"run {run['run_id']}: absence_policy.", run["absence_policy"], _POLICY)
     known = {s["snapshot_id"] for s in manifest["snapshots"]}
