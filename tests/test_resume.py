@@ -453,3 +453,11 @@ def test_the_exit_code_table_is_one_and_the_same_in_the_readme_and_every_help():
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for name, sub in subparsers.choices.items():
         assert cli.EXIT_CODES.splitlines()[3] in sub.format_help(), name
+
+
+def test_every_error_is_one_line_even_when_what_it_names_holds_a_newline(tmp_path, capsys):
+    odd = tmp_path / "run\nwith a newline"
+    odd.mkdir()
+    for args in (["archive", "info", str(odd)], ["archive", "compact", str(odd)], ["replay", str(odd), "--method", "exact"]):
+        code, out, err = run_cli(args, capsys)
+        assert code == 2 and err.count("\n") == 1 and "not a run directory" in err, (args, err)

@@ -20,6 +20,7 @@ renames the directory away and the link into place, two renames in a row, betwee
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import shutil
@@ -27,17 +28,33 @@ import uuid
 from pathlib import Path
 
 from ..errors import ArchiveError, ArchiveWriteError
-from .schema import GENERATION_PATTERN, NEXT_LINK, PARTS_DIR, generation_name, hidden, parse_part_name
+from .schema import (
+    GENERATION_PATTERN,
+    LOCK_NAME,
+    NEXT_LINK,
+    PARTS_DIR,
+    QUARANTINE_DIR,
+    generation_name,
+    hidden,
+    parse_part_name,
+    part_name,
+)
 
 __all__ = (
     "LEGACY_OLD",
     "PartFile",
+    "discard",
     "fsync_dir",
+    "is_fresh",
+    "is_live",
     "live_dir",
+    "live_generation",
     "os_error",
     "one_line",
     "part_files",
+    "quarantine",
     "recover",
+    "remove_created",
     "remove_tree",
     "start_generation",
     "switch",
@@ -49,6 +66,9 @@ logger = logging.getLogger(__name__)
 
 LEGACY_OLD = ".parts-legacy"
 """Where a legacy ``parts/`` directory goes during its switch to a link (removed right after)."""
+
+_LINK_FALLBACK = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+"""Errors of ``os.link`` on file systems without hard links: the part is copied instead."""
 
 _PLACE_ERRNOS = frozenset(
     {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP}
@@ -102,12 +122,12 @@ def write_file(path: Path, data: bytes | memoryview) -> None:
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        _discard(path)
+        discard(path)
         raise
     os.close(fd)
 
 
-def _discard(path: Path) -> None:
+def discard(path: Path) -> None:
     """Remove ``path`` if it is there, ignoring failures (cleanup after another error)."""
     try:
         os.unlink(path)
@@ -247,7 +267,7 @@ def switch(run_dir: Path, generation: Path) -> None:
         os.replace(nxt, parts)  # the switch: one atomic rename
     except BaseException:
         if os.path.lexists(parts):
-            _discard(nxt)  # not switched: the old generation stays live
+            discard(nxt)  # not switched: the old generation stays live
         # else (legacy) the new generation is complete: readers and recover() take it from .parts.next
         raise
     fsync_dir(run_dir)
@@ -280,14 +300,87 @@ def recover(run_dir: Path) -> None:
         if (GENERATION_PATTERN.match(name) or name == LEGACY_OLD) and path != live:
             remove_tree(path)
         elif name.startswith(".manifest.json.") and name.endswith(".tmp"):
-            _discard(path)
+            discard(path)
     if live is not None:
         for name in sorted(os.listdir(live)):
             if name.startswith(".part-") and name.endswith(".tmp"):
                 logger.warning("discarding %s, a part left half-written by a crash; its rows are recomputed", name)
-                _discard(live / name)
+                discard(live / name)
 
 
 def temporary_name(path: Path) -> Path:
     """A unique hidden temporary name next to ``path``."""
     return path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+
+
+def is_fresh(path: Path) -> bool:
+    """Whether ``path`` can become a new run: absent, empty, or left by a creation that crashed
+    before its manifest was written (only the lock file, a temporary manifest)."""
+    if not os.path.lexists(path):
+        return True
+    if not path.is_dir() or path.is_symlink():
+        return False
+    return all(n == LOCK_NAME or (n.startswith(".manifest.json.") and n.endswith(".tmp")) for n in os.listdir(path))
+
+
+def quarantine(run_dir: Path, parts: list[Path]) -> None:
+    """Move parts that failed verification to ``RUN_DIR/quarantine/`` (the caller records them).
+
+    Raises:
+        OSError: as the OS reports it.
+    """
+    if not parts:
+        return
+    target = run_dir / QUARANTINE_DIR
+    target.mkdir(exist_ok=True)
+    for part in parts:
+        if os.path.lexists(part):
+            logger.warning("moving part %s, which failed verification, to %s", part.name, target)
+            os.replace(part, target / part.name)
+    fsync_dir(target)
+
+
+def live_generation(run_dir: Path) -> Path:
+    """Clear crash debris and return the live generation, creating one (new run) or moving the
+    parts of a version-2 archive into one under digest names (hard links; copies where the file
+    system has none).
+
+    Raises:
+        OSError: as the OS reports it (the caller translates it).
+    """
+    recover(run_dir)
+    live = live_dir(run_dir)
+    if live is not None and os.path.islink(run_dir / PARTS_DIR):
+        return live
+    generation = start_generation(run_dir)
+    for part in part_files(live) if live is not None else []:
+        data = part.path.read_bytes()
+        name = part_name(part.index, hashlib.sha256(data).hexdigest())
+        try:
+            os.link(part.path, generation / name)
+        except OSError as exc:
+            if exc.errno not in _LINK_FALLBACK:
+                raise
+            write_file(generation / name, data)
+    fsync_dir(generation)
+    switch(run_dir, generation)
+    return generation
+
+
+def is_live(run_dir: Path, generation: Path) -> bool:
+    """Whether ``generation`` is what readers of ``run_dir`` see now."""
+    try:
+        return live_dir(run_dir) == generation
+    except ArchiveError:
+        return False
+
+
+def remove_created(created: list[Path], *, lock_file: Path | None) -> None:
+    """Undo a run directory's creation that failed before its manifest was written (best effort)."""
+    if lock_file is not None:
+        discard(lock_file)
+    for directory in created:  # deepest first
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return

@@ -38,12 +38,17 @@ import pyarrow.parquet as pq
 
 from ..errors import ArchiveError, ArchiveWriteError, ConfigError
 from .layout import (
+    discard,
     fsync_dir,
-    live_dir,
+    is_fresh,
+    is_live,
+    live_generation,
     one_line,
     os_error,
     part_files,
+    quarantine,
     recover,
+    remove_created,
     remove_tree,
     start_generation,
     switch,
@@ -52,7 +57,7 @@ from .layout import (
 )
 from .manifest import read_manifest
 from .reader import BadPart, dedupe_rows, load_rows, parts_of
-from .schema import LOCK_NAME, MANIFEST_NAME, PARTS_DIR, QUARANTINE_DIR, ROW_SCHEMA, SCHEMA_VERSION, part_name
+from .schema import LOCK_NAME, MANIFEST_NAME, PARTS_DIR, ROW_SCHEMA, SCHEMA_VERSION, part_name
 
 __all__ = ("IDENTITY_FIELDS", "RunArchive", "compact", "write_json_atomic")
 
@@ -63,8 +68,6 @@ IDENTITY_FIELDS = ("snapshot_ids", "model", "utility", "absence_policy")
 _COLUMNS = frozenset(ROW_SCHEMA.names)
 _REQUIRED = frozenset(f.name for f in ROW_SCHEMA if not f.nullable)
 _get_required = operator.itemgetter(*sorted(_REQUIRED))
-_LINK_FALLBACK = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
-"""Errors of ``os.link`` on file systems without hard links: the part is copied instead."""
 
 
 def write_json_atomic(path: Path, data: Any, *, field: str | None = None) -> None:
@@ -90,15 +93,8 @@ def write_json_atomic(path: Path, data: Any, *, field: str | None = None) -> Non
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except OSError as exc:
-        _discard(tmp)
+        discard(tmp)
         raise os_error(exc, f"cannot write {path}", field) from exc
-
-
-def _discard(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _write_part(directory: Path, index: int, table: pa.Table, *, field: str = "--archive") -> Path:
@@ -120,7 +116,7 @@ def _write_part(directory: Path, index: int, table: pa.Table, *, field: str = "-
         write_file(tmp, data)
         os.replace(tmp, final)
     except OSError as exc:
-        _discard(tmp)
+        discard(tmp)
         raise os_error(exc, f"cannot write {final}", field) from exc
     return final
 
@@ -184,60 +180,10 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 
 
-def _fresh(path: Path) -> bool:
-    """Whether ``path`` can become a new run: absent, empty, or left by a creation that crashed
-    before its manifest was written (only the lock file, a temporary manifest)."""
-    if not os.path.lexists(path):
-        return True
-    if not path.is_dir() or path.is_symlink():
-        return False
-    return all(n == LOCK_NAME or (n.startswith(".manifest.json.") and n.endswith(".tmp")) for n in os.listdir(path))
-
-
-def _quarantine(run_dir: Path, bad: list[BadPart]) -> None:
-    """Move the parts that failed verification to ``RUN_DIR/quarantine/`` (recorded by the caller)."""
-    if not bad:
-        return
-    target = run_dir / QUARANTINE_DIR
-    target.mkdir(exist_ok=True)
-    for b in bad:
-        if os.path.lexists(b.part.path):
-            logger.warning("moving %s to %s", b.message(hint=False), target)
-            os.replace(b.part.path, target / b.part.path.name)
-    fsync_dir(target)
-
-
 def _quarantine_records(bad: list[BadPart], now: str, run_id: str | None) -> list[dict[str, Any]]:
     return [
         {"part": b.part.path.name, "reason": b.reason, "quarantined_at": now, "run_id": run_id} for b in bad
     ]
-
-
-def _live_generation(run_dir: Path) -> Path:
-    """Clear crash debris and return the live generation, creating one (new run) or moving the
-    parts of a version-2 archive into one under digest names (hard links; copies where the file
-    system has none).
-
-    Raises:
-        OSError: as the OS reports it (the caller translates it).
-    """
-    recover(run_dir)
-    live = live_dir(run_dir)
-    if live is not None and os.path.islink(run_dir / PARTS_DIR):
-        return live
-    generation = start_generation(run_dir)
-    for part in part_files(live) if live is not None else []:
-        data = part.path.read_bytes()
-        name = part_name(part.index, hashlib.sha256(data).hexdigest())
-        try:
-            os.link(part.path, generation / name)
-        except OSError as exc:
-            if exc.errno not in _LINK_FALLBACK:
-                raise
-            write_file(generation / name, data)
-    fsync_dir(generation)
-    switch(run_dir, generation)
-    return generation
 
 
 class RunArchive:
@@ -301,7 +247,7 @@ class RunArchive:
             ArchiveError: the directory already holds files.
         """
         path = Path(run_dir)
-        if not _fresh(path):
+        if not is_fresh(path):
             raise ArchiveError(
                 f"{str(path)!r} already exists and is not empty; choose a new --archive path or delete it",
                 field="--archive",
@@ -352,7 +298,7 @@ class RunArchive:
         if not flush_seconds > 0:
             raise ConfigError(f"must be > 0, got {flush_seconds!r}", field="--flush-seconds")
         path = Path(run_dir)
-        fresh = _fresh(path)
+        fresh = is_fresh(path)
         if not fresh and not (path / MANIFEST_NAME).is_file():
             raise ArchiveError(
                 f"{str(path)!r} exists but is not a run directory (no {MANIFEST_NAME}); choose another --archive",
@@ -372,14 +318,14 @@ class RunArchive:
         try:
             lock = _Lock(path)
         except BaseException:
-            _remove_created(created, lock_file=None)
+            remove_created(created, lock_file=None)
             raise
         try:
             return cls._open_locked(path, dict(run), lock, new_run, skip_corrupt, flush_rows, flush_seconds)
         except BaseException:
             lock.release()
             if not (path / MANIFEST_NAME).exists():  # a creation that failed leaves nothing behind
-                _remove_created(created, lock_file=path / LOCK_NAME)
+                remove_created(created, lock_file=path / LOCK_NAME)
             raise
 
     @classmethod
@@ -450,8 +396,8 @@ class RunArchive:
         try:
             write_json_atomic(path / MANIFEST_NAME, manifest, field="--archive")  # the first change
             changed = True
-            _quarantine(path, bad)
-            archive._directory = _live_generation(path)
+            quarantine(path, [b.part.path for b in bad])
+            archive._directory = live_generation(path)
             indices = [p.index for p in part_files(archive._directory)]
         except (OSError, ArchiveError) as exc:
             error = exc if isinstance(exc, ArchiveError) else os_error(exc, f"cannot prepare the parts of {path}")
@@ -583,24 +529,6 @@ class RunArchive:
             raise error
 
 
-def _is_live(run_dir: Path, generation: Path) -> bool:
-    try:
-        return live_dir(run_dir) == generation
-    except ArchiveError:
-        return False
-
-
-def _remove_created(created: list[Path], *, lock_file: Path | None) -> None:
-    """Undo a run directory's creation that failed before its manifest was written (best effort)."""
-    if lock_file is not None:
-        _discard(lock_file)
-    for directory in created:  # deepest first
-        try:
-            os.rmdir(directory)
-        except OSError:
-            return
-
-
 def compact(run_dir: str | Path, *, skip_corrupt: bool = False) -> tuple[int, int]:
     """Merge every part of a run into one, switched in atomically (``coalescence archive compact``).
 
@@ -639,7 +567,7 @@ def compact(run_dir: str | Path, *, skip_corrupt: bool = False) -> tuple[int, in
             write_json_atomic(path / MANIFEST_NAME, manifest, field="RUN_DIR")
         generation = None
         try:
-            _quarantine(path, bad)
+            quarantine(path, [b.part.path for b in bad])
             recover(path)
             if current and len(parts) - len(bad) <= 1 and table.num_rows == loaded.num_rows:
                 return len(parts), table.num_rows  # nothing to merge
@@ -649,7 +577,7 @@ def compact(run_dir: str | Path, *, skip_corrupt: bool = False) -> tuple[int, in
             fsync_dir(generation)
             switch(path, generation)
         except BaseException as exc:
-            if generation is not None and not _is_live(path, generation):
+            if generation is not None and not is_live(path, generation):
                 remove_tree(generation)  # no reader has seen it
             if isinstance(exc, OSError):
                 raise os_error(exc, f"cannot compact {path}", "RUN_DIR") from exc
