@@ -1,23 +1,34 @@
-"""Crash safety: kill -9 then resume, crash debris, refusals that leave the archive alone, replay.
+"""Crash safety: kill -9 then resume, crash debris, refusals that leave the archive alone, replay;
+damaged and foreign archives, a full disk, and the exit codes of every command.
 
 Real parts throughout: the real CLI in a real subprocess killed with SIGKILL, the tiny random Llama,
-real Parquet parts. The only injected piece is a slow step (each backend call sleeps) so that the
-kill lands mid-run; it is patched into the child process by the test, never into the library.
+real Parquet parts. The injected pieces: a slow step (each backend call sleeps) so that the kill
+lands mid-run, patched into the child process by the test, never into the library; and a full
+disk or a denied permission, answered by wrapped OS calls (``tests/archive/archive_faults.py``:
+neither can be produced for real here, as root with no mounts).
 """
 
 from __future__ import annotations
 
+import argparse
+import errno
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from archive.archive_faults import DiskFault
+
+from coalescence import cli
 from coalescence.archive import RunArchive, list_parts, read_manifest, read_rows
 from coalescence.cli import main
 
@@ -60,8 +71,17 @@ def conversation(tmp_path: Path) -> Path:
     return path
 
 
-def snapshot_files(run_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}
+def snapshot_files(run_dir: Path) -> dict[str, bytes | str]:
+    """Every file's bytes (the lock's aside) and every link's target under ``run_dir``."""
+    out: dict[str, bytes | str] = {}
+    for root, dirs, names in os.walk(run_dir):
+        for name in dirs + names:
+            path = Path(root) / name
+            if path.is_symlink():
+                out[str(path.relative_to(run_dir))] = "-> " + os.readlink(path)
+            elif path.is_file() and name != ".lock":
+                out[str(path.relative_to(run_dir))] = path.read_bytes()
+    return out
 
 
 def values(doc: dict) -> list[float]:
@@ -266,3 +286,178 @@ def test_sigterm_flushes_the_archive_and_a_rerun_resumes(tmp_path, conversation,
     doc = json.loads(out.read_text())
     assert doc["n_evaluations"] == 2**N - saved
     assert values(doc) == values(reference[0])
+
+
+# -- damaged and foreign archives, full disks, exit codes --------------------------------------------
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def every_command(run_dir: Path, conversation: Path, model: Path) -> dict[str, list[str]]:
+    return {
+        "explain": argv(conversation, model, run_dir),
+        "replay": ["replay", str(run_dir), "--method", "exact"],
+        "info": ["archive", "info", str(run_dir)],
+        "compact": ["archive", "compact", str(run_dir)],
+    }
+
+
+def flip_a_bit(part: Path) -> None:
+    data = bytearray(part.read_bytes())
+    data[len(data) // 3] ^= 0x04
+    part.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_is_refused_by_every_command_until_a_skip_corrupt_resume_quarantines_it(
+    tmp_path, conversation, tiny_model_dir, reference, capsys
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[1], run_dir, symlinks=True)
+    victim = list_parts(run_dir)[5]
+    lost = pq.read_table(victim).num_rows
+    flip_a_bit(victim)
+    before = snapshot_files(run_dir)
+    for name, args in every_command(run_dir, conversation, tiny_model_dir).items():
+        code, out, err = run_cli(args, capsys)
+        assert code == 2, (name, err)
+        assert err.splitlines() == [err.strip()] and victim.name in err and "--skip-corrupt" in err, (name, err)
+        assert out == "" and snapshot_files(run_dir) == before, name
+    out_path = tmp_path / "out.json"
+    code, _, err = run_cli(argv(conversation, tiny_model_dir, run_dir, "--skip-corrupt", "--out", str(out_path)), capsys)
+    assert code == 0, err
+    doc = json.loads(out_path.read_text())
+    assert doc["n_evaluations"] == lost and values(doc) == values(reference[0])
+    assert (run_dir / "quarantine" / victim.name).is_file()
+    assert [q["part"] for q in read_manifest(run_dir)["quarantine"]] == [victim.name]
+    # later commands need no flag
+    for name, args in every_command(run_dir, conversation, tiny_model_dir).items():
+        code, out, err = run_cli(args, capsys)
+        assert code == 0, (name, err)
+    assert f"quarantined     1 parts in quarantine/: {victim.name}" in run_cli(["archive", "info", str(run_dir)], capsys)[1]
+    rows = read_rows(run_dir, dedupe=False)
+    assert rows.num_rows == 2**N == len(set(rows["coalition_key"].to_pylist()))
+
+
+def _damage_manifest(run_dir: Path) -> str:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    del manifest["runs"][0]["run_id"]
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    return "runs[0].run_id is missing"
+
+
+def _manifest_runs_not_a_list(run_dir: Path) -> str:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["runs"] = {"0": manifest["runs"][0]}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    return "runs must be a list of objects"
+
+
+def _integer_keys(run_dir: Path) -> str:
+    table = read_rows(run_dir).slice(0, 3)
+    foreign = table.set_column(1, "coalition_key", pa.array([1, 2, 3], pa.int64()))
+    pq.write_table(foreign, run_dir / "parts" / "part-000099.parquet")
+    return "part-000099.parquet was not written by coalescence"
+
+
+def _stray_file(run_dir: Path) -> str:
+    (run_dir / "parts" / "notes.csv").write_text("a,b\n")
+    return "notes.csv is not a part of this archive"
+
+
+def _parts_link_elsewhere(run_dir: Path) -> str:
+    (run_dir / "parts").unlink()
+    os.symlink("/tmp", run_dir / "parts")
+    return "not to a generation directory"
+
+
+@pytest.mark.parametrize("damage", [_damage_manifest, _manifest_runs_not_a_list, _integer_keys, _stray_file, _parts_link_elsewhere])
+def test_a_damaged_or_foreign_archive_exits_2_naming_the_file_and_changes_nothing(
+    tmp_path, conversation, tiny_model_dir, reference, capsys, damage
+):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[1], run_dir, symlinks=True)
+    says = damage(run_dir)
+    before = snapshot_files(run_dir)
+    for name, args in every_command(run_dir, conversation, tiny_model_dir).items():
+        code, out, err = run_cli(args, capsys)
+        assert code == 2, (name, err)
+        assert err.splitlines() == [err.strip()] and says in err and "Traceback" not in err, (name, err)
+        assert snapshot_files(run_dir) == before, name
+
+
+@pytest.mark.parametrize("once", [True, False], ids=["one-write-fails", "disk-stays-full"])
+def test_a_full_disk_during_a_run_exits_3_and_the_same_command_resumes(tmp_path, conversation, tiny_model_dir, reference, capsys, monkeypatch, once):
+    probe = tmp_path / "probe"
+    with monkeypatch.context() as m:
+        counter = DiskFault(m, probe, after=None)
+        assert run_cli(argv(conversation, tiny_model_dir, probe), capsys)[0] == 0
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as m:
+        DiskFault(m, run_dir, after=counter.calls // 2, once=once)  # mid-run: some parts are flushed
+        code, _, err = run_cli(argv(conversation, tiny_model_dir, run_dir), capsys)
+    assert code == 3, err
+    assert err.splitlines() == [err.strip()] and "No space left on device" in err and "Traceback" not in err
+    flushed = read_rows(run_dir, dedupe=False)
+    assert 0 < flushed.num_rows < 2**N and flushed.num_rows == len(set(flushed["coalition_key"].to_pylist()))
+    run = read_manifest(run_dir)["runs"][0]
+    if once:  # the manifest could be written after the failed part: it says what happened
+        assert run["status"] == "failed" and "No space left on device" in run["error"]
+    else:
+        assert run["status"] == "running"  # it could not be written either
+    out = tmp_path / "out.json"
+    code, _, err = run_cli(argv(conversation, tiny_model_dir, run_dir, "--out", str(out)), capsys)
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["n_evaluations"] == 2**N - flushed.num_rows and values(doc) == values(reference[0])
+    rows = read_rows(run_dir, dedupe=False)
+    assert rows.num_rows == 2**N == len(set(rows["coalition_key"].to_pylist()))
+    run = read_manifest(run_dir)["runs"][0]
+    assert run["status"] == "complete" and "error" not in run
+
+
+@pytest.mark.parametrize(("error", "code"), [(errno.ENOSPC, 3), (errno.EIO, 3), (errno.EACCES, 2), (errno.EROFS, 2)])
+def test_compact_that_cannot_write_exits_3_or_2_and_leaves_the_parts(tmp_path, reference, capsys, monkeypatch, error, code):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference[1], run_dir, symlinks=True)
+    before = snapshot_files(run_dir)
+    with monkeypatch.context() as m:
+        DiskFault(m, run_dir, after=4, error=error)  # after the lock: the new generation cannot be made
+        got, out, err = run_cli(["archive", "compact", str(run_dir)], capsys)
+    assert got == code and err.splitlines() == [err.strip()] and os.strerror(error) in err, err
+    assert snapshot_files(run_dir) == before
+
+
+def test_an_archive_place_that_cannot_be_written_exits_2_and_leaves_nothing(tmp_path, conversation, tiny_model_dir, capsys, monkeypatch):
+    place = tmp_path / "place"
+    place.mkdir()
+    with monkeypatch.context() as m:
+        DiskFault(m, place, after=0, error=errno.EACCES)
+        code, _, err = run_cli(argv(conversation, tiny_model_dir, place / "run"), capsys)
+    assert code == 2 and err.splitlines() == [err.strip()] and "Permission denied" in err
+    assert os.listdir(place) == []
+
+
+def test_the_exit_code_table_is_one_and_the_same_in_the_readme_and_every_help():
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    readme_codes = [int(c) for c in re.findall(r"^\| (\d+) \|", section, re.M)]
+    help_codes = [int(c) for c in re.findall(r"^    (\d+) ", cli.EXIT_CODES, re.M)]
+    assert readme_codes == help_codes == [0, 1, 2, 3, 130, 141, 143]
+    parser = cli.build_parser()
+    assert parser.format_help().rstrip().endswith(cli.EXIT_CODES.splitlines()[-1].rstrip())
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        assert cli.EXIT_CODES.splitlines()[3] in sub.format_help(), name
+
+
+def test_every_error_is_one_line_even_when_what_it_names_holds_a_newline(tmp_path, capsys):
+    odd = tmp_path / "run\nwith a newline"
+    odd.mkdir()
+    for args in (["archive", "info", str(odd)], ["archive", "compact", str(odd)], ["replay", str(odd), "--method", "exact"]):
+        code, out, err = run_cli(args, capsys)
+        assert code == 2 and err.count("\n") == 1 and "not a run directory" in err, (args, err)

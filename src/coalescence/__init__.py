@@ -37,6 +37,7 @@ from .engine import Engine
 from .inputs import RagTemplate, load_inputs
 from .errors import (
     ArchiveError,
+    ArchiveWriteError,
     BackendError,
     BackendUnavailable,
     BatchFailed,
@@ -60,6 +61,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - running from a sour
 __all__ = (
     "AbsencePolicy",
     "ArchiveError",
+    "ArchiveWriteError",
     "BackendError",
     "BackendUnavailable",
     "BatchFailed",

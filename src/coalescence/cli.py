@@ -7,9 +7,19 @@
   the archive covers their plans (``--model`` evaluates only what is missing).
 - ``coalescence archive info RUN_DIR`` / ``coalescence archive compact RUN_DIR``.
 
-Exit codes: 0 success; 2 bad input or settings (one line on stderr naming the field and the fix,
-nothing written); 1 a model, archive or output failure once the run has started (what was
-evaluated stays in the archive); 130 interrupted.
+Exit codes, the same for every command (every error is one line on stderr)::
+
+    0    success
+    1    a model failure during the run (the model raised, or gave non-finite output);
+         what was evaluated stays in the archive
+    2    bad input or settings, including a damaged or foreign archive: refused before
+         anything is written (the line names the field or file and the fix)
+    3    the archive or an output file could not be written after the run started (disk
+         full, I/O error): what was flushed stays, the manifest says what happened, and
+         the same command resumes once the cause is fixed
+    130  interrupted (SIGINT)
+    141  standard output closed (e.g. piped into head)
+    143  terminated (SIGTERM)
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
-from .errors import ArchiveError, BatchFailed, CoalescenceError, ConfigError
+from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError
 
 __all__ = ("build_parser", "main")
 
@@ -53,16 +63,35 @@ def _on_sigterm() -> Any:
         return None
 
 
+EXIT_CODES = "exit codes:\n" + __doc__.split("::\n\n", 1)[1].rstrip()
+"""The exit-code table of the module docstring (the ``--help`` epilog)."""
+
+
 class _RunFailed(Exception):
-    """A failure after the run started (exit 1), wrapping the library error."""
+    """An archive or output write failure after the run started (exit 3), wrapping the library error."""
 
     def __init__(self, error: CoalescenceError) -> None:
         super().__init__(str(error))
         self.error = error
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, keeping the lines of the exit-code table in the epilog."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit codes:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with the command's error contract: one line naming the option, exit code 2."""
+    """argparse with the command's error contract: one line naming the option, exit code 2; every
+    command's ``--help`` ends with the exit-code table."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         match = re.match(r"argument ([^:]+): (.*)", message, re.S)
@@ -333,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(exc: CoalescenceError, code: int) -> int:
-    print(f"coalescence: error: {exc}", file=sys.stderr)
+    print(f"coalescence: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, always
     return code
 
 
@@ -538,7 +567,7 @@ def _finish(engine: Any, run: Any) -> Any:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from .archive.reader import corrupt_parts, read_manifest
+    from .archive.reader import check_parts, read_manifest
     from .archive.writer import RunArchive, write_json_atomic
     from .attribution.estimators import make_estimator
     from .attribution.hierarchy import explain_hierarchical, fine_snapshot, parse_hierarchy
@@ -612,14 +641,8 @@ def _explain(args: argparse.Namespace) -> int:
                 field="--archive",
             )
         if (run_dir / "manifest.json").is_file():
-            read_manifest(run_dir)  # a newer schema is refused before the model loads
-            bad = corrupt_parts(run_dir)
-            if bad and not args.skip_corrupt:
-                raise ArchiveError(
-                    f"part {bad[0]} of {args.archive!r} is corrupt or truncated ({len(bad)} in all); rerun "
-                    "with --skip-corrupt to skip it (its coalitions are evaluated again)",
-                    field="--archive",
-                )
+            read_manifest(run_dir)  # a damaged manifest or a newer schema is refused before the model loads
+            check_parts(run_dir, skip_corrupt=args.skip_corrupt)  # so is a part that fails its digest or schema
         _check_parent(run_dir, "--archive")
     source = resolve_model(args.model)
 
@@ -742,7 +765,7 @@ def _explain(args: argparse.Namespace) -> int:
         explanations = _finish(engine, run_all)
         documents = [e.to_dict() | {"archive": str(run_dir)} for e in explanations]
         if out_path is not None:
-            write_json_atomic(out_path, {"archive": str(run_dir), "explanations": documents} if is_batch else documents[0])
+            write_json_atomic(out_path, {"archive": str(run_dir), "explanations": documents} if is_batch else documents[0], field="--out")
     except (ArchiveError, OSError) as exc:
         error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {out_path}: {exc}", field="--out")
         raise _RunFailed(error) from exc
@@ -759,6 +782,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     import time
 
+    from .archive.manifest import check_replayable
     from .archive.reader import read_manifest, read_rows
     from .archive.writer import RunArchive, write_json_atomic
     from .attribution.estimators import METHODS, make_estimator
@@ -785,6 +809,7 @@ def _replay(args: argparse.Namespace) -> int:
     run = next((r for r in runs if r["run_id"] == args.run), None) if args.run else runs[-1]
     if run is None:
         raise ConfigError(f"no run {args.run!r}; the archive has {[r['run_id'] for r in runs]}", field="--run")
+    check_replayable(args.run_dir, manifest, run)
     try:
         run_utility = UtilitySpec.from_dict(run.get("utility") or {})
     except (ConfigError, TypeError, ValueError) as exc:
@@ -931,7 +956,7 @@ def _replay(args: argparse.Namespace) -> int:
         print(explanation.format_table())
         print()
     if out_path is not None:
-        write_json_atomic(out_path, {"run_dir": str(args.run_dir), "run_id": run["run_id"], "explanations": [e.to_dict() for e in explanations]})
+        write_json_atomic(out_path, {"run_dir": str(args.run_dir), "run_id": run["run_id"], "explanations": [e.to_dict() for e in explanations]}, field="--out")
     return 0
 
 
@@ -946,23 +971,31 @@ def _archive(args: argparse.Namespace) -> int:
             return 0
         print(f"run directory   {info['run_dir']} (schema version {info['schema_version']}, coalescence {info['package_version']})")
         for r in info["runs"]:
-            model = r.get("model") or {}
-            policy = r.get("absence_policy") or {}
-            kind = (r.get("utility") or {}).get("kind")
+            model, policy, utility = (r.get(k) if isinstance(r.get(k), dict) else {} for k in ("model", "absence_policy", "utility"))
+            kind = utility.get("kind")
             print(
-                f"run             {r['run_id']} started {r['started_at']} [{r.get('status')}] model {model.get('id')} "
+                f"run             {r['run_id']} started {r.get('started_at')} [{r.get('status')}] model {model.get('id')} "
                 f"policy {policy.get('id')} utility {kind}"
             )
+            if r.get("error"):
+                print(f"  error         {r['error']}")
         for s in info["snapshots"]:
             print(f"snapshot        {s['snapshot_id'][:16]}  {s['coalitions']} coalitions")
         print(f"coalitions      {info['coalitions']} in {info['parts']} parts, {info['bytes']} bytes")
+        if info["unverified_parts"]:
+            print(f"unverified      {info['unverified_parts']} parts written before schema version 3 carry no digest; "
+                  "`coalescence archive compact` adds them")
+        if info["skipped_parts"]:
+            print(f"skipped         {len(info['skipped_parts']) } damaged parts: {', '.join(info['skipped_parts'])}")
+        if info["quarantined_parts"]:
+            print(f"quarantined     {len(info['quarantined_parts'])} parts in quarantine/: {', '.join(info['quarantined_parts'])}")
         print(f"cache-hit rate  {info['cache_hit_rate']:.3f}")
         print(f"tokens          {info['tokens_computed']} computed, {info['tokens_reused']} reused")
         print(f"model time      {info['model_seconds']:.1f} s")
         print(f"writes          first {info['first_write']}, last {info['last_write']}")
         return 0
     before, rows = compact(args.run_dir, skip_corrupt=args.skip_corrupt)
-    print(f"compacted {args.run_dir}: {before} parts -> {1 if before else 0}, {rows} coalitions")
+    print(f"compacted {args.run_dir}: {before} parts -> {1 if rows else 0}, {rows} coalitions")
     return 0
 
 
@@ -983,8 +1016,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _STATE.pop("archive", None)
     try:
         return commands[args.command](args)
-    except (BatchFailed, _RunFailed) as exc:
-        return _fail(exc.error if isinstance(exc, _RunFailed) else exc, 1)
+    except _RunFailed as exc:  # the exit-code table is in the module docstring
+        return _fail(exc.error, 3)
+    except BatchFailed as exc:
+        return _fail(exc, 1)
+    except ArchiveWriteError as exc:
+        return _fail(exc, 3)
     except CoalescenceError as exc:
         return _fail(exc, 2)
     except KeyboardInterrupt as exc:

@@ -12,17 +12,20 @@ errors are translated at the boundary with ``raise ... from exc``::
     ├── BackendError                          the model backend failed
     │   ├── BackendUnavailable                a model or optional dependency is missing (with an install hint)
     │   └── BatchFailed                       a model call failed or returned invalid outputs
-    ├── ArchiveError                          the run archive cannot be written or read
+    ├── ArchiveError                          the run archive cannot be read, or is not a place to write one
+    │   └── ArchiveWriteError                 a write failed: disk full, I/O error (what was flushed stays)
     └── EngineClosed                          work was submitted to a closed engine
 
 Errors that come from user input carry a ``field`` (the input field or CLI option at fault) so the
-CLI can print one line naming the field and the fix, and exit with code 2.
+CLI can print one line naming the field and the fix, and exit with code 2 (3 for an
+:class:`ArchiveWriteError`, 1 for a :class:`BatchFailed`; the CLI's module docstring has the table).
 """
 
 from __future__ import annotations
 
 __all__ = (
     "ArchiveError",
+    "ArchiveWriteError",
     "BackendError",
     "BackendUnavailable",
     "BatchFailed",
@@ -98,7 +101,14 @@ class BatchFailed(BackendError):
 
 
 class ArchiveError(CoalescenceError):
-    """The run archive cannot be created, written or read."""
+    """The run archive cannot be read (damaged, foreign, newer), or its place cannot be written (not
+    writable, not a directory): refused before anything is written."""
+
+
+class ArchiveWriteError(ArchiveError):
+    """Writing the archive or an output file failed (disk full, I/O error). Parts already flushed
+    stay intact and the manifest records the failure when it can be written at all; a resume after
+    the cause is fixed completes the run."""
 
 
 class EngineClosed(CoalescenceError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import tempfile
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -58,6 +59,22 @@ def make_row(
     return row
 
 
+def make_legacy(run_dir: Path, tables: dict[int, pa.Table], *, schema_version: int = 2) -> None:
+    """Rewrite ``run_dir`` in the layout of schema version ``schema_version`` (<= 2): a real
+    ``parts/`` directory of ``part-NNNNNN.parquet`` files with no digest, as older versions wrote."""
+    import shutil
+
+    for name in os.listdir(run_dir):
+        if name.startswith(".parts") or name == "parts":
+            path = run_dir / name
+            path.unlink() if path.is_symlink() else shutil.rmtree(path)
+    (run_dir / "parts").mkdir()
+    for index, table in tables.items():
+        pq.write_table(table, run_dir / "parts" / f"part-{index:06d}.parquet", compression="zstd")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps(manifest | {"schema_version": schema_version}))
+
+
 def seven_rows() -> list[dict]:
     """Seven distinct coalitions with utilities that are not short decimals."""
     coalitions = [[], [0], [1, 9], [2, 3, 4], [9], [0, 5, 8], list(range(N_BITS))]
@@ -96,19 +113,20 @@ def test_parts_are_written_every_flush_rows_and_on_close(run_dir: Path) -> None:
     assert archive.rows_written == 6
     archive.close()
     assert archive.rows_written == 7
-    assert sorted(p.name for p in parts.iterdir()) == [
-        "part-000000.parquet",
-        "part-000001.parquet",
-        "part-000002.parquet",
-    ]
+    # each name carries the SHA-256 of the file's bytes
+    names = sorted(p.name for p in parts.iterdir())
+    assert names == [f"part-{i:06d}-{hashlib.sha256((parts / n).read_bytes()).hexdigest()}.parquet" for i, n in enumerate(names)]
+    assert len(names) == 3
     assert [pq.ParquetFile(p).metadata.num_rows for p in sorted(parts.iterdir())] == [3, 3, 1]
 
 
 def test_no_temporary_files_are_left(closed_run: tuple[Path, list[dict]]) -> None:
     run_dir, _ = closed_run
     assert [p.name for p in (run_dir / "parts").iterdir() if p.name.startswith(".")] == []
-    assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == [".lock"]  # the writer lock
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "manifest.json", "parts"]
+    # the writer lock and the live generation of parts, which parts links to
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == [".lock", ".parts-000000"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", ".parts-000000", "manifest.json", "parts"]
+    assert os.readlink(run_dir / "parts") == ".parts-000000"
 
 
 def test_parts_are_zstd_compressed(closed_run: tuple[Path, list[dict]]) -> None:
@@ -194,17 +212,16 @@ def test_parts_of_schema_version_1_read_with_the_new_columns_null(run_dir: Path)
     part = next((run_dir / "parts").glob("part-*.parquet"))
     old = pq.read_table(part).drop_columns(["evaluation_key", "token_logprobs", "generated_texts"])
     old = old.append_column("generation_text", pa.array([None], type=pa.string()))
-    pq.write_table(old, part)
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    (run_dir / "manifest.json").write_text(json.dumps(manifest | {"schema_version": 1}))
+    make_legacy(run_dir, {0: old}, schema_version=1)
     assert corrupt_parts(run_dir) == []
     rows = read_rows(run_dir)
     assert rows.schema.equals(ROW_SCHEMA)
     assert rows["utility"].to_pylist() == [-3.0]
     assert rows["token_logprobs"].to_pylist() == [None]
-    # a resumed version-1 archive is written on as version 2
+    # a resumed version-1 archive is written on as version 3
     RunArchive.open(run_dir, {}).close()
-    assert read_manifest(run_dir)["schema_version"] == SCHEMA_VERSION == 2
+    assert read_manifest(run_dir)["schema_version"] == SCHEMA_VERSION == 3
+    assert read_rows(run_dir)["utility"].to_pylist() == [-3.0]
 
 
 def test_parts_read_as_one_pyarrow_dataset(closed_run: tuple[Path, list[dict]]) -> None:
@@ -227,8 +244,9 @@ def test_read_rows_ignores_a_stray_temporary_part(closed_run: tuple[Path, list[d
 
 def test_read_rows_of_a_corrupt_part_raises_archive_error(closed_run: tuple[Path, list[dict]]) -> None:
     run_dir, _ = closed_run
-    (run_dir / "parts" / "part-000003.parquet").write_bytes(b"garbage")
-    with pytest.raises(ArchiveError, match="part-000003"):
+    victim = sorted((run_dir / "parts").iterdir())[1]
+    victim.write_bytes(b"garbage")
+    with pytest.raises(ArchiveError, match=victim.name):
         read_rows(run_dir)
 
 

@@ -1,9 +1,20 @@
-"""Reading a run archive back: manifest, rows, pools for the estimators, and a summary."""
+"""Reading a run archive back: manifest, verified rows, pools for the estimators, and a summary.
+
+Every part is verified before its rows are used: its bytes against the SHA-256 in its name, then
+its Parquet structure and its columns against :data:`~coalescence.archive.schema.ROW_SCHEMA`. A
+part that fails is refused with one line naming it, or left out under ``skip_corrupt`` (its
+coalitions are then evaluated again); its values are never used. Parts of archives written before
+schema version 3 carry no digest: only their structure and schema can be checked.
+
+Readers take no lock: a compaction that switches generations while a read is under way makes a
+listed part disappear, and the read starts again on the new generation.
+"""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,70 +25,181 @@ import pyarrow.parquet as pq
 
 from ..errors import ArchiveError
 from ..masking.codec import PackedMask
-from .schema import MANIFEST_NAME, PARTS_DIR, REQUIRED_COLUMNS, ROW_SCHEMA, SCHEMA_VERSION, part_index
+from .layout import PartFile, live_dir, one_line, part_files
+from .manifest import read_manifest
+from .schema import PARTS_DIR, REQUIRED_COLUMNS, ROW_SCHEMA, schema_problem
 
-__all__ = ("archive_info", "corrupt_parts", "dedupe_rows", "list_parts", "read_manifest", "read_pool", "read_rows")
+__all__ = (
+    "BadPart",
+    "archive_info",
+    "check_parts",
+    "corrupt_parts",
+    "dedupe_rows",
+    "list_parts",
+    "load_rows",
+    "parts_of",
+    "read_manifest",
+    "read_pool",
+    "read_rows",
+)
 
 logger = logging.getLogger(__name__)
 
+_ATTEMPTS = 5
+"""Reads started again when a concurrent compaction removes a listed part."""
 
-def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    """The run's manifest.
 
-    Raises:
-        ArchiveError: missing or unreadable manifest, or a schema version newer than this package's
-            (field ``RUN_DIR``).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BadPart:
+    """A part that failed verification.
+
+    Attributes:
+        part: the part (path, index, recorded digest).
+        reason: why, one line (e.g. "is corrupt: its bytes do not match the SHA-256 in its name").
     """
-    path = Path(run_dir) / MANIFEST_NAME
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ArchiveError(f"{str(run_dir)!r} is not a run directory (no {MANIFEST_NAME})", field="RUN_DIR") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ArchiveError(f"cannot read {path}: {exc}", field="RUN_DIR") from exc
-    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ArchiveError(f"{path} has no valid schema_version ({version!r})", field="RUN_DIR")
-    if version > SCHEMA_VERSION:
-        raise ArchiveError(
-            f"archive schema version {version} is newer than this coalescence understands "
-            f"({SCHEMA_VERSION}); upgrade coalescence to read it",
-            field="RUN_DIR",
-        )
-    return manifest
+
+    part: PartFile
+    reason: str
+
+    def message(self, *, hint: bool = True) -> str:
+        """One line naming the part and what is wrong (with the ``--skip-corrupt`` hint)."""
+        text = f"part {PARTS_DIR}/{self.part.path.name} {self.reason}"
+        if hint:
+            text += "; rerun with --skip-corrupt to set it aside (its coalitions are evaluated again)"
+        return text
+
+
+class _Unusable(Exception):
+    """A part failed verification (internal; becomes a :class:`BadPart`)."""
+
+
+def parts_of(run_dir: str | Path) -> list[PartFile]:
+    """The live parts of a run with their recorded digests, by index (see :func:`list_parts`)."""
+    directory = live_dir(Path(run_dir))
+    return [] if directory is None else part_files(directory)
 
 
 def list_parts(run_dir: str | Path) -> list[Path]:
     """The complete parts of a run, in index order.
 
-    Only regular files named ``part-NNNNNN.parquet`` directly under ``parts/`` count; symbolic
-    links and anything resolving outside the run directory are ignored (paths stay confined).
+    Only regular files named ``part-NNNNNN-<sha256>.parquet`` (``part-NNNNNN.parquet`` in an archive
+    of version 2 or older) in the live generation count; hidden names (``.``, ``_``) are skipped.
+
+    Raises:
+        ArchiveError: the live directory holds anything else a plain dataset read would take for
+            data, or ``parts`` is not a directory or a link to a generation of the run.
     """
-    parts_dir = Path(run_dir) / PARTS_DIR
-    if not parts_dir.is_dir():
-        return []
-    root = parts_dir.resolve()
-    found = []
-    for path in parts_dir.iterdir():
-        index = part_index(path.name)
-        if index is None or path.is_symlink() or not path.is_file() or path.resolve().parent != root:
+    return [p.path for p in parts_of(run_dir)]
+
+
+def _verify(part: PartFile, *, decode: bool) -> pa.Table | None:
+    """Check one part: digest, Parquet footer, schema; decode it when ``decode``.
+
+    Raises:
+        _Unusable: the part fails a check (the reason, one line).
+        FileNotFoundError: the part was removed (a concurrent compaction).
+    """
+    try:
+        data = part.path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise _Unusable(f"cannot be read ({one_line(exc)})") from exc
+    if part.digest is not None and hashlib.sha256(data).hexdigest() != part.digest:
+        raise _Unusable("is corrupt: its bytes do not match the SHA-256 in its name")
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        schema = parquet.schema_arrow
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise _Unusable(f"is corrupt or truncated (not a readable Parquet file: {one_line(exc)})") from exc
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise _Unusable(f"is not a coalescence part: {problem}")
+    if not decode:
+        return None
+    try:
+        table = parquet.read(columns=[n for n in ROW_SCHEMA.names if n in schema.names])
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise _Unusable(f"is corrupt or truncated ({one_line(exc)})") from exc
+    for name in sorted(REQUIRED_COLUMNS):
+        if table.column(name).null_count:
+            raise _Unusable(f"is not a coalescence part: its column {name} holds nulls")
+    columns = [
+        table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in ROW_SCHEMA
+    ]
+    return pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+
+
+def _refusal(bad: list[BadPart]) -> ArchiveError:
+    more = f" ({len(bad)} parts in all)" if len(bad) > 1 else ""
+    first = bad[0].message(hint=False)
+    return ArchiveError(
+        f"{first}{more}; rerun with --skip-corrupt to set it aside (its coalitions are evaluated again)",
+        field="RUN_DIR",
+    )
+
+
+def check_parts(run_dir: str | Path, *, skip_corrupt: bool = False) -> list[BadPart]:
+    """Verify every part's digest and schema without decoding its rows (cheap: one read and one hash).
+
+    Args:
+        run_dir: the run directory.
+        skip_corrupt: return the parts that fail instead of refusing.
+
+    Returns:
+        The parts that fail (empty when all pass).
+
+    Raises:
+        ArchiveError: a part fails (unless ``skip_corrupt``), or the layout holds foreign entries.
+    """
+    for _ in range(_ATTEMPTS):
+        bad = []
+        try:
+            for part in parts_of(run_dir):
+                try:
+                    _verify(part, decode=False)
+                except _Unusable as exc:
+                    bad.append(BadPart(part=part, reason=str(exc)))
+        except FileNotFoundError:
             continue
-        found.append((index, path))
-    return [p for _, p in sorted(found)]
+        if bad and not skip_corrupt:
+            raise _refusal(bad)
+        return bad
+    raise _changing(run_dir)
+
+
+def _changing(run_dir: str | Path) -> ArchiveError:
+    return ArchiveError(f"{run_dir} changed {_ATTEMPTS} times while it was read (compactions?); try again", field="RUN_DIR")
 
 
 def corrupt_parts(run_dir: str | Path) -> list[str]:
-    """Names of the parts whose Parquet footer or schema cannot be read (a cheap check: footers only)."""
-    bad = []
-    for part in list_parts(run_dir):
+    """Names of the parts that fail verification (digest, Parquet footer, schema)."""
+    return [b.part.path.name for b in check_parts(run_dir, skip_corrupt=True)]
+
+
+def load_rows(run_dir: str | Path, *, skip_corrupt: bool = False) -> tuple[pa.Table, list[BadPart]]:
+    """Every row of every verified part, in part order (repeated keys kept), and the parts left out.
+
+    Raises:
+        ArchiveError: a part fails verification (unless ``skip_corrupt``), or foreign entries.
+    """
+    for _ in range(_ATTEMPTS):
+        tables, bad = [], []
         try:
-            schema = pq.read_schema(part)
-        except (OSError, pa.ArrowException):
-            bad.append(part.name)
+            for part in parts_of(run_dir):
+                try:
+                    tables.append(_verify(part, decode=True))
+                except _Unusable as exc:
+                    bad.append(BadPart(part=part, reason=str(exc)))
+                    if not skip_corrupt:
+                        raise _refusal(bad) from None  # the first is enough (check_parts counts them all)
+        except FileNotFoundError:
             continue
-        if not REQUIRED_COLUMNS <= set(schema.names):
-            bad.append(part.name)
-    return bad
+        for b in bad:
+            logger.warning("skipping %s", b.message(hint=False))
+        table = pa.concat_tables(tables) if tables else ROW_SCHEMA.empty_table()
+        return table, bad
+    raise _changing(run_dir)
 
 
 def dedupe_rows(table: pa.Table) -> pa.Table:
@@ -91,11 +213,11 @@ def dedupe_rows(table: pa.Table) -> pa.Table:
 
 
 def read_rows(run_dir: str | Path, *, skip_corrupt: bool = False, dedupe: bool = True) -> pa.Table:
-    """Every row of every complete part, in part order, each coalition key once.
+    """Every row of every verified part, in part order, each coalition key once.
 
     Args:
         run_dir: the run directory.
-        skip_corrupt: skip (with a warning) a part that cannot be read instead of failing.
+        skip_corrupt: leave out (with a warning) a part that fails verification instead of failing.
         dedupe: drop repeated coalition keys (first occurrence wins).
 
     Returns:
@@ -103,24 +225,10 @@ def read_rows(run_dir: str | Path, *, skip_corrupt: bool = False, dedupe: bool =
         schema version lacks are null).
 
     Raises:
-        ArchiveError: a part is corrupt or truncated (named, with the ``--skip-corrupt`` hint).
+        ArchiveError: a part fails verification (named, with the ``--skip-corrupt`` hint), or the
+            run directory holds foreign entries where parts live.
     """
-    tables = []
-    for part in list_parts(run_dir):
-        try:
-            tables.append(pq.read_table(part, schema=ROW_SCHEMA))
-        except (OSError, pa.ArrowException) as exc:
-            if skip_corrupt:
-                logger.warning("skipping corrupt part %s: %s", part.name, exc)
-                continue
-            raise ArchiveError(
-                f"part {part.name} is corrupt or truncated ({exc}); rerun with --skip-corrupt to skip "
-                "it (its coalitions are then evaluated again)",
-                field="RUN_DIR",
-            ) from exc
-    if not tables:
-        return ROW_SCHEMA.empty_table()
-    table = pa.concat_tables(tables)
+    table, _ = load_rows(run_dir, skip_corrupt=skip_corrupt)
     return dedupe_rows(table) if dedupe else table
 
 
@@ -134,7 +242,7 @@ def read_pool(
         distinct coalition key.
 
     Raises:
-        ArchiveError: a corrupt part (unless ``skip_corrupt``).
+        ArchiveError: a part that fails verification (unless ``skip_corrupt``).
     """
     table = read_rows(run_dir, skip_corrupt=skip_corrupt)
     rows = table.filter(pc.equal(table["snapshot_id"], snapshot_id))
@@ -151,14 +259,18 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
 
     Returns:
         A JSON-ready dict: schema version, runs, snapshots (id, rows), coalitions, cache-hit rate,
-        tokens computed and reused, model time (seconds), first/last write (UTC ISO), parts and bytes.
+        tokens computed and reused, model time (seconds), first/last write (UTC ISO), parts (and
+        how many carry no digest, written before schema version 3), parts skipped by this read
+        (``skip_corrupt``), parts quarantined earlier, and bytes.
 
     Raises:
-        ArchiveError: no manifest, a newer schema, or a corrupt part (unless ``skip_corrupt``).
+        ArchiveError: no manifest, a damaged one, a newer schema, foreign entries, or a part that
+            fails verification (unless ``skip_corrupt``).
     """
     manifest = read_manifest(run_dir)
-    parts = list_parts(run_dir)
-    table = read_rows(run_dir, skip_corrupt=skip_corrupt)
+    parts = parts_of(run_dir)
+    loaded, bad = load_rows(run_dir, skip_corrupt=skip_corrupt)
+    table = dedupe_rows(loaded)
     n = table.num_rows
     per_snapshot: dict[str, int] = {}
     if n:
@@ -180,7 +292,7 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
         "schema_version": manifest["schema_version"],
         "package_version": manifest.get("package_version"),
         "runs": [
-            {k: r.get(k) for k in ("run_id", "started_at", "model", "absence_policy", "utility", "status")}
+            {k: r.get(k) for k in ("run_id", "started_at", "model", "absence_policy", "utility", "status", "error")}
             for r in manifest.get("runs", [])
         ],
         "snapshots": [{"snapshot_id": sid, "coalitions": c} for sid, c in sorted(per_snapshot.items())],
@@ -192,5 +304,15 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
         "first_write": pc.min(created).as_py().isoformat() if n else None,
         "last_write": pc.max(created).as_py().isoformat() if n else None,
         "parts": len(parts),
-        "bytes": sum(p.stat().st_size for p in parts),
+        "unverified_parts": sum(p.digest is None for p in parts),
+        "skipped_parts": [b.part.path.name for b in bad],
+        "quarantined_parts": [q["part"] for q in manifest.get("quarantine") or []],
+        "bytes": sum(_size(p.path) for p in parts),
     }
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
