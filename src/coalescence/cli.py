@@ -20,11 +20,22 @@ Exit codes, the same for every command (every error is one line on stderr)::
     130  interrupted (SIGINT)
     141  standard output closed (e.g. piped into head)
     143  terminated (SIGTERM)
+
+Signals and a closed output (mechanics in :mod:`coalescence._interrupts`): the first SIGINT or
+SIGTERM during a run cancels it inside the event loop (a signal handler never raises there): the
+model call in flight is waited for (its rows are recomputed on resume), every row the archive took
+is flushed, the run is closed with status ``interrupted``, exit 130 or 143; outside a run (loading, printing) it stops the command at once. A second signal
+gives that stop 5 more seconds, then the process exits anyway (the same exit code), leaving the
+archive as ``kill -9`` would (complete parts intact, buffered rows lost, the lock released with
+the process, a resume recomputes the rest); a third signal exits at once. A write to a closed
+standard output (or error) ends any command quietly with 141, no traceback; during a run the
+archive is closed first, as on SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -37,6 +48,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
+from ._interrupts import (
+    EXIT_OUTPUT_CLOSED,
+    STOPPED,
+    Interrupts,
+    OutputClosed,
+    Stopped,
+    exit_code,
+    is_broken_pipe,
+    quiet_closed_outputs,
+    write_stderr,
+)
 from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError
 
 __all__ = ("build_parser", "main")
@@ -44,23 +66,7 @@ __all__ = ("build_parser", "main")
 logger = logging.getLogger("coalescence")
 
 _UNBUDGETED = ("exact", "loo")
-_STATE: dict[str, Any] = {}  # the run directory being written, for the interrupt message
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: the archive is flushed and closed before exiting (143)."""
-
-
-def _on_sigterm() -> Any:
-    """Turn SIGTERM into :class:`_Terminated` in the main thread; returns the previous handler."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise _Terminated()
-
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (e.g. called from a test thread)
-        return None
+_STATE: dict[str, Any] = {}  # the command's Interrupts, and the run directory and engine being written
 
 
 EXIT_CODES = "exit codes:\n" + __doc__.split("::\n\n", 1)[1].rstrip()
@@ -545,25 +551,41 @@ def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config:
 
 
 def _finish(engine: Any, run: Any) -> Any:
-    """Run ``run`` (an async callable), closing the engine's archive with the right status."""
+    """Run ``run`` (an async callable), closing the engine's archive with the right status.
+
+    Signals do not raise while the run or the archive's close is in progress: the first one
+    cancels the run inside the event loop, the archive is flushed and closed as ``interrupted``,
+    and :class:`~coalescence._interrupts.Stopped` is raised afterwards (see ``_interrupts``). A
+    closed standard output or error during the run closes the archive the same way and raises
+    :class:`~coalescence._interrupts.OutputClosed`.
+    """
     import anyio
 
+    interrupts = _interrupts()
     status = "interrupted"
-    try:
-        result = anyio.run(run)
-        status = "complete"
-        return result
-    except CoalescenceError:
-        status = "failed"
-        raise
-    finally:
-        progress = engine.progress
-        if hasattr(progress, "close"):
-            progress.close()
+    with interrupts.deferred():
         try:
-            engine.close(status=status)
-        except ArchiveError as exc:
-            raise _RunFailed(exc) from exc
+            result = anyio.run(interrupts.run, run)
+            if result is not STOPPED:
+                status = "complete"
+        except CoalescenceError:
+            status = "failed"
+            raise
+        except Exception as exc:
+            if is_broken_pipe(exc):  # e.g. the progress bar on a closed standard error
+                raise OutputClosed() from exc
+            raise
+        finally:
+            progress = engine.progress
+            if hasattr(progress, "close"):
+                with contextlib.suppress(OSError):  # a closed stderr must not keep the archive open
+                    progress.close()
+            try:
+                engine.close(status=status)
+            except ArchiveError as exc:
+                raise _RunFailed(exc) from exc
+    interrupts.raise_if_stopped()
+    return result
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -735,7 +757,7 @@ def _explain(args: argparse.Namespace) -> int:
                 field=exc.field,
             ) from None
         raise
-    _STATE["archive"] = str(run_dir)
+    _STATE["archive"], _STATE["engine"] = str(run_dir), engine
     loaded = engine.attach_archive(archive)
     if archive.resumed and not args.no_progress:
         print(f"coalescence: resuming {run_dir}: {loaded} coalitions already evaluated", file=sys.stderr)
@@ -916,7 +938,7 @@ def _replay(args: argparse.Namespace) -> int:
             flush_rows=args.flush_rows,
             flush_seconds=args.flush_seconds,
         )
-        _STATE["archive"] = str(args.run_dir)
+        _STATE["archive"], _STATE["engine"] = str(args.run_dir), engine
         engine.attach_archive(archive)
 
         async def run_all() -> list[Any]:
@@ -999,23 +1021,90 @@ def _archive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupts() -> Interrupts:
+    current = _STATE.get("interrupts")
+    if current is None:  # a command function called without main(): no handlers, nothing to watch
+        current = _STATE["interrupts"] = Interrupts()
+    return current
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code (see the module docstring)."""
+    """Run the command line; returns the exit code (see the module docstring).
+
+    Args:
+        argv: the arguments; ``None`` (the console script, ``python -m coalescence``) reads
+            ``sys.argv`` and keeps the signal handlers until the process exits, so that a late
+            signal during the interpreter's shutdown cannot raise either; a caller passing
+            ``argv`` gets its own handlers back on return.
+    """
+    interrupts = Interrupts()
+    interrupts.install()
+    _STATE["interrupts"] = interrupts
+    try:
+        return _main(argv, interrupts)
+    finally:
+        if argv is None:
+            interrupts.finish()
+        else:
+            interrupts.restore()
+
+
+def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
+    try:
+        try:
+            code = _command(argv)
+        except BaseException as exc:
+            interrupts.finish()  # from here on, signals do not raise
+            _close_left_open(interrupted=interrupts.signum is not None or is_broken_pipe(exc))
+            raise
+        interrupts.finish()
+        _close_left_open(interrupted=interrupts.signum is not None)
+        return code
+    except KeyboardInterrupt as exc:  # a first signal while a failure was being reported
+        return exit_code(exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
+    except Exception as exc:
+        if not is_broken_pipe(exc):
+            raise
+        # the reader of our output is gone (`| head`): end quietly, as SIGPIPE would have
+        quiet_closed_outputs()
+        return EXIT_OUTPUT_CLOSED
+
+
+def _close_left_open(*, interrupted: bool) -> None:
+    """Close an archive that a command left open (a signal or a closed output between opening it
+    and the run), as :func:`_finish` would have: buffered rows flushed, status recorded, lock released."""
+    engine = _STATE.pop("engine", None)
+    archive = getattr(engine, "archive", None)
+    if archive is None or archive.closed:
+        return
+    try:
+        engine.close(status="interrupted" if interrupted else "failed")
+    except CoalescenceError as exc:
+        write_stderr(f"coalescence: error: {exc}")
+
+
+def _command(argv: Sequence[str] | None) -> int:
     # third-party loading bars (e.g. GGUF de-quantization) read TQDM_* defaults when tqdm is first
     # imported; our own bar passes its setting explicitly, so this silences only theirs
     os.environ.setdefault("TQDM_DISABLE", "1")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        sys.stdout.flush()  # --help into a closed pipe: the broken pipe shows here, not at exit
+        raise
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     commands = {"explain": _explain, "replay": _replay, "archive": _archive}
-    previous = _on_sigterm()
     _STATE.pop("archive", None)
+    _STATE.pop("engine", None)
     try:
-        return commands[args.command](args)
+        code = commands[args.command](args)
+        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's final flush
+        return code
     except _RunFailed as exc:  # the exit-code table is in the module docstring
         return _fail(exc.error, 3)
     except BatchFailed as exc:
@@ -1025,13 +1114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CoalescenceError as exc:
         return _fail(exc, 2)
     except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
         where = _STATE.get("archive")
         saved = f"; evaluated coalitions are in {where} (run the same command to resume)" if where else ""
-        print(f"coalescence: {'terminated' if isinstance(exc, _Terminated) else 'interrupted'}{saved}", file=sys.stderr)
-        return 143 if isinstance(exc, _Terminated) else 130
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        write_stderr(f"coalescence: {'terminated' if signum == signal.SIGTERM else 'interrupted'}{saved}")
+        return exit_code(signum)
 
 
 if __name__ == "__main__":  # pragma: no cover
