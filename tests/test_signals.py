@@ -77,9 +77,9 @@ def score(self, requests):
     mark(f"scored {len(requests)}")
     return out
 
-def load(args, source):
+def load(args, source, **loaded):
     mark("loading")
-    return _load(args, source)
+    return _load(args, source, **loaded)
 
 def append(self, row):
     added = _append(self, row)
