@@ -347,6 +347,18 @@ def test_report_from_the_archive_needs_no_model(single: Run, tmp_path: Path) -> 
     assert "no model call" in out.read_text(encoding="utf-8")
 
 
+def test_report_from_a_hierarchy_archive_fits_both_levels(hierarchy: Run, tmp_path: Path) -> None:
+    report = load_source(hierarchy.run_dir)
+    (entry,) = report.entries
+    assert entry.hierarchy is not None and entry.fine is not None
+    for level in ("coarse", "fine"):  # exact values: the archive gives back what the run computed
+        fitted = entry.document if level == "coarse" else entry.fine
+        assert [p["label"] for p in fitted["players"]] == [p["label"] for p in hierarchy.doc[level]["players"]]
+        assert [p["value"] for p in fitted["players"]] == pytest.approx([p["value"] for p in hierarchy.doc[level]["players"]], abs=1e-9)
+        assert fitted["answer_tokens"] == hierarchy.doc[level]["answer_tokens"]
+    assert entry.hierarchy["refined"] == hierarchy.doc["hierarchy"]["refined"]
+
+
 def test_report_of_the_replay_and_batch_documents(batch: Run, tmp_path: Path) -> None:
     replay = tmp_path / "replay.json"
     code, _, stderr = run_cli(["replay", str(batch.run_dir), "--method", "loo", "--out", str(replay)])
