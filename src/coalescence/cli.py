@@ -6,6 +6,8 @@
 - ``coalescence replay RUN_DIR --method a,b``: fit estimators from an archive, with no model when
   the archive covers their plans (``--model`` evaluates only what is missing).
 - ``coalescence archive info RUN_DIR`` / ``coalescence archive compact RUN_DIR``.
+- ``coalescence report SOURCE -o report.html``: the explanations of an ``--out`` document or a run
+  archive as one self-contained HTML page (``explain --html PATH`` writes it after the run).
 
 Exit codes, the same for every command (every error is one line on stderr)::
 
@@ -319,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--new-run", action="store_true", help="add a run with other settings to an existing --archive")
     _add_archive_options(ex)
     ex.add_argument("--out", metavar="JSON", default=None, help="write the explanation as JSON here")
+    ex.add_argument(
+        "--html",
+        metavar="PATH",
+        default=None,
+        help="write the HTML report of the explanation here after the run (as `coalescence report`)",
+    )
     ex.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     ex.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
 
@@ -355,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     rp.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
 
+    _add_report_parser(sub)
+
     ar = sub.add_parser("archive", help="inspect or compact a run archive")
     ar_sub = ar.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
     info = ar_sub.add_parser("info", help="summary of a run archive")
@@ -365,6 +375,71 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("run_dir", metavar="RUN_DIR")
     cp.add_argument("--skip-corrupt", action="store_true", help="drop unreadable parts while compacting")
     return parser
+
+
+def _add_report_parser(sub: Any) -> None:
+    """The ``report`` command's arguments."""
+    from .attribution.estimators import METHODS
+
+    rep = sub.add_parser(
+        "report",
+        help="write explanations as one self-contained HTML page",
+        description="Write the explanations of SOURCE as one self-contained HTML page (no script, no "
+        "network request; opens from disk offline): the conversation with each player highlighted by "
+        "its value, the answer's tokens, a ranked bar chart and the run's facts. SOURCE is a JSON "
+        "document written by explain --out or replay --out (single, JSONL batch, hierarchy, replay), "
+        "or a run archive directory, fitted with --method from the coalitions it holds, with no model.",
+    )
+    rep.add_argument("source", metavar="SOURCE", help="an --out JSON document or a run archive directory")
+    rep.add_argument("-o", "--output", metavar="HTML", required=True, help="the HTML file written")
+    rep.add_argument(
+        "--method",
+        default=None,
+        help=f"run archive: comma-separated methods fitted ({','.join(METHODS)}) (default: the run's method)",
+    )
+    rep.add_argument(
+        "--budget",
+        type=_positive_int,
+        default=None,
+        help="run archive: sampling budget (default: the run's for a one-input run, else 32 x players)",
+    )
+    rep.add_argument("--seed", type=int, default=None, help="run archive: seed of the sampling plans (default: the run's)")
+    rep.add_argument("--run", default=None, help="run archive: run id (default: the last run)")
+
+
+def _check_html(path: str | None, option: str) -> Path | None:
+    """The HTML report's path, checked before any work; the optional dependency checked too."""
+    if path is None:
+        return None
+    from .report import check_available
+
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"{path!r} is a directory; give a file path", field=option)
+    _check_parent(out, option)
+    check_available()
+    return out
+
+
+def _write_html(path: Path, document: Any, option: str) -> None:
+    """Write the HTML report of an ``--out`` document (any form)."""
+    from .report import render_report, write_report
+
+    write_report(path, render_report(document), field=option)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import load_source
+
+    out = _check_html(args.output, "--output")
+    assert out is not None
+    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
+    if methods is not None and not methods:
+        raise ConfigError("give at least one method, e.g. --method exact", field="--method")
+    report = load_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
+    _write_html(out, report, "--output")
+    print(f"report: {out}")
+    return 0
 
 
 def _fail(exc: CoalescenceError, code: int) -> int:
@@ -655,6 +730,7 @@ def _explain(args: argparse.Namespace) -> int:
         return make_estimator(args.method, budget=args.budget if args.budget is not None else 32 * n, seed=args.seed)
 
     out_path = _check_out(args.out)
+    html_path = _check_html(args.html, "--html")
     run_dir = Path(args.archive) if args.archive is not None else None
     if run_dir is not None:
         if run_dir.exists() and (not run_dir.is_dir() or (any(run_dir.iterdir()) and not (run_dir / "manifest.json").is_file())):
@@ -786,8 +862,11 @@ def _explain(args: argparse.Namespace) -> int:
     try:
         explanations = _finish(engine, run_all)
         documents = [e.to_dict() | {"archive": str(run_dir)} for e in explanations]
+        payload = {"archive": str(run_dir), "explanations": documents} if is_batch else documents[0]
         if out_path is not None:
-            write_json_atomic(out_path, {"archive": str(run_dir), "explanations": documents} if is_batch else documents[0], field="--out")
+            write_json_atomic(out_path, payload, field="--out")
+        if html_path is not None:
+            _write_html(html_path, payload, "--html")
     except (ArchiveError, OSError) as exc:
         error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {out_path}: {exc}", field="--out")
         raise _RunFailed(error) from exc
@@ -797,7 +876,7 @@ def _explain(args: argparse.Namespace) -> int:
         print(explanation.format_table())
         if is_batch:
             print()
-    print(f"archive: {run_dir}" + (f"   json: {out_path}" if out_path else ""))
+    print(f"archive: {run_dir}" + (f"   json: {out_path}" if out_path else "") + (f"   html: {html_path}" if html_path else ""))
     return 0
 
 
@@ -1098,7 +1177,7 @@ def _command(argv: Sequence[str] | None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    commands = {"explain": _explain, "replay": _replay, "archive": _archive}
+    commands = {"explain": _explain, "replay": _replay, "archive": _archive, "report": _report}
     _STATE.pop("archive", None)
     _STATE.pop("engine", None)
     try:

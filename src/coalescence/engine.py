@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from .archive.writer import RunArchive
 from .attribution.estimators.base import Estimator
-from .attribution.explanation import Explanation
+from .attribution.explanation import AnswerToken, Explanation, answer_tokens
 from .backends.base import GenerateRequest, ScoreRequest, ScoringBackend, validate_generations, validate_results
 from .conversation import Conversation, ConversationSnapshot, segment_players
 from .errors import ConfigError, EngineClosed, InputError, MaskError
@@ -217,6 +217,37 @@ class Engine:
         self.archive = archive
         fill_measurements(self.measurements, archive.loaded)
         return fill_store(self.store, archive.loaded)
+
+    def answer_tokens(
+        self,
+        snapshot: ConversationSnapshot,
+        policy: AbsencePolicy,
+        *,
+        full: np.ndarray | None = None,
+        empty: np.ndarray | None = None,
+    ) -> tuple[AnswerToken, ...] | None:
+        """The scored answer tokens with their log-probabilities in a game's full and empty coalition.
+
+        Args:
+            snapshot: the conversation and its answer.
+            policy: the absence policy.
+            full: ``[n_players]`` bool, the game's full coalition (default: every player present).
+            empty: ``[n_players]`` bool, the game's empty coalition (default: every player absent).
+
+        Returns:
+            One :class:`~coalescence.attribution.explanation.AnswerToken` per scored token, from
+            the measurements of the two coalitions (evaluated or loaded from the archive), or
+            ``None`` for a regenerate utility or when either measurement is unknown.
+        """
+        if not self.resolved_utility(snapshot, policy).spec.teacher_forced:
+            return None
+        n = snapshot.n_players
+        rows = (np.ones(n, dtype=bool) if full is None else full, np.zeros(n, dtype=bool) if empty is None else empty)
+        measured = [self.measurements.get(self.evaluation_key(snapshot, policy, PackedMask.from_bools(r))) for r in rows]
+        if any(m is None or isinstance(m, tuple) for m in measured):
+            return None
+        target = self.target_tokens(snapshot, policy)
+        return answer_tokens(target.answer, target.offsets, measured[0], measured[1], lead=target.lead, tail=target.tail)
 
     # -- evaluation ---------------------------------------------------------------------------
     def _new_scheduler(self) -> tuple[CoalitionScheduler, Collator]:
@@ -514,6 +545,7 @@ class Engine:
             wall_seconds=time.perf_counter() - t0,
             notes=self._notes(snapshot, policy),
             stopping=stopping,
+            answer_tokens=self.answer_tokens(snapshot, policy),
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..conversation import ConversationSnapshot
 from .estimators.base import Estimate
 
-__all__ = ("EXPLANATION_SCHEMA", "Explanation")
+__all__ = ("EXPLANATION_SCHEMA", "AnswerToken", "Explanation", "answer_tokens")
 
 EXPLANATION_SCHEMA = 1
 """Version of the ``--out`` JSON document (:meth:`Explanation.to_dict`)."""
@@ -28,6 +29,85 @@ def _num(x: float | None) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnswerToken:
+    """One scored token of the answer, with its log-probability in the full and the empty coalition.
+
+    Attributes:
+        text: the characters the token covers (the end-of-turn token's text, e.g. ``<|im_end|>``,
+            for the last one; a first token that starts with template text includes it).
+        start: first character, relative to the start of the answer (below 0 when the token starts
+            with template text; ``len(answer)`` or later for the end-of-turn token).
+        end: end of the token's characters (exclusive), same origin.
+        logprob_full: log p of the token in the full coalition (the original conversation), nats.
+        logprob_empty: log p of the token in the empty coalition (every player absent), nats.
+    """
+
+    text: str
+    start: int
+    end: int
+    logprob_full: float
+    logprob_empty: float
+
+    @property
+    def delta(self) -> float:
+        """``logprob_full - logprob_empty``: how much the players together raise the token's log p (nats)."""
+        return self.logprob_full - self.logprob_empty
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"text", "start", "end", "logprob_full", "logprob_empty"}`` (non-finite numbers as ``None``)."""
+        return {
+            "text": self.text,
+            "start": self.start,
+            "end": self.end,
+            "logprob_full": _num(self.logprob_full),
+            "logprob_empty": _num(self.logprob_empty),
+        }
+
+
+def answer_tokens(
+    answer: str,
+    offsets: Sequence[tuple[int, int]],
+    full: Sequence[float],
+    empty: Sequence[float],
+    *,
+    lead: str = "",
+    tail: str = "",
+) -> tuple[AnswerToken, ...]:
+    """The scored answer tokens with their log-probabilities in the full and the empty coalition.
+
+    Args:
+        answer: the answer's content (the snapshot's target).
+        offsets: ``[n_target]`` character ``(start, end)`` of each scored token, relative to the
+            start of the answer (see :class:`~coalescence.masking.render.TargetTokens`).
+        full: ``[n_target]`` per-token log-probabilities of the full coalition (nats).
+        empty: ``[n_target]`` per-token log-probabilities of the empty coalition (nats).
+        lead: template text inside the first token, before the answer (usually empty).
+        tail: the template text after the answer (it holds the end-of-turn token's text).
+
+    Returns:
+        One :class:`AnswerToken` per scored token, in order; a token's text is the characters of
+        ``lead + answer + tail`` it covers.
+
+    Raises:
+        ValueError: ``offsets``, ``full`` and ``empty`` differ in length.
+    """
+    if not len(offsets) == len(full) == len(empty):
+        raise ValueError(f"{len(offsets)} offsets, {len(full)} and {len(empty)} log-probabilities: they must match")
+    text = lead + answer + tail
+    shift = len(lead)
+    return tuple(
+        AnswerToken(
+            text=text[max(0, s + shift) : max(0, e + shift)],
+            start=int(s),
+            end=int(e),
+            logprob_full=float(f),
+            logprob_empty=float(z),
+        )
+        for (s, e), f, z in zip(offsets, full, empty, strict=True)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +135,9 @@ class Explanation:
         stopping: for ``--target-stderr`` runs, why sampling stopped: ``{"reason": "target" |
             "exact" | "budget", "target_stderr", "max_stderr", "rounds", "budget",
             "last_round_budget"}``; ``None`` otherwise.
+        answer_tokens: for teacher-forced utilities, every scored answer token with its
+            log-probability in the full and the empty coalition of the game (from the evaluations'
+            per-token measurements); ``None`` for regenerate utilities or when unknown.
     """
 
     snapshot: ConversationSnapshot
@@ -72,6 +155,7 @@ class Explanation:
     wall_seconds: float
     notes: tuple[str, ...] = ()
     stopping: dict[str, Any] | None = None
+    answer_tokens: tuple[AnswerToken, ...] | None = None
 
     @property
     def values(self) -> Any:
@@ -104,6 +188,7 @@ class Explanation:
                     "value": _num(est.values[p.index]),
                     "stderr": stderr,
                 }
+                | ({"extra": [list(e) for e in p.extra]} if p.extra else {})
             )
         return {
             "schema_version": EXPLANATION_SCHEMA,
@@ -129,7 +214,9 @@ class Explanation:
             "diagnostics": {k: _num(v) for k, v in est.diagnostics.items()},
             "stopping": self.stopping,
             "notes": list(self.notes),
+            "messages": [m.as_dict() for m in self.snapshot.conversation.messages],
             "players": players,
+            "answer_tokens": None if self.answer_tokens is None else [t.to_dict() for t in self.answer_tokens],
         }
 
     def format_table(self, *, snippet: int = 60) -> str:

@@ -230,6 +230,7 @@ async def explain_hierarchical(
         target_token_count=coarse_explanation.target_token_count,
         n_evaluations=engine.statistics().executed - before,
         wall_seconds=time.perf_counter() - t0,
+        answer_tokens=engine.answer_tokens(fine, policy, empty=_lifted_empty(fine.n_players, sel)),
         notes=coarse_explanation.notes
         + (
             f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; "
@@ -240,6 +241,13 @@ async def explain_hierarchical(
     return HierarchicalExplanation(
         coarse=coarse_explanation, fine=fine_explanation, fine_snapshot=fine, refined=refined, top_k=top_k
     )
+
+
+def _lifted_empty(n: int, sel: np.ndarray) -> np.ndarray:
+    """``[n]`` bool: the refined game's empty coalition (the refined players absent, the rest present)."""
+    row = np.ones(n, dtype=bool)
+    row[sel] = False
+    return row
 
 
 def _others(n: int) -> str:

@@ -1,0 +1,96 @@
+"""The HTML report: explanations as one self-contained page that opens from disk offline.
+
+Typical use::
+
+    from coalescence.report import load_source, render_report, write_report
+
+    write_report("report.html", render_report(load_source("runs/eiffel.json")))
+
+SOURCE is an ``--out`` JSON document (single, JSONL batch, hierarchy or replay) or a run archive
+directory, fitted from its coalitions with no model (:func:`load_source`). The page is laid out by
+Jinja2 templates and its bar charts are drawn by matplotlib as inline SVG: no script, no network
+request of any kind (see :mod:`.page` for what it shows).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .colors import DivergingScale, contrast_ratio, relative_luminance, text_color
+from .page import explanation_fragment, render_page
+from .sources import Entry, ReportInput, archive_document, load_source
+
+__all__ = (
+    "DivergingScale",
+    "Entry",
+    "ReportInput",
+    "archive_document",
+    "check_available",
+    "contrast_ratio",
+    "explanation_fragment",
+    "load_source",
+    "relative_luminance",
+    "render_report",
+    "text_color",
+    "write_report",
+)
+
+
+def check_available() -> None:
+    """Check that the report's optional dependency (matplotlib) is installed.
+
+    Raises:
+        BackendUnavailable: it is not (the message has the install command).
+    """
+    from .colors import _matplotlib
+
+    _matplotlib()
+
+
+def render_report(source: ReportInput | Mapping[str, Any]) -> str:
+    """The HTML page of a report.
+
+    Args:
+        source: what :func:`load_source` returns, or a document in any ``--out`` form (e.g.
+            ``explanation.to_dict()``).
+
+    Returns:
+        The page's HTML text.
+
+    Raises:
+        InputError: a document that is not of the ``--out`` schema (field ``SOURCE``).
+        BackendUnavailable: matplotlib is not installed.
+    """
+    from .sources import _from_document
+
+    report = source if isinstance(source, ReportInput) else _from_document(source, "")
+    return render_page(report)
+
+
+def write_report(path: str | Path, html: str, *, field: str = "--output") -> None:
+    """Write a report page through a temporary file and a rename (all or nothing).
+
+    Args:
+        path: the HTML file written (its parent is created if missing).
+        html: the page (:func:`render_report`).
+        field: the option named in an error.
+
+    Raises:
+        ArchiveError: the place cannot be written (permission, not a directory).
+        ArchiveWriteError: the write failed (disk full, I/O error); ``path`` is as it was.
+    """
+    from ..archive.layout import discard, fsync_dir, os_error, temporary_name, write_file
+
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file(tmp, html.encode("utf-8"))
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        discard(tmp)
+        raise os_error(exc, f"cannot write {path}", field) from exc

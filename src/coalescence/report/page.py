@@ -1,0 +1,371 @@
+"""The report page: explanation documents laid out by a Jinja2 template into one HTML file.
+
+The page is self-contained: its style is inline, its charts are inline SVG (matplotlib), it holds
+no script and no URL, so it opens from disk offline and requests nothing. Each explanation is a
+section: the conversation as chat turns in its original text (``white-space: pre-wrap``, escaped,
+never normalised; a carriage return is written ``&#13;`` because HTML parsers turn a literal one into
+a line feed), every player highlighted on the diverging scale of :mod:`.colors` and reachable by
+keyboard (``tabindex``; focus or hover shows its label, value, standard error and rank in a visible
+tooltip, also in ``title``), the answer's tokens shaded by the change of their log-probability
+between the full and the empty coalition, the ranked bar chart, a ranked table with the numbers,
+and the run's facts. Several explanations (a JSONL batch, a replay) share one file: an index at the
+top links each section by its anchor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jinja2
+from markupsafe import Markup, escape
+
+from .. import __version__
+from .chart import bar_chart_svg
+from .colors import DivergingScale, neutral_color
+from .sources import Entry, ReportInput
+
+__all__ = ("explanation_fragment", "render_page")
+
+_TEACHER_FORCED = ("logprob", "mean_logprob", "logit_prob", "prob")
+
+
+def _fmt(x: Any, *, sign: bool = False) -> str:
+    """Four decimals, or four significant digits below 1e-3; ``n/a`` for a missing number."""
+    if x is None or not isinstance(x, int | float) or not math.isfinite(float(x)):
+        return "n/a"
+    x = float(x)
+    if x != 0 and abs(x) < 1e-3:
+        return f"{x:+.3e}" if sign else f"{x:.3e}"
+    return f"{x:+.4f}" if sign else f"{x:.4f}"
+
+
+def _exact(text: str) -> Markup:
+    """``text`` HTML-escaped for element content, every character kept (``\\r`` as ``&#13;``)."""
+    return Markup(str(escape(text)).replace("\r", "&#13;"))
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("coalescence.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["exact"] = _exact
+    env.filters["fmt"] = _fmt
+    return env
+
+
+def _snippet(text: str, n: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
+def _ranks(values: Sequence[float | None]) -> list[int]:
+    """1-based rank of each player by decreasing value (ties keep player order; missing values last)."""
+    key = [(-v if v is not None and math.isfinite(v) else math.inf, i) for i, v in enumerate(values)]
+    ranks = [0] * len(values)
+    for r, (_, i) in enumerate(sorted(key), start=1):
+        ranks[i] = r
+    return ranks
+
+
+def _players(doc: Mapping[str, Any], section: str, unit: str) -> tuple[list[dict[str, Any]], DivergingScale]:
+    players = doc["players"]
+    values = [p.get("value") for p in players]
+    scale = DivergingScale.for_values(values)
+    ranks = _ranks(values)
+    n = len(players)
+    out = []
+    for i, p in enumerate(players):
+        value, stderr = p.get("value"), p.get("stderr")
+        shown = f"{_fmt(value, sign=True)}" + (f" \u00b1 {_fmt(stderr)}" if stderr is not None else "")
+        sign = "zero" if not value else ("pos" if value > 0 else "neg")
+        out.append(
+            {
+                "index": i,
+                "id": f"{section}-p{i}",
+                "label": p["label"],
+                "role": p.get("role", ""),
+                "message_index": p["message_index"],
+                "start": p["start"],
+                "end": p["end"],
+                "extra": [tuple(e) for e in p.get("extra") or ()],
+                "value": value,
+                "stderr": stderr,
+                "rank": ranks[i],
+                "color": scale.color(value),
+                "text_color": scale.text_color(value),
+                "sign": sign,
+                "tip": f"{p['label']}: {shown} {unit} \u00b7 rank {ranks[i]} of {n}",
+                "text": doc["messages"][p["message_index"]]["content"][p["start"] : p["end"]],
+            }
+        )
+    return out, scale
+
+
+def _messages(doc: Mapping[str, Any], players: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each prompt message as segments: plain text, or a player's span (``extra``: a later span of it)."""
+    pieces: dict[int, list[tuple[int, int, dict[str, Any], bool]]] = {}
+    for p in players:
+        pieces.setdefault(p["message_index"], []).append((p["start"], p["end"], p, False))
+        for m, start, end in p["extra"]:
+            pieces.setdefault(int(m), []).append((int(start), int(end), p, True))
+    out = []
+    for k, message in enumerate(doc["messages"]):
+        content = message["content"]
+        segments, at = [], 0
+        for start, end, p, extra in sorted(pieces.get(k, []), key=lambda t: (t[0], t[1])):
+            if start < at or end > len(content):
+                continue  # overlapping or outside: the checked documents hold none
+            if start > at:
+                segments.append({"text": content[at:start], "player": None})
+            segments.append({"text": content[start:end], "player": p, "extra": extra})
+            at = end
+        if at < len(content) or not segments:
+            segments.append({"text": content[at:], "player": None})
+        out.append({"index": k, "role": message["role"], "segments": segments, "has_players": k in pieces})
+    return out
+
+
+def _answer(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """The answer's tokens shaded by ``logprob_full - logprob_empty``, or why there are none."""
+    target = doc["target"]
+    utility = doc.get("utility") or (doc.get("utility_detail") or {}).get("kind") or "logprob"
+    detail = doc.get("utility_detail") or {}
+    span = detail.get("target_tokens")
+    tokens = doc.get("answer_tokens")
+    view: dict[str, Any] = {"target": target, "tokens": None, "note": "", "span": None, "scale": None}
+    if isinstance(detail.get("char_span"), list) and detail.get("span_text") is not None:
+        lo, hi = detail["char_span"]
+        view["span"] = {
+            "chars": f"{lo}:{hi}",
+            "text": detail["span_text"],
+            "cuts": bool(detail.get("span_cuts_token")),
+            "tokens": f"{span[0]}:{span[1]}" if isinstance(span, list) else "",
+        }
+    if utility not in _TEACHER_FORCED:
+        view["note"] = (
+            f"The {utility} utility regenerates answers and compares them with this one; it has no "
+            "per-token scores, so the answer is shown as text."
+        )
+        return view
+    if not tokens or not any(t.get("text") for t in tokens):
+        view["note"] = (
+            "This document carries no per-token scores of the answer (answer_tokens; documents written "
+            "before they were recorded). Make the report from the run archive to see them: "
+            "coalescence report RUN_DIR."
+        )
+        return view
+    deltas = [
+        (t["logprob_full"] - t["logprob_empty"]) if t.get("logprob_full") is not None and t.get("logprob_empty") is not None else None
+        for t in tokens
+    ]
+    scale = DivergingScale.for_values(deltas)
+    lo, hi = (span if isinstance(span, list) and len(span) == 2 else (0, len(tokens)))
+    n_answer = len(target)
+    rows = []
+    for k, (t, d) in enumerate(zip(tokens, deltas, strict=True)):
+        rows.append(
+            {
+                "id": f"{section}-t{k}",
+                "text": t["text"],
+                "color": scale.color(d),
+                "text_color": scale.text_color(d),
+                "in_span": view["span"] is not None and lo <= k < hi,
+                "special": isinstance(t.get("start"), int) and t["start"] >= n_answer,
+                "tip": (
+                    f"token {k} {t['text']!r}: log p {_fmt(t.get('logprob_full'))} with every player, "
+                    f"{_fmt(t.get('logprob_empty'))} with none, change {_fmt(d, sign=True)} nats"
+                ),
+                "delta": d,
+            }
+        )
+    view["tokens"] = rows
+    view["scale"] = _legend(scale, "nats")
+    return view
+
+
+def _legend(scale: DivergingScale, unit: str) -> dict[str, Any]:
+    stops = scale.stops(9)
+    return {
+        "gradient": ", ".join(f"{c} {100 * k / (len(stops) - 1):g}%" for k, (_, c) in enumerate(stops)),
+        "ticks": [_fmt(-scale.halfrange, sign=True), _fmt(-scale.halfrange / 2, sign=True), "0", _fmt(scale.halfrange / 2, sign=True), _fmt(scale.halfrange, sign=True)],
+        "unit": unit,
+        "neutral": neutral_color(),
+    }
+
+
+def _stopping(stopping: Any) -> str:
+    if not isinstance(stopping, Mapping):
+        return "not a --target-stderr run (the plan ran whole)"
+    target = stopping.get("target_stderr")
+    what = {
+        "target": f"every standard error is below {target}",
+        "exact": "the budget covered every coalition, so the values are exact",
+        "budget": f"the budget of {stopping.get('budget')} evaluations was spent before every standard error got below {target}",
+    }.get(stopping.get("reason"), str(stopping.get("reason")))
+    worst = stopping.get("max_stderr")
+    return f"after {stopping.get('rounds')} rounds: {what}" + (f"; largest standard error {_fmt(worst)}" if worst is not None else "")
+
+
+def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple[str, str]]:
+    values = [p.get("value") for p in doc["players"] if p.get("value") is not None]
+    v_empty, v_full, gap = doc.get("v_empty"), doc.get("v_full"), doc.get("efficiency_gap")
+    span = v_full - v_empty if isinstance(v_full, int | float) and isinstance(v_empty, int | float) else None
+    detail = doc.get("utility_detail") or {}
+    wall = doc.get("wall_seconds")
+    evals, used = doc.get("n_evaluations"), doc.get("n_coalitions")
+    rate = f" ({evals / wall:.1f} evaluations/s)" if isinstance(evals, int) and evals and isinstance(wall, int | float) and wall > 0 else ""
+    params = doc.get("absence_params") or {}
+    diagnostics = doc.get("diagnostics") or {}
+    return [
+        ("target", doc["target"]),
+        ("target source", str(doc.get("target_source", "n/a")).replace("_", " ")),
+        ("model", f"{doc.get('model_id', 'n/a')}" + (f" (revision {doc['model_revision']})" if doc.get("model_revision") else "")),
+        ("unit", f"{doc.get('unit', 'n/a')} ({len(doc['players'])} players)"),
+        ("method", str(doc.get("method", "n/a"))),
+        ("utility", f"{doc.get('utility', detail.get('kind', 'n/a'))}, in {unit}" + (f": {detail['description']}" if detail.get("description") else "")),
+        ("absence policy", str(doc.get("absence_policy", "n/a")) + (f" {params}" if params else "")),
+        ("v(empty)", f"{_fmt(v_empty)} {unit}"),
+        ("v(full)", f"{_fmt(v_full)} {unit}"),
+        ("v(full) \u2212 v(empty)", f"{_fmt(span)} {unit}"),
+        ("sum of values", f"{_fmt(sum(values)) if values else 'n/a'} {unit}"),
+        ("efficiency gap", f"{_fmt(gap)} {unit}" + (f" ({abs(gap) / abs(span):.2g} of |v(full) \u2212 v(empty)|)" if isinstance(gap, int | float) and span else "")),
+        ("evaluations", f"{evals if evals is not None else 'n/a'} model evaluations in this run; {used if used is not None else 'n/a'} coalitions used"),
+        ("wall time", (f"{wall:.1f} s" if isinstance(wall, int | float) else "n/a") + rate),
+        ("stopping", _stopping(doc.get("stopping"))),
+        ("diagnostics", ", ".join(f"{k} = {_fmt(v)}" for k, v in diagnostics.items()) or "none"),
+        ("snapshot", str(doc.get("snapshot_id", "n/a"))),
+        ("archive", str(doc.get("archive") or archive or "n/a")),
+    ]
+
+
+def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archive: str | None) -> dict[str, Any]:
+    unit = str(doc.get("value_unit") or (doc.get("utility_detail") or {}).get("unit") or "nats")
+    players, scale = _players(doc, section, unit)
+    has_se = any(p.get("stderr") is not None for p in doc["players"])
+    chart = bar_chart_svg(
+        [p["label"] for p in players],
+        [p["value"] for p in players],
+        [p["stderr"] for p in players] if has_se else None,
+        unit=unit,
+        scale=scale,
+        chart_id=f"{section}-chart",
+        title=f"{heading}: values of {len(players)} players, largest first",
+    )
+    ranked = sorted(players, key=lambda p: p["rank"])
+    top = ranked[0]
+    return {
+        "id": section,
+        "heading": heading,
+        "unit": unit,
+        "method": doc.get("method", ""),
+        "messages": _messages(doc, players),
+        "players": players,
+        "ranked": ranked,
+        "has_se": has_se,
+        "legend": _legend(scale, unit),
+        "answer": _answer(doc, section),
+        "chart": Markup(chart),
+        "facts": _facts(doc, unit, archive),
+        "notes": [str(n) for n in doc.get("notes") or ()],
+        "summary": {
+            "target": _snippet(doc["target"]),
+            "top": f"{top['label']} ({_fmt(top['value'], sign=True)} {unit})",
+            "n_players": len(players),
+            "method": doc.get("method", ""),
+            "snapshot": str(doc.get("snapshot_id", ""))[:12],
+        },
+    }
+
+
+def _entry_view(entry: Entry, section: str, heading: str, archive: str | None) -> dict[str, Any]:
+    if entry.hierarchy is None:
+        return {"kind": "explanation", "id": section, "heading": heading, "main": _explanation_view(entry.document, section, heading, archive)}
+    info = entry.hierarchy
+    units = info.get("units") or ["coarse", "fine"]
+    evals = info.get("n_evaluations") or {}
+    refined = ", ".join(str(r) for r in info.get("refined") or ())
+    coarse = _explanation_view(entry.document, f"{section}-coarse", f"{heading} \u00b7 coarse level: {units[0]}", archive)
+    fine = None
+    if entry.fine is not None:
+        fine = _explanation_view(entry.fine, f"{section}-fine", f"{heading} \u00b7 fine level: {units[1]} inside the top {info.get('top_k')}", archive)
+    facts = [
+        ("units", f"{units[0]}, then {units[1]}"),
+        ("refined", f"top {info.get('top_k')} coarse players by |value|: {refined or 'none'}"),
+        ("evaluations", f"coarse {evals.get('coarse', 'n/a')} + fine {evals.get('fine', 'n/a')} = {evals.get('total', 'n/a')}"),
+        ("method", str(info.get("method", "hierarchical"))),
+    ]
+    return {
+        "kind": "hierarchy",
+        "id": section,
+        "heading": heading,
+        "facts": facts,
+        "main": coarse,
+        "fine": fine,
+        "fine_missing": fine is None,
+    }
+
+
+def render_page(report: ReportInput) -> str:
+    """The report of ``report`` as one self-contained HTML page.
+
+    Args:
+        report: the explanations (see :func:`~coalescence.report.load_source`).
+
+    Returns:
+        The HTML text (UTF-8 when written): no script, no external resource, no URL.
+
+    Raises:
+        BackendUnavailable: matplotlib is not installed (with the install command).
+    """
+    many = len(report.entries) > 1
+    views = []
+    for k, entry in enumerate(report.entries):
+        heading = _entry_heading(report, entry, k) if many else "Explanation"
+        views.append(_entry_view(entry, f"ex{k}", heading, report.archive))
+    first = report.entries[0].document
+    title = (
+        f"coalescence report: {len(report.entries)} explanations"
+        if many
+        else f"coalescence report: {_snippet(first['target'], 60)}"
+    )
+    return _environment().get_template("report.html.j2").render(
+        title=title,
+        entries=views,
+        many=many,
+        kind=report.kind,
+        source=report.source,
+        archive=report.archive,
+        run_id=report.extra.get("run_id"),
+        version=__version__,
+    )
+
+
+def _entry_heading(report: ReportInput, entry: Entry, k: int) -> str:
+    doc = entry.document
+    if report.kind == "batch":
+        return f"Input {k + 1}"
+    return f"Snapshot {str(doc.get('snapshot_id', ''))[:12]} \u00b7 {doc.get('method', '')}"
+
+
+def explanation_fragment(document: Mapping[str, Any]) -> str:
+    """One explanation's view as an HTML fragment (its style scoped to it), e.g. for a notebook.
+
+    Args:
+        document: an explanation document (:meth:`Explanation.to_dict`), or a hierarchy document.
+
+    Returns:
+        A ``<div class="coalescence-report">`` element with its ``<style>``: no script, no URL.
+
+    Raises:
+        InputError: not an explanation document.
+    """
+    from .sources import _from_document
+
+    report = _from_document(document, "")
+    views = [_entry_view(entry, f"ex{k}", "Explanation", report.archive) for k, entry in enumerate(report.entries)]
+    return _environment().get_template("fragment.html.j2").render(entries=views, version=__version__)
