@@ -152,7 +152,9 @@ def _regions(
 def _tool_groups(conversation: Conversation, role_set: set[str]) -> list[list[int]]:
     """Message groups of ``--unit tool``: an assistant message with tool calls and the tool messages
     that answer it (by ``tool_call_id``, else the tool messages right after it); every other
-    attributable message alone."""
+    attributable message alone. An exchange takes only attributable messages: with ``tool`` outside
+    ``role_set`` its tool messages stay in every coalition, and with ``assistant`` outside it each
+    tool message is a player alone."""
     msgs = conversation.messages
     groups: list[list[int]] = []
     taken: set[int] = set()
@@ -160,7 +162,7 @@ def _tool_groups(conversation: Conversation, role_set: set[str]) -> list[list[in
         if m in taken or msg.role not in role_set:
             continue
         group = [m]
-        if msg.role == "assistant" and msg.tool_call_ids:
+        if msg.role == "assistant" and msg.tool_call_ids and "tool" in role_set:
             ids = set(msg.tool_call_ids)
             for j in range(m + 1, len(msgs)):
                 other = msgs[j]
