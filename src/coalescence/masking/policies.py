@@ -40,6 +40,7 @@ import numpy as np
 
 from ..conversation import ConversationSnapshot, Message, Player, players_by_message
 from ..errors import ConfigError, MaskError
+from ..userinput import check_text
 
 __all__ = (
     "AbsencePolicy",
@@ -225,7 +226,7 @@ class PlaceholderPolicy(_SpanPolicy):
     """Replace an absent player's text with ``text`` (default ``"[removed]"``).
 
     Raises:
-        ConfigError: ``text`` is not a string.
+        ConfigError: ``text`` is not a string, or not Unicode text (a lone surrogate).
     """
 
     text: str = "[removed]"
@@ -234,6 +235,7 @@ class PlaceholderPolicy(_SpanPolicy):
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
             raise ConfigError(f"placeholder must be a string, got {self.text!r}", field="--placeholder")
+        check_text(self.text, "--placeholder", ConfigError)
 
     def params(self) -> dict[str, Any]:
         """``{"text": placeholder}``."""
