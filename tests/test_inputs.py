@@ -366,3 +366,30 @@ def test_a_lone_surrogate_placeholder_is_refused(tmp_path, capsys):
             "--placeholder", f"[{LONE}]", "--archive", str(tmp_path / "run")]
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith("coalescence: error: --placeholder: holds a lone surrogate")
+
+
+@pytest.mark.parametrize(
+    ("document", "words"),
+    [
+        ("{text} {title.upper}", "plainly"),  # an attribute: str.format would call getattr
+        ("{text} {title.nope}", "plainly"),  # AttributeError before
+        ("{text} {title[x]}", "plainly"),  # TypeError before
+        ("{text} {title:>2000000000}", "plainly"),  # a 2 GB string before
+        ("{text} {id!r}", "plainly"),
+        ("{text} {0}", "plainly"),
+        ("{text} {}", "plainly"),
+        ("{text} {id", "not a format string"),
+        ("{text} }", "not a format string"),
+        ("{text}{text}", "exactly once"),
+        ("{{text}}", "exactly once"),
+    ],
+)
+def test_document_template_takes_plain_fields_only(document, words):
+    with pytest.raises(InputError) as info:
+        RagTemplate(document=document)
+    assert info.value.field == "--template" and words in info.value.message
+
+
+def test_document_template_with_escaped_braces_renders():
+    c = conversation_from_input(RAG, RagTemplate(document="{{{id}}} {{text}}: {text}"))
+    assert c.messages[1].content.startswith("{a} {text}: Paris is the capital of France.")

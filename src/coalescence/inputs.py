@@ -15,6 +15,7 @@ A ``.jsonl`` file holds one input per line (:func:`load_inputs`); each becomes i
 
 from __future__ import annotations
 
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,8 @@ class RagTemplate:
 
     The user message is ``user`` with ``{documents}`` replaced by the document blocks joined with
     ``separator`` and ``{question}`` by the question; each block is ``document`` with ``{id}``,
-    ``{title}`` and ``{text}`` replaced (``str.format`` fields; write ``{{`` for a literal brace).
+    ``{title}`` and ``{text}`` replaced (``str.format`` fields, plain: no index, attribute,
+    conversion or format spec; write ``{{`` for a literal brace).
     A non-empty ``system`` becomes a system message before it. The answer, when given, is the
     target.
 
@@ -44,8 +46,9 @@ class RagTemplate:
         separator: text between two document blocks.
 
     Raises:
-        InputError: a template that lacks a required field, or a value that is not Unicode text
-            (field ``--template``).
+        InputError: a template that lacks a required field, a ``document`` field other than plain
+            ``{id}``, ``{title}``, ``{text}``, or a value that is not Unicode text (field
+            ``--template``).
     """
 
     system: str = "Answer the question using only the documents below."
@@ -54,21 +57,31 @@ class RagTemplate:
     separator: str = "\n\n"
 
     def __post_init__(self) -> None:
-        for name, needed in (("user", ("{documents}", "{question}")), ("document", ("{text}",))):
+        for name in ("system", "user", "document", "separator"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise InputError(f"{name!r} must be a string, got {short_repr(value)}", field="--template")
-            for key in needed:
-                if value.count(key) != 1:
-                    raise InputError(f"{name!r} must contain {key} exactly once, got {short_repr(value)}", field="--template")
-        for name in ("system", "separator"):
-            if not isinstance(getattr(self, name), str):
-                raise InputError(f"{name!r} must be a string, got {short_repr(getattr(self, name))}", field="--template")
-        for name in ("system", "user", "document", "separator"):
             try:
-                check_text(getattr(self, name), name)
+                check_text(value, name)
             except InputError as exc:
                 raise InputError(f"{name!r} {exc.message}", field="--template") from None
+        for key in ("{documents}", "{question}"):
+            if self.user.count(key) != 1:
+                raise InputError(f"'user' must contain {key} exactly once, got {short_repr(self.user)}", field="--template")
+        try:
+            fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(self.document) if name is not None]
+        except ValueError as exc:  # a lone brace
+            raise InputError(f"'document' is not a format string: {exc}; write {{{{ and }}}} for braces", field="--template") from None
+        if [name for name, _, _ in fields].count("text") != 1:
+            raise InputError(f"'document' must contain {{text}} exactly once, got {short_repr(self.document)}", field="--template")
+        for name, spec, conversion in fields:
+            if name not in ("id", "title", "text") or spec or conversion:
+                shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                raise InputError(
+                    f"'document' may use the fields {{id}}, {{title}} and {{text}} only, plainly (no index, "
+                    f"attribute, conversion or format spec); got {short_repr(shown)}",
+                    field="--template",
+                )
 
     def render(self, documents: list[dict[str, str]], question: str) -> tuple[str, list[tuple[int, int]]]:
         """The user message text and each document block's ``(start, end)`` span in it."""
@@ -84,10 +97,7 @@ class RagTemplate:
             if k:
                 parts.append(self.separator)
                 cursor += len(self.separator)
-            try:
-                block = self.document.format(id=doc["id"], title=doc["title"], text=doc["text"])
-            except (KeyError, IndexError, ValueError) as exc:
-                raise InputError(f"the document template cannot be filled: {exc}", field="--template") from exc
+            block = self.document.format(id=doc["id"], title=doc["title"], text=doc["text"])  # fields checked above
             parts.append(block)
             spans.append((cursor, cursor + len(block)))
             cursor += len(block)
