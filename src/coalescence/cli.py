@@ -505,7 +505,7 @@ def _explain(args: argparse.Namespace) -> int:
         n_players = _on_line(k, is_batch, lambda c=conversation, u=unit: count_players(c, unit=u, roles=roles, at_most=at_most))
         if at_most is not None and n_players > at_most:
             raise EstimatorError(
-                f"{f'input line {k + 1}: ' if is_batch else ''}--unit {unit} gives more than {at_most} players "
+                f"{f'input line {k + 1}: ' if is_batch else ''}--unit {unit} gives at least {n_players} players "
                 f"(counting stopped there), and --method {args.method} allows at most {at_most}; use a coarser "
                 "--unit, or --method permutation with --budget N, or --method loo",
                 field="--method",
