@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens",
         type=_positive_int,
         default=64,
-        help="length limit when the answer is generated, and of each regenerated answer (default: %(default)s)",
+        help="length limit when the answer is generated, and of each regenerated answer; with the prompt it must "
+        "fit the model's context (default: %(default)s)",
     )
     ex.add_argument("--utility", choices=UTILITY_KINDS, default="logprob", help=_UTILITY_HELP + " (default: %(default)s)")
     _add_span_options(ex)
@@ -256,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-samples",
         type=_positive_int,
         default=1,
-        help="regenerate utilities: sampled answers per coalition, similarities averaged; each "
+        help="regenerate utilities: sampled answers per coalition (at most 1024), similarities averaged; each "
         "sample's seed derives from --seed, the coalition and the sample index (default: %(default)s)",
     )
     ex.add_argument(
