@@ -7,7 +7,9 @@ turns, tool exchanges, declared spans) into the players of a conversation.
 
 - ``paragraph``: text separated by blank lines (a line break, optional horizontal whitespace, and
   another line break).
-- ``sentence``: pysbd (rule-based sentence boundary disambiguation; Sadvilkar & Neumann 2020).
+- ``sentence``: pysbd (rule-based sentence boundary disambiguation; Sadvilkar & Neumann 2020), on
+  chunks of at most :data:`SENTENCE_CHUNK` characters, so that time is linear in the text's length
+  (see :func:`sentence_spans`).
 - ``word``: NLTK's Penn Treebank word tokenizer (``TreebankWordTokenizer.span_tokenize``; Bird,
   Klein & Loper 2009) on each pysbd sentence, which needs no downloaded data: punctuation and
   clitics are their own words (``"don't."`` is ``do``, ``n't``, ``.``), and a run of characters with no space (CJK, an
@@ -168,8 +170,8 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     keeping the sentence ends pysbd finds at least 256 characters before the window's end; a
     sentence that fills a whole window without a line break is cut at its last space in the
     window. On text of up to :data:`SENTENCE_CHUNK` characters (a chunk) the spans are pysbd's
-    own; on longer text they differ only where pysbd reads context across a chunk (e.g. a
-    numbered list split between two chunks).
+    own; on longer text they differ only where pysbd reads context across a chunk: a numbered
+    list split between two chunks, or quotation marks that pysbd pairs across a long line.
 
     Returns:
         ``(start, end)`` character offsets into ``text``, in order, non-empty, trimmed.
