@@ -209,3 +209,187 @@ def test_cli_system_absent_and_tool_unit(tmp_path: Path, tiny_model_dir: Path, c
     assert snapshot["default_system_in_play"] == "never"  # the system message is kept empty
     bad = [*argv[:-5], "--absence-policy", "placeholder", "--archive", str(tmp_path / "r2"), "--no-progress"]
     assert main(bad) == 2 and "--system-absent" in capsys.readouterr().err
+
+
+# -- JSON Lines, JSON limits and text that is not Unicode (issue 15 items 1, 2, 10) -----------
+
+LINE_BREAKS_IN_TEXT = "one\u2028two\u0085three\u2029four\x1cfive\x0bsix\x0cseven"
+
+
+def test_jsonl_separates_records_by_newline_only(tmp_path):
+    record = {"messages": [{"role": "user", "content": LINE_BREAKS_IN_TEXT}, {"role": "assistant", "content": "ok"}]}
+    raw = json.dumps(record, ensure_ascii=False)  # the separators stay raw characters, legal in JSON strings
+    assert "\u2028" in raw and "\u0085" in raw
+    path = tmp_path / "in.jsonl"
+    path.write_bytes((raw + "\r\n\r\n" + raw + "\n").encode("utf-8"))  # CRLF lines and a blank line
+    conversations, batch = load_inputs(path)
+    assert batch and len(conversations) == 2
+    assert [c.messages[0].content for c in conversations] == [LINE_BREAKS_IN_TEXT] * 2
+    single = tmp_path / "in.json"
+    single.write_text(raw, encoding="utf-8")
+    (same,), _ = load_inputs(single)
+    assert same == conversations[0]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_json_syntax_error_names_the_position_once(tmp_path, suffix):
+    path = tmp_path / f"in{suffix}"
+    path.write_text('{"messages": "unterminated')
+    with pytest.raises(InputError) as info:
+        load_inputs(path)
+    where = "at line 1 column 14" if suffix == ".json" else "line 1 is not valid JSON: Unterminated string starting at column 14"
+    assert "Unterminated string starting at " in info.value.message and where.split(": ")[-1] in info.value.message
+    assert " at at " not in info.value.message
+
+
+DEEP = '{"messages": ' + "[" * 5000 + "]" * 5000 + "}"
+DEEP_ARGS = (
+    '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c", '
+    '"type": "function", "function": {"name": "f", "arguments": ' + '{"a": ' * 120 + "1" + "}" * 120 + '}}]}], "target": "x"}'
+)
+HUGE_INT = '{"messages": [{"role": "user", "content": "q"}], "target": "x", "players": [{"message": 0, "start": ' + "9" * 5000 + ', "end": 1}]}'
+DUPLICATE = '{"messages": [{"role": "user", "content": "first", "content": "second"}], "target": "x"}'
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        pytest.param(DEEP, "more than 100 levels deep", id="deep"),
+        pytest.param(DEEP_ARGS, "more than 100 levels deep", id="deep-tool-arguments"),
+        pytest.param(HUGE_INT, "integer literal of 5000 digits", id="5000-digits"),
+        pytest.param(DUPLICATE, "the key 'content' appears twice", id="duplicate-key"),
+    ],
+)
+@pytest.mark.parametrize("where", ["json", "jsonl", "template"])
+def test_json_beyond_the_parser_limits_is_one_input_error(tmp_path, text, words, where):
+    if where == "template":
+        path = tmp_path / "t.json"
+        path.write_text(text.replace('"messages"', '"user"', 1))
+        with pytest.raises(InputError) as info:
+            load_template(path)
+        field = "--template"
+    else:
+        path = tmp_path / f"in.{where}"
+        path.write_text(text if where == "json" else json.dumps(DECLARED) + "\n" + text + "\n")
+        with pytest.raises(InputError) as info:
+            load_inputs(path)
+        field = "input"
+        assert where == "json" or "in.jsonl line 2" in info.value.message
+    assert info.value.field == field and words in info.value.message and "\n" not in str(info.value)
+
+
+def test_tool_arguments_string_beyond_the_limits_is_written_as_given():
+    deep = '{"a": ' * 150 + "1" + "}" * 150
+    data = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep}}]},
+            {"role": "tool", "content": "r"},
+        ],
+        "target": "x",
+    }
+    c = conversation_from_input(data)
+    assert c.messages[1].content == '<tool_call>\n{"name": "f", "arguments": "' + deep.replace('"', '\\"') + '"}\n</tool_call>'
+
+
+LONE = "\ud83d"
+
+
+def _with(path: str, value: str, base: dict) -> dict:
+    data = json.loads(json.dumps(base))
+    node = data
+    keys = [int(k) if k.isdigit() else k for k in path.replace("[", ".").replace("]", "").split(".")]
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    return data
+
+
+TOOL_CALL = {
+    "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Sunny."},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    ("base", "path", "value", "field"),
+    [
+        (DECLARED, "messages.1.content", f"Context: {LONE} Paris", "messages[1].content"),
+        (DECLARED, "messages.2.content", f"In France.{LONE}", "messages[2].content"),
+        (DECLARED | {"target": "x"}, "target", LONE, "target"),
+        (DECLARED, "players.0.label", f"paris{LONE}", "players[0].label"),
+        (RAG, "documents.1.text", f"Rome {LONE}", "documents[1].text"),
+        (RAG, "documents.1.title", LONE, "documents[1].title"),
+        (RAG, "documents.1.id", LONE, "documents[1].id"),
+        (RAG, "question", f"What {LONE}?", "question"),
+        (RAG, "answer", f"Paris{LONE}", "answer"),
+        (TOOL_CALL, "messages.1.tool_calls.0.function.name", LONE, "messages[1].tool_calls[0].function.name"),
+        (TOOL_CALL, "messages.1.tool_calls.0.function.arguments", '{"city": "\\ud83d"}', "messages[1].tool_calls[0].function.arguments"),
+        (TOOL_CALL, "messages.1.tool_calls.0.id", LONE, "messages[1].tool_calls[0].id"),
+        (TOOL_CALL, "messages.2.tool_call_id", LONE, "messages[2].tool_call_id"),
+    ],
+)
+def test_a_lone_surrogate_is_refused_naming_the_field_before_the_model_loads(tmp_path, capsys, base, path, value, field):
+    data = _with(path, value, base)
+    text = json.dumps(data)  # ensure_ascii: the lone surrogate is written as the escape "\ud83d"
+    assert "\\ud83d" in text
+    with pytest.raises(InputError) as info:
+        conversation_from_input(json.loads(text))
+    assert info.value.field == field and "lone surrogate \\ud83d" in info.value.message
+    # the CLI: exit 2 with that field, before the model is even located (--model names nothing)
+    source = tmp_path / "in.json"
+    source.write_text(text)
+    run_dir, out = tmp_path / "run", tmp_path / "out.json"
+    argv = ["explain", str(source), "--model", str(tmp_path / "no-model"), "--archive", str(run_dir), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"coalescence: error: {field}: holds a lone surrogate") and err.count("\n") == 1, err
+    assert not run_dir.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("key", ["system", "user", "document", "separator"])
+def test_a_lone_surrogate_in_the_template_is_refused(tmp_path, key):
+    path = tmp_path / "t.json"
+    value = {"user": "{documents} {question}", "document": "{text}"}.get(key, "") + LONE
+    path.write_text(json.dumps({key: value}))
+    with pytest.raises(InputError) as info:
+        load_template(path)
+    assert info.value.field == "--template" and info.value.message.startswith(f"'{key}' holds a lone surrogate")
+
+
+def test_a_lone_surrogate_placeholder_is_refused(tmp_path, capsys):
+    argv = ["explain", "examples/eiffel.json", "--model", str(tmp_path / "no-model"), "--absence-policy", "placeholder",
+            "--placeholder", f"[{LONE}]", "--archive", str(tmp_path / "run")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("coalescence: error: --placeholder: holds a lone surrogate")
+
+
+@pytest.mark.parametrize(
+    ("document", "words"),
+    [
+        ("{text} {title.upper}", "plainly"),  # an attribute: str.format would call getattr
+        ("{text} {title.nope}", "plainly"),  # AttributeError before
+        ("{text} {title[x]}", "plainly"),  # TypeError before
+        ("{text} {title:>2000000000}", "plainly"),  # a 2 GB string before
+        ("{text} {id!r}", "plainly"),
+        ("{text} {0}", "plainly"),
+        ("{text} {}", "plainly"),
+        ("{text} {id", "not a format string"),
+        ("{text} }", "not a format string"),
+        ("{text}{text}", "exactly once"),
+        ("{{text}}", "exactly once"),
+    ],
+)
+def test_document_template_takes_plain_fields_only(document, words):
+    with pytest.raises(InputError) as info:
+        RagTemplate(document=document)
+    assert info.value.field == "--template" and words in info.value.message
+
+
+def test_document_template_with_escaped_braces_renders():
+    c = conversation_from_input(RAG, RagTemplate(document="{{{id}}} {{text}}: {text}"))
+    assert c.messages[1].content.startswith("{a} {text}: Paris is the capital of France.")

@@ -61,7 +61,7 @@ from ._interrupts import (
     quiet_closed_outputs,
     write_stderr,
 )
-from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError
+from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError, EstimatorError
 
 __all__ = ("build_parser", "main")
 
@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens",
         type=_positive_int,
         default=64,
-        help="length limit when the answer is generated, and of each regenerated answer (default: %(default)s)",
+        help="length limit when the answer is generated, and of each regenerated answer; with the prompt it must "
+        "fit the model's context (default: %(default)s)",
     )
     ex.add_argument("--utility", choices=UTILITY_KINDS, default="logprob", help=_UTILITY_HELP + " (default: %(default)s)")
     _add_span_options(ex)
@@ -308,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-samples",
         type=_positive_int,
         default=1,
-        help="regenerate utilities: sampled answers per coalition, similarities averaged; each "
+        help="regenerate utilities: sampled answers per coalition (at most 1024), similarities averaged; each "
         "sample's seed derives from --seed, the coalition and the sample index (default: %(default)s)",
     )
     ex.add_argument(
@@ -675,6 +676,7 @@ def _explain(args: argparse.Namespace) -> int:
     from .masking.policies import get_policy
     from .masking.render import ChatRenderer
     from .scheduler.progress import TqdmProgress
+    from .segmentation import count_players
 
     # 1. everything that can be checked without the model, before loading it
     template = load_template(args.template)
@@ -703,16 +705,26 @@ def _explain(args: argparse.Namespace) -> int:
     for k, conversation in enumerate(conversations):
         if conversation.target is not None:  # a generated target is checked once it exists
             _on_line(k, is_batch, utility.locate, conversation.target)
+    if args.method in _UNBUDGETED and args.budget is not None:
+        raise ConfigError(
+            f"--method {args.method} has a fixed number of evaluations; --budget applies to sampling "
+            "methods (permutation, kernelshap, banzhaf, lasso)",
+            field="--budget",
+        )
+    # an estimator's player limit (exact: 16) stops the count early: a long text is refused after
+    # a few sentences, not after segmenting all of it
+    at_most = getattr(make_estimator(args.method, seed=args.seed), "MAX_PLAYERS", None) if args.method in _UNBUDGETED else None
     units = []
-    for conversation in conversations:
+    for k, conversation in enumerate(conversations):
         unit = hierarchy[0] if hierarchy else args.unit or ("document" if conversation.declared else "turn")
         units.append(unit)
-        n_players = len(segment_players(conversation, unit=unit, roles=roles))
-        if args.method in _UNBUDGETED and args.budget is not None:
-            raise ConfigError(
-                f"--method {args.method} has a fixed number of evaluations; --budget applies to sampling "
-                "methods (permutation, kernelshap, banzhaf, lasso)",
-                field="--budget",
+        n_players = _on_line(k, is_batch, lambda c=conversation, u=unit: count_players(c, unit=u, roles=roles, at_most=at_most))
+        if at_most is not None and n_players > at_most:
+            raise EstimatorError(
+                f"{f'input line {k + 1}: ' if is_batch else ''}--unit {unit} gives at least {n_players} players "
+                f"(counting stopped there), and --method {args.method} allows at most {at_most}; use a coarser "
+                "--unit, or --method permutation with --budget N, or --method loo",
+                field="--method",
             )
         budget = args.budget if args.budget is not None else 32 * n_players
         make_estimator(args.method, budget=budget, seed=args.seed).validate(n_players)
@@ -891,7 +903,7 @@ def _replay(args: argparse.Namespace) -> int:
     from .backends.registry import resolve_model
     from .conversation import ConversationSnapshot
     from .engine import Engine, fill_measurements, fill_store, pool_from_store, utility_detail
-    from .errors import EstimatorError, InputError
+    from .errors import InputError
     from .masking.policies import get_policy
     from .scheduler.progress import TqdmProgress
     from .scheduler.store import ResultStore

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .userinput import check_text, short_repr
 
 __all__ = (
     "ROLES",
@@ -55,7 +56,8 @@ class Message:
             message answers (``tool_call_id``); used by ``--unit tool`` to pair them.
 
     Raises:
-        InputError: unknown role or non-string content.
+        InputError: unknown role, non-string content, or content that is not Unicode text (a
+            lone surrogate).
     """
 
     role: str
@@ -71,6 +73,7 @@ class Message:
             raise InputError(
                 f"content must be a string, got {type(self.content).__name__}", field="content"
             )
+        check_text(self.content, "content")
 
     def as_dict(self) -> dict[str, str]:
         """The message as an OpenAI/transformers chat message ``{"role", "content"}``."""
@@ -85,9 +88,11 @@ TOOL_CALL_FORMAT = "<tool_call>\n{call}\n</tool_call>"
 def format_tool_call(name: str, arguments: Any) -> str:
     """The text of one tool call in an assistant message (:data:`TOOL_CALL_FORMAT`)."""
     if isinstance(arguments, str):
+        from .userinput import parse_json
+
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = parse_json(arguments, what="arguments", field="arguments")
+        except InputError:  # not JSON (or beyond its limits): the string is written as given
             pass
     call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, separators=(", ", ": "))
     return TOOL_CALL_FORMAT.format(call=call)
@@ -101,16 +106,23 @@ def _with_tool_calls(content: str, calls: Any, where: str, role: Any) -> tuple[s
         raise InputError('must be a non-empty list of {"id", "function": {"name", "arguments"}}', field=f"{where}.tool_calls")
     texts, ids = [], []
     for k, call in enumerate(calls):
+        at = f"{where}.tool_calls[{k}]"
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            raise InputError(
-                'must be {"id", "type": "function", "function": {"name", "arguments"}}',
-                field=f"{where}.tool_calls[{k}]",
-            )
-        texts.append(format_tool_call(fn["name"], fn.get("arguments", {})))
-        ids.append(str(call.get("id", f"call_{k}")))
+            raise InputError('must be {"id", "type": "function", "function": {"name", "arguments"}}', field=at)
+        check_text(fn["name"], f"{at}.function.name")
+        text = format_tool_call(fn["name"], fn.get("arguments", {}))
+        texts.append(check_text(text, f"{at}.function.arguments"))
+        ids.append(_call_id(call.get("id", f"call_{k}"), f"{at}.id"))
     body = "\n".join(texts)
     return (f"{content}\n{body}" if content else body), tuple(ids)
+
+
+def _call_id(value: Any, where: str) -> str:
+    """A tool call id (a string; an integer is accepted and written as its digits)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InputError(f"must be a string, got {type(value).__name__}", field=where)
+    return check_text(str(value), where)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,7 +157,7 @@ def _declared_players(raw: Any, messages: Sequence[Message]) -> tuple[DeclaredPl
         for key in ("message", "start", "end"):
             v = item.get(key)
             if not isinstance(v, int) or isinstance(v, bool):
-                raise InputError(f"must be an integer (character offset or message index), got {v!r}", field=f"{where}.{key}")
+                raise InputError(f"must be an integer (character offset or message index), got {short_repr(v)}", field=f"{where}.{key}")
             values[key] = v
         m = values["message"]
         if not 0 <= m < len(messages):
@@ -158,7 +170,8 @@ def _declared_players(raw: Any, messages: Sequence[Message]) -> tuple[DeclaredPl
         if label is None:
             label = f"{messages[m].role}[{m}][{values['start']}:{values['end']}]"
         if not isinstance(label, str) or not label:
-            raise InputError(f"must be a non-empty string, got {label!r}", field=f"{where}.label")
+            raise InputError(f"must be a non-empty string, got {short_repr(label)}", field=f"{where}.label")
+        check_text(label, f"{where}.label")
         out.append(DeclaredPlayer(message=m, start=values["start"], end=values["end"], label=label))
     return tuple(out)
 
@@ -214,6 +227,8 @@ class Conversation:
                 "the conversation has no prompt messages; add at least one message before the answer",
                 field="messages",
             )
+        if self.target is not None:
+            check_text(self.target, "target")
         if self.target is not None and not self.target.strip():
             raise InputError(
                 "the target answer is empty; give a non-empty last assistant message or a "
@@ -253,7 +268,7 @@ class Conversation:
             role = item.get("role")
             if role not in ROLES:
                 raise InputError(
-                    f"unknown role {role!r}; use one of {', '.join(ROLES)}", field=f"{where}.role"
+                    f"unknown role {short_repr(role)}; use one of {', '.join(ROLES)}", field=f"{where}.role"
                 )
             content = item.get("content")
             calls = item.get("tool_calls")
@@ -263,16 +278,18 @@ class Conversation:
                 raise InputError(
                     f"must be a string, got {type(content).__name__}", field=f"{where}.content"
                 )
+            check_text(content, f"{where}.content")
             call_ids: tuple[str, ...] = ()
             if calls is not None:
                 content, call_ids = _with_tool_calls(content, calls, where, role)
             elif role == "tool" and item.get("tool_call_id") is not None:
-                call_ids = (str(item["tool_call_id"]),)
+                call_ids = (_call_id(item["tool_call_id"], f"{where}.tool_call_id"),)
             messages.append(Message(role=role, content=content, tool_call_ids=call_ids))
         target = data.get("target")
         if target is not None:
             if not isinstance(target, str):
                 raise InputError(f"must be a string, got {type(target).__name__}", field="target")
+            check_text(target, "target")
             if messages[-1].role == "assistant":
                 messages.pop()
             source = "field"
@@ -300,7 +317,7 @@ def load_conversation(path: str | Path) -> Conversation:
 
     Raises:
         InputError: the file is missing, unreadable, not UTF-8 or not valid JSON (with line and
-            column), or its content is invalid.
+            column), beyond the parser's limits (:mod:`coalescence.userinput`), or its content is invalid.
     """
     p = Path(path)
     try:
@@ -309,14 +326,10 @@ def load_conversation(path: str | Path) -> Conversation:
         raise InputError(f"no such file {str(p)!r}", field="input") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{p.name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-            field="input",
-        ) from exc
     from .inputs import conversation_from_input  # the RAG form is rendered there
+    from .userinput import parse_json
+
+    data = parse_json(text, what=p.name, field="input")
 
     return conversation_from_input(data)
 

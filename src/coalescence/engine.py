@@ -127,7 +127,9 @@ class Engine:
 
         Raises:
             InputError: bad unit/roles, no players, or an empty generated answer.
-            ConfigError: ``max_new_tokens`` < 1.
+            ConfigError: ``max_new_tokens`` < 1, or the prompt plus ``max_new_tokens`` exceeds the
+                model's context (checked before generating; :class:`InputError` when the prompt
+                alone fills it).
         """
         # validate the segmentation before spending a generation on it
         segment_players(conversation, unit=unit, roles=roles)
@@ -135,6 +137,7 @@ class Engine:
             if max_new_tokens < 1:
                 raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
             prompt = self.renderer.encode_prompt(conversation.messages)
+            self._check_room(len(prompt), max_new_tokens)
             new_ids = self.backend.generate(prompt, max_new_tokens=max_new_tokens)
             text = self.backend.tokenizer.decode(new_ids, skip_special_tokens=True).strip()
             if not text:
@@ -175,6 +178,22 @@ class Engine:
         self._targets[cache_key] = target
         return target
 
+    def _check_room(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse a generation that could run past the model's context, before it starts."""
+        limit = int(self.backend.max_context)
+        if prompt_tokens >= limit:
+            raise InputError(
+                f"the prompt renders to {prompt_tokens} tokens, leaving no room in the model's context of "
+                f"{limit} for an answer; shorten the conversation or use a longer-context model",
+                field="messages",
+            )
+        if prompt_tokens + max_new_tokens > limit:
+            raise ConfigError(
+                f"{max_new_tokens} new tokens after a prompt of {prompt_tokens} tokens could exceed the model's "
+                f"context of {limit}; give --max-new-tokens {max(limit - prompt_tokens, 1)} or less, or a shorter prompt",
+                field="--max-new-tokens",
+            )
+
     @property
     def model(self) -> dict[str, str]:
         """The model identity that enters coalition keys: ``{"id", "revision", "dtype", "sha256"}``
@@ -192,11 +211,16 @@ class Engine:
 
         Raises:
             InputError: an answer sub-span outside the target (see :meth:`UtilitySpec.resolve`).
+            ConfigError: a regenerate utility whose ``max_new_tokens`` with the full prompt
+                exceeds the model's context (``--max-new-tokens``).
         """
         cache_key = (snapshot.snapshot_id, policy)
         cached = self._resolved.get(cache_key)
         if cached is None:
-            cached = self.utility.resolve(snapshot.target, self.target_tokens(snapshot, policy).offsets)
+            target = self.target_tokens(snapshot, policy)
+            if self.utility.generation is not None:  # each coalition's answer is generated anew
+                self._check_room(len(target.full_prompt_ids), self.utility.generation.max_new_tokens)
+            cached = self.utility.resolve(snapshot.target, target.offsets)
             self._resolved[cache_key] = cached
         return cached
 

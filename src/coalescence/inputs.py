@@ -15,7 +15,7 @@ A ``.jsonl`` file holds one input per line (:func:`load_inputs`); each becomes i
 
 from __future__ import annotations
 
-import json
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 
 from .conversation import Conversation
 from .errors import InputError
+from .userinput import check_text, parse_json, short_repr
 
 __all__ = ("DEFAULT_RAG_TEMPLATE", "RagTemplate", "conversation_from_input", "load_inputs", "load_template")
 
@@ -33,7 +34,8 @@ class RagTemplate:
 
     The user message is ``user`` with ``{documents}`` replaced by the document blocks joined with
     ``separator`` and ``{question}`` by the question; each block is ``document`` with ``{id}``,
-    ``{title}`` and ``{text}`` replaced (``str.format`` fields; write ``{{`` for a literal brace).
+    ``{title}`` and ``{text}`` replaced (``str.format`` fields, plain: no index, attribute,
+    conversion or format spec; write ``{{`` for a literal brace).
     A non-empty ``system`` becomes a system message before it. The answer, when given, is the
     target.
 
@@ -44,7 +46,9 @@ class RagTemplate:
         separator: text between two document blocks.
 
     Raises:
-        InputError: a template that lacks a required field (field ``--template``).
+        InputError: a template that lacks a required field, a ``document`` field other than plain
+            ``{id}``, ``{title}``, ``{text}``, or a value that is not Unicode text (field
+            ``--template``).
     """
 
     system: str = "Answer the question using only the documents below."
@@ -53,16 +57,31 @@ class RagTemplate:
     separator: str = "\n\n"
 
     def __post_init__(self) -> None:
-        for name, needed in (("user", ("{documents}", "{question}")), ("document", ("{text}",))):
+        for name in ("system", "user", "document", "separator"):
             value = getattr(self, name)
             if not isinstance(value, str):
-                raise InputError(f"{name!r} must be a string, got {value!r}", field="--template")
-            for key in needed:
-                if value.count(key) != 1:
-                    raise InputError(f"{name!r} must contain {key} exactly once, got {value!r}", field="--template")
-        for name in ("system", "separator"):
-            if not isinstance(getattr(self, name), str):
-                raise InputError(f"{name!r} must be a string", field="--template")
+                raise InputError(f"{name!r} must be a string, got {short_repr(value)}", field="--template")
+            try:
+                check_text(value, name)
+            except InputError as exc:
+                raise InputError(f"{name!r} {exc.message}", field="--template") from None
+        for key in ("{documents}", "{question}"):
+            if self.user.count(key) != 1:
+                raise InputError(f"'user' must contain {key} exactly once, got {short_repr(self.user)}", field="--template")
+        try:
+            fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(self.document) if name is not None]
+        except ValueError as exc:  # a lone brace
+            raise InputError(f"'document' is not a format string: {exc}; write {{{{ and }}}} for braces", field="--template") from None
+        if [name for name, _, _ in fields].count("text") != 1:
+            raise InputError(f"'document' must contain {{text}} exactly once, got {short_repr(self.document)}", field="--template")
+        for name, spec, conversion in fields:
+            if name not in ("id", "title", "text") or spec or conversion:
+                shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+                raise InputError(
+                    f"'document' may use the fields {{id}}, {{title}} and {{text}} only, plainly (no index, "
+                    f"attribute, conversion or format spec); got {short_repr(shown)}",
+                    field="--template",
+                )
 
     def render(self, documents: list[dict[str, str]], question: str) -> tuple[str, list[tuple[int, int]]]:
         """The user message text and each document block's ``(start, end)`` span in it."""
@@ -78,10 +97,7 @@ class RagTemplate:
             if k:
                 parts.append(self.separator)
                 cursor += len(self.separator)
-            try:
-                block = self.document.format(id=doc["id"], title=doc["title"], text=doc["text"])
-            except (KeyError, IndexError, ValueError) as exc:
-                raise InputError(f"the document template cannot be filled: {exc}", field="--template") from exc
+            block = self.document.format(id=doc["id"], title=doc["title"], text=doc["text"])  # fields checked above
             parts.append(block)
             spans.append((cursor, cursor + len(block)))
             cursor += len(block)
@@ -103,14 +119,15 @@ def load_template(path: str | Path | None) -> RagTemplate:
     if path is None:
         return DEFAULT_RAG_TEMPLATE
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read the template {str(path)!r}: {exc}", field="--template") from exc
+    data = parse_json(text, what=f"the template {Path(path).name}", field="--template")
     if not isinstance(data, Mapping):
         raise InputError("the template must be a JSON object", field="--template")
     unknown = sorted(set(data) - {"system", "user", "document", "separator"})
     if unknown:
-        raise InputError(f"unknown key {unknown[0]!r}; use system, user, document, separator", field="--template")
+        raise InputError(f"unknown key {short_repr(unknown[0])}; use system, user, document, separator", field="--template")
     return RagTemplate(**data)
 
 
@@ -128,20 +145,23 @@ def _rag_input(data: Mapping[str, Any], template: RagTemplate) -> dict[str, Any]
         text = doc.get("text")
         if not isinstance(text, str):
             raise InputError(f"must be a string, got {type(text).__name__}", field=f"{where}.text")
+        check_text(text, f"{where}.text")
         doc_id = doc.get("id", str(i))
         if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
-            raise InputError(f"must be a string, got {doc_id!r}", field=f"{where}.id")
-        doc_id = str(doc_id)
+            raise InputError(f"must be a string, got {short_repr(doc_id)}", field=f"{where}.id")
+        doc_id = check_text(str(doc_id), f"{where}.id")
         if doc_id in ids:
-            raise InputError(f"duplicate document id {doc_id!r}; ids must be unique", field=f"{where}.id")
+            raise InputError(f"duplicate document id {short_repr(doc_id)}; ids must be unique", field=f"{where}.id")
         ids.add(doc_id)
         title = doc.get("title", "")
         if not isinstance(title, str):
             raise InputError(f"must be a string, got {type(title).__name__}", field=f"{where}.title")
+        check_text(title, f"{where}.title")
         clean.append({"id": doc_id, "title": title, "text": text})
     question = data.get("question")
     if not isinstance(question, str) or not question.strip():
         raise InputError("must be a non-empty string", field="question")
+    check_text(question, "question")
     user, spans = template.render(clean, question)
     messages = [{"role": "system", "content": template.system}] if template.system else []
     m = len(messages)
@@ -156,6 +176,7 @@ def _rag_input(data: Mapping[str, Any], template: RagTemplate) -> dict[str, Any]
     if answer is not None:
         if not isinstance(answer, str):
             raise InputError(f"must be a string, got {type(answer).__name__}", field="answer")
+        check_text(answer, "answer")
         out["target"] = answer
     return out
 
@@ -186,15 +207,17 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
     """Read the inputs of a run: one JSON object, or one per line of a ``.jsonl`` file.
 
     Args:
-        path: a ``.json`` file (one input) or a ``.jsonl`` file (one input per non-blank line).
+        path: a ``.json`` file (one input) or a ``.jsonl`` file (JSON Lines: one input per
+            non-blank line, lines separated by ``"\n"`` only).
         template: the RAG template for inputs in the RAG form.
 
     Returns:
         The conversations, in file order, and whether the file was JSONL.
 
     Raises:
-        InputError: the file is missing or unreadable, invalid JSON (with line and column), empty,
-            or an invalid input (a JSONL error names the line: ``line 3: players[0].end``).
+        InputError: the file is missing or unreadable, invalid JSON (with line and column) or
+            beyond the parser's limits (:mod:`coalescence.userinput`), empty, or an invalid input (a
+            JSONL error names the line: ``line 3: players[0].end``).
     """
     p = Path(path)
     if p.suffix.lower() != ".jsonl":
@@ -203,12 +226,12 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
         if template is None or template == DEFAULT_RAG_TEMPLATE:
             return [load_conversation(p)], False
         try:
-            data = json.loads(p.read_text(encoding="utf-8-sig"))
+            text = p.read_text(encoding="utf-8-sig")
         except FileNotFoundError:
             raise InputError(f"no such file {str(p)!r}", field="input") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
-        return [conversation_from_input(data, template)], False
+        return [conversation_from_input(parse_json(text, what=p.name, field="input"), template)], False
     try:
         text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
@@ -216,13 +239,12 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
     conversations = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    # JSON Lines separates records by "\n" only (a CRLF line's "\r" is JSON whitespace): never
+    # str.splitlines, which also splits on U+2028, U+0085 and others, all legal inside JSON strings
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip(" \t\r"):
             continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{p.name} line {n} is not valid JSON: {exc.msg} at column {exc.colno}", field="input") from exc
+        data = parse_json(line, what=f"{p.name} line {n}", field="input", single_line=True)
         try:
             conversations.append(conversation_from_input(data, template))
         except InputError as exc:

@@ -7,7 +7,9 @@ turns, tool exchanges, declared spans) into the players of a conversation.
 
 - ``paragraph``: text separated by blank lines (a line break, optional horizontal whitespace, and
   another line break).
-- ``sentence``: pysbd (rule-based sentence boundary disambiguation; Sadvilkar & Neumann 2020).
+- ``sentence``: pysbd (rule-based sentence boundary disambiguation; Sadvilkar & Neumann 2020), on
+  chunks of at most :data:`SENTENCE_CHUNK` characters, so that time is linear in the text's length
+  (see :func:`sentence_spans`).
 - ``word``: NLTK's Penn Treebank word tokenizer (``TreebankWordTokenizer.span_tokenize``; Bird,
   Klein & Loper 2009) on each pysbd sentence, which needs no downloaded data: punctuation and
   clitics are their own words (``"don't."`` is ``do``, ``n't``, ``.``), and a run of characters with no space (CJK, an
@@ -17,14 +19,23 @@ turns, tool exchanges, declared spans) into the players of a conversation.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from typing import Any
 
 from .conversation import ROLES, UNITS, Conversation, Player
 from .errors import BackendUnavailable, InputError
 
-__all__ = ("SPAN_UNITS", "paragraph_spans", "segment_players", "sentence_spans", "unit_spans", "word_spans")
+__all__ = (
+    "SENTENCE_CHUNK",
+    "SPAN_UNITS",
+    "count_players",
+    "paragraph_spans",
+    "segment_players",
+    "sentence_spans",
+    "unit_spans",
+    "word_spans",
+)
 
 _BLANK_LINE = re.compile(r"\n[^\S\n]*\n\s*")
 
@@ -53,39 +64,123 @@ def paragraph_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+SENTENCE_CHUNK = 4096
+"""The most characters one pysbd call sees (:func:`sentence_spans` splits longer texts first)."""
+
+_EDGE = 256  # pysbd sentence ends at least this far (or a quarter window) from a window's cut end are final
+
+
+def _pysbd_spans(segmenter: Any, text: str, start: int, stop: int) -> list[tuple[int, int]]:
+    """pysbd's sentences of ``text[start:stop]`` as trimmed spans into ``text``, each re-located
+    in the text so offsets are exact even where pysbd's own offsets drift."""
+    chunk = text[start:stop]
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for sentence in segmenter.segment(chunk):
+        core = sentence.strip()
+        if not core:
+            continue
+        at = chunk.find(core, cursor)
+        if at < 0:  # pysbd altered the text; fall back to the rest of the chunk
+            core = chunk[cursor:].strip()
+            at = chunk.find(core, cursor)
+            if not core:
+                break
+        spans.append((start + at, start + at + len(core)))
+        cursor = at + len(core)
+    return spans
+
+
+_LIST_ITEM = re.compile(r"[^\S\n]*(?:\d{1,3}[.)]|[A-Za-z][.)]|\(?[ivxlcdm]+\)|[-*\u2022\u2043])(?=\s)", re.I)
+
+
+def _line_cut(text: str, start: int, stop: int) -> int | None:
+    """Where to end a chunk of ``text[start:...]`` at most ``stop``: just after a line break in the
+    second half of the window, or None if there is none there. pysbd ends a sentence at every
+    line break, so a cut there moves no boundary; but pysbd finds list items ("1.", "b)") by
+    reading the whole text, so a cut between two list items comes last, and a cut after a blank
+    line before one after a single line break."""
+    low = start + (stop - start) // 2
+    best: tuple[int, int] | None = None  # (rank, cut)
+    at = text.rfind("\n", low, stop)
+    while at >= 0:
+        cut = at + 1
+        before = at  # the start of the last non-blank line before the cut
+        while before > start and text[before - 1].isspace():
+            before -= 1
+        blank = "\n" in text[before:at]
+        before = text.rfind("\n", start, before) + 1 if before > start else start
+        inside_list = bool(_LIST_ITEM.match(text, cut) and _LIST_ITEM.match(text, max(before, start)))
+        rank = (0 if blank else 1) + (2 if inside_list else 0)
+        if best is None or rank < best[0]:
+            best = (rank, cut)
+            if rank == 0:
+                break
+        at = text.rfind("\n", low, at)
+    return None if best is None else best[1]
+
+
+def _iter_sentence_spans(text: str, chunk: int = SENTENCE_CHUNK) -> Iterator[tuple[int, int]]:
+    """The spans of :func:`sentence_spans`, lazily, chunk by chunk (see its docs)."""
+    import pysbd
+
+    segmenter = pysbd.Segmenter(language="en", clean=False)
+    start, n = 0, len(text)
+    while start < n:
+        stop = start + chunk
+        if stop >= n:
+            yield from _pysbd_spans(segmenter, text, start, n)
+            return
+        cut = _line_cut(text, start, stop)
+        if cut is not None:
+            yield from _pysbd_spans(segmenter, text, start, cut)
+            start = cut
+            continue
+        # a line longer than the window: keep pysbd's sentence ends far from the window's cut end
+        spans = _pysbd_spans(segmenter, text, start, stop)
+        final = [span for span in spans[:-1] if span[1] <= stop - min(_EDGE, chunk // 4)]
+        if final:
+            # resume after the last of them that a list item does not follow (pysbd reads a list's
+            # numbering across the text), if one is in the window's second half
+            keep = len(final)
+            for k in range(len(final), 0, -1):
+                if final[k - 1][1] < start + chunk // 2:
+                    break
+                if not _LIST_ITEM.match(text, final[k - 1][1]):
+                    keep = k
+                    break
+            yield from final[:keep]
+            start = final[keep - 1][1]
+            continue
+        # one sentence fills the window: cut it at its last space (or the window end)
+        space = max(text.rfind(" ", start + chunk // 2, stop), text.rfind("\t", start + chunk // 2, stop))
+        cut = space + 1 if space >= 0 else stop
+        yield from _pysbd_spans(segmenter, text, start, cut)
+        start = cut
+
+
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """Character spans of the sentences of ``text``, whitespace trimmed, in order.
 
     Uses pysbd for the boundaries; each span is re-located in ``text`` so offsets are exact even
-    where pysbd's own offsets drift.
+    where pysbd's own offsets drift. pysbd's time grows with the square of a text's length (and
+    of a line's), so a text longer than :data:`SENTENCE_CHUNK` characters is split first, and the
+    time is linear in the length: into chunks that end at a line break (a blank line preferred),
+    where pysbd always ends a sentence; a longer line is segmented in windows of that size, each
+    keeping the sentence ends pysbd finds at least 256 characters before the window's end; a
+    sentence that fills a whole window without a line break is cut at its last space in the
+    window. On text of up to :data:`SENTENCE_CHUNK` characters (a chunk) the spans are pysbd's
+    own; on longer text they differ only where pysbd reads context across a chunk: a numbered
+    list split between two chunks, or quotation marks that pysbd pairs across a long line.
+
+    Returns:
+        ``(start, end)`` character offsets into ``text``, in order, non-empty, trimmed.
     """
-    import pysbd
-
-    segmenter = pysbd.Segmenter(language="en", clean=False)
-    spans: list[tuple[int, int]] = []
-    cursor = 0
-    for sentence in segmenter.segment(text):
-        core = sentence.strip()
-        if not core:
-            continue
-        start = text.find(core, cursor)
-        if start < 0:  # pysbd altered the text; fall back to the rest of the text
-            core = text[cursor:].strip()
-            start = text.find(core, cursor)
-            if not core:
-                break
-        end = start + len(core)
-        spans.append((start, end))
-        cursor = end
-    return spans
+    return list(_iter_sentence_spans(text))
 
 
-def word_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans of the words of ``text`` (NLTK Treebank tokenizer, see module docs).
-
-    Raises:
-        BackendUnavailable: NLTK is not installed (with the install command).
-    """
+def _iter_word_spans(text: str) -> Iterator[tuple[int, int]]:
+    """The spans of :func:`word_spans`, lazily, sentence by sentence."""
     try:
         from nltk.tokenize import TreebankWordTokenizer
     except ImportError as exc:  # pragma: no cover - nltk is a dependency
@@ -93,8 +188,7 @@ def word_spans(text: str) -> list[tuple[int, int]]:
             "the word unit needs NLTK; install it with: pip install 'nltk>=3.9'", field="--unit"
         ) from exc
     tokenizer = TreebankWordTokenizer()
-    spans: list[tuple[int, int]] = []
-    for s_start, s_end in sentence_spans(text):  # Treebank expects one sentence at a time
+    for s_start, s_end in _iter_sentence_spans(text):  # Treebank expects one sentence at a time
         sentence = text[s_start:s_end]
         try:
             raw = list(tokenizer.span_tokenize(sentence))
@@ -103,8 +197,17 @@ def word_spans(text: str) -> list[tuple[int, int]]:
         for start, end in raw:
             span = _trimmed(text, s_start + start, s_start + end)
             if span:
-                spans.append(span)
-    return spans
+                yield span
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the words of ``text`` (NLTK Treebank tokenizer, see module docs), in
+    time linear in the length of ``text`` (the sentences come from :func:`sentence_spans`).
+
+    Raises:
+        BackendUnavailable: NLTK is not installed (with the install command).
+    """
+    return list(_iter_word_spans(text))
 
 
 SPAN_UNITS: dict[str, Callable[[str], list[tuple[int, int]]]] = {
@@ -113,6 +216,12 @@ SPAN_UNITS: dict[str, Callable[[str], list[tuple[int, int]]]] = {
     "word": word_spans,
 }
 """The units that split text, by name."""
+
+_ITER_UNITS: dict[str, Callable[[str], Iterable[tuple[int, int]]]] = {
+    "paragraph": paragraph_spans,
+    "sentence": _iter_sentence_spans,
+    "word": _iter_word_spans,
+}
 
 
 def unit_spans(text: str, unit: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
@@ -152,7 +261,9 @@ def _regions(
 def _tool_groups(conversation: Conversation, role_set: set[str]) -> list[list[int]]:
     """Message groups of ``--unit tool``: an assistant message with tool calls and the tool messages
     that answer it (by ``tool_call_id``, else the tool messages right after it); every other
-    attributable message alone."""
+    attributable message alone. An exchange takes only attributable messages: with ``tool`` outside
+    ``role_set`` its tool messages stay in every coalition, and with ``assistant`` outside it each
+    tool message is a player alone."""
     msgs = conversation.messages
     groups: list[list[int]] = []
     taken: set[int] = set()
@@ -160,7 +271,7 @@ def _tool_groups(conversation: Conversation, role_set: set[str]) -> list[list[in
         if m in taken or msg.role not in role_set:
             continue
         group = [m]
-        if msg.role == "assistant" and msg.tool_call_ids:
+        if msg.role == "assistant" and msg.tool_call_ids and "tool" in role_set:
             ids = set(msg.tool_call_ids)
             for j in range(m + 1, len(msgs)):
                 other = msgs[j]
@@ -300,3 +411,37 @@ def segment_players(
             field="--roles",
         )
     return tuple(players)
+
+
+def count_players(
+    conversation: Conversation, *, unit: str = "turn", roles: Iterable[str] | None = None, at_most: int | None = None
+) -> int:
+    """The number of players :func:`segment_players` gives, or ``at_most + 1`` as soon as there
+    are more than ``at_most``: a text unit stops splitting there, so a limit (exact Shapley's 16
+    players) refuses a long text after a few sentences instead of segmenting all of it.
+
+    Args:
+        conversation: the conversation.
+        unit: one of :data:`UNITS`.
+        roles: the attributable roles (``None``: every role).
+        at_most: stop counting past this many players (``None``: count them all).
+
+    Returns:
+        ``min(n_players, at_most + 1)`` (``n_players`` without ``at_most``).
+
+    Raises:
+        InputError: as :func:`segment_players` (unknown unit or role, no attributable player).
+    """
+    role_set = set(ROLES if roles is None else roles)
+    if unit not in _ITER_UNITS or role_set - set(ROLES):  # cheap units; a bad unit or role raises there
+        return len(segment_players(conversation, unit=unit, roles=roles))
+    limit = at_most if at_most is not None else -1
+    count = 0
+    for m, start, end, _ in _regions(conversation, role_set, unit):
+        for _span in _ITER_UNITS[unit](conversation.messages[m].content[start:end]):
+            count += 1
+            if count == limit + 1:
+                return count
+    if count == 0:
+        segment_players(conversation, unit=unit, roles=roles)  # raises "no attributable players"
+    return count

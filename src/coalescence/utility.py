@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, InputError
+from .userinput import short_repr
 
 __all__ = (
     "REGENERATE_KINDS",
@@ -85,6 +86,11 @@ _MAX_LOG_P = math.log1p(-(2.0**-52))  # log of the largest p below 1 that logit_
 _SEED_BOUND = 2**63
 
 
+MAX_SAMPLES = 1024
+"""The most sampled answers per coalition (``--num-samples``): each one is a generation, and the
+run holds a seed per sample per coalition."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationConfig:
     """How responses are generated for regenerate-and-compare utilities.
@@ -92,8 +98,8 @@ class GenerationConfig:
     Args:
         temperature: 0 for greedy decoding (argmax), > 0 to sample at that temperature.
         top_p: nucleus sampling mass in (0, 1] (sampling only).
-        num_samples: responses per coalition (>= 1; > 1 needs sampling); their similarities are
-            averaged.
+        num_samples: responses per coalition (1 to :data:`MAX_SAMPLES`; > 1 needs sampling);
+            their similarities are averaged.
         max_new_tokens: the most tokens generated per response (>= 1).
         seed: the run seed; sample ``i`` of a coalition uses :func:`item_seed`.
 
@@ -113,8 +119,10 @@ class GenerationConfig:
             raise ConfigError(f"must be a number >= 0 (0 = greedy), got {self.temperature!r}", field="--temperature")
         if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
             raise ConfigError(f"must be in (0, 1], got {self.top_p!r}", field="--top-p")
-        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
-            raise ConfigError(f"must be an integer >= 1, got {self.num_samples!r}", field="--num-samples")
+        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or not 1 <= self.num_samples <= MAX_SAMPLES:
+            raise ConfigError(
+                f"must be an integer from 1 to {MAX_SAMPLES}, got {short_repr(self.num_samples)}", field="--num-samples"
+            )
         if self.top_p != 1 and self.temperature == 0:
             raise ConfigError(
                 f"nucleus sampling (top-p {self.top_p!r}) needs sampling; add --temperature (e.g. 0.7) or drop --top-p",

@@ -217,7 +217,8 @@ def load_backend(
     Raises:
         BackendUnavailable: the model cannot be found or loaded (offline hub, missing files,
             missing ``gguf``/``accelerate`` package), with the reason.
-        ConfigError: bad ``device`` or ``dtype``.
+        ConfigError: bad ``dtype``, or a ``device`` that torch does not know, that is not
+            available here, or ``meta``.
     """
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
     torch_dtype = HFBackend.dtype_from_name(dtype)
@@ -230,6 +231,11 @@ def load_backend(
         raise ConfigError(f"unknown device {device!r}: {exc}", field="--device") from exc
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu", field="--device")
+    if torch_device.type == "meta":
+        raise ConfigError("the meta device holds no weights and computes nothing; use --device cpu or cuda", field="--device")
+    backend_module = getattr(torch, torch_device.type, None)  # torch.mps, torch.xpu, ...
+    if torch_device.type != "cpu" and not getattr(backend_module, "is_available", lambda: False)():
+        raise ConfigError(f"device {device!r} is not available on this machine; use --device cpu", field="--device")
     if fingerprint is None:
         fingerprint = model_fingerprint(source)
     if tokenizer is None:

@@ -48,6 +48,7 @@ import numpy as np
 
 from ..conversation import ConversationSnapshot, Message, Player, players_by_message
 from ..errors import ConfigError, MaskError
+from ..userinput import check_text
 
 __all__ = (
     "AbsencePolicy",
@@ -339,7 +340,7 @@ class PlaceholderPolicy(_SpanPolicy):
         merge_adjacent: see :class:`_SpanPolicy`.
 
     Raises:
-        ConfigError: ``text`` is not a string.
+        ConfigError: ``text`` is not a string, or not Unicode text (a lone surrogate).
     """
 
     text: str = "[removed]"
@@ -348,6 +349,7 @@ class PlaceholderPolicy(_SpanPolicy):
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
             raise ConfigError(f"placeholder must be a string, got {self.text!r}", field="--placeholder")
+        check_text(self.text, "--placeholder", ConfigError)
         self._base_params()
 
     def params(self) -> dict[str, Any]:
