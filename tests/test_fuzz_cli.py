@@ -351,10 +351,7 @@ def option_cases() -> list[Case]:
 
 # Known gaps owned elsewhere: the case still must exit 0 or 2 without a traceback, but its "nothing
 # written after exit 2" check is skipped, with the reason.
-WRITES_BEFORE_REFUSAL = {
-    "--placeholder #2 'xxxxxxxxxxxxxxxxxxxx'": "issue 15 item 4 (errors found late): a coalition whose placeholder "
-    "overflows the model's context is refused during the run, after the archive was created",
-}
+WRITES_BEFORE_REFUSAL: dict[str, str] = {}  # none: every coalition is rendered before the model loads
 
 CORPUS = field_cases() + raw_cases() + jsonl_cases() + span_cases() + surrogate_cases() + template_cases() + option_cases()
 
@@ -380,10 +377,10 @@ def test_every_fuzz_case_exits_0_or_2_cleanly(tmp_path, tiny_model_dir, monkeypa
     loaded: dict[tuple, Any] = {}
     real_load = cli._load_backend
 
-    def load_once(args, source):
+    def load_once(args, source, **preloaded):
         key = (source.location, args.device, args.dtype, args.batch_size)
         if key not in loaded:
-            loaded[key] = real_load(args, source)
+            loaded[key] = real_load(args, source, **preloaded)
         return loaded[key]
 
     monkeypatch.setattr(cli, "_load_backend", load_once)
