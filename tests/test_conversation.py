@@ -95,13 +95,13 @@ def test_turn_players_and_roles():
     assert players[0].label == "user[1]" and players[0].text == TEXT
     with pytest.raises(InputError) as info:
         segment_players(c, unit="turn", roles=["tool"])
-    assert info.value.field == "--roles"
+    assert info.value.field == "roles"
     with pytest.raises(InputError) as info:
         segment_players(c, unit="turn", roles=["robot"])
-    assert info.value.field == "--roles"
+    assert info.value.field == "roles"
     with pytest.raises(InputError) as info:
         segment_players(c, unit="letter")
-    assert info.value.field == "--unit"
+    assert info.value.field == "unit"
 
 
 def test_snapshot_id_is_canonical_and_sensitive():
@@ -193,10 +193,10 @@ def test_zero_players_is_a_clear_error():
     c = Conversation.from_dict({"messages": [{"role": "user", "content": "   "}], "target": "x"})
     with pytest.raises(InputError, match="no attributable players") as info:
         segment_players(c, unit="sentence")
-    assert info.value.field == "--roles"
+    assert info.value.field == "roles"
     with pytest.raises(InputError) as info:
         segment_players(c, unit="document")
-    assert info.value.field == "--unit"
+    assert info.value.field == "unit"
     with pytest.raises(InputError):
         ConversationSnapshot(conversation=c, unit="turn", players=())
 

@@ -171,4 +171,4 @@ async def test_explain_until_target_stderr_rounds(tiny_backend):
     assert "stopped after" in exact.format_table() and exact.to_dict()["stopping"]["reason"] == "exact"
     with pytest.raises(ConfigError) as info:
         await Engine(tiny_backend).explain_until(snap, "exact", DropPolicy(), budget=16, target_stderr=0.1)
-    assert info.value.field == "--target-stderr"
+    assert info.value.field == "target_stderr"

@@ -80,7 +80,7 @@ def test_parse_hierarchy():
     for bad in ("document", "sentence,sentence", "turn,document", "turn,letter"):
         with pytest.raises(ConfigError) as info:
             parse_hierarchy(bad)
-        assert info.value.field == "--hierarchy"
+        assert info.value.field == "hierarchy"
 
 
 def test_fine_snapshot_is_the_direct_fine_segmentation():

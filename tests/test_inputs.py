@@ -121,7 +121,7 @@ def test_custom_template(tmp_path):
     assert load_template(None) == DEFAULT_RAG_TEMPLATE
     with pytest.raises(InputError) as info:
         RagTemplate(user="no documents here {question}")
-    assert info.value.field == "--template"
+    assert info.value.field == "template"
     path.write_text(json.dumps({"colour": "x"}))
     with pytest.raises(InputError, match="unknown key"):
         load_template(path)
@@ -267,7 +267,7 @@ def test_json_beyond_the_parser_limits_is_one_input_error(tmp_path, text, words,
         path.write_text(text.replace('"messages"', '"user"', 1))
         with pytest.raises(InputError) as info:
             load_template(path)
-        field = "--template"
+        field = "template"
     else:
         path = tmp_path / f"in.{where}"
         path.write_text(text if where == "json" else json.dumps(DECLARED) + "\n" + text + "\n")
@@ -358,7 +358,7 @@ def test_a_lone_surrogate_in_the_template_is_refused(tmp_path, key):
     path.write_text(json.dumps({key: value}))
     with pytest.raises(InputError) as info:
         load_template(path)
-    assert info.value.field == "--template" and info.value.message.startswith(f"'{key}' holds a lone surrogate")
+    assert info.value.field == "template" and info.value.message.startswith(f"'{key}' holds a lone surrogate")
 
 
 def test_a_lone_surrogate_placeholder_is_refused(tmp_path, capsys):
@@ -387,7 +387,7 @@ def test_a_lone_surrogate_placeholder_is_refused(tmp_path, capsys):
 def test_document_template_takes_plain_fields_only(document, words):
     with pytest.raises(InputError) as info:
         RagTemplate(document=document)
-    assert info.value.field == "--template" and words in info.value.message
+    assert info.value.field == "template" and words in info.value.message
 
 
 def test_document_template_with_escaped_braces_renders():

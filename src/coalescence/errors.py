@@ -44,7 +44,7 @@ class CoalescenceError(Exception):
 
     Args:
         message: one line saying what is wrong and how to fix it.
-        field: the input field or CLI option at fault (e.g. ``"messages[2].role"`` or ``"--budget"``),
+        field: the input field or CLI option at fault (e.g. ``"messages[2].role"`` or ``"budget"``; the CLI names the option, ``--budget``),
             or ``None`` when no single field is at fault.
     """
 

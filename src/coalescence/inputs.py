@@ -60,27 +60,27 @@ class RagTemplate:
         for name in ("system", "user", "document", "separator"):
             value = getattr(self, name)
             if not isinstance(value, str):
-                raise InputError(f"{name!r} must be a string, got {short_repr(value)}", field="--template")
+                raise InputError(f"{name!r} must be a string, got {short_repr(value)}", field="template")
             try:
                 check_text(value, name)
             except InputError as exc:
-                raise InputError(f"{name!r} {exc.message}", field="--template") from None
+                raise InputError(f"{name!r} {exc.message}", field="template") from None
         for key in ("{documents}", "{question}"):
             if self.user.count(key) != 1:
-                raise InputError(f"'user' must contain {key} exactly once, got {short_repr(self.user)}", field="--template")
+                raise InputError(f"'user' must contain {key} exactly once, got {short_repr(self.user)}", field="template")
         try:
             fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(self.document) if name is not None]
         except ValueError as exc:  # a lone brace
-            raise InputError(f"'document' is not a format string: {exc}; write {{{{ and }}}} for braces", field="--template") from None
+            raise InputError(f"'document' is not a format string: {exc}; write {{{{ and }}}} for braces", field="template") from None
         if [name for name, _, _ in fields].count("text") != 1:
-            raise InputError(f"'document' must contain {{text}} exactly once, got {short_repr(self.document)}", field="--template")
+            raise InputError(f"'document' must contain {{text}} exactly once, got {short_repr(self.document)}", field="template")
         for name, spec, conversion in fields:
             if name not in ("id", "title", "text") or spec or conversion:
                 shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
                 raise InputError(
                     f"'document' may use the fields {{id}}, {{title}} and {{text}} only, plainly (no index, "
                     f"attribute, conversion or format spec); got {short_repr(shown)}",
-                    field="--template",
+                    field="template",
                 )
 
     def render(self, documents: list[dict[str, str]], question: str) -> tuple[str, list[tuple[int, int]]]:
@@ -121,13 +121,13 @@ def load_template(path: str | Path | None) -> RagTemplate:
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the template {str(path)!r}: {exc}", field="--template") from exc
-    data = parse_json(text, what=f"the template {Path(path).name}", field="--template")
+        raise InputError(f"cannot read the template {str(path)!r}: {exc}", field="template") from exc
+    data = parse_json(text, what=f"the template {Path(path).name}", field="template")
     if not isinstance(data, Mapping):
-        raise InputError("the template must be a JSON object", field="--template")
+        raise InputError("the template must be a JSON object", field="template")
     unknown = sorted(set(data) - {"system", "user", "document", "separator"})
     if unknown:
-        raise InputError(f"unknown key {short_repr(unknown[0])}; use system, user, document, separator", field="--template")
+        raise InputError(f"unknown key {short_repr(unknown[0])}; use system, user, document, separator", field="template")
     return RagTemplate(**data)
 
 

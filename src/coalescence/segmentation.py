@@ -185,7 +185,7 @@ def _iter_word_spans(text: str) -> Iterator[tuple[int, int]]:
         from nltk.tokenize import TreebankWordTokenizer
     except ImportError as exc:  # pragma: no cover - nltk is a dependency
         raise BackendUnavailable(
-            "the word unit needs NLTK; install it with: pip install 'nltk>=3.9'", field="--unit"
+            "the word unit needs NLTK; install it with: pip install 'nltk>=3.9'", field="unit"
         ) from exc
     tokenizer = TreebankWordTokenizer()
     for s_start, s_end in _iter_sentence_spans(text):  # Treebank expects one sentence at a time
@@ -350,13 +350,13 @@ def segment_players(
             attributable player (field ``--unit``/``--roles``).
     """
     if unit not in UNITS:
-        raise InputError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}", field="--unit")
+        raise InputError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}", field="unit")
     role_set = set(ROLES if roles is None else roles)
     bad = sorted(role_set - set(ROLES))
     if bad:
         raise InputError(
             f"unknown role {bad[0]!r}; use a comma-separated subset of {','.join(ROLES)}",
-            field="--roles",
+            field="roles",
         )
     msgs = conversation.messages
     players: list[Player] = []
@@ -380,7 +380,7 @@ def segment_players(
             raise InputError(
                 'the input declares no players; give a "players" list or the RAG form '
                 '{"documents", "question", "answer"}, or choose another unit',
-                field="--unit",
+                field="unit",
             )
         for m, start, end, label in _regions(conversation, role_set, unit):
             add(label or "", m, start, end)
@@ -408,7 +408,7 @@ def segment_players(
         raise InputError(
             f"no attributable players: no message with a role in {sorted(role_set)} has any "
             f"{unit}; the conversation has {present}; widen --roles or choose another --unit",
-            field="--roles",
+            field="roles",
         )
     return tuple(players)
 

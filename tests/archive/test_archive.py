@@ -326,9 +326,9 @@ def test_create_refuses_a_non_empty_directory(tmp_path: Path) -> None:
     (run_dir / "notes.txt").write_text("keep me", encoding="utf-8")
     with pytest.raises(ArchiveError) as info:
         RunArchive.create(run_dir, {})
-    assert info.value.field == "--archive"
+    assert info.value.field == "archive"
     assert isinstance(info.value, CoalescenceError)
-    assert str(info.value).startswith("--archive: ")
+    assert str(info.value).startswith("archive: ")
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
     assert (run_dir / "notes.txt").read_text(encoding="utf-8") == "keep me"
 
@@ -347,7 +347,7 @@ def test_create_refuses_a_file(tmp_path: Path) -> None:
     path.write_text("x", encoding="utf-8")
     with pytest.raises(ArchiveError) as info:
         RunArchive.create(path, {})
-    assert info.value.field == "--archive"
+    assert info.value.field == "archive"
 
 
 def test_create_accepts_an_empty_directory(tmp_path: Path) -> None:
@@ -376,7 +376,7 @@ def test_append_after_close_raises(run_dir: Path) -> None:
     archive.close()
     with pytest.raises(ArchiveError, match="closed") as info:
         archive.append(make_row([1], utility=-2.0))
-    assert info.value.field == "--archive"
+    assert info.value.field == "archive"
     archive.close()  # a second close is a no-op
     assert read_rows(run_dir).num_rows == 1
     assert read_manifest(run_dir)["rows"] == 1

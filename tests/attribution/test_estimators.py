@@ -131,7 +131,7 @@ def test_exact_plan_is_integer_index_order() -> None:
 def test_exact_refuses_seventeen_players_before_planning() -> None:
     with pytest.raises(EstimatorError) as info:
         ExactShapley().plan(17)  # raises at the call, not on first iteration
-    assert info.value.field == "--method"
+    assert info.value.field == "method"
     assert "131072" in info.value.message and "--method permutation" in info.value.message
     ExactShapley().validate(16)
 
@@ -207,7 +207,7 @@ def test_permutation_single_player_is_exact() -> None:
 def test_permutation_budget_below_one_pair() -> None:
     with pytest.raises(ConfigError) as info:
         PermutationShapley(budget=5).validate(4)
-    assert info.value.field == "--budget"
+    assert info.value.field == "budget"
     assert "2n = 8" in info.value.message
     with pytest.raises(ConfigError):
         list(PermutationShapley(budget=7).plan(4))
@@ -218,7 +218,7 @@ def test_permutation_budget_below_one_pair() -> None:
 def test_permutation_budget_must_be_positive_int(budget) -> None:
     with pytest.raises(ConfigError) as info:
         PermutationShapley(budget=budget)
-    assert info.value.field == "--budget"
+    assert info.value.field == "budget"
 
 
 def test_permutation_caps_pairs_on_tiny_games() -> None:
@@ -306,10 +306,10 @@ def test_make_estimator() -> None:
         assert isinstance(e, Estimator)
     with pytest.raises(ConfigError) as info:
         make_estimator("kernel")
-    assert info.value.field == "--method" and "exact, permutation, loo" in info.value.message
+    assert info.value.field == "method" and "exact, permutation, loo" in info.value.message
     with pytest.raises(ConfigError) as info:
         make_estimator("permutation")
-    assert info.value.field == "--budget"
+    assert info.value.field == "budget"
 
 
 def test_public_names_match_all() -> None:

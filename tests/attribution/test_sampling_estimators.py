@@ -160,7 +160,7 @@ def test_kernelshap_stderr_shrinks_with_budget() -> None:
 def test_kernelshap_minimum_budget() -> None:
     with pytest.raises(ConfigError) as info:
         KernelSHAP(budget=3).validate(5)
-    assert info.value.field == "--budget" and "3" in info.value.message
+    assert info.value.field == "budget" and "3" in info.value.message
     estimate = run(KernelSHAP(budget=4, seed=2), glove12())  # one pair: values, NaN errors
     assert KernelSHAP(budget=4, seed=2).n_pairs(12) == 1
     assert abs(estimate.efficiency_gap) < 1e-9 and np.all(np.isnan(estimate.stderr))
@@ -170,10 +170,10 @@ def test_kernelshap_config_errors() -> None:
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigError) as info:
             KernelSHAP(budget=bad)
-        assert info.value.field == "--budget" and repr(bad) in info.value.message
+        assert info.value.field == "budget" and repr(bad) in info.value.message
     with pytest.raises(ConfigError) as info:
         KernelSHAP(budget=10, seed=-3)
-    assert info.value.field == "--seed"
+    assert info.value.field == "seed"
     with pytest.raises(ConfigError):
         KernelSHAP(budget=10, paired=False)
 
@@ -209,7 +209,7 @@ def test_banzhaf_sampled_within_four_stderr(seed: int) -> None:
 def test_banzhaf_minimum_budget() -> None:
     with pytest.raises(ConfigError) as info:
         Banzhaf(budget=3).validate(4)
-    assert info.value.field == "--budget"
+    assert info.value.field == "budget"
     Banzhaf(budget=2).validate(1)
 
 
@@ -265,7 +265,7 @@ def test_lasso_config_errors() -> None:
     assert info.value.field == "utility" and "'prob'" in info.value.message
     with pytest.raises(ConfigError) as info:
         LassoSurrogate(budget=15).validate(10)
-    assert info.value.field == "--budget"
+    assert info.value.field == "budget"
 
 
 # ---------------------------------------------------------------- shared behaviour
@@ -348,7 +348,7 @@ def test_make_estimator_builds_new_methods() -> None:
         assert (est.name, est.budget, est.seed) == (name, 123, 9)
         with pytest.raises(ConfigError) as info:
             make_estimator(name)
-        assert info.value.field == "--budget"
+        assert info.value.field == "budget"
 
 
 def test_estimate_diagnostics_default_and_read_only() -> None:

@@ -83,7 +83,7 @@ def test_too_long_and_bad_settings(model, chatml_tokenizer):
         ScoreRequest(prompt_ids=(), target_ids=(1,))
     with pytest.raises(ConfigError) as info:
         HFBackend.dtype_from_name("float8")
-    assert info.value.field == "--dtype"
+    assert info.value.field == "dtype"
 
 
 def test_generate_is_greedy(model, chatml_tokenizer):

@@ -91,7 +91,7 @@ def test_registry():
     assert get_policy("placeholder", text="X").params() == {"text": "X"}
     with pytest.raises(ConfigError) as info:
         get_policy("blur")
-    assert info.value.field == "--absence-policy"
+    assert info.value.field == "absence_policy"
 
 
 sentence = st.text(
@@ -238,7 +238,7 @@ def test_system_absent_rule_is_explicit_and_keyed():
     assert get_policy("drop", system_absent="empty") == DropPolicy(system_absent="empty")
     with pytest.raises(ConfigError) as info:
         DropPolicy(system_absent="blank")
-    assert info.value.field == "--system-absent"
+    assert info.value.field == "system_absent"
     mask = PackedMask.from_bools(none_sys)
     keys = {
         coalition_key(snapshot_id=s.snapshot_id, mask=mask, policy_id=p.id, policy_params=p.params(), model_id="m",

@@ -81,7 +81,7 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def os_error(exc: OSError, what: str, field: str | None = "--archive") -> ArchiveError:
+def os_error(exc: OSError, what: str, field: str | None = "archive") -> ArchiveError:
     """Translate an OS error while doing ``what`` (e.g. ``"cannot write /r/manifest.json"``).
 
     Returns:

@@ -76,7 +76,7 @@ def write_json_atomic(path: Path, data: Any, *, field: str | None = None) -> Non
     Args:
         path: the file written (its parent is created if missing).
         data: JSON-ready data (lone surrogates in strings are written as ``\\u`` escapes).
-        field: the option named in an error (e.g. ``"--out"``).
+        field: the option named in an error (e.g. ``"out"``).
 
     Raises:
         ArchiveError: the place cannot be written (permission, not a directory).
@@ -97,7 +97,7 @@ def write_json_atomic(path: Path, data: Any, *, field: str | None = None) -> Non
         raise os_error(exc, f"cannot write {path}", field) from exc
 
 
-def _write_part(directory: Path, index: int, table: pa.Table, *, field: str = "--archive") -> Path:
+def _write_part(directory: Path, index: int, table: pa.Table, *, field: str = "archive") -> Path:
     """Write ``table`` as part ``index`` in ``directory``: serialised in memory, hashed, written
     under a temporary name, fsynced, renamed to ``part-NNNNNN-<sha256>.parquet``.
 
@@ -124,7 +124,7 @@ def _write_part(directory: Path, index: int, table: pa.Table, *, field: str = "-
 class _Lock:
     """An exclusive OS lock (``flock``) on ``RUN_DIR/.lock``, holding the holder's pid/host/time."""
 
-    def __init__(self, run_dir: Path, field: str = "--archive") -> None:
+    def __init__(self, run_dir: Path, field: str = "archive") -> None:
         path = run_dir / LOCK_NAME
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -250,7 +250,7 @@ class RunArchive:
         if not is_fresh(path):
             raise ArchiveError(
                 f"{str(path)!r} already exists and is not empty; choose a new --archive path or delete it",
-                field="--archive",
+                field="archive",
             )
         return cls.open(path, run, **options)
 
@@ -294,15 +294,15 @@ class RunArchive:
             ConfigError: bad ``flush_rows``/``flush_seconds``.
         """
         if not isinstance(flush_rows, int) or flush_rows < 1:
-            raise ConfigError(f"must be a positive integer, got {flush_rows!r}", field="--flush-rows")
+            raise ConfigError(f"must be a positive integer, got {flush_rows!r}", field="flush_rows")
         if not flush_seconds > 0:
-            raise ConfigError(f"must be > 0, got {flush_seconds!r}", field="--flush-seconds")
+            raise ConfigError(f"must be > 0, got {flush_seconds!r}", field="flush_seconds")
         path = Path(run_dir)
         fresh = is_fresh(path)
         if not fresh and not (path / MANIFEST_NAME).is_file():
             raise ArchiveError(
                 f"{str(path)!r} exists but is not a run directory (no {MANIFEST_NAME}); choose another --archive",
-                field="--archive",
+                field="archive",
             )
         if not fresh:
             read_manifest(path)  # structure and schema version before taking the lock or touching anything
@@ -363,7 +363,7 @@ class RunArchive:
             raise ArchiveError(
                 "the archive holds a different run (" + "; ".join(diffs) + "); use the same settings to "
                 "resume it, --new-run to add this run to the archive, or another --archive",
-                field="--archive",
+                field="archive",
             )
         resumed = match is not None
         if match is None:
@@ -394,7 +394,7 @@ class RunArchive:
         )
         changed = False
         try:
-            write_json_atomic(path / MANIFEST_NAME, manifest, field="--archive")  # the first change
+            write_json_atomic(path / MANIFEST_NAME, manifest, field="archive")  # the first change
             changed = True
             quarantine(path, [b.part.path for b in bad])
             archive._directory = live_generation(path)
@@ -436,7 +436,7 @@ class RunArchive:
             ArchiveError: the archive is closed, or the row lacks a required column.
         """
         if self.closed:
-            raise ArchiveError("the run archive is closed", field="--archive")
+            raise ArchiveError("the run archive is closed", field="archive")
         record = dict(row)
         if "created_at" not in record:
             record["created_at"] = datetime.now(UTC)
@@ -518,7 +518,7 @@ class RunArchive:
             self.manifest["updated_at"] = datetime.now(UTC).isoformat()
             self.manifest["rows"] = len(self._keys) - len(self._rows)  # unflushed rows are not in it
             try:
-                write_json_atomic(self.run_dir / MANIFEST_NAME, self.manifest, field="--archive")
+                write_json_atomic(self.run_dir / MANIFEST_NAME, self.manifest, field="archive")
             except ArchiveError as exc:
                 error = error or exc
                 self._record_failure(exc.message)  # once more, saying why (a transient fault may let it through)

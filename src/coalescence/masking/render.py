@@ -107,7 +107,7 @@ class ChatRenderer:
         if not getattr(tokenizer, "chat_template", None):
             raise InputError(
                 "the model's tokenizer has no chat template; use an instruction-tuned (chat) model",
-                field="--model",
+                field="model",
             )
         self.tokenizer = tokenizer
         bos_id = tokenizer.bos_token_id
@@ -301,7 +301,7 @@ class ChatRenderer:
             raise InputError(
                 "tokenizing the prompt alone differs from the prompt part of the full conversation;"
                 " this tokenizer/template pair is not supported",
-                field="--model",
+                field="model",
             )
         inserted = None
         if gen_prompt is not None and full_text.startswith(gen_prompt) and len(gen_prompt) <= answer_start:

@@ -70,7 +70,7 @@ def render_report(source: ReportInput | Mapping[str, Any]) -> str:
     return render_page(report)
 
 
-def write_report(path: str | Path, html: str, *, field: str = "--output") -> None:
+def write_report(path: str | Path, html: str, *, field: str = "output") -> None:
     """Write a report page through a temporary file and a rename (all or nothing).
 
     Args:

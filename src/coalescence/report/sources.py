@@ -105,7 +105,7 @@ def load_source(
                 raise
             raise type(exc)(exc.message, field=_FIELD) from exc
         return _from_document(document, str(path), kind="archive")
-    for option, value in (("--method", methods), ("--budget", budget), ("--seed", seed), ("--run", run_id)):
+    for option, value in (("method", methods), ("budget", budget), ("seed", seed), ("run", run_id)):
         if value is not None:
             raise ConfigError(f"applies to a run archive directory; {str(source)!r} is a JSON document", field=option)
     return _from_document(read_document(path), str(path))
@@ -306,16 +306,16 @@ def archive_document(
         raise ArchiveError("the archive records no run", field=_FIELD)
     run = next((r for r in runs if r["run_id"] == run_id), None) if run_id else runs[-1]
     if run is None:
-        raise ConfigError(f"no run {run_id!r}; the archive has {[r['run_id'] for r in runs]}", field="--run")
+        raise ConfigError(f"no run {run_id!r}; the archive has {[r['run_id'] for r in runs]}", field="run")
     check_replayable(run_dir, manifest, run)
     config = run.get("run_config") if isinstance(run.get("run_config"), Mapping) else {}
     if not methods:
         if config.get("method") not in METHODS:
-            raise ConfigError(f"run {run['run_id']} does not record its method; give one of {','.join(METHODS)}", field="--method")
+            raise ConfigError(f"run {run['run_id']} does not record its method; give one of {','.join(METHODS)}", field="method")
         methods = [config["method"]]
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
-        raise ConfigError(f"unknown method {unknown[0]!r}; use a comma-separated subset of {','.join(METHODS)}", field="--method")
+        raise ConfigError(f"unknown method {unknown[0]!r}; use a comma-separated subset of {','.join(METHODS)}", field="method")
     try:
         utility = UtilitySpec.from_dict(run["utility"])
     except (CoalescenceError, TypeError, ValueError) as exc:
@@ -396,7 +396,7 @@ class _Fitter:
                 f"under utility {self.utility.kind}; evaluate them with `coalescence replay {self.run_dir} "
                 f"--method {method} --model {self.run['model']['id']}` (same --budget and --seed), then make "
                 "the report again",
-                field="--method",
+                field="method",
             )
         return masks, utilities
 

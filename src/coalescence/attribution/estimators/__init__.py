@@ -8,16 +8,19 @@ protocol and returns an :class:`Estimate`.
 from __future__ import annotations
 
 from .banzhaf import Banzhaf
-from .base import METHODS, Estimate, Estimator, make_estimator, pool_lookup
+from .base import Capabilities, Estimate, Estimator, pool_lookup
 from .exact import ExactShapley
 from .kernel import KernelSHAP
 from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .permutation import PermutationShapley
+from .registry import ESTIMATORS, METHODS, estimator_class, make_estimator, methods_with, register_estimator
 
 __all__ = (
+    "ESTIMATORS",
     "METHODS",
     "Banzhaf",
+    "Capabilities",
     "Estimate",
     "Estimator",
     "ExactShapley",
@@ -25,6 +28,9 @@ __all__ = (
     "LassoSurrogate",
     "LeaveOneOut",
     "PermutationShapley",
+    "estimator_class",
     "make_estimator",
+    "methods_with",
     "pool_lookup",
+    "register_estimator",
 )

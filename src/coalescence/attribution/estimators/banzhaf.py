@@ -25,6 +25,8 @@ Banzhaf values are not efficient: the gap ``sum(values) - (v(N) - v(empty))`` is
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import functools
 import logging
 from collections.abc import Iterator
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import ConfigError
-from .base import Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
 from .exact import coalition_rows
 
 __all__ = ("DRAW_CAP_FACTOR", "MAX_DRAWS", "Banzhaf", "UniformPlan", "uniform_plan")
@@ -146,13 +148,14 @@ class Banzhaf:
         name: ``"banzhaf"``.
 
     Raises:
-        ConfigError: ``budget`` is not a positive int (``field="--budget"``), or ``seed`` is not a
-            non-negative int (``field="--seed"``).
+        ConfigError: ``budget`` is not a positive int (``field="budget"``), or ``seed`` is not a
+            non-negative int (``field="seed"``).
     """
 
     budget: int
     seed: int = 0
     name: str = field(default="banzhaf", init=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True)
 
     def __post_init__(self) -> None:
         check_budget_seed(self.budget, self.seed)
@@ -162,7 +165,7 @@ class Banzhaf:
 
         Raises:
             EstimatorError: ``n_players == 0``.
-            ConfigError: the budget is below the minimum (``field="--budget"``).
+            ConfigError: the budget is below the minimum (``field="budget"``).
         """
         n = check_n_players(n_players)
         minimum = min(4, 1 << n)
@@ -170,7 +173,7 @@ class Banzhaf:
             raise ConfigError(
                 f"--budget {self.budget} is below the minimum of {minimum} for Banzhaf values with "
                 f"{n} players (the empty and grand coalitions and two samples); raise --budget",
-                field="--budget",
+                field="budget",
             )
 
     def plan(self, n_players: int) -> Iterator[np.ndarray]:

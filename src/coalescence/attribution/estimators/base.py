@@ -18,18 +18,39 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from ...errors import ConfigError, EstimatorError, MaskError
 
-__all__ = ("METHODS", "Estimate", "Estimator", "make_estimator", "pool_lookup", "check_budget_seed", "row_keys")
+__all__ = ("Capabilities", "Estimate", "Estimator", "pool_lookup", "check_budget_seed", "row_keys")
 
 logger = logging.getLogger(__name__)
 
-METHODS: tuple[str, ...] = ("exact", "permutation", "loo", "kernelshap", "banzhaf", "lasso")
-"""Names accepted by :func:`make_estimator` (the CLI's ``--method`` choices)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What an estimator class can do, declared on the class (``capabilities``), so callers never
+    keep lists of method names.
+
+    Attributes:
+        needs_budget: the estimator samples: it takes ``budget`` (the most distinct model
+            evaluations) and ``seed``; otherwise its number of evaluations is fixed by n.
+        reports_stderr: its :class:`Estimate` carries standard errors (so it can sample until a
+            target standard error, ``--target-stderr``).
+        max_players: the largest n it accepts, or ``None`` for no limit.
+        budget_per_player: the default budget is this many evaluations per player.
+    """
+
+    needs_budget: bool
+    reports_stderr: bool
+    max_players: int | None = None
+    budget_per_player: int = 32
+
+    def default_budget(self, n_players: int) -> int | None:
+        """The budget used when none is given: ``budget_per_player * n``, or ``None`` when the
+        estimator takes no budget."""
+        return self.budget_per_player * n_players if self.needs_budget else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -113,16 +134,18 @@ class Estimator(Protocol):
 
     Attributes:
         name: the method name (``"exact"``, ``"permutation"``, ``"loo"``).
+        capabilities: what the method can do (a class attribute, see :class:`Capabilities`).
     """
 
     name: str
+    capabilities: ClassVar[Capabilities]
 
     def validate(self, n_players: int) -> None:
         """Refuse a game this estimator cannot handle, before any model call.
 
         Raises:
-            EstimatorError: the game has no players or too many (``field="--method"``).
-            ConfigError: the configuration cannot work for ``n_players`` (``field="--budget"``).
+            EstimatorError: the game has no players or too many (``field="method"``).
+            ConfigError: the configuration cannot work for ``n_players`` (``field="budget"``).
         """
         ...
 
@@ -253,12 +276,12 @@ def check_budget_seed(budget: object, seed: object) -> None:
     """Check a sampler's ``budget`` (positive int) and ``seed`` (non-negative int).
 
     Raises:
-        ConfigError: a bad budget (``field="--budget"``) or seed (``field="--seed"``), quoting it.
+        ConfigError: a bad budget (``field="budget"``) or seed (``field="seed"``), quoting it.
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ConfigError(f"--budget must be a positive integer, got {budget!r}", field="--budget")
+        raise ConfigError(f"--budget must be a positive integer, got {budget!r}", field="budget")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"must be a non-negative integer, got {seed!r}", field="--seed")
+        raise ConfigError(f"must be a non-negative integer, got {seed!r}", field="seed")
 
 
 def check_n_players(n_players: int) -> int:
@@ -274,61 +297,3 @@ def check_n_players(n_players: int) -> int:
             "no players to attribute; the conversation must have at least one player"
         )
     return int(n_players)
-
-
-def make_estimator(method: str, *, budget: int | None = None, seed: int = 0) -> Estimator:
-    """Build an estimator by name (the CLI's ``--method``); implementations are imported lazily.
-
-    Args:
-        method: one of :data:`METHODS`.
-        budget: maximum number of distinct coalitions (model evaluations); required by
-            ``"permutation"``, ``"kernelshap"``, ``"banzhaf"`` and ``"lasso"``, ignored by
-            ``"exact"`` (always 2^n) and ``"loo"`` (always n + 2).
-        seed: seed of the sampler's ``numpy.random.default_rng``.
-
-    Returns:
-        an :class:`Estimator`.
-
-    Raises:
-        ConfigError: unknown method (``field="--method"``), or a sampling method without a valid
-            budget or with a bad seed (``field="--budget"`` / ``"--seed"``).
-    """
-    if method == "exact":
-        from .exact import ExactShapley
-
-        return ExactShapley()
-    if method == "permutation":
-        from .permutation import PermutationShapley
-
-        if budget is None:
-            raise ConfigError(
-                "--method permutation needs a budget of model evaluations; "
-                "pass --budget N (e.g. --budget 2000)",
-                field="--budget",
-            )
-        return PermutationShapley(budget=budget, seed=seed)
-    if method == "loo":
-        from .loo import LeaveOneOut
-
-        return LeaveOneOut()
-    if method in ("kernelshap", "banzhaf", "lasso"):
-        if budget is None:
-            raise ConfigError(
-                f"--method {method} needs a budget of model evaluations; "
-                "pass --budget N (e.g. --budget 2000)",
-                field="--budget",
-            )
-        if method == "kernelshap":
-            from .kernel import KernelSHAP
-
-            return KernelSHAP(budget=budget, seed=seed)
-        if method == "banzhaf":
-            from .banzhaf import Banzhaf
-
-            return Banzhaf(budget=budget, seed=seed)
-        from .lasso import LassoSurrogate
-
-        return LassoSurrogate(budget=budget, seed=seed)
-    raise ConfigError(
-        f"unknown method {method!r}; choose one of: {', '.join(METHODS)}", field="--method"
-    )

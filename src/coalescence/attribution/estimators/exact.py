@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from ...errors import EstimatorError
-from .base import Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Capabilities, Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
 
 __all__ = ("ExactShapley", "coalition_rows", "shapley_weights")
 
@@ -66,12 +66,13 @@ class ExactShapley:
 
     MAX_PLAYERS: ClassVar[int] = 16
     name: str = field(default="exact", init=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=False, reports_stderr=False, max_players=MAX_PLAYERS)
 
     def validate(self, n_players: int) -> None:
         """Refuse games with no players or more than :attr:`MAX_PLAYERS` players.
 
         Raises:
-            EstimatorError: ``n_players == 0``, or ``n_players > 16`` (``field="--method"``).
+            EstimatorError: ``n_players == 0``, or ``n_players > 16`` (``field="method"``).
         """
         n = check_n_players(n_players)
         if n > self.MAX_PLAYERS:
@@ -80,7 +81,7 @@ class ExactShapley:
                 f"{(1 << n) if n <= 40 else f'2^{n}'} > "
                 f"the limit of 2^{self.MAX_PLAYERS}; use --method permutation with --budget N, "
                 "or --method loo",
-                field="--method",
+                field="method",
             )
 
     def plan(self, n_players: int) -> Iterator[np.ndarray]:

@@ -38,6 +38,8 @@ single pair or a singular system, and None under full enumeration (exact).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import functools
 import itertools
 import logging
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import ConfigError
-from .base import Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
 from .exact import coalition_rows
 
 __all__ = ("MAX_PAIRS", "PAIR_CAP_FACTOR", "KernelSHAP")
@@ -235,14 +237,15 @@ class KernelSHAP:
         name: ``"kernelshap"``.
 
     Raises:
-        ConfigError: ``budget`` is not a positive int (``field="--budget"``), ``seed`` is not a
-            non-negative int (``field="--seed"``), or ``paired`` is not True (``field="paired"``).
+        ConfigError: ``budget`` is not a positive int (``field="budget"``), ``seed`` is not a
+            non-negative int (``field="seed"``), or ``paired`` is not True (``field="paired"``).
     """
 
     budget: int
     seed: int = 0
     paired: bool = True
     name: str = field(default="kernelshap", init=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True)
 
     def __post_init__(self) -> None:
         check_budget_seed(self.budget, self.seed)
@@ -262,7 +265,7 @@ class KernelSHAP:
 
         Raises:
             EstimatorError: ``n_players == 0``.
-            ConfigError: ``budget < min(4, 2^n)`` (``field="--budget"``).
+            ConfigError: ``budget < min(4, 2^n)`` (``field="budget"``).
         """
         n = check_n_players(n_players)
         minimum = self.min_budget(n)
@@ -270,7 +273,7 @@ class KernelSHAP:
             raise ConfigError(
                 f"--budget {self.budget} is below the minimum of {minimum} for KernelSHAP with {n} "
                 "players (the empty and grand coalitions and one complement pair); raise --budget",
-                field="--budget",
+                field="budget",
             )
 
     def plan(self, n_players: int) -> Iterator[np.ndarray]:

@@ -24,6 +24,8 @@ log-probability utilities ``log p <= 0``; the values, ``v_empty`` and ``v_full``
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import logging
 import math
 from collections.abc import Iterator
@@ -33,7 +35,7 @@ import numpy as np
 
 from ...errors import ConfigError, EstimatorError
 from .banzhaf import uniform_plan
-from .base import Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup
+from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup
 
 __all__ = ("HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate")
 
@@ -79,7 +81,7 @@ class LassoSurrogate:
         name: ``"lasso"``.
 
     Raises:
-        ConfigError: a bad budget (``field="--budget"``), seed (``field="--seed"``), alpha
+        ConfigError: a bad budget (``field="budget"``), seed (``field="seed"``), alpha
             (``field="alpha"``) or utility (``field="utility"``), quoting it.
     """
 
@@ -88,6 +90,7 @@ class LassoSurrogate:
     alpha: float | None = None
     utility: str = "logprob"
     name: str = field(default="lasso", init=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
 
     def __post_init__(self) -> None:
         check_budget_seed(self.budget, self.seed)
@@ -109,7 +112,7 @@ class LassoSurrogate:
 
         Raises:
             EstimatorError: ``n_players == 0``.
-            ConfigError: the budget is below the minimum (``field="--budget"``).
+            ConfigError: the budget is below the minimum (``field="budget"``).
         """
         n = check_n_players(n_players)
         minimum = min(MIN_BUDGET, 1 << n)
@@ -117,7 +120,7 @@ class LassoSurrogate:
             raise ConfigError(
                 f"--budget {self.budget} is below the minimum of {minimum} for the LASSO surrogate "
                 f"with {n} players; raise --budget",
-                field="--budget",
+                field="budget",
             )
 
     def plan(self, n_players: int) -> Iterator[np.ndarray]:

@@ -8,13 +8,15 @@ values need not sum to ``v(N) - v(empty)``, and the gap is reported as is.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Capabilities, Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
 
 __all__ = ("LeaveOneOut",)
 
@@ -40,6 +42,7 @@ class LeaveOneOut:
     """
 
     name: str = field(default="loo", init=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=False, reports_stderr=False)
 
     def validate(self, n_players: int) -> None:
         """Refuse a game with no players.

@@ -21,6 +21,8 @@ so the number of pairs is also capped (at ``10 * budget`` and at :data:`MAX_PAIR
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import functools
 import logging
 from collections.abc import Iterator
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import ConfigError
-from .base import Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
 
 __all__ = ("MAX_PAIRS", "PAIR_CAP_FACTOR", "PermutationShapley")
 
@@ -109,13 +111,14 @@ class PermutationShapley:
         name: ``"permutation"``.
 
     Raises:
-        ConfigError: ``budget`` is not a positive int (``field="--budget"``), or ``seed`` is not a
-            non-negative int (``field="--seed"``).
+        ConfigError: ``budget`` is not a positive int (``field="budget"``), or ``seed`` is not a
+            non-negative int (``field="seed"``).
     """
 
     budget: int
     seed: int = 0
     name: str = field(default="permutation", init=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True)
 
     def __post_init__(self) -> None:
         check_budget_seed(self.budget, self.seed)
@@ -125,14 +128,14 @@ class PermutationShapley:
 
         Raises:
             EstimatorError: ``n_players == 0``.
-            ConfigError: ``budget < 2 * n_players`` (``field="--budget"``).
+            ConfigError: ``budget < 2 * n_players`` (``field="budget"``).
         """
         n = check_n_players(n_players)
         if self.budget < 2 * n:
             raise ConfigError(
                 f"--budget {self.budget} is below the minimum of 2n = {2 * n} for permutation "
                 f"sampling with {n} players (one antithetic pair); raise --budget",
-                field="--budget",
+                field="budget",
             )
 
     def plan(self, n_players: int) -> Iterator[np.ndarray]:
