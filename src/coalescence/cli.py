@@ -67,7 +67,6 @@ __all__ = ("build_parser", "main")
 
 logger = logging.getLogger("coalescence")
 
-_UNBUDGETED = ("exact", "loo")
 _STATE: dict[str, Any] = {}  # the command's Interrupts, and the run directory and engine being written
 
 
@@ -133,6 +132,14 @@ def _add_model_options(p: argparse.ArgumentParser, *, default: str | None) -> No
         default=default,
         help="model alias (smollm2-135m), local model directory, .gguf file or hub id"
         + (" (default: %(default)s)" if default else " (replay: evaluate coalitions the archive lacks)"),
+    )
+    from .backends.registry import BACKENDS
+
+    p.add_argument(
+        "--backend",
+        choices=sorted(BACKENDS),
+        default="hf",
+        help="the model backend by name: hf (transformers, CPU or GPU) (default: %(default)s)",
     )
     p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     p.add_argument(
@@ -408,37 +415,17 @@ def _add_report_parser(sub: Any) -> None:
     rep.add_argument("--run", default=None, help="run archive: run id (default: the last run)")
 
 
-def _check_html(path: str | None, option: str) -> Path | None:
-    """The HTML report's path, checked before any work; the optional dependency checked too."""
-    if path is None:
-        return None
-    from .report import check_available
-
-    out = Path(path)
-    if out.is_dir():
-        raise ConfigError(f"{path!r} is a directory; give a file path", field=option)
-    _check_parent(out, option)
-    check_available()
-    return out
-
-
-def _write_html(path: Path, document: Any, option: str) -> None:
-    """Write the HTML report of an ``--out`` document (any form)."""
-    from .report import render_report, write_report
-
-    write_report(path, render_report(document), field=option)
-
-
 def _report(args: argparse.Namespace) -> int:
-    from .report import load_source
+    from .report import load_source, render_report, write_report
+    from .runs import html_path
 
-    out = _check_html(args.output, "--output")
+    out = html_path(args.output, "output")
     assert out is not None
     methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
     if methods is not None and not methods:
-        raise ConfigError("give at least one method, e.g. --method exact", field="--method")
+        raise ConfigError("give at least one method, e.g. --method exact", field="method")
     report = load_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
-    _write_html(out, report, "--output")
+    write_report(out, render_report(report), field="output")
     print(f"report: {out}")
     return 0
 
@@ -496,27 +483,6 @@ def _fail(exc: CoalescenceError, code: int) -> int:
     return code
 
 
-def _check_parent(path: Path, option: str) -> None:
-    """Refuse a path whose nearest existing ancestor is not a writable directory."""
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{str(parent)!r} is a file, not a directory; give another path", field=option)
-            if not os.access(parent, os.W_OK):
-                raise ConfigError(f"{str(parent)!r} is not writable; give another path", field=option)
-            return
-
-
-def _check_out(out: str | None) -> Path | None:
-    if out is None:
-        return None
-    path = Path(out)
-    if path.is_dir():
-        raise ConfigError(f"{out!r} is a directory; give a file path", field="--out")
-    _check_parent(path, "--out")
-    return path
-
-
 def _quiet_transformers(args: argparse.Namespace) -> None:
     if not args.verbose:
         import transformers
@@ -532,146 +498,9 @@ def _load_backend(args: argparse.Namespace, source: Any, **loaded: Any) -> Any:
     _quiet_transformers(args)
     if not args.no_progress:
         print(f"coalescence: loading {source.model_id} ...", file=sys.stderr, flush=True)
-    return load_backend(source, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size, **loaded)
-
-
-def _model_identity(run_dir: Path | None, model: dict[str, Any], new_run: bool) -> None:
-    """Refuse, before the weights load, to resume an archive whose runs used other model content."""
-    from .archive.reader import read_manifest
-
-    if run_dir is None or new_run or not (run_dir / "manifest.json").is_file():
-        return
-    runs = read_manifest(run_dir).get("runs") or []
-    if not runs or any(r.get("model") == model for r in runs):
-        return
-    old = runs[-1].get("model") or {}
-    if not isinstance(old, dict) or "id" not in old:
-        return  # not a model record this check can compare; opening the archive checks the run
-    diffs = "; ".join(
-        f"{k}: archive has {str(old.get(k))[:16]!r}, this run has {str(model.get(k))[:16]!r}"
-        for k in sorted(set(old) | set(model))
-        if old.get(k) != model.get(k)
+    return load_backend(
+        source, backend=args.backend, device=args.device, dtype=args.dtype, max_batch_size=args.batch_size, **loaded
     )
-    raise ArchiveError(
-        f"the archive's runs used another model ({diffs}"
-        + (": the weight, tokenizer or template files changed" if "sha256" in old and old.get("sha256") != model.get("sha256") else "")
-        + "); use --new-run to add a run with this model, or another --archive",
-        field="--archive",
-    )
-
-
-def _utility_spec(args: argparse.Namespace) -> Any:
-    """The run's :class:`~coalescence.utility.UtilitySpec` from the explain options (checked before the model loads)."""
-    from .utility import REGENERATE_KINDS, GenerationConfig, UtilitySpec, parse_span
-
-    span = parse_span(args.target_span) if args.target_span is not None else None
-    generation = None
-    if args.utility in REGENERATE_KINDS:
-        generation = GenerationConfig(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            num_samples=args.num_samples,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-        )
-        from .similarity import get_similarity
-
-        get_similarity(args.utility)  # a missing optional package is reported now, with its install hint
-    else:
-        for option, value, default in (
-            ("--temperature", args.temperature, 0.0),
-            ("--top-p", args.top_p, 1.0),
-            ("--num-samples", args.num_samples, 1),
-        ):
-            if value != default:
-                raise ConfigError(
-                    f"applies to the regenerate utilities ({', '.join(REGENERATE_KINDS)}); --utility "
-                    f"{args.utility} scores the fixed answer. Drop {option} or choose one of those",
-                    field=option,
-                )
-    return UtilitySpec(kind=args.utility, span=span, substring=args.target_substring, generation=generation)
-
-
-def _same_measurement(run_dir: Path, utility: Any) -> bool:
-    """Whether the archive's last run measured what ``utility`` needs (so replay can reduce it)."""
-    from .archive.reader import read_manifest
-    from .utility import UtilitySpec
-
-    try:
-        last = UtilitySpec.from_dict(read_manifest(run_dir)["runs"][-1].get("utility") or {})
-    except (CoalescenceError, KeyError, IndexError, TypeError, ValueError):
-        return False
-    return last.teacher_forced == utility.teacher_forced and last.generation == utility.generation
-
-
-def _on_line(k: int, is_batch: bool, check: Any, *args: Any) -> Any:
-    """Run ``check(*args)``; in a JSONL batch, an input error names the input's line (``line N: FIELD``)."""
-    from .errors import InputError
-
-    try:
-        return check(*args)
-    except InputError as exc:
-        if not is_batch:
-            raise
-        raise InputError(exc.message, field=f"line {k + 1}: {exc.field}" if exc.field else f"line {k + 1}") from None
-
-
-def _preflight(
-    args: argparse.Namespace,
-    renderer: Any,
-    conversation: Any,
-    unit: str,
-    roles: Any,
-    policy: Any,
-    utility: Any,
-    hierarchy: Any,
-    max_context: int,
-) -> None:
-    """Check one input's game with the tokenizer alone (see :mod:`coalescence.preflight`)."""
-    from .attribution.estimators import make_estimator
-    from .attribution.hierarchy import fine_snapshot
-    from .conversation import ConversationSnapshot
-    from .preflight import check_game
-
-    provisional = conversation.target is None
-    if provisional:  # the answer is generated later; its prompts must render now
-        conversation = conversation.with_target("\u2063answer\u2063", source="generated")
-    snapshot = ConversationSnapshot.build(conversation, unit=unit, roles=roles)
-    n = snapshot.n_players
-    budget = args.budget if args.budget is not None else 32 * n
-    plan = make_estimator(args.method, budget=budget, seed=args.seed).plan(n)
-    report = check_game(
-        renderer,
-        snapshot,
-        policy,
-        plan,
-        max_context=max_context,
-        teacher_forced=utility.teacher_forced and not provisional,
-        provisional=provisional,
-    )
-    if report.target is not None:
-        utility.resolve(snapshot.target, report.target.offsets)  # a span that covers no token
-    if hierarchy is not None and not provisional:
-        fine, _ = fine_snapshot(snapshot, hierarchy[1])
-        check_game(renderer, fine, policy, None, max_context=max_context, teacher_forced=utility.teacher_forced)
-
-
-def _run_description(engine: Any, snapshots: Sequence[Any], policy: Any, config: dict[str, Any], target_ids: dict[str, list[int]]) -> dict[str, Any]:
-    return {
-        "package_version": __version__,
-        "snapshot_ids": [s.snapshot_id for s in snapshots],
-        "model": engine.model,
-        "utility": engine.utility.to_dict(),
-        "absence_policy": {"id": policy.id, "params": policy.params()},
-        "run_config": config,
-        "template_injects_default_system": engine.renderer.injects_default_system,
-        "target_token_ids": target_ids,
-        # per target token, its characters in the answer: answer sub-spans replay without a tokenizer
-        "target_token_offsets": {s.snapshot_id: [list(o) for o in engine.target_tokens(s, policy).offsets] for s in snapshots},
-        # what the chat template writes around the answer (prompt, never scored): e.g. Qwen3's empty reasoning block
-        "answer_rendering": {s.snapshot_id: engine.target_tokens(s, policy).to_dict() for s in snapshots},
-        "snapshots": [s.to_dict() for s in snapshots],
-    }
 
 
 def _finish(engine: Any, run: Any) -> Any:
@@ -712,412 +541,128 @@ def _finish(engine: Any, run: Any) -> Any:
     return result
 
 
+def _explain_settings(args: argparse.Namespace) -> Any:
+    from .runs import RunSettings
+
+    return RunSettings(
+        model=args.model,
+        backend=args.backend,
+        unit=args.unit,
+        roles=args.roles,
+        method=args.method,
+        budget=args.budget,
+        seed=args.seed,
+        target_stderr=args.target_stderr,
+        hierarchy=args.hierarchy,
+        top_k=args.top_k,
+        absence_policy=args.absence_policy,
+        placeholder=args.placeholder,
+        system_absent=args.system_absent,
+        empty_turns=args.empty_turns,
+        merge_adjacent=args.merge_adjacent,
+        utility=args.utility,
+        target_span=args.target_span,
+        target_substring=args.target_substring,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        num_samples=args.num_samples,
+        max_new_tokens=args.max_new_tokens,
+        template=args.template,
+        device=args.device,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        archive=args.archive if args.archive is not None else True,  # the CLI always keeps a run archive
+        new_run=args.new_run,
+        flush_rows=args.flush_rows,
+        flush_seconds=args.flush_seconds,
+        skip_corrupt=args.skip_corrupt,
+        out=args.out,
+        html=args.html,
+    )
+
+
 def _explain(args: argparse.Namespace) -> int:
-    from .archive.reader import check_parts, read_manifest
-    from .archive.writer import RunArchive, write_json_atomic
-    from .attribution.estimators import make_estimator
-    from .attribution.hierarchy import explain_hierarchical, fine_snapshot, parse_hierarchy
-    from .backends.registry import load_config, load_tokenizer, model_context, model_fingerprint, resolve_model
-    from .conversation import segment_players
-    from .engine import Engine
-    from .inputs import load_inputs, load_template
-    from .masking.policies import get_policy
-    from .masking.render import ChatRenderer
+    from .runs import ExplainRun
     from .scheduler.progress import TqdmProgress
-    from .segmentation import count_players
 
-    # 1. everything that can be checked without the model, before loading it
-    template = load_template(args.template)
-    conversations, is_batch = load_inputs(args.input, template)
-    roles = None
-    if args.roles is not None:
-        roles = [r.strip() for r in args.roles.split(",") if r.strip()]
-        if not roles:
-            raise ConfigError("give at least one role, e.g. --roles user,system", field="--roles")
-    hierarchy = parse_hierarchy(args.hierarchy) if args.hierarchy is not None else None
-    if hierarchy is None and args.top_k is not None:
-        raise ConfigError("--top-k applies to --hierarchy COARSE,FINE; add it or drop --top-k", field="--top-k")
-    if hierarchy is not None and args.unit is not None:
-        raise ConfigError("--hierarchy sets the units; drop --unit", field="--unit")
-    top_k = args.top_k if args.top_k is not None else 3
-    utility = _utility_spec(args)
-    target_stderr = getattr(args, "target_stderr", None)
-    if target_stderr is not None:
-        if args.method not in ("permutation", "kernelshap", "banzhaf"):
-            raise ConfigError(
-                f"--method {args.method} reports no standard errors; use one of permutation, kernelshap, banzhaf",
-                field="--target-stderr",
-            )
-        if hierarchy is not None:
-            raise ConfigError("--target-stderr does not combine with --hierarchy; drop one", field="--target-stderr")
-    for k, conversation in enumerate(conversations):
-        if conversation.target is not None:  # a generated target is checked once it exists
-            _on_line(k, is_batch, utility.locate, conversation.target)
-    if args.method in _UNBUDGETED and args.budget is not None:
-        raise ConfigError(
-            f"--method {args.method} has a fixed number of evaluations; --budget applies to sampling "
-            "methods (permutation, kernelshap, banzhaf, lasso)",
-            field="--budget",
-        )
-    # an estimator's player limit (exact: 16) stops the count early: a long text is refused after
-    # a few sentences, not after segmenting all of it
-    at_most = getattr(make_estimator(args.method, seed=args.seed), "MAX_PLAYERS", None) if args.method in _UNBUDGETED else None
-    units = []
-    for k, conversation in enumerate(conversations):
-        unit = hierarchy[0] if hierarchy else args.unit or ("document" if conversation.declared else "turn")
-        units.append(unit)
-        n_players = _on_line(k, is_batch, lambda c=conversation, u=unit: count_players(c, unit=u, roles=roles, at_most=at_most))
-        if at_most is not None and n_players > at_most:
-            raise EstimatorError(
-                f"{f'input line {k + 1}: ' if is_batch else ''}--unit {unit} gives at least {n_players} players "
-                f"(counting stopped there), and --method {args.method} allows at most {at_most}; use a coarser "
-                "--unit, or --method permutation with --budget N, or --method loo",
-                field="--method",
-            )
-        budget = args.budget if args.budget is not None else 32 * n_players
-        make_estimator(args.method, budget=budget, seed=args.seed).validate(n_players)
-    merge = {"merge_adjacent": True} if args.merge_adjacent else {}
-    if args.absence_policy == "placeholder":
-        for option, value in (("--system-absent", args.system_absent), ("--empty-turns", args.empty_turns)):
-            if value != "removed":
-                raise ConfigError(f"{option} applies to --absence-policy drop (placeholder removes no message)", field=option)
-        policy = get_policy("placeholder", text=args.placeholder, **merge)
-    else:
-        rules = {"system_absent": args.system_absent, "empty_turns": args.empty_turns}
-        policy = get_policy(args.absence_policy, **{k: v for k, v in rules.items() if v != "removed"}, **merge)
-
-    def estimator_for(n: int) -> Any:
-        return make_estimator(args.method, budget=args.budget if args.budget is not None else 32 * n, seed=args.seed)
-
-    out_path = _check_out(args.out)
-    html_path = _check_html(args.html, "--html")
-    run_dir = Path(args.archive) if args.archive is not None else None
-    if run_dir is not None:
-        if run_dir.exists() and (not run_dir.is_dir() or (any(run_dir.iterdir()) and not (run_dir / "manifest.json").is_file())):
-            raise ConfigError(
-                f"{args.archive!r} exists and is not a run directory; choose a new path or delete it",
-                field="--archive",
-            )
-        if (run_dir / "manifest.json").is_file():
-            read_manifest(run_dir)  # a damaged manifest or a newer schema is refused before the model loads
-            check_parts(run_dir, skip_corrupt=args.skip_corrupt)  # so is a part that fails its digest or schema
-        _check_parent(run_dir, "--archive")
-    source = resolve_model(args.model)
-
-    # 2. what the tokenizer and chat template alone can reveal, before the weights load: every
-    #    coalition the plans need renders, the answer is located, everything fits the context
+    # 1. inputs and settings; 2. the tokenizer and template, every coalition rendered: no weights yet
+    run = ExplainRun(args.input, _explain_settings(args))
     _quiet_transformers(args)
-    tokenizer = load_tokenizer(source)
-    config = load_config(source)
-    max_context = model_context(config, tokenizer)
-    fingerprint = model_fingerprint(source)
-    _model_identity(
-        run_dir,
-        {"id": source.model_id, "revision": source.revision, "dtype": args.dtype, "sha256": fingerprint},
-        args.new_run,
+    run.preflight()
+    # 3. the weights, snapshots and targets; 4. the archive, created or resumed
+    run.load(
+        progress=TqdmProgress("coalitions", disable=args.no_progress),
+        loader=lambda source, **preloaded: _load_backend(args, source, **preloaded),
     )
-    renderer = ChatRenderer(tokenizer)
-    for k, (conversation, unit) in enumerate(zip(conversations, units, strict=True)):
-        _on_line(k, is_batch, _preflight, args, renderer, conversation, unit, roles, policy, utility, hierarchy, max_context)
-
-    # 3. the model, the snapshots and their target tokens
-    backend = _load_backend(args, source, tokenizer=tokenizer, config=config, fingerprint=fingerprint)
-    engine = Engine(
-        backend, progress=TqdmProgress("coalitions", disable=args.no_progress), batch_size=args.batch_size, utility=utility
-    )
-    snapshots = []
-    fines: list[Any] = []
-    for k, (conversation, unit) in enumerate(zip(conversations, units, strict=True)):
-        snapshot = engine.prepare(conversation, unit=unit, roles=roles, max_new_tokens=args.max_new_tokens)
-        estimator_for(snapshot.n_players).validate(snapshot.n_players)
-        if conversation.target is None:  # checked with a stand-in answer before; now with the real one
-            _on_line(k, is_batch, _preflight, args, engine.renderer, snapshot.conversation, unit, roles, policy, utility, hierarchy, max_context)
-        snapshots.append(snapshot)
-        if hierarchy is not None:
-            fines.append(fine_snapshot(snapshot, hierarchy[1]))
-    recorded = snapshots + [f for f, _ in fines]
-    for k, snap in enumerate(snapshots):
-        _on_line(k, is_batch, engine.resolved_utility, snap, policy)  # a sub-span outside a target fails here, before the archive
-    for snap in recorded:
-        engine.resolved_utility(snap, policy)
-    targets = {s.snapshot_id: list(engine.target_tokens(s, policy).ids) for s in recorded}
-
-    # 4. the archive (created, or resumed after its identity is checked), then the run
-    if run_dir is None:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        run_dir = Path("runs") / f"{stamp}-{snapshots[0].snapshot_id[:12]}"
-    config = {
-        "command": "explain",
-        "input": str(args.input),
-        "unit": units[0] if len(set(units)) == 1 else units,
-        "roles": roles,
-        "method": args.method,
-        "budget": None if args.method in _UNBUDGETED else (args.budget if args.budget is not None else 32 * snapshots[0].n_players),
-        "seed": args.seed,
-        "device": args.device,
-        "batch_size": args.batch_size,
-        "max_new_tokens": args.max_new_tokens,
-    }
-    if hierarchy is not None:
-        config["hierarchy"] = {"units": list(hierarchy), "top_k": top_k}
-    if args.template is not None:
-        config["template"] = str(args.template)
-    run = _run_description(engine, recorded, policy, config, targets)
-    injects = engine.renderer.injects_default_system
-    for record, snap in zip(run["snapshots"], recorded, strict=True):
-        messages = snap.conversation.messages
-        has_system = any(m.role == "system" for m in messages)
-        system_players = any(p.role == "system" for p in snap.players)
-        record["template_injects_default_system"] = injects
-        record["default_system_in_play"] = (
-            "never" if not injects
-            else "always" if not has_system
-            else "when every system player is absent" if system_players and "empty" not in (policy.params().get("system_absent"), policy.params().get("empty_turns"))
-            else "never"
-        )
+    run.open_archive()
+    _STATE["archive"], _STATE["engine"] = str(run.run_dir), run.engine
+    if run.archive.resumed and not args.no_progress:
+        print(f"coalescence: resuming {run.run_dir}: {run.resumed_coalitions} coalitions already evaluated", file=sys.stderr)
+    # 5. the run, closed with its status; 6. the documents
+    explanations = _finish(run.engine, run.evaluate)
     try:
-        archive = RunArchive.open(
-            run_dir,
-            run,
-            new_run=args.new_run,
-            skip_corrupt=args.skip_corrupt,
-            flush_rows=args.flush_rows,
-            flush_seconds=args.flush_seconds,
-        )
-    except ArchiveError as exc:
-        if "utility:" in exc.message and not args.new_run and _same_measurement(run_dir, utility):
-            raise ArchiveError(
-                exc.message + f". For another utility of the same answer, `coalescence replay {run_dir} --method "
-                f"{args.method} --utility ...` (or --target-span/--target-substring) needs no model, and "
-                "--new-run evaluates only what the archived measurements do not cover",
-                field=exc.field,
-            ) from None
-        raise
-    _STATE["archive"], _STATE["engine"] = str(run_dir), engine
-    loaded = engine.attach_archive(archive)
-    if archive.resumed and not args.no_progress:
-        print(f"coalescence: resuming {run_dir}: {loaded} coalitions already evaluated", file=sys.stderr)
-
-    async def run_all() -> list[Any]:
-        results = []
-        for k, snap in enumerate(snapshots):
-            if target_stderr is not None:
-                budget = args.budget if args.budget is not None else 32 * snap.n_players
-                results.append(
-                    await engine.explain_until(
-                        snap, args.method, policy, budget=budget, target_stderr=target_stderr, seed=args.seed
-                    )
-                )
-            elif hierarchy is None:
-                results.append(await engine.explain(snap, estimator_for(snap.n_players), policy))
-            else:
-                fine, parents = fines[k]
-                results.append(
-                    await explain_hierarchical(
-                        engine, snap, fine, parents, estimator_for=estimator_for, policy=policy, top_k=top_k
-                    )
-                )
-        return results
-
-    try:
-        explanations = _finish(engine, run_all)
-        documents = [e.to_dict() | {"archive": str(run_dir)} for e in explanations]
-        payload = {"archive": str(run_dir), "explanations": documents} if is_batch else documents[0]
-        if out_path is not None:
-            write_json_atomic(out_path, payload, field="--out")
-        if html_path is not None:
-            _write_html(html_path, payload, "--html")
+        run.write(explanations)
     except (ArchiveError, OSError) as exc:
-        error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {out_path}: {exc}", field="--out")
+        error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {run.out_path}: {exc}", field="out")
         raise _RunFailed(error) from exc
     for k, explanation in enumerate(explanations):
-        if is_batch:
-            print(f"== input {k + 1} of {len(explanations)} (snapshot {snapshots[k].snapshot_id[:12]}) ==")
+        if run.is_batch:
+            print(f"== input {k + 1} of {len(explanations)} (snapshot {run.snapshots[k].snapshot_id[:12]}) ==")
         print(explanation.format_table())
-        if is_batch:
+        if run.is_batch:
             print()
-    print(f"archive: {run_dir}" + (f"   json: {out_path}" if out_path else "") + (f"   html: {html_path}" if html_path else ""))
+    out_path, html = run.out_path, run.html_path
+    print(f"archive: {run.run_dir}" + (f"   json: {out_path}" if out_path else "") + (f"   html: {html}" if html else ""))
     return 0
 
 
 def _replay(args: argparse.Namespace) -> int:
-    import time
-
-    from .archive.manifest import check_replayable
-    from .archive.reader import read_manifest, read_rows
-    from .archive.writer import RunArchive, write_json_atomic
-    from .attribution.estimators import METHODS, make_estimator
-    from .attribution.explanation import Explanation
-    from .backends.registry import resolve_model
-    from .conversation import ConversationSnapshot
-    from .engine import Engine, fill_measurements, fill_store, pool_from_store, utility_detail
-    from .errors import InputError
-    from .masking.policies import get_policy
+    from .runs import ReplayRun, ReplaySettings
     from .scheduler.progress import TqdmProgress
-    from .scheduler.store import ResultStore
-    from .utility import REGENERATE_KINDS, TEACHER_FORCED_KINDS, UtilitySpec, parse_span
 
-    methods = [m.strip() for m in args.method.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if not methods or unknown:
-        raise ConfigError(f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(METHODS)}", field="--method")
-    span = parse_span(args.target_span) if args.target_span is not None else None
-    out_path = _check_out(args.out)
-    manifest = read_manifest(args.run_dir)
-    runs = manifest.get("runs") or []
-    if not runs:
-        raise ArchiveError("the archive records no run", field="RUN_DIR")
-    run = next((r for r in runs if r["run_id"] == args.run), None) if args.run else runs[-1]
-    if run is None:
-        raise ConfigError(f"no run {args.run!r}; the archive has {[r['run_id'] for r in runs]}", field="--run")
-    check_replayable(args.run_dir, manifest, run)
-    try:
-        run_utility = UtilitySpec.from_dict(run.get("utility") or {})
-    except (ConfigError, TypeError, ValueError) as exc:
-        raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot replay", field="RUN_DIR") from exc
-    # the utility replayed: the run's, with --utility / --target-span / --target-substring applied
-    kind = args.utility or run_utility.kind
-    if kind in REGENERATE_KINDS and run_utility.kind in TEACHER_FORCED_KINDS:
-        raise ConfigError(
-            f"run {run['run_id']} scored the fixed answer ({run_utility.kind}); it holds no regenerated "
-            f"answers to compare, so --utility {kind} needs a new explain run",
-            field="--utility",
-        )
-    if kind in TEACHER_FORCED_KINDS and run_utility.kind in REGENERATE_KINDS:
-        raise ConfigError(
-            f"run {run['run_id']} regenerated answers ({run_utility.kind}); it holds no per-token scores, "
-            f"so --utility {kind} needs a new explain run",
-            field="--utility",
-        )
-    spanned = span is not None or args.target_substring is not None
-    if args.whole_answer and spanned:
-        raise ConfigError("scores every answer token, so it does not combine with a sub-span; drop one", field="--whole-answer")
-    keep = not spanned and not args.whole_answer
-    utility = UtilitySpec(
-        kind=kind,
-        span=run_utility.span if keep else span,
-        substring=run_utility.substring if keep else args.target_substring,
-        generation=run_utility.generation,
+    settings = ReplaySettings(
+        methods=args.method,
+        budget=args.budget,
+        seed=args.seed,
+        run_id=args.run,
+        snapshot=args.snapshot,
+        utility=args.utility,
+        target_span=args.target_span,
+        target_substring=args.target_substring,
+        whole_answer=args.whole_answer,
+        model=args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        flush_rows=args.flush_rows,
+        flush_seconds=args.flush_seconds,
+        skip_corrupt=args.skip_corrupt,
+        out=args.out,
     )
-    policy = get_policy(run["absence_policy"]["id"], **run["absence_policy"]["params"])
-    records = {s["snapshot_id"]: s for s in manifest.get("snapshots", [])}
-    ids = [i for i in run["snapshot_ids"] if args.snapshot is None or i.startswith(args.snapshot)]
-    if not ids:
-        raise ConfigError(f"no snapshot of run {run['run_id']} starts with {args.snapshot!r}", field="--snapshot")
-    snapshots = [ConversationSnapshot.from_dict(records[i]) for i in ids]
-    offsets = run.get("target_token_offsets") or {}
-    target_ids = run.get("target_token_ids") or {}
-    resolved = {}
-    for snap in snapshots:
-        known = offsets.get(snap.snapshot_id)
-        if known is None:
-            known = [(0, 0)] * len(target_ids.get(snap.snapshot_id, []))
-            if utility.span is not None or utility.substring is not None:
-                if args.model is None:
-                    raise ConfigError(
-                        "this archive does not record the target tokens' characters (it predates answer "
-                        f"sub-spans); pass --model {run['model']['id']} to align the span with the tokenizer",
-                        field="--target-span" if utility.span is not None else "--target-substring",
-                    )
-                continue  # the engine aligns it with the model's tokenizer
-        resolved[snap.snapshot_id] = utility.resolve(snap.target, [tuple(o) for o in known])
-    rows = read_rows(args.run_dir, skip_corrupt=args.skip_corrupt)
-    store = ResultStore()
-    fill_store(store, rows)
-    measurements: dict[str, Any] = {}
-    fill_measurements(measurements, rows)
-    jobs = []
-    for snap in snapshots:
-        for m in methods:
-            budget = args.budget if args.budget is not None else 32 * snap.n_players
-            estimator = make_estimator(m, budget=budget, seed=args.seed)
-            estimator.validate(snap.n_players)
-            jobs.append((snap, estimator))
-    missing = {
-        id(e): (
-            pool_from_store(
-                store, s, policy, run["model"], e.plan(s.n_players), utility=resolved[s.snapshot_id], measurements=measurements
-            )[2]
-            if s.snapshot_id in resolved
-            else 1
+    replay = ReplayRun(args.run_dir, settings)
+    if not replay.needs_model or args.model is None:
+        explanations = replay.fit()  # with no model; names the missing coalitions when there are some
+    else:
+        _quiet_transformers(args)
+        replay.load(
+            progress=TqdmProgress("coalitions", disable=args.no_progress),
+            loader=lambda source: _load_backend(args, source),
         )
-        for s, e in jobs
-    }
-    explanations = []
-    if any(missing.values()):
-        if args.model is None:
-            s, e = next((s, e) for s, e in jobs if missing[id(e)])
-            raise EstimatorError(
-                f"the archive lacks {missing[id(e)]} of the coalitions {e.name} plans for snapshot "
-                f"{s.snapshot_id[:12]} under utility {utility.kind}; pass --model {run['model']['id']} "
-                "to evaluate them",
-                field="--method",
-            )
-        source = resolve_model(args.model)
-        backend = _load_backend(args, source)
-        engine = Engine(
-            backend, store=store, progress=TqdmProgress("coalitions", disable=args.no_progress),
-            batch_size=args.batch_size, utility=utility,
-        )
-        engine.measurements.update(measurements)
-        if engine.model != run["model"]:
-            raise InputError(
-                f"--model is {engine.model}, but the run was evaluated with {run['model']}; give the run's model",
-                field="--model",
-            )
-        for snap in snapshots:
-            engine.resolved_utility(snap, policy)
-        description = {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics")}
-        description |= {"utility": utility.to_dict(), "snapshots": [records[i] for i in run["snapshot_ids"]]}
-        archive = RunArchive.open(
-            args.run_dir,
-            description,
-            new_run=utility.to_dict() != run.get("utility"),
-            skip_corrupt=args.skip_corrupt,
-            flush_rows=args.flush_rows,
-            flush_seconds=args.flush_seconds,
-        )
-        _STATE["archive"], _STATE["engine"] = str(args.run_dir), engine
-        engine.attach_archive(archive)
-
-        async def run_all() -> list[Any]:
-            return [await engine.explain(s, e, policy) for s, e in jobs]
-
+        replay.open_archive()
+        _STATE["archive"], _STATE["engine"] = str(args.run_dir), replay.engine
         try:
-            explanations = _finish(engine, run_all)
+            explanations = _finish(replay.engine, replay.evaluate)
         except ArchiveError as exc:
             raise _RunFailed(exc) from exc
-    else:
-        for snap, estimator in jobs:
-            t0 = time.perf_counter()
-            chosen = resolved[snap.snapshot_id]
-            masks, utilities, _ = pool_from_store(
-                store, snap, policy, run["model"], estimator.plan(snap.n_players), utility=chosen, measurements=measurements
-            )
-            estimate = estimator.fit(masks, utilities)
-            explanations.append(
-                Explanation(
-                    snapshot=snap,
-                    estimate=estimate,
-                    model_id=run["model"]["id"],
-                    model_revision=run["model"]["revision"],
-                    absence_policy=policy.id,
-                    absence_params=policy.params(),
-                    utility=utility.kind,
-                    utility_unit=utility.unit,
-                    utility_detail=utility_detail(chosen),
-                    utility_description=chosen.describe(),
-                    target_token_count=len(target_ids.get(snap.snapshot_id, [])),
-                    n_evaluations=0,
-                    wall_seconds=time.perf_counter() - t0,
-                    notes=chosen.notes() + ("replayed from the archive: no model call",),
-                )
-            )
+    try:
+        replay.write(explanations)  # before printing: a closed output must not lose the document
+    except (ArchiveError, OSError) as exc:
+        error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {replay.out_path}: {exc}", field="out")
+        raise _RunFailed(error) from exc
     for explanation in explanations:
         print(explanation.format_table())
         print()
-    if out_path is not None:
-        write_json_atomic(out_path, {"run_dir": str(args.run_dir), "run_id": run["run_id"], "explanations": [e.to_dict() for e in explanations]}, field="--out")
     return 0
 
 

@@ -25,7 +25,7 @@ from ..errors import BackendUnavailable, ConfigError
 from .fingerprint import fingerprint
 from .hf import HFBackend
 
-__all__ = ("ALIASES", "ModelSource", "load_backend", "load_config", "load_tokenizer", "model_context", "model_fingerprint", "resolve_model")
+__all__ = ("ALIASES", "BACKENDS", "ModelSource", "load_backend", "register_backend", "load_config", "load_tokenizer", "model_context", "model_fingerprint", "resolve_model")
 
 logger = logging.getLogger(__name__)
 
@@ -192,8 +192,61 @@ def model_context(config: Any, tokenizer: Any = None) -> int:
     return int(getattr(config, "max_position_embeddings", None) or getattr(tokenizer, "model_max_length", 2048))
 
 
+BACKENDS: dict[str, Callable[..., Any]] = {}
+"""Backend loaders by name (``--backend``): ``loader(source, *, device, dtype, max_batch_size,
+tokenizer, config, fingerprint) -> ScoringBackend``. A new backend is one module and one entry
+(:func:`register_backend`)."""
+
+
+def register_backend(name: str, loader: Callable[..., Any]) -> None:
+    """Register a backend loader under ``name`` (replacing any previous one)."""
+    BACKENDS[name] = loader
+
+
 def load_backend(
     spec: str | ModelSource,
+    *,
+    backend: str = "hf",
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_batch_size: int = 4,
+    tokenizer: Any = None,
+    config: Any = None,
+    fingerprint: str | None = None,
+) -> Any:
+    """Load a model into the backend named ``backend`` (default ``hf``: transformers).
+
+    Args:
+        spec: a ``--model`` value or a resolved :class:`ModelSource`.
+        backend: a name of :data:`BACKENDS`.
+        device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+        dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
+        max_batch_size: rows per forward pass.
+        tokenizer: the model's tokenizer when already loaded (:func:`load_tokenizer`).
+        config: the model's configuration when already loaded (:func:`load_config`).
+        fingerprint: the model's content fingerprint when already computed
+            (:func:`model_fingerprint`).
+
+    Returns:
+        A :class:`~coalescence.backends.base.ScoringBackend`.
+
+    Raises:
+        ConfigError: an unknown backend name, bad ``device`` or ``dtype``.
+        BackendUnavailable: the model cannot be found or loaded (offline hub, missing files,
+            missing ``gguf``/``accelerate`` package), with the reason.
+    """
+    try:
+        loader = BACKENDS[backend]
+    except KeyError:
+        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(sorted(BACKENDS))}", field="backend") from None
+    source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
+    return loader(
+        source, device=device, dtype=dtype, max_batch_size=max_batch_size, tokenizer=tokenizer, config=config, fingerprint=fingerprint
+    )
+
+
+def _load_hf(
+    source: ModelSource,
     *,
     device: str = "cpu",
     dtype: str = "float32",
@@ -202,10 +255,10 @@ def load_backend(
     config: Any = None,
     fingerprint: str | None = None,
 ) -> HFBackend:
-    """Load a model and tokenizer into an :class:`~coalescence.backends.hf.HFBackend`.
+    """The ``hf`` backend: a transformers model and tokenizer in an :class:`~coalescence.backends.hf.HFBackend`.
 
     Args:
-        spec: a ``--model`` value or a resolved :class:`ModelSource`.
+        source: the resolved model.
         device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
         max_batch_size: rows per forward pass.
@@ -220,7 +273,6 @@ def load_backend(
         ConfigError: bad ``dtype``, or a ``device`` that torch does not know, that is not
             available here, or ``meta``.
     """
-    source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
     torch_dtype = HFBackend.dtype_from_name(dtype)
     import torch
     from transformers import AutoModelForCausalLM
@@ -257,3 +309,6 @@ def load_backend(
         max_batch_size=max_batch_size,
         fingerprint=fingerprint,
     )
+
+
+BACKENDS["hf"] = _load_hf
