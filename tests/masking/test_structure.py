@@ -254,3 +254,57 @@ def test_removal_keeps_structure_for_declared_spans(text, data):
     unit = data.draw(st.sampled_from(["document", "sentence", "word"]))
     s = ConversationSnapshot.build(c, unit=unit)
     _check_all(s, data)
+
+
+def test_declared_players_holding_their_own_whitespace():
+    """Spans that end (or are made) in whitespace: a present player is never changed, and no
+    line break outside the removed players is lost (the new user's cases)."""
+
+    def render(text, spans, present):
+        declared = tuple(DeclaredPlayer(message=0, start=a, end=b, label=f"p{k}") for k, (a, b) in enumerate(spans))
+        c = Conversation(messages=(Message(role="user", content=text),), target="Ok.", declared=declared)
+        msgs = DropPolicy().render(ConversationSnapshot.build(c, unit="document"), np.array(present, dtype=bool))
+        return msgs[0].content if msgs else None
+
+    assert render("A. B.\nC.", [(0, 3), (3, 6), (6, 8)], [1, 0, 1]) == "A. \nC."  # A keeps its space, C its line
+    assert render("A. B. C.", [(0, 3), (3, 6), (6, 8)], [1, 0, 1]) == "A. C."
+    assert render("A.\n\nB.", [(0, 2), (2, 4), (4, 6)], [0, 1, 1]) == "\n\nB."  # a present whitespace player stays
+    assert render("X A.\nY B. Z", [(2, 5)], [0]) == "X\nY B. Z"  # never "XY"
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=texts(), data=st.data())
+def test_declared_spans_with_whitespace_edges_keep_present_players_and_lines(text, data):
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), min_size=2, max_size=12))))
+    spans = [(a, b) for a, b in zip(cuts, cuts[1:]) if text[a:b]]
+    spans = data.draw(st.lists(st.sampled_from(spans), unique=True, min_size=1, max_size=len(spans))) if spans else []
+    if not spans:
+        return
+    spans.sort()
+    declared = tuple(DeclaredPlayer(message=0, start=a, end=b, label=f"d{k}") for k, (a, b) in enumerate(spans))
+    c = Conversation(messages=(Message(role="user", content=text),), target="Ok.", declared=declared)
+    s = ConversationSnapshot.build(c, unit="document")
+    present = np.array(data.draw(st.lists(st.booleans(), min_size=s.n_players, max_size=s.n_players)), dtype=bool)
+    msgs = DropPolicy().render(s, present)
+    out = msgs[0].content if msgs else ""
+    gone = np.zeros(len(text), dtype=bool)
+    for p in s.players:
+        if not present[p.index]:
+            gone[p.start : p.end] = True
+    # the non-whitespace characters are exactly the kept ones
+    assert re.sub(r"\s", "", out) == re.sub(r"\s", "", "".join(ch for ch, g in zip(text, gone) if not g))
+    # every present player's text appears verbatim, in order
+    pos = 0
+    for p in s.players:
+        if present[p.index] and p.text.strip():
+            at = out.find(p.text, pos)
+            assert at >= 0, (text, spans, present, out, p.text)
+            pos = at + len(p.text)
+    # no line break outside the removed players is lost between two kept non-whitespace characters
+    kept = [i for i, ch in enumerate(text) if not gone[i] and not ch.isspace()]
+    out_nonws = [i for i, ch in enumerate(out) if not ch.isspace()]
+    assert len(kept) == len(out_nonws)
+    for (a, b), (x, y) in zip(zip(kept, kept[1:]), zip(out_nonws, out_nonws[1:])):
+        original = "".join(ch if not g else "\0" for ch, g in zip(text[a + 1 : b], gone[a + 1 : b]))
+        needed = max((_breaks(w) for w in re.findall(r"\s+", original)), default=0)
+        assert _breaks(out[x + 1 : y]) >= needed, (text, spans, present, out)

@@ -136,56 +136,101 @@ def _separator(candidates: list[str], attached: bool) -> str:
     return best
 
 
+def _strength(whitespace: str) -> int:
+    """How strongly ``whitespace`` separates: its line breaks, or -1 for none at all."""
+    return line_breaks(whitespace) if whitespace else -1
+
+
 def _join_kept(content: str, players: list[Player], kept: list[str | None]) -> str:
     """Rebuild a message from its pieces (text, or None where removed) and the text between them.
 
-    The whitespace rule (module docs): text with no removed piece in it is unchanged. A run of
-    removed pieces together with the whitespace touching it (the whitespace that ends the text
-    before, whitespace-only gaps, the whitespace that starts the text after) becomes, when there is
-    text on both sides, the strongest of those whitespace strings (:func:`_separator`: most line
-    breaks; among equal line breaks the last, among spaces the first), or nothing when none has a line break and the text after
-    touched the removed piece (punctuation: ``"is big."`` without ``big`` is ``"is."``); nothing
-    at the start of the message (the message's own leading whitespace is kept), and the message's
-    own trailing whitespace at its end. Text between players that is not whitespace is never
-    removed, and no line break outside the removed pieces is lost unless an equal or stronger
-    one stands in for it.
+    The whitespace rule (module docs). The message is a sequence of *gaps* (text between players)
+    and *pieces* (players' text, kept or removed). Text with no removed piece in it is unchanged,
+    and a kept piece is never changed, whitespace included. A run of removed pieces, with the
+    whitespace-only gaps among them and the whitespace that ends the gap before and starts the gap
+    after, becomes:
+
+    - at the start of the message, nothing (the message's own leading whitespace stays); at its
+      end, the message's own trailing whitespace;
+    - between text on both sides, a separator: the strongest of those whitespace strings
+      (:func:`_separator`: most line breaks; among equal line breaks the last, among spaces the
+      first), or nothing when none has a line break and the text after touched the removed piece
+      (punctuation: ``"is big."`` without ``big`` is ``"is."``), or nothing when whitespace of the
+      kept text on either side (a declared player's own edge) already separates as strongly.
+
+    So no line break outside the removed pieces is lost unless an equal or stronger one stands in
+    for it, and text between players that is not whitespace is never removed.
     """
-    segs: list[str | None] = [content[: players[0].start]]
+    # (text, kind): kind "gap" (between players: its edge whitespace may collapse), "kept" (a
+    # present player's text: never changed) or "removed"
+    segs: list[tuple[str, str]] = [(content[: players[0].start], "gap")]
     for j, (player, text) in enumerate(zip(players, kept, strict=True)):
         if j > 0:
-            segs.append(content[players[j - 1].end : player.start])
-        segs.append(text)
-    segs.append(content[players[-1].end :])
-    if all(seg is not None for seg in segs):
-        return "".join(s for s in segs if s is not None)
-    out = ""
+            segs.append((content[players[j - 1].end : player.start], "gap"))
+        segs.append((text, "kept") if text is not None else (content[player.start : player.end], "removed"))
+    segs.append((content[players[-1].end :], "gap"))
+    if all(kind != "removed" for _, kind in segs):
+        return "".join(text for text, _ in segs)
+    out: list[tuple[str, str]] = []  # the output so far, as (text, kind)
+
+    def text_of(parts: list[tuple[str, str]]) -> str:
+        return "".join(t for t, _ in parts)
+
     i = 0
     while i < len(segs):
-        seg = segs[i]
-        if seg is not None:
-            out += seg
+        text, kind = segs[i]
+        if kind != "removed":
+            out.append((text, kind))
             i += 1
             continue
-        whitespace = [out[len(out.rstrip()) :]]
+        # a removed piece's own edge whitespace (a declared span may hold it) is whitespace around
+        # the run too; its text is gone
+        # the run: removed pieces and the whitespace-only gaps among them
+        whitespace: list[str] = []
+        left_gap = out[-1] if out and out[-1][1] == "gap" else None
+        if left_gap is not None:
+            whitespace.append(left_gap[0][len(left_gap[0].rstrip()) :])
         j = i
-        while j < len(segs) and (segs[j] is None or not segs[j].strip()):  # type: ignore[union-attr]
-            if segs[j] is not None:
-                whitespace.append(segs[j])  # type: ignore[arg-type]
+        while j < len(segs) and (segs[j][1] == "removed" or (segs[j][1] == "gap" and not segs[j][0].strip())):
+            piece, piece_kind = segs[j]
+            if piece_kind == "gap":
+                whitespace.append(piece)
+            else:
+                whitespace.append(piece[: len(piece) - len(piece.lstrip())])
+                whitespace.append(piece[len(piece.rstrip()) :])
             j += 1
+        # whether the text after touched the last removed piece's text (no whitespace between them)
+        k = j - 1
+        while segs[k][1] == "gap":
+            k -= 1
+        touched = not segs[k][0][-1:].isspace() and not "".join(t for t, _ in segs[k + 1 : j])
         if j == len(segs):  # removed text up to the end of the message
-            out = out.rstrip() + content[len(content.rstrip()) :] if out.strip() else out
+            if text_of(out).strip():
+                if left_gap is not None:
+                    out[-1] = (left_gap[0].rstrip(), "gap")
+                out.append((content[len(content.rstrip()) :], "gap"))
             break
-        right = segs[j]
-        assert right is not None
-        if not out.strip():  # removed text at the start of the message
-            out += right.lstrip()
+        right, right_kind = segs[j]
+        right_ws = right[: len(right) - len(right.lstrip())] if right_kind == "gap" else ""
+        if right_kind == "gap":
+            whitespace.append(right_ws)
+            touched = touched and not right_ws
+        if not text_of(out).strip():  # removed text at the start of the message
+            out.append((right[len(right_ws) :], right_kind))
         else:
-            leading = right[: len(right) - len(right.lstrip())]
-            whitespace.append(leading)
-            attached = not ((segs[j - 1] or "") + leading)  # the right text touched the removed one
-            out = out.rstrip() + _separator(whitespace, attached) + right.lstrip()
+            if left_gap is not None:
+                out[-1] = (left_gap[0].rstrip(), "gap")
+            kept_left = text_of(out)  # its trailing whitespace, if any, is a kept piece's own
+            kept_edge = kept_left[len(kept_left.rstrip()) :] + (
+                right[: len(right) - len(right.lstrip())] if right_kind == "kept" else ""
+            )
+            separator = _separator(whitespace, touched)
+            if _strength(kept_edge) >= _strength(separator):
+                separator = ""  # a kept player's own whitespace already separates as strongly
+            out.append((separator, "gap"))
+            out.append((right[len(right_ws) :], right_kind))
         i = j + 1
-    return out
+    return text_of(out)
 
 
 SYSTEM_ABSENT: tuple[str, ...] = ("removed", "empty")
