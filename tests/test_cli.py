@@ -136,6 +136,21 @@ BAD_INPUTS = [
         id="non-string-target",
     ),
     pytest.param(
+        {"messages": [{"role": "user"}, {"role": "assistant", "content": "Yo."}]},
+        "messages[0].content",
+        "missing",
+        id="missing-content",
+    ),
+    pytest.param(
+        {
+            "messages": [{"role": "user", "content": "Alpha. Beta."}, {"role": "assistant", "content": "Yo."}],
+            "players": [{"message": 0, "start": 0, "end": 6, "label": "x"}, {"message": 0, "start": 7, "end": 12, "label": "x"}],
+        },
+        "players[1].label",
+        "given twice",
+        id="duplicate-label",
+    ),
+    pytest.param(
         {"messages": [{"role": "user", "content": ["Hi."]}, {"role": "assistant", "content": "Yo."}]},
         "messages[0].content",
         "string",
@@ -183,6 +198,7 @@ BAD_SETTINGS = [
         id="budget-below-minimum",
     ),
     pytest.param(["--method", "exact", "--budget", "50"], "--budget", "permutation", id="budget-with-exact"),
+    pytest.param(["--placeholder", "[gone]"], "--placeholder", "--absence-policy placeholder", id="placeholder-with-drop"),
     pytest.param(["--method", "loo", "--budget", "50"], "--budget", "permutation", id="budget-with-loo"),
 ]
 

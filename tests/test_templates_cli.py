@@ -183,3 +183,29 @@ def test_fingerprints_are_cached_by_path_size_mtime_and_inode(tmp_path, monkeypa
     assert fp.fingerprint(model) != first
     assert fp.statistics().files_hashed - mid.files_hashed == 1
     assert len(hashed) >= len(fp.model_files(model))
+
+
+def test_one_local_model_however_it_is_spelled_and_whatever_lies_beside_it(tmp_path, monkeypatch):
+    """./m, m/, the absolute path and a link to m are one model; a README or .DS_Store added to
+    the folder changes nothing (the new user's cases): each resume evaluates nothing."""
+    fam = next(f for f in FAMILIES if f.name == "chatml")
+    model = family_dir(tmp_path / "models", "chatml", weights=True)
+    monkeypatch.chdir(model.parent)
+    (tmp_path / "link").symlink_to(model)
+    chat = write(tmp_path, conversation(fam))
+    run_dir = tmp_path / "run"
+
+    def explain(spec: str) -> dict:
+        out = tmp_path / "out.json"
+        code, _, err = run(["explain", str(chat), "--model", spec, "--unit", "turn", "--method", "loo", "--archive", str(run_dir), "--out", str(out)])
+        assert code == 0, err
+        return json.loads(out.read_text(encoding="utf-8"))
+
+    first = explain(str(model))
+    assert first["n_evaluations"] == len(first["players"]) + 2 and first["model_id"] == str(model.resolve())
+    (model / "README.md").write_text("notes", encoding="utf-8")
+    (model / ".DS_Store").write_bytes(b"\0")
+    for spec in (f"./{model.name}", f"{model.name}/", str(tmp_path / "link")):
+        again = explain(spec)
+        assert again["n_evaluations"] == 0 and again["v_full"] == first["v_full"], spec
+    assert len(read_manifest(run_dir)["runs"]) == 1

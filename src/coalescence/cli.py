@@ -15,7 +15,9 @@ Exit codes, the same for every command (every error is one line on stderr)::
     1    a model failure during the run (the model raised, or gave non-finite output);
          what was evaluated stays in the archive
     2    bad input or settings, including a damaged or foreign archive: refused before
-         anything is written (the line names the field or file and the fix)
+         anything is written (the line names the field or file and the fix); also a chat
+         template that refuses a coalition first met during a run of more than 4,096
+         coalitions (what was evaluated stays in the archive)
     3    the archive or an output file could not be written after the run started (disk
          full, I/O error): what was flushed stays, the manifest says what happened, and
          the same command resumes once the cause is fixed
@@ -70,7 +72,9 @@ logger = logging.getLogger("coalescence")
 _STATE: dict[str, Any] = {}  # the command's Interrupts, and the run directory and engine being written
 
 
-EXIT_CODES = "exit codes:\n" + __doc__.split("::\n\n", 1)[1].rstrip()
+EXIT_CODES = "exit codes:\n" + re.sub(
+    r":\w+:`~?([^`]+)`|``([^`]+)``", lambda m: m.group(1) or m.group(2), __doc__.split("::\n\n", 1)[1].rstrip()
+)
 """The exit-code table of the module docstring (the ``--help`` epilog)."""
 
 
@@ -156,7 +160,12 @@ def _add_archive_options(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="longest time evaluated rows wait before a part is written (default: %(default)s)",
     )
-    p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable archive parts (they are re-evaluated)")
+    p.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="set aside archive parts that fail verification (moved to RUN_DIR/quarantine/; a run evaluates "
+        "their coalitions again)",
+    )
 
 
 _UTILITY_HELP = (
@@ -679,8 +688,9 @@ def _archive(args: argparse.Namespace) -> int:
         for r in info["runs"]:
             model, policy, utility = (r.get(k) if isinstance(r.get(k), dict) else {} for k in ("model", "absence_policy", "utility"))
             kind = utility.get("kind")
+            sha = f" (sha256 {model['sha256'][:12]})" if isinstance(model.get("sha256"), str) and model["sha256"] else ""
             print(
-                f"run             {r['run_id']} started {r.get('started_at')} [{r.get('status')}] model {model.get('id')} "
+                f"run             {r['run_id']} started {r.get('started_at')} [{r.get('status')}] model {model.get('id')}{sha} "
                 f"policy {policy.get('id')} utility {kind}"
             )
             if r.get("error"):

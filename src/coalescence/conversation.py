@@ -172,6 +172,8 @@ def _declared_players(raw: Any, messages: Sequence[Message]) -> tuple[DeclaredPl
         if not isinstance(label, str) or not label:
             raise InputError(f"must be a non-empty string, got {short_repr(label)}", field=f"{where}.label")
         check_text(label, f"{where}.label")
+        if any(d.label == label for d in out):
+            raise InputError(f"label {label!r} is given twice; players are told apart by their labels", field=f"{where}.label")
         out.append(DeclaredPlayer(message=m, start=values["start"], end=values["end"], label=label))
     return tuple(out)
 
@@ -274,6 +276,8 @@ class Conversation:
             calls = item.get("tool_calls")
             if content is None and calls:
                 content = ""
+            if "content" not in item and not calls:
+                raise InputError('missing; give the message text as a string ("content": "...")', field=f"{where}.content")
             if not isinstance(content, str):
                 raise InputError(
                     f"must be a string, got {type(content).__name__}", field=f"{where}.content"

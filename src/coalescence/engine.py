@@ -29,10 +29,11 @@ from .attribution.estimators.base import Estimator
 from .attribution.explanation import AnswerToken, Explanation, answer_tokens
 from .backends.base import GenerateRequest, ScoreRequest, ScoringBackend, validate_generations, validate_results
 from .conversation import Conversation, ConversationSnapshot, segment_players
-from .errors import ConfigError, EngineClosed, InputError, MaskError
+from .errors import ConfigError, EngineClosed, InputError, MaskError, TemplateRefused
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
 from .masking.render import ChatRenderer, TargetTokens
+from .preflight import refusal
 from .scheduler.buckets import LengthBuckets, share_order
 from .scheduler.collator import Collator, CollatorBackend
 from .scheduler.progress import NullProgress, Progress
@@ -301,10 +302,18 @@ class Engine:
                 return await self._outcome(snapshot, resolved, evaluation_key, known, cache_hit=True)
             if resolved.spec.teacher_forced:
                 target = self.target_tokens(snapshot, policy)
-                prompt_ids = tuple(self.renderer.coalition_prompt(snapshot, policy, row, target))
+                messages = policy.render(snapshot, row)
+                try:
+                    prompt_ids = tuple(self.renderer.encode(self.renderer.scoring_prompt(messages, target)))
+                except TemplateRefused as exc:  # a coalition the preflight's subset did not hold
+                    raise refusal(snapshot, policy, row, messages, exc, during=True) from None
                 request: Any = ScoreRequest(prompt_ids=prompt_ids, target_ids=target.ids)
             else:
-                prompt_ids = tuple(self.renderer.generation_prompt(snapshot, policy, row))
+                messages = policy.render(snapshot, row)
+                try:
+                    prompt_ids = tuple(self.renderer.encode_prompt(messages))
+                except TemplateRefused as exc:
+                    raise refusal(snapshot, policy, row, messages, exc, during=True) from None
                 gen = resolved.spec.generation
                 assert gen is not None
                 request = GenerateRequest(

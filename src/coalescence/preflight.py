@@ -20,7 +20,8 @@ the roles it renders and the template's own words, and the remedies (``--unit ex
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,14 +32,31 @@ from .masking.codec import PackedMask
 from .masking.policies import AbsencePolicy
 from .masking.render import ChatRenderer, TargetTokens
 
-__all__ = ("REMEDIES", "PreflightReport", "check_game", "describe_coalition")
+__all__ = ("REMEDIES", "PreflightReport", "check_game", "describe_coalition", "refusal", "remedies")
 
 REMEDIES = (
-    "templates that require alternating roles need --unit exchange (a user turn and the reply to it "
-    "form one player), --merge-adjacent (adjacent messages of one role are joined) or --empty-turns "
-    "empty (a message whose players are all absent stays, empty)"
+    ("exchange", "--unit exchange (a user turn and the reply to it form one player)"),
+    ("merge_adjacent", "--merge-adjacent (adjacent messages of one role are joined)"),
+    ("empty_turns", "--empty-turns empty (a message whose players are all absent stays, empty)"),
 )
-"""The remedies a refusal names (see the README, "Chat templates")."""
+"""The remedies for templates that require alternating roles (see the README, "Chat templates")."""
+
+
+def remedies(snapshot: ConversationSnapshot, policy: AbsencePolicy, roles: Sequence[str], reason: str) -> str:
+    """What to tell a user whose template refused a coalition with these rendered ``roles``: the
+    alternation remedies not already in use when the refusal is about alternation (the template
+    says so, two turns of one role meet, or the conversation starts with the assistant), else
+    that this template cannot render such a coalition."""
+    params = policy.params()
+    adjacent = any(a == b and a in ("user", "assistant") for a, b in zip(roles, roles[1:]))
+    starts_wrong = bool(roles) and [r for r in roles if r != "system"][:1] == ["assistant"]
+    if "alternat" in reason.lower() or adjacent or starts_wrong:
+        used = {"exchange": snapshot.unit == "exchange", "merge_adjacent": bool(params.get("merge_adjacent")),
+                "empty_turns": params.get("empty_turns") == "empty"}  # fmt: skip
+        left = [text for name, text in REMEDIES if not used[name]]
+        if left:
+            return "templates that require alternating roles need " + ", or ".join(left)
+    return "this template cannot render such a coalition: choose another --unit or --absence-policy"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +92,26 @@ def describe_coalition(snapshot: ConversationSnapshot, present: np.ndarray) -> s
         return f"the coalition with only {kept[0]}"
     shown = ", ".join(absent[:3]) + (f" and {len(absent) - 3} more" if len(absent) > 3 else "")
     return f"the coalition without {shown}"
+
+
+def refusal(
+    snapshot: ConversationSnapshot, policy: AbsencePolicy, present: np.ndarray, messages: Sequence[Any], exc: TemplateRefused, *, during: bool = False
+) -> TemplateRefused:
+    """The one-line error for a template that refused coalition ``present``: which coalition, its
+    roles, the template's words and the remedies (``during``: met during a run, not before it)."""
+    roles = [m.role for m in messages] + ["assistant"]
+    shown = ", ".join(roles[:-1]) + (", " if messages else "") + "assistant (the answer)"
+    words = f" ({exc.reason})" if exc.reason else f": {exc.message}"
+    when = (
+        " during the run (a plan of more than 4,096 coalitions is checked on a subset before it; the "
+        "coalitions evaluated so far are in the archive)" if during else ""
+    )
+    return TemplateRefused(
+        f"the model's chat template refuses {describe_coalition(snapshot, present)}, whose roles are "
+        f"[{shown}]{words}{when}; {remedies(snapshot, policy, roles, exc.reason)}",
+        field=exc.field,
+        reason=exc.reason,
+    )
 
 
 def _structure(snapshot: ConversationSnapshot, policy: AbsencePolicy, present: np.ndarray) -> tuple[str, ...]:
@@ -182,14 +220,7 @@ def check_game(
             else:
                 text = renderer.render_prompt(messages)
         except TemplateRefused as exc:
-            roles = ", ".join(m.role for m in messages) + (", " if messages else "") + "assistant (the answer)"
-            words = f" ({exc.reason})" if exc.reason else f": {exc.message}"
-            raise TemplateRefused(
-                f"the model's chat template refuses {describe_coalition(snapshot, row)}, whose roles are "
-                f"[{roles}]{words}; {REMEDIES}",
-                field=exc.field,
-                reason=exc.reason,
-            ) from None
+            raise refusal(snapshot, policy, row, messages, exc) from None
         if not provisional:
             n_tokens = len(renderer.encode(text)) + answer_tokens
             longest = max(longest, n_tokens)

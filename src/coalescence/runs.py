@@ -208,6 +208,14 @@ class RunSettings:
             for name in ("system_absent", "empty_turns"):
                 if getattr(self, name) != "removed":
                     raise ConfigError("applies to the drop policy (placeholder removes no message)", field=name)
+        elif self.placeholder != "[removed]":
+            raise ConfigError(
+                f"applies to the placeholder absence policy; absence policy {self.absence_policy} removes "
+                "the text. Add --absence-policy placeholder or drop --placeholder",
+                field="placeholder",
+            )
+        if isinstance(self.archive, str) and not self.archive.strip():
+            raise ConfigError("is empty; give a directory path for the run archive", field="archive")
         self.policy()  # a bad rule or placeholder is refused now
         self.utility_spec()
 
@@ -1344,7 +1352,8 @@ class ReplayRun:
 
     def document(self, explanations: Sequence[Any]) -> dict[str, Any]:
         """The replay's ``--out`` document."""
-        return {"run_dir": str(self.run_dir), "run_id": self.run["run_id"], "explanations": [e.to_dict() for e in explanations]}
+        documents = [e.to_dict() | {"archive": str(self.run_dir)} for e in explanations]
+        return {"run_dir": str(self.run_dir), "run_id": self.run["run_id"], "explanations": documents}
 
     def write(self, explanations: Sequence[Any]) -> dict[str, Any]:
         """Write the ``out`` document when asked for; returns it."""

@@ -423,3 +423,55 @@ def test_a_bad_row_is_refused_at_append_and_does_not_jam_the_archive(tmp_path):
         archive.append({"snapshot_id": "s"})
     archive.close()
     assert archive.manifest["rows"] == 0
+
+
+def test_a_deleted_parts_link_is_refused_and_nothing_is_deleted(tmp_path: Path) -> None:
+    """A new user's `rm RUN/parts`: readers reported 0 coalitions and a resume deleted the parts
+    as crash debris. Every reader and writer must refuse, naming the fix, and leave the parts."""
+    run_dir = tmp_path / "run"
+    run = {"snapshot_ids": ["a" * 64], "model": {}, "utility": {}, "absence_policy": {}}
+    archive = RunArchive.open(run_dir, run)
+    for k in range(3):
+        archive.append(make_row([k], utility=-1.0 - k))
+    archive.close()
+    generation = os.readlink(run_dir / "parts")
+    (run_dir / "parts").unlink()
+    before = sorted(os.listdir(run_dir / generation))
+    assert len(before) == 1
+    for attempt in (lambda: read_rows(run_dir), lambda: RunArchive.open(run_dir, run)):
+        with pytest.raises(ArchiveError) as info:
+            attempt()
+        assert f"ln -s {generation}" in info.value.message
+    assert sorted(os.listdir(run_dir / generation)) == before
+    (run_dir / "parts").symlink_to(generation)  # the fix the message names
+    assert read_rows(run_dir).num_rows == 3
+
+
+@pytest.mark.parametrize("edit", ["message", "target", "players"])
+def test_an_edited_snapshot_record_is_refused_by_every_reader_and_writer(tmp_path: Path, edit: str) -> None:
+    from coalescence.conversation import Conversation, ConversationSnapshot, Message
+
+    snap = ConversationSnapshot.build(
+        Conversation(messages=(Message(role="user", content="Alpha is first. Beta is second."),), target="Ok."),
+        unit="sentence",
+    )
+    run_dir = tmp_path / "run"
+    run = {"snapshot_ids": [snap.snapshot_id], "model": {}, "utility": {}, "absence_policy": {}, "snapshots": [snap.to_dict()]}
+    archive = RunArchive.open(run_dir, run)
+    archive.append(make_row([0], utility=-1.0, snapshot_id=snap.snapshot_id, n_bits=2))
+    archive.close()
+    manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    record = manifest["snapshots"][0]
+    if edit == "message":
+        record["messages"][0]["content"] = "Alpha is first. Gamma is second."
+    elif edit == "target":
+        record["target"] = "No."
+    else:
+        record["players"] = None
+    (run_dir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    before = (run_dir / "manifest.json").read_bytes()
+    for attempt in (lambda: read_manifest(run_dir), lambda: RunArchive.open(run_dir, run | {"snapshots": []})):
+        with pytest.raises(ArchiveError) as info:
+            attempt()
+        assert "snapshots[0]" in info.value.message and "\n" not in str(info.value)
+    assert (run_dir / "manifest.json").read_bytes() == before

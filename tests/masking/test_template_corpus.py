@@ -186,3 +186,38 @@ def test_batched_equals_one_by_one_and_a_plain_forward(family):
     full = next(v for k, v in values[1].items() if k == bytes(np.packbits(np.ones((1, s.n_players), dtype=bool), axis=1)[0]))
     reference = _plain_logprob(model, tok, fam, tok.apply_chat_template(_data(fam)["messages"], tokenize=False))
     assert abs(full - reference) < 1e-4
+
+
+def test_remedies_named_are_the_ones_not_in_use():
+    fam = next(f for f in FAMILIES if f.name == "llama2")
+    tok = build_family_tokenizer(fam)
+    s = _snapshot(fam, "turn")
+    plan = list(make_estimator("loo").plan(s.n_players))
+    with pytest.raises(TemplateRefused) as info:
+        check_game(ChatRenderer(tok), s, DropPolicy(merge_adjacent=True), plan, max_context=4096)
+    message = str(info.value)
+    assert "--unit exchange" in message and "--empty-turns empty" in message and "--merge-adjacent" not in message
+
+
+def test_a_refusal_met_during_a_run_names_the_coalition(chatml_tokenizer):
+    """A template that refuses for its own reasons (not alternation): a coalition the preflight's
+    subset did not hold fails during the run with one line naming it, not the alternation remedies."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=chatml_tokenizer.backend_tokenizer, eos_token="<|im_end|>", pad_token="<pad>")
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'user' and 'Alpha' not in m['content'] %}"
+        "{{ raise_exception('the user turn must mention Alpha') }}{% endif %}"
+        "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    from coalescence.conversation import Conversation, Message
+
+    c = Conversation(messages=(Message(role="user", content="Alpha is first. Beta is second."),), target="Ok.")
+    s = ConversationSnapshot.build(c, unit="sentence")
+    engine = Engine(HFBackend(build_model(tok), tok, model_id="tiny-alpha"), batch_size=2)
+    with pytest.raises(TemplateRefused) as info:
+        anyio.run(engine.evaluate, s, DropPolicy(), [np.array([True, True]), np.array([False, True])])
+    message = str(info.value)
+    assert "the coalition without user[0].s0" in message and "must mention Alpha" in message
+    assert "during the run" in message and "cannot render such a coalition" in message and "--unit exchange" not in message

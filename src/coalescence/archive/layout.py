@@ -23,6 +23,7 @@ import errno
 import hashlib
 import logging
 import os
+import stat
 import shutil
 import uuid
 from pathlib import Path
@@ -60,6 +61,7 @@ __all__ = (
     "switch",
     "temporary_name",
     "write_file",
+    "write_output",
 )
 
 logger = logging.getLogger(__name__)
@@ -182,6 +184,22 @@ def live_dir(run_dir: Path) -> Path | None:
     target = _generation_target(nxt) if os.path.islink(nxt) else None
     if target is not None and (run_dir / target).is_dir():
         return run_dir / target  # a legacy switch stopped between its two renames
+    # no parts link: a new run, or one whose link was deleted; a generation holding parts means
+    # the latter, and a writer would take the generation for crash debris and delete it
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        names = []
+    for name in names:
+        generation = run_dir / name
+        if GENERATION_PATTERN.match(name) and generation.is_dir() and any(
+            n.startswith("part-") for n in os.listdir(generation)
+        ):
+            raise ArchiveError(
+                f"{parts} is missing, but {generation} holds the run's parts; the archive was edited: "
+                f"restore the link with `ln -s {name} {parts}` or choose another archive",
+                field="RUN_DIR",
+            )
     return None
 
 
@@ -311,6 +329,42 @@ def recover(run_dir: Path) -> None:
 def temporary_name(path: Path) -> Path:
     """A unique hidden temporary name next to ``path``."""
     return path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+
+
+def write_output(path: Path, data: bytes, *, field: str | None) -> None:
+    """Write an output file (``--out``, ``--html``) all or nothing, through a symbolic link.
+
+    A regular file (or a new one) is written under a temporary name next to it, fsynced and
+    renamed into place. A symbolic link is followed: its target is replaced the same way and the
+    link stays a link. A path that is not a regular file (``/dev/stdout``, a pipe, a device) is
+    written directly: nothing else can be done with a stream. Missing parent directories are
+    created.
+
+    Raises:
+        ArchiveError: the place cannot be written (permission, not a directory).
+        ArchiveWriteError: the write failed (disk full, I/O error); a regular file is as it was.
+    """
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        try:
+            with open(path, "wb") as fh:  # a pipe, a terminal, a device: written as a stream
+                fh.write(data)
+        except OSError as exc:
+            raise os_error(exc, f"cannot write {path}", field) from exc
+        return
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else path
+    tmp = temporary_name(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_file(tmp, data)
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except OSError as exc:
+        discard(tmp)
+        raise os_error(exc, f"cannot write {path}", field) from exc
 
 
 def is_fresh(path: Path) -> bool:

@@ -92,6 +92,20 @@ def _check(path: Path, where: str, data: dict[str, Any], fields: tuple[Any, ...]
             raise ArchiveError(f"{path}: {where}{name} must be {what}, got {shown}; {_FIX}", field="RUN_DIR")
 
 
+def _check_snapshot(path: Path, i: int, record: dict[str, Any]) -> None:
+    """A snapshot record rebuilds into its snapshot, whose id is the recorded one (an edited
+    message, target or player list changes the id; a missing field breaks the rebuild)."""
+    if "messages" not in record:
+        return  # a record of the Python API's own making, with the id alone
+    from ..conversation import ConversationSnapshot
+    from ..errors import InputError
+
+    try:
+        ConversationSnapshot.from_dict(record)
+    except InputError as exc:
+        raise ArchiveError(f"{path}: snapshots[{i}]: {one_line(exc.message)}; {_FIX}", field="RUN_DIR") from None
+
+
 def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     """The run's manifest, its structure checked.
 
@@ -125,6 +139,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     _check(path, "", manifest, _TOP)
     for i, snapshot in enumerate(manifest["snapshots"]):
         _check(path, f"snapshots[{i}].", snapshot, _SNAPSHOT)
+        _check_snapshot(path, i, snapshot)
     seen = set()
     for i, run in enumerate(manifest["runs"]):
         _check(path, f"runs[{i}].", run, _RUN)

@@ -54,6 +54,7 @@ from .layout import (
     switch,
     temporary_name,
     write_file,
+    write_output,
 )
 from .manifest import read_manifest
 from .reader import BadPart, dedupe_rows, load_rows, parts_of
@@ -71,7 +72,9 @@ _get_required = operator.itemgetter(*sorted(_REQUIRED))
 
 
 def write_json_atomic(path: Path, data: Any, *, field: str | None = None) -> None:
-    """Write JSON to ``path`` through a temporary file, fsync and rename (all or nothing).
+    """Write JSON to ``path`` through a temporary file, fsync and rename (all or nothing); a
+    symbolic link is followed, a stream (``/dev/stdout``) written directly
+    (:func:`~coalescence.archive.layout.write_output`).
 
     Args:
         path: the file written (its parent is created if missing).
@@ -86,15 +89,7 @@ def write_json_atomic(path: Path, data: Any, *, field: str | None = None) -> Non
         text = (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     except UnicodeEncodeError:
         text = (json.dumps(data, indent=2) + "\n").encode("ascii")
-    tmp = temporary_name(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file(tmp, text)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as exc:
-        discard(tmp)
-        raise os_error(exc, f"cannot write {path}", field) from exc
+    write_output(Path(path), text, field=field)
 
 
 def _write_part(directory: Path, index: int, table: pa.Table, *, field: str = "archive") -> Path:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import logging
 import os
@@ -35,10 +34,12 @@ class ModelSource:
     """Where a model's weights and tokenizer are.
 
     Attributes:
-        model_id: the name recorded in keys and archives (the alias, directory path or hub id).
+        model_id: the name recorded in keys and archives: the alias, the hub id, or a local
+            directory's or file's real path (so ``./m``, ``m/`` and a link to ``m`` are one model).
         location: directory or hub id passed to ``from_pretrained``.
         gguf_file: GGUF file name inside ``location``, or ``None``.
-        revision: identifies the weights (package version, file fingerprint or hub id).
+        revision: the package version and file of an alias, the hub id, or ``"local"``; a local
+            model's content is pinned by :func:`model_fingerprint`.
     """
 
     model_id: str
@@ -71,18 +72,6 @@ ALIASES: dict[str, Callable[[], ModelSource]] = {"smollm2-135m": _smollm2}
 """Model aliases and the functions that locate them."""
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def _fingerprint(directory: Path) -> str:
-    """A cheap revision for a local directory: SHA-256 of file names, sizes and config text (the
-    content itself is pinned by :func:`model_fingerprint`)."""
-    h = hashlib.sha256()
-    for f in sorted(directory.iterdir()):
-        if f.is_file():
-            h.update(f"{f.name}:{f.stat().st_size}\n".encode())
-            if f.suffix == ".json":
-                h.update(f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def model_fingerprint(source: ModelSource) -> str:
@@ -122,10 +111,12 @@ def resolve_model(spec: str) -> ModelSource:
             raise BackendUnavailable(f"{spec!r} holds no config.json or .gguf file", field="model")
         ggufs = sorted(path.glob("*.gguf"))
         gguf = ggufs[0].name if ggufs and not (path / "config.json").is_file() else None
-        return ModelSource(model_id=spec, location=str(path), gguf_file=gguf, revision=_fingerprint(path))
+        # a local model is named by its real path (./m, m/ and a link to m are one model) and
+        # identified by its content (model_fingerprint), not by the other files beside it
+        return ModelSource(model_id=os.path.realpath(path), location=str(path), gguf_file=gguf, revision="local")
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(
-            model_id=spec, location=str(path.parent), gguf_file=path.name, revision=_fingerprint(path.parent)
+            model_id=os.path.realpath(path), location=str(path.parent), gguf_file=path.name, revision="local"
         )
     known = ", ".join(sorted(ALIASES))
     if _HUB_ID.match(spec) and not spec.startswith("."):

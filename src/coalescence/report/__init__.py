@@ -71,7 +71,8 @@ def render_report(source: ReportInput | Mapping[str, Any]) -> str:
 
 
 def write_report(path: str | Path, html: str, *, field: str = "output") -> None:
-    """Write a report page through a temporary file and a rename (all or nothing).
+    """Write a report page through a temporary file and a rename (all or nothing); a symbolic
+    link is followed and a stream (``/dev/stdout``) written directly.
 
     Args:
         path: the HTML file written (its parent is created if missing).
@@ -82,15 +83,6 @@ def write_report(path: str | Path, html: str, *, field: str = "output") -> None:
         ArchiveError: the place cannot be written (permission, not a directory).
         ArchiveWriteError: the write failed (disk full, I/O error); ``path`` is as it was.
     """
-    from ..archive.layout import discard, fsync_dir, os_error, temporary_name, write_file
+    from ..archive.layout import write_output
 
-    path = Path(path)
-    tmp = temporary_name(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file(tmp, html.encode("utf-8"))
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as exc:
-        discard(tmp)
-        raise os_error(exc, f"cannot write {path}", field) from exc
+    write_output(Path(path), html.encode("utf-8"), field=field)
