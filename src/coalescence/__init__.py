@@ -7,18 +7,20 @@ see :mod:`coalescence.utility`), and estimates Shapley-style values from them.
 
 Typical use::
 
-    import anyio
-    from coalescence import Engine, load_backend, load_conversation, make_estimator, get_policy
+    import coalescence
 
-    backend = load_backend("smollm2-135m")
-    engine = Engine(backend)
-    snapshot = engine.prepare(load_conversation("examples/eiffel.json"), unit="sentence")
-    explanation = anyio.run(engine.explain, snapshot, make_estimator("exact"), get_policy("drop"))
+    explanation = coalescence.explain("examples/eiffel.json", unit="sentence")
+    explanation.to_pandas()      # one row per player: label, role, text, value (nats), stderr, rank
     print(explanation.format_table())
+
+An :class:`Explainer` loads the model once for many calls; :mod:`coalescence.runs` is the
+application layer under the API and the command line; :class:`Engine` is the evaluation engine
+itself (coalitions through the scheduler, collator and backend).
 """
 
 from importlib import metadata as _metadata
 
+from .api import Explainer, explain, explain_async
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
 from .attribution.explanation import Explanation
@@ -76,6 +78,7 @@ __all__ = (
     "Estimate",
     "Estimator",
     "EstimatorError",
+    "Explainer",
     "Explanation",
     "GenerationConfig",
     "HFBackend",
@@ -99,6 +102,8 @@ __all__ = (
     "UtilitySpec",
     "__version__",
     "coalition_key",
+    "explain",
+    "explain_async",
     "explain_hierarchical",
     "get_policy",
     "load_backend",

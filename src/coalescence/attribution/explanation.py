@@ -16,6 +16,21 @@ EXPLANATION_SCHEMA = 1
 """Version of the ``--out`` JSON document (:meth:`Explanation.to_dict`)."""
 
 
+_EXTRA_HINT = "pip install -c constraints.txt -e '.[notebook]' (pandas and matplotlib)"
+
+
+def _optional(module: str) -> Any:
+    """Import an optional package of the ``notebook`` extra, or say how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        from ..errors import BackendUnavailable
+
+        raise BackendUnavailable(f"{module.split('.')[0]} is not installed; {_EXTRA_HINT}", field="notebook") from exc
+
+
 def _fmt(x: float, *, sign: bool = False) -> str:
     """Four decimals, or four significant digits in scientific notation below 1e-3 (e.g. ``prob``)."""
     x = float(x)
@@ -218,6 +233,79 @@ class Explanation:
             "players": players,
             "answer_tokens": None if self.answer_tokens is None else [t.to_dict() for t in self.answer_tokens],
         }
+
+    # -- in a notebook -----------------------------------------------------------------------
+    def _repr_html_(self) -> str | None:
+        """The report's view of this explanation, for Jupyter (the conversation highlighted, the
+        ranked chart, the run's facts); ``None`` (the plain repr) without the report's packages."""
+        try:
+            from ..report import explanation_fragment
+
+            return explanation_fragment(self.to_dict())
+        except ImportError:
+            return None
+
+    def to_pandas(self) -> Any:
+        """One row per player, in player order.
+
+        Returns:
+            A ``pandas.DataFrame`` with columns ``label``, ``role``, ``message_index``, ``start``,
+            ``end`` (character offsets in the message), ``text``, ``value`` (float64, in
+            :attr:`utility_unit`), ``stderr`` (float64, NaN where the method has none) and ``rank``
+            (1 = largest value; ties by player order).
+
+        Raises:
+            BackendUnavailable: pandas is not installed (with the install command).
+        """
+        pd = _optional("pandas")
+        est = self.estimate
+        rank = {i: r for r, i in enumerate(self.ranking(), start=1)}
+        rows = [
+            {
+                "label": p.label,
+                "role": p.role,
+                "message_index": p.message_index,
+                "start": p.start,
+                "end": p.end,
+                "text": p.text,
+                "value": float(est.values[p.index]),
+                "stderr": float("nan") if est.stderr is None else float(est.stderr[p.index]),
+                "rank": rank[p.index],
+            }
+            for p in self.snapshot.players
+        ]
+        columns = ["label", "role", "message_index", "start", "end", "text", "value", "stderr", "rank"]
+        return pd.DataFrame(rows, columns=columns)
+
+    def plot(self, ax: Any = None, *, top: int | None = None) -> Any:
+        """The ranked bar chart of the values (largest at the top), with standard errors as error
+        bars where the method has them, on a matplotlib Axes.
+
+        Args:
+            ax: the Axes to draw on (default: a new figure's).
+            top: draw only the ``top`` players by value.
+
+        Returns:
+            The ``matplotlib.axes.Axes``.
+
+        Raises:
+            BackendUnavailable: matplotlib is not installed (with the install command).
+        """
+        plt = _optional("matplotlib.pyplot")
+        order = self.ranking()[: top if top is not None else None]
+        est = self.estimate
+        labels = [self.snapshot.players[i].label for i in order]
+        values = [float(est.values[i]) for i in order]
+        errors = None if est.stderr is None else [float(est.stderr[i]) for i in order]
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 0.35 * len(order) + 1.2))
+        ax.barh(range(len(order)), values, xerr=errors, color=["#2166ac" if v >= 0 else "#b2182b" for v in values], capsize=3)
+        ax.set_yticks(range(len(order)), labels)
+        ax.invert_yaxis()
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"{est.method} value ({self.utility_unit})")
+        ax.set_title(f"{self.utility_description or self.utility}: v(full) - v(empty) = {est.v_full - est.v_empty:+.3f}")
+        return ax
 
     def format_table(self, *, snippet: int = 60) -> str:
         """A ranked plain-text table and a summary, for a terminal.

