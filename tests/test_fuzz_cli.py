@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import io
 import json
 import math
 from dataclasses import dataclass, field

@@ -47,8 +47,6 @@ import re
 import signal
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
@@ -63,7 +61,7 @@ from ._interrupts import (
     quiet_closed_outputs,
     write_stderr,
 )
-from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError, EstimatorError
+from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError
 
 __all__ = ("build_parser", "main")
 

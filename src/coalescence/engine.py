@@ -20,26 +20,25 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
 from typing import Any
 
-import anyio
 import numpy as np
 import pyarrow as pa
 
 from .archive.writer import RunArchive
 from .attribution.estimators.base import Estimator
 from .attribution.explanation import AnswerToken, Explanation, answer_tokens
-from .backends.base import GenerateRequest, ScoreRequest, ScoringBackend, validate_generations, validate_results
+from .backends.base import ScoringBackend
 from .conversation import Conversation, ConversationSnapshot, segment_players
-from .errors import ConfigError, EngineClosed, InputError, MaskError, TemplateRefused
+from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
 from .masking.render import ChatRenderer, TargetTokens
-from .preflight import refusal
+from .pipeline import BackendCall, CoalitionRequest, Measurement, ScoringPipeline
 from .scheduler.buckets import LengthBuckets, share_order
 from .scheduler.collator import Collator, CollatorBackend
 from .scheduler.progress import NullProgress, Progress
-from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, EvalOutcome, SchedulerStatistics
+from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, SchedulerStatistics
 from .scheduler.store import ResultStore
-from .utility import ResolvedUtility, UtilitySpec, item_seed
+from .utility import ResolvedUtility, UtilitySpec
 
 __all__ = ("UTILITY", "Engine", "fill_measurements", "fill_store", "key_for", "pool_from_store", "utility_detail")
 
@@ -49,7 +48,6 @@ UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
 """The key of the default utility: log p(target tokens | masked prompt), summed, in nats."""
 _WITH_STDERR = ("permutation", "kernelshap", "banzhaf")
 
-Measurement = Any  # [n_target] float32 token log-probabilities (nats), or a tuple of generated texts
 
 
 class Engine:
@@ -276,108 +274,28 @@ class Engine:
 
     # -- evaluation ---------------------------------------------------------------------------
     def _new_scheduler(self) -> tuple[CoalitionScheduler, Collator]:
-        """A scheduler and collator for one :meth:`evaluate` call (made inside its event loop)."""
-        counter = self._batch_ids
-
-        def call(prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
-            batch_id = next(counter)
-            t0 = time.perf_counter()
-            # the whole batch is validated before any result is used (batch keys keep kinds apart)
-            if isinstance(prompts[0], GenerateRequest):
-                results: list[Any] = validate_generations(prompts, self.backend.generate_batch(prompts))
-            else:
-                results = validate_results(prompts, self.backend.score(prompts))
-            seconds = time.perf_counter() - t0
-            return [(r, len(prompts), batch_id, seconds) for r in results]
-
+        """A scheduler and collator for one :meth:`evaluate` call (made inside its event loop),
+        with the :class:`~coalescence.pipeline.ScoringPipeline` as the scheduler's evaluation."""
         buckets = self.buckets or LengthBuckets(max_tokens=int(self.backend.max_context))
-        collator = Collator(CollatorBackend(fn=call), max_batch_size=self.batch_size, buckets=buckets)
-        tokenizer = self.backend.tokenizer
-
-        async def evaluate_job(job: CoalitionJob) -> EvalOutcome:
-            snapshot, policy, row, evaluation_key = job.request
-            resolved = self.resolved_utility(snapshot, policy)
-            known = self.measurements.get(evaluation_key)
-            if known is not None:  # the same evaluation under another utility: no model call
-                return await self._outcome(snapshot, resolved, evaluation_key, known, cache_hit=True)
-            if resolved.spec.teacher_forced:
-                target = self.target_tokens(snapshot, policy)
-                messages = policy.render(snapshot, row)
-                try:
-                    prompt_ids = tuple(self.renderer.encode(self.renderer.scoring_prompt(messages, target)))
-                except TemplateRefused as exc:  # a coalition the preflight's subset did not hold
-                    raise refusal(snapshot, policy, row, messages, exc, during=True) from None
-                request: Any = ScoreRequest(prompt_ids=prompt_ids, target_ids=target.ids)
-            else:
-                messages = policy.render(snapshot, row)
-                try:
-                    prompt_ids = tuple(self.renderer.encode_prompt(messages))
-                except TemplateRefused as exc:
-                    raise refusal(snapshot, policy, row, messages, exc, during=True) from None
-                gen = resolved.spec.generation
-                assert gen is not None
-                request = GenerateRequest(
-                    prompt_ids=prompt_ids,
-                    max_new_tokens=gen.max_new_tokens,
-                    temperature=float(gen.temperature),
-                    top_p=float(gen.top_p),
-                    seeds=tuple(item_seed(gen.seed, evaluation_key, i) for i in range(gen.num_samples)),
-                )
-            result, batch_size, batch_id, seconds = await collator.submit(
-                request,
-                key_extra=(self.backend.model_id, "score" if resolved.spec.teacher_forced else "generate"),
-                n_tokens=request.n_tokens,
-            )
-            if resolved.spec.teacher_forced:
-                measurement: Measurement = np.asarray(result.token_logprobs, dtype=np.float32)
-            else:
-                measurement = tuple(
-                    tokenizer.decode(list(ids), skip_special_tokens=True).strip() for ids in result.token_ids
-                )
-            self.measurements[evaluation_key] = measurement
-            outcome = await self._outcome(snapshot, resolved, evaluation_key, measurement, cache_hit=False)
-            reused = int(getattr(result, "tokens_reused", 0))
-            return replace(
-                outcome,
-                batch_size=batch_size,
-                batch_id=batch_id,
-                batch_seconds=seconds,
-                kv_cache_hits=reused,
-                tokens_computed=int(result.tokens_computed),
-                tokens_reused=reused,
-            )
-
+        collator = Collator(
+            CollatorBackend(fn=BackendCall(self.backend, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
+        )
+        pipeline = ScoringPipeline(
+            backend=self.backend,
+            renderer=self.renderer,
+            collator=collator,
+            target_tokens=self.target_tokens,
+            resolved_utility=self.resolved_utility,
+            measurements=self.measurements,
+        )
         scheduler = CoalitionScheduler(
-            evaluate_job,
+            pipeline,
             store=self.store,
             archive=self.archive,
             progress=self.progress,
             max_inflight=2 * self.batch_size,
         )
         return scheduler, collator
-
-    async def _outcome(
-        self,
-        snapshot: ConversationSnapshot,
-        resolved: ResolvedUtility,
-        evaluation_key: str,
-        measurement: Measurement,
-        *,
-        cache_hit: bool,
-    ) -> EvalOutcome:
-        """v(S) reduced from a measurement, as an outcome carrying the measurement to the archive."""
-        if resolved.spec.teacher_forced:
-            value = resolved.from_token_logprobs(measurement)
-            return EvalOutcome(
-                utility=value, cache_hit=cache_hit, batch_size=0 if cache_hit else 1,
-                evaluation_key=evaluation_key, token_logprobs=measurement,
-            )
-        # similarity models (embeddings) run in a worker thread, off the event loop
-        value = await anyio.to_thread.run_sync(resolved.from_generations, measurement, snapshot.target)
-        return EvalOutcome(
-            utility=value, cache_hit=cache_hit, batch_size=0 if cache_hit else 1,
-            evaluation_key=evaluation_key, generated_texts=tuple(measurement),
-        )
 
     async def evaluate(
         self,
@@ -435,7 +353,9 @@ class Engine:
                 CoalitionJob(
                     coalition_key=self.key(snapshot, policy, mask),
                     snapshot_id=snapshot.snapshot_id,
-                    request=(snapshot, policy, row, self.evaluation_key(snapshot, policy, mask)),
+                    request=CoalitionRequest(
+                        snapshot=snapshot, policy=policy, present=row, evaluation_key=self.evaluation_key(snapshot, policy, mask)
+                    ),
                     absence_policy=policy.id,
                     mask=mask,
                     model_id=self.backend.model_id,

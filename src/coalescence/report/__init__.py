@@ -14,7 +14,6 @@ request of any kind (see :mod:`.page` for what it shows).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
