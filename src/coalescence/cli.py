@@ -224,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         "input",
         metavar="INPUT",
         help="input JSON file (OpenAI chat messages, optionally with declared \"players\", or the RAG "
-        'form {"documents", "question", "answer"}), or a .jsonl file with one input per line',
+        'form {"documents", "question", "answer"}), a .jsonl file with one input per line, or a .parquet '
+        "dataset with one input per row (a messages column and the optional fields as columns)",
     )
     _add_model_options(ex, default="smollm2-135m")
     ex.add_argument(
@@ -334,6 +335,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: a new runs/<UTC time>-<snapshot id>)",
     )
     ex.add_argument("--new-run", action="store_true", help="add a run with other settings to an existing --archive")
+    ex.add_argument(
+        "--max-conversations-in-flight",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="a dataset (.jsonl, .parquet): conversations evaluated at once through one scheduler, their "
+        "coalitions filling the same batches (bounds memory) (default: %(default)s)",
+    )
     _add_archive_options(ex)
     ex.add_argument("--out", metavar="JSON", default=None, help="write the explanation as JSON here")
     ex.add_argument(
@@ -585,6 +594,7 @@ def _explain_settings(args: argparse.Namespace) -> Any:
         skip_corrupt=args.skip_corrupt,
         out=args.out,
         html=args.html,
+        max_conversations_in_flight=args.max_conversations_in_flight,
     )
 
 
@@ -605,6 +615,8 @@ def _explain(args: argparse.Namespace) -> int:
     _STATE["archive"], _STATE["engine"] = str(run.run_dir), run.engine
     if run.archive.resumed and not args.no_progress:
         print(f"coalescence: resuming {run.run_dir}: {run.resumed_coalitions} coalitions already evaluated", file=sys.stderr)
+        if run.archive.results:
+            print(f"coalescence: {len(run.archive.results)} conversations finished before are restored, not planned again", file=sys.stderr)
     # 5. the run, closed with its status; 6. the documents
     explanations = _finish(run.engine, run.evaluate)
     try:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import fields, replace
 from typing import Any
 
@@ -48,6 +50,21 @@ UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
 """The key of the default utility: log p(target tokens | masked prompt), summed, in nats."""
 _WITH_STDERR = ("permutation", "kernelshap", "banzhaf")
 
+
+
+_EXECUTED: ContextVar[list[int] | None] = ContextVar("coalescence_executed", default=None)
+
+
+@contextmanager
+def counting_evaluations() -> Iterator[list[int]]:
+    """Count the model evaluations of the :meth:`Engine.evaluate` calls made in this task (and
+    not those of other conversations evaluated concurrently): ``box[0]`` after the block."""
+    box = [0]
+    token = _EXECUTED.set(box)
+    try:
+        yield box
+    finally:
+        _EXECUTED.reset(token)
 
 
 class Engine:
@@ -102,6 +119,8 @@ class Engine:
             fill_measurements(self.measurements, archive.loaded)
         self._totals = SchedulerStatistics()
         self._batch_ids = itertools.count()
+        self._shared: ScoringPipeline | None = None
+        self._users = 0
         self._targets: dict[str, TargetTokens] = {}
         self._closed = False
 
@@ -273,29 +292,31 @@ class Engine:
         return answer_tokens(target.answer, target.offsets, measured[0], measured[1], lead=target.lead, tail=target.tail)
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _new_scheduler(self) -> tuple[CoalitionScheduler, Collator]:
-        """A scheduler and collator for one :meth:`evaluate` call (made inside its event loop),
-        with the :class:`~coalescence.pipeline.ScoringPipeline` as the scheduler's evaluation."""
-        buckets = self.buckets or LengthBuckets(max_tokens=int(self.backend.max_context))
-        collator = Collator(
-            CollatorBackend(fn=BackendCall(self.backend, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
-        )
-        pipeline = ScoringPipeline(
-            backend=self.backend,
-            renderer=self.renderer,
-            collator=collator,
-            target_tokens=self.target_tokens,
-            resolved_utility=self.resolved_utility,
-            measurements=self.measurements,
-        )
-        scheduler = CoalitionScheduler(
-            pipeline,
-            store=self.store,
-            archive=self.archive,
-            progress=self.progress,
-            max_inflight=2 * self.batch_size,
-        )
-        return scheduler, collator
+    def _acquire(self) -> ScoringPipeline:
+        """The collator and scoring pipeline shared by every :meth:`evaluate` call in flight (made
+        inside the event loop by the first; closed when the last one ends), so concurrent
+        conversations fill the same batches."""
+        if self._shared is None:
+            buckets = self.buckets or LengthBuckets(max_tokens=int(self.backend.max_context))
+            collator = Collator(
+                CollatorBackend(fn=BackendCall(self.backend, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
+            )
+            self._shared = ScoringPipeline(
+                backend=self.backend,
+                renderer=self.renderer,
+                collator=collator,
+                target_tokens=self.target_tokens,
+                resolved_utility=self.resolved_utility,
+                measurements=self.measurements,
+            )
+        self._users += 1
+        return self._shared
+
+    def _release(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._shared is not None:
+            self._shared.collator.close()
+            self._shared = None
 
     async def evaluate(
         self,
@@ -361,12 +382,19 @@ class Engine:
                     model_id=self.backend.model_id,
                 )
             )
-        scheduler, collator = self._new_scheduler()
+        pipeline = self._acquire()
+        scheduler = CoalitionScheduler(
+            pipeline, store=self.store, archive=self.archive, progress=self.progress, max_inflight=2 * self.batch_size
+        )
         try:
             results = await scheduler.run(jobs) if jobs else []
         finally:
-            collator.close()
-            self._totals = _add_stats(self._totals, scheduler.statistics())
+            self._release()
+            run_stats = scheduler.statistics()
+            self._totals = _add_stats(self._totals, run_stats)
+            box = _EXECUTED.get()
+            if box is not None:
+                box[0] += run_stats.executed
         masks = np.array(rows_seen, dtype=bool).reshape(len(distinct), snapshot.n_players)
         utilities = np.empty(len(results), dtype=np.float64)
         utilities[order] = [r.utility for r in results]  # back to first-seen order
@@ -386,9 +414,9 @@ class Engine:
         t0 = time.perf_counter()
         estimator.validate(snapshot.n_players)
         self.resolved_utility(snapshot, policy)
-        before = self.statistics().executed
-        masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
-        return self._explanation(snapshot, policy, estimator.fit(masks, utilities), t0, before)
+        with counting_evaluations() as executed:
+            masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
+        return self._explanation(snapshot, policy, estimator.fit(masks, utilities), t0, executed[0])
 
     async def explain_until(
         self,
@@ -437,7 +465,8 @@ class Engine:
         make_estimator(method, budget=budget, seed=seed).validate(n)
         self.resolved_utility(snapshot, policy)
         t0 = time.perf_counter()
-        before = self.statistics().executed
+        counting = counting_evaluations()
+        executed = counting.__enter__()
         round_budget = min(budget, first_budget or max(16, 4 * n))
         rounds = 0
         while True:
@@ -462,6 +491,7 @@ class Engine:
                 reason = "budget"
                 break
             round_budget = min(budget, 2 * round_budget)
+        counting.__exit__(None, None, None)
         stopping = {
             "reason": reason,
             "target_stderr": target_stderr,
@@ -470,7 +500,7 @@ class Engine:
             "budget": budget,
             "last_round_budget": round_budget,
         }
-        return self._explanation(snapshot, policy, estimate, t0, before, stopping=stopping)
+        return self._explanation(snapshot, policy, estimate, t0, executed[0], stopping=stopping)
 
     def _explanation(
         self,
@@ -478,7 +508,7 @@ class Engine:
         policy: AbsencePolicy,
         estimate: Any,
         t0: float,
-        before: int,
+        executed: int,
         *,
         stopping: dict[str, Any] | None = None,
     ) -> Explanation:
@@ -494,7 +524,7 @@ class Engine:
             utility_detail=utility_detail(self.resolved_utility(snapshot, policy)),
             utility_description=self.resolved_utility(snapshot, policy).describe(),
             target_token_count=len(self.target_tokens(snapshot, policy).ids),
-            n_evaluations=self.statistics().executed - before,
+            n_evaluations=executed,
             wall_seconds=time.perf_counter() - t0,
             notes=self._notes(snapshot, policy),
             stopping=stopping,

@@ -203,16 +203,53 @@ def _prefixed(exc: InputError, line: int) -> InputError:
     return InputError(exc.message, field=field)
 
 
+def _parquet_inputs(path: Path, template: RagTemplate | None) -> list[Conversation]:
+    """The conversations of a Parquet dataset: one row per conversation, the input's fields as
+    columns (``messages``: a list of ``{role, content, ...}`` structs or a JSON string; the
+    optional ``target``, ``players``, or the RAG form's ``documents``, ``question``, ``answer``);
+    a null field is absent. Errors name the row (``row 3: messages[1].content``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise InputError(f"no such file {str(path)!r}", field="input") from None
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"cannot read {str(path)!r} as Parquet: {' '.join(str(exc).split())}", field="input") from exc
+    if "messages" not in table.column_names and "documents" not in table.column_names:
+        raise InputError(
+            f"{path.name} has no 'messages' (or RAG 'documents') column; its columns are {table.column_names}",
+            field="input",
+        )
+    conversations = []
+    for n, row in enumerate(table.to_pylist()):
+        data = {k: v for k, v in row.items() if v is not None}
+        for key in ("messages", "players", "documents"):
+            if isinstance(data.get(key), str):  # a column of JSON text
+                data[key] = parse_json(data[key], what=f"{path.name} row {n}", field=f"row {n}: {key}")
+        try:
+            conversations.append(conversation_from_input(data, template))
+        except InputError as exc:
+            field = f"row {n}: {exc.field}" if exc.field else f"row {n}"
+            raise InputError(exc.message, field=field) from exc
+    if not conversations:
+        raise InputError(f"{path.name} holds no row", field="input")
+    return conversations
+
+
 def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[list[Conversation], bool]:
-    """Read the inputs of a run: one JSON object, or one per line of a ``.jsonl`` file.
+    """Read the inputs of a run: one JSON object, one per line of a ``.jsonl`` file, or one per
+    row of a ``.parquet`` dataset.
 
     Args:
-        path: a ``.json`` file (one input) or a ``.jsonl`` file (JSON Lines: one input per
-            non-blank line, lines separated by ``"\n"`` only).
+        path: a ``.json`` file (one input), a ``.jsonl`` file (JSON Lines: one input per
+            non-blank line, lines separated by ``"\n"`` only), or a ``.parquet`` file (one input
+            per row: a ``messages`` column and the optional fields as columns).
         template: the RAG template for inputs in the RAG form.
 
     Returns:
-        The conversations, in file order, and whether the file was JSONL.
+        The conversations, in file order, and whether the file is a dataset (JSONL or Parquet).
 
     Raises:
         InputError: the file is missing or unreadable, invalid JSON (with line and column) or
@@ -220,6 +257,8 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
             JSONL error names the line: ``line 3: players[0].end``).
     """
     p = Path(path)
+    if p.suffix.lower() == ".parquet":
+        return _parquet_inputs(p, template), True
     if p.suffix.lower() != ".jsonl":
         from .conversation import load_conversation
 

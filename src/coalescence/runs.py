@@ -132,6 +132,8 @@ class RunSettings:
             ``None`` for no archive (the Python API's default).
         new_run, flush_rows, flush_seconds, skip_corrupt: archive options.
         out, html: files written after the run (the ``--out`` document, the HTML report).
+        max_conversations_in_flight: a dataset's conversations evaluated at once, through one
+            scheduler and collator (their coalitions fill the same batches); bounds memory.
 
     Raises:
         ConfigError: a setting that cannot work, alone or with another (naming it); checked on
@@ -171,6 +173,7 @@ class RunSettings:
     skip_corrupt: bool = False
     out: str | Path | None = None
     html: str | Path | None = None
+    max_conversations_in_flight: int = 8
 
     def __post_init__(self) -> None:
         from .attribution.estimators import estimator_class, methods_with
@@ -214,6 +217,8 @@ class RunSettings:
                 "the text. Add --absence-policy placeholder or drop --placeholder",
                 field="placeholder",
             )
+        if isinstance(self.max_conversations_in_flight, bool) or not isinstance(self.max_conversations_in_flight, int) or self.max_conversations_in_flight < 1:
+            raise ConfigError(f"must be a positive integer, got {self.max_conversations_in_flight!r}", field="max_conversations_in_flight")
         if isinstance(self.archive, str) and not self.archive.strip():
             raise ConfigError("is empty; give a directory path for the run archive", field="archive")
         self.policy()  # a bad rule or placeholder is refused now
@@ -330,6 +335,7 @@ class ExplainRun:
         self.fines: list[Any] = []
         self.run_dir: Path | None = None
         self.resumed_coalitions = 0
+        self.restored_conversations = 0
         self._loaded: dict[str, Any] = {}
         self.check()
 
@@ -653,35 +659,90 @@ class ExplainRun:
 
     # -- 5. the run ------------------------------------------------------------------------------------
     async def evaluate(self) -> list[Any]:
-        """Plan, evaluate and fit every input, in order (async: the engine's event loop).
+        """Plan, evaluate and fit every input (async: the engine's event loop).
+
+        Up to ``max_conversations_in_flight`` conversations are evaluated at once through the one
+        engine (their coalitions share batches; each value is what a one-at-a-time run gives, up
+        to float rounding). A conversation an earlier session of a resumed run finished, with the
+        same method, budget, seed and target standard error, is restored from the archive, not
+        planned again.
 
         Returns:
-            One explanation per input (hierarchical for a hierarchy run).
+            One explanation per input, in input order (hierarchical for a hierarchy run).
 
         Raises:
             BatchFailed: a model call failed.
         """
+        import anyio
+
+        results: list[Any] = [None] * len(self.snapshots)
+        todo = []
+        for k, snap in enumerate(self.snapshots):
+            restored = self._restored(snap)
+            if restored is not None:
+                results[k] = restored
+            else:
+                todo.append((k, snap))
+        self.restored_conversations = len(self.snapshots) - len(todo)
+        pending = iter(todo)
+
+        async def worker() -> None:
+            for k, snap in pending:  # shared: each worker takes the next conversation
+                results[k] = await self._explain_one(k, snap)
+                self._record(snap, results[k])
+
+        width = max(1, min(self.settings.max_conversations_in_flight, len(todo)))
+        if width == 1:
+            await worker()
+            return results
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(width):
+                    tg.start_soon(worker)
+        except BaseExceptionGroup as group:  # one conversation's error stops the others: raise it as it is
+            raise _first_error(group) from None
+        return results
+
+    async def _explain_one(self, k: int, snap: Any) -> Any:
         from .attribution.hierarchy import explain_hierarchical
 
         s, engine, policy = self.settings, self.engine, self.policy
-        results = []
-        for k, snap in enumerate(self.snapshots):
-            if s.target_stderr is not None:
-                results.append(
-                    await engine.explain_until(
-                        snap, s.method, policy, budget=s.budget_for(snap.n_players), target_stderr=s.target_stderr, seed=s.seed
-                    )
-                )
-            elif s.hierarchy is None:
-                results.append(await engine.explain(snap, s.estimator(snap.n_players), policy))
-            else:
-                fine, parents = self.fines[k]
-                results.append(
-                    await explain_hierarchical(
-                        engine, snap, fine, parents, estimator_for=s.estimator, policy=policy, top_k=s.top_k_or_default
-                    )
-                )
-        return results
+        if s.target_stderr is not None:
+            return await engine.explain_until(
+                snap, s.method, policy, budget=s.budget_for(snap.n_players), target_stderr=s.target_stderr, seed=s.seed
+            )
+        if s.hierarchy is None:
+            return await engine.explain(snap, s.estimator(snap.n_players), policy)
+        fine, parents = self.fines[k]
+        return await explain_hierarchical(
+            engine, snap, fine, parents, estimator_for=s.estimator, policy=policy, top_k=s.top_k_or_default
+        )
+
+    def _result_key(self, snap: Any) -> str:
+        import json
+
+        s = self.settings
+        fit = {"method": s.method, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
+        return json.dumps({"snapshot_id": snap.snapshot_id, "fit": fit}, sort_keys=True)
+
+    def _restored(self, snap: Any) -> Any:
+        """The explanation of ``snap`` an earlier session finished, or ``None``."""
+        from .attribution.explanation import Explanation
+
+        if self.archive is None or self.settings.hierarchy is not None:
+            return None
+        document = self.archive.results.get(self._result_key(snap))
+        if document is None:
+            return None
+        try:
+            return Explanation.from_dict(document, snap, notes=("restored from the archive: finished in an earlier session of this run",))
+        except InputError:
+            return None  # not restorable: evaluated again (its coalitions are in the archive)
+
+    def _record(self, snap: Any, explanation: Any) -> None:
+        """Record a finished conversation's explanation for a resume (hierarchies are not)."""
+        if self.archive is not None and self.settings.hierarchy is None and len(self.snapshots) > 1:
+            self.archive.record_result(self._result_key(snap), explanation.to_dict())
 
     # -- 6. close and write ------------------------------------------------------------------------------
     def close(self, status: str) -> None:
@@ -732,6 +793,18 @@ class ExplainRun:
             document=payload,
             resumed_coalitions=self.resumed_coalitions,
         )
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first error of a task group's, depth first, that is not the cancellation it caused."""
+    import anyio
+
+    cancelled = anyio.get_cancelled_exc_class()
+    for exc in group.exceptions:
+        found = _first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if not isinstance(found, cancelled):
+            return found
+    return group.exceptions[0]
 
 
 def explain_run(source: Any, settings: RunSettings, *, backend: Any = None, progress: Any = None) -> RunResult:

@@ -64,6 +64,10 @@ refused there by the version check)."""
 MANIFEST_NAME = "manifest.json"
 PARTS_DIR = "parts"
 LOCK_NAME = ".lock"
+RESULTS_NAME = "results.jsonl"
+"""Finished explanations, one JSON line each ``{"run_id", "key", "document"}``, appended once the
+rows they were fitted from are flushed: a resumed dataset run restores them instead of planning
+those conversations again (a torn last line, from a crash, is ignored)."""
 QUARANTINE_DIR = "quarantine"
 NEXT_LINK = ".parts.next"
 """The link to a new generation, made before it replaces ``parts`` (crash debris otherwise)."""

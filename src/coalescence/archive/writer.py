@@ -58,7 +58,7 @@ from .layout import (
 )
 from .manifest import read_manifest
 from .reader import BadPart, dedupe_rows, load_rows, parts_of
-from .schema import LOCK_NAME, MANIFEST_NAME, PARTS_DIR, ROW_SCHEMA, SCHEMA_VERSION, part_name
+from .schema import LOCK_NAME, MANIFEST_NAME, PARTS_DIR, RESULTS_NAME, ROW_SCHEMA, SCHEMA_VERSION, part_name
 
 __all__ = ("IDENTITY_FIELDS", "RunArchive", "compact", "write_json_atomic")
 
@@ -90,6 +90,26 @@ def write_json_atomic(path: Path, data: Any, *, field: str | None = None) -> Non
     except UnicodeEncodeError:
         text = (json.dumps(data, indent=2) + "\n").encode("ascii")
     write_output(Path(path), text, field=field)
+
+
+def _read_results(path: Path, run_id: str) -> dict[str, dict[str, Any]]:
+    """The finished explanations of ``run_id`` in ``results.jsonl`` (complete lines only)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ArchiveError(f"cannot read {path}: {one_line(exc)}", field="archive") from exc
+    out: dict[str, dict[str, Any]] = {}
+    for line in data.split(b"\n")[:-1]:  # the last piece is empty, or a line a crash tore
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("run_id") == run_id and isinstance(record.get("key"), str):
+            if isinstance(record.get("document"), dict):
+                out[record["key"]] = record["document"]
+    return out
 
 
 def _write_part(directory: Path, index: int, table: pa.Table, *, field: str = "archive") -> Path:
@@ -232,6 +252,8 @@ class RunArchive:
         self._keys: set[str] = set(loaded["coalition_key"].to_pylist()) if loaded.num_rows else set()
         self._rows: list[dict[str, Any]] = []
         self._last_flush = time.monotonic()
+        self.results: dict[str, dict[str, Any]] = _read_results(run_dir / RESULTS_NAME, run_id)
+        self._pending_results: list[bytes] = []
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -465,6 +487,7 @@ class RunArchive:
         """
         self._last_flush = time.monotonic()
         if not self._rows:
+            self._write_results()
             return
         try:
             table = pa.Table.from_pylist(self._rows, schema=ROW_SCHEMA)
@@ -485,6 +508,38 @@ class RunArchive:
             error = os_error(exc, f"cannot sync {self._directory}")
             self.write_error = error.message
             raise error from exc
+        self._write_results()
+
+    def record_result(self, key: str, document: Mapping[str, Any]) -> None:
+        """Record a finished explanation (``key``: what it was fitted with, e.g. snapshot and
+        method); it is written to ``results.jsonl`` once every row buffered now is flushed, so a
+        restored result never stands for rows the archive lacks.
+
+        Raises:
+            ArchiveError: the archive is closed.
+        """
+        if self.closed:
+            raise ArchiveError("the run archive is closed", field="archive")
+        line = json.dumps({"run_id": self.run_id, "key": key, "document": document}, ensure_ascii=False, allow_nan=False)
+        self._pending_results.append(line.encode("utf-8") + b"\n")
+        self.results[key] = dict(document)
+        if not self._rows:
+            self._write_results()
+
+    def _write_results(self) -> None:
+        if not self._pending_results:
+            return
+        path = self.run_dir / RESULTS_NAME
+        try:
+            with open(path, "ab") as fh:
+                fh.write(b"".join(self._pending_results))
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            error = os_error(exc, f"cannot write {path}")
+            self.write_error = error.message
+            raise error from exc
+        self._pending_results.clear()
 
     def close(self, *, status: str = "complete", **run_updates: Any) -> None:
         """Flush the rest, update the manifest (run status, counters) and release the lock.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -233,6 +233,66 @@ class Explanation:
             "players": players,
             "answer_tokens": None if self.answer_tokens is None else [t.to_dict() for t in self.answer_tokens],
         }
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any], snapshot: ConversationSnapshot, *, notes: tuple[str, ...] = ()) -> Explanation:
+        """An explanation back from its ``--out`` document (:meth:`to_dict`) and its snapshot (a
+        finished conversation of a resumed dataset run). ``null`` numbers come back as NaN.
+
+        Args:
+            document: the document.
+            snapshot: the snapshot it explains (its id must match).
+            notes: notes to add to the document's.
+
+        Raises:
+            InputError: the document is for another snapshot, or malformed.
+        """
+        from ..errors import InputError
+
+        def num(x: Any) -> float:
+            return float("nan") if x is None else float(x)
+
+        try:
+            if document["snapshot_id"] != snapshot.snapshot_id:
+                raise InputError(f"the document explains snapshot {str(document['snapshot_id'])[:12]}", field="document")
+            players = sorted(document["players"], key=lambda p: p["index"])
+            has_se = any(p.get("stderr") is not None for p in players)
+            estimate = Estimate(
+                method=document["method"],
+                values=[num(p["value"]) for p in players],
+                stderr=[num(p.get("stderr")) for p in players] if has_se else None,
+                v_empty=num(document["v_empty"]),
+                v_full=num(document["v_full"]),
+                efficiency_gap=num(document["efficiency_gap"]),
+                n_evaluations=int(document["n_coalitions"]),
+                diagnostics={k: num(v) for k, v in (document.get("diagnostics") or {}).items()},
+            )
+            tokens = document.get("answer_tokens")
+            return cls(
+                snapshot=snapshot,
+                estimate=estimate,
+                model_id=document["model_id"],
+                model_revision=document.get("model_revision", ""),
+                absence_policy=document["absence_policy"],
+                absence_params=dict(document.get("absence_params") or {}),
+                utility=document.get("utility", "logprob"),
+                utility_unit=document.get("value_unit", "nats"),
+                utility_detail=dict(document.get("utility_detail") or {}),
+                utility_description=str((document.get("utility_detail") or {}).get("description", "")),
+                target_token_count=int(document.get("target_token_count", 0)),
+                n_evaluations=0,
+                wall_seconds=0.0,
+                notes=tuple(document.get("notes") or ()) + notes,
+                stopping=document.get("stopping"),
+                answer_tokens=None
+                if tokens is None
+                else tuple(
+                    AnswerToken(text=t["text"], start=t["start"], end=t["end"], logprob_full=num(t["logprob_full"]), logprob_empty=num(t["logprob_empty"]))
+                    for t in tokens
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"malformed explanation document: {exc!r}", field="document") from exc
 
     # -- in a notebook -----------------------------------------------------------------------
     def _repr_html_(self) -> str | None:

@@ -204,15 +204,16 @@ async def explain_hierarchical(
     t0 = time.perf_counter()
     estimator = estimator_for(int(sel.size))
     estimator.validate(int(sel.size))
-    before = engine.statistics().executed
-
     def lifted() -> Any:
         for row in estimator.plan(int(sel.size)):
             full = np.ones(fine.n_players, dtype=bool)
             full[sel] = row
             yield full
 
-    masks, utilities = await engine.evaluate(fine, policy, lifted())
+    from ..engine import counting_evaluations
+
+    with counting_evaluations() as executed:
+        masks, utilities = await engine.evaluate(fine, policy, lifted())
     estimate = estimator.fit(masks[:, sel], utilities)
     view_players: list[Player] = [replace(fine.players[int(k)], index=j) for j, k in enumerate(sel)]
     view = ConversationSnapshot(conversation=fine.conversation, unit=fine.unit, players=tuple(view_players))
@@ -228,7 +229,7 @@ async def explain_hierarchical(
         utility_detail=dict(coarse_explanation.utility_detail),
         utility_description=coarse_explanation.utility_description,
         target_token_count=coarse_explanation.target_token_count,
-        n_evaluations=engine.statistics().executed - before,
+        n_evaluations=executed[0],
         wall_seconds=time.perf_counter() - t0,
         answer_tokens=engine.answer_tokens(fine, policy, empty=_lifted_empty(fine.n_players, sel)),
         notes=coarse_explanation.notes

@@ -1,0 +1,134 @@
+"""Datasets: many conversations in flight through one scheduler and collator, Parquet inputs, and a
+resumed dataset run that restores finished conversations instead of planning them again.
+
+Real parts: the tiny random Llama saved to disk (``tiny_model_dir``), real archives, the CLI
+in-process."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from coalescence.archive import read_rows
+from coalescence.cli import main
+from coalescence.engine import Engine
+
+FACTS = [
+    "The Eiffel Tower was completed in 1889.",
+    "Big Ben's clock tower in London was finished in 1859.",
+    "The Colosseum in Rome was opened in the year 80.",
+    "It was completed in 1889.",
+]
+
+
+def conversations(n: int) -> list[dict]:
+    out = []
+    for k in range(n):
+        facts = " ".join(FACTS[(k + j) % 3] for j in range(1 + k % 3))
+        out.append(
+            {
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": f"{facts}\nWhen was tower {k} completed?"},
+                    {"role": "assistant", "content": FACTS[3] if k % 2 else "In 1889."},
+                ]
+            }
+        )
+    out.append({"documents": [{"id": "a", "text": FACTS[0]}, {"id": "b", "text": FACTS[1]}], "question": "When?", "answer": "In 1889."})
+    return out
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*argv, "--no-progress"])
+    return code, out.getvalue(), err.getvalue()
+
+
+def explain(tmp: Path, source: Path, model: Path, name: str, *options: str) -> list[dict]:
+    out = tmp / f"{name}.json"
+    code, _, err = run(["explain", str(source), "--model", str(model), "--unit", "sentence", "--method", "loo", "--archive", str(tmp / name), "--out", str(out), *options])
+    assert code == 0, err
+    return json.loads(out.read_text(encoding="utf-8"))["explanations"]
+
+
+@pytest.fixture
+def jsonl(tmp_path: Path) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in conversations(7)), encoding="utf-8")
+    return path
+
+
+def test_conversations_in_flight_together_give_the_one_at_a_time_values_in_fewer_model_calls(tmp_path, jsonl, tiny_model_dir):
+    alone = explain(tmp_path, jsonl, tiny_model_dir, "alone", "--max-conversations-in-flight", "1", "--batch-size", "8")
+    together = explain(tmp_path, jsonl, tiny_model_dir, "together", "--max-conversations-in-flight", "8", "--batch-size", "8")
+    assert [d["snapshot_id"] for d in alone] == [d["snapshot_id"] for d in together]  # input order kept
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_allclose([p["value"] for p in a["players"]], [p["value"] for p in b["players"]], atol=1e-4)
+        assert a["n_evaluations"] == b["n_evaluations"] == len(a["players"]) + 2  # counted per conversation
+    rows = {name: read_rows(tmp_path / name) for name in ("alone", "together")}
+    for table in rows.values():
+        assert len(set(table["coalition_key"].to_pylist())) == table.num_rows == sum(len(d["players"]) + 2 for d in alone)
+    calls = {name: len(set(t["batch_id"].to_pylist())) for name, t in rows.items()}
+    # each conversation's leave-one-out plan (n + 2 <= 6 coalitions) alone leaves batches of 8
+    # part empty; together they fill them
+    assert calls["together"] < calls["alone"], calls
+
+
+def test_a_parquet_dataset_is_the_jsonl_dataset(tmp_path, jsonl, tiny_model_dir):
+    rows = conversations(7)
+    table = pa.table(
+        {
+            "messages": [r.get("messages") for r in rows],
+            "documents": [r.get("documents") for r in rows],
+            "question": [r.get("question") for r in rows],
+            "answer": [r.get("answer") for r in rows],
+        }
+    )
+    path = tmp_path / "data.parquet"
+    pq.write_table(table, path)
+    from_parquet = explain(tmp_path, path, tiny_model_dir, "parquet")
+    from_jsonl = explain(tmp_path, jsonl, tiny_model_dir, "jsonl")
+    assert [d["snapshot_id"] for d in from_parquet] == [d["snapshot_id"] for d in from_jsonl]
+    for a, b in zip(from_parquet, from_jsonl, strict=True):
+        assert [p["value"] for p in a["players"]] == pytest.approx([p["value"] for p in b["players"]], abs=1e-4)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"messages": [[{"role": "robot", "content": "Hi."}]]}), bad)
+    code, out, err = run(["explain", str(bad), "--model", str(tiny_model_dir), "--archive", str(tmp_path / "bad-run")])
+    assert code == 2 and err.startswith("coalescence: error: row 0: messages[0].role:") and not (tmp_path / "bad-run").exists()
+
+
+def test_a_resumed_dataset_run_restores_finished_conversations_without_planning_them(tmp_path, jsonl, tiny_model_dir, monkeypatch):
+    first = explain(tmp_path, jsonl, tiny_model_dir, "run")
+    results = (tmp_path / "run" / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(results) == len(first)
+    planned: list[str] = []
+    original = Engine.explain
+
+    async def counting(self, snapshot, estimator, policy):
+        planned.append(snapshot.snapshot_id)
+        return await original(self, snapshot, estimator, policy)
+
+    monkeypatch.setattr(Engine, "explain", counting)
+    again = explain(tmp_path, jsonl, tiny_model_dir, "run")
+    assert planned == []  # every conversation restored
+    for a, b in zip(first, again, strict=True):
+        assert [p["value"] for p in a["players"]] == [p["value"] for p in b["players"]]
+        assert b["n_evaluations"] == 0 and any("restored from the archive" in n for n in b["notes"])
+    # a session killed after three conversations: the others are planned (and served from the archive)
+    (tmp_path / "run" / "results.jsonl").write_text("\n".join(results[:3]) + "\n" + results[3][:40], encoding="utf-8")
+    partial = explain(tmp_path, jsonl, tiny_model_dir, "run")
+    assert sorted(planned) == sorted(d["snapshot_id"] for d in first[3:])
+    assert all(d["n_evaluations"] == 0 for d in partial)
+    # another method is another result: not restored
+    planned.clear()
+    code, _, err = run(["explain", str(jsonl), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact", "--archive", str(tmp_path / "run")])
+    assert code == 0, err
+    assert len(planned) == len(first)
