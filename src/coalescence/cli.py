@@ -343,6 +343,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="a dataset (.jsonl, .parquet): conversations evaluated at once through one scheduler, their "
         "coalitions filling the same batches (bounds memory) (default: %(default)s)",
     )
+    ray = ex.add_argument_group(
+        "Ray workers",
+        "run the model in Ray actors (pip install 'coalescence[ray]'): the driver plans, renders and archives; "
+        "each worker holds one copy of the model and takes conversations whole",
+    )
+    ray.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="N model workers: on a local Ray cluster started for the run, or on the --ray-address cluster "
+        "(default: in this process; with --ray-address, one per GPU with --gpus-per-worker, else 2)",
+    )
+    ray.add_argument(
+        "--ray-address", default=None, metavar="ADDR", help="join this Ray cluster (auto, HOST:PORT) instead of starting one"
+    )
+    ray.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="accelerators each worker reserves (with --device cuda) (default: %(default)s)",
+    )
+    ray.add_argument(
+        "--threads-per-worker",
+        type=_positive_int,
+        default=None,
+        metavar="T",
+        help="torch threads per worker (default: its node's CPUs divided among the workers there)",
+    )
     _add_archive_options(ex)
     ex.add_argument("--out", metavar="JSON", default=None, help="write the explanation as JSON here")
     ex.add_argument(
@@ -595,6 +625,10 @@ def _explain_settings(args: argparse.Namespace) -> Any:
         out=args.out,
         html=args.html,
         max_conversations_in_flight=args.max_conversations_in_flight,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        gpus_per_worker=args.gpus_per_worker,
+        threads_per_worker=args.threads_per_worker,
     )
 
 
@@ -607,6 +641,10 @@ def _explain(args: argparse.Namespace) -> int:
     _quiet_transformers(args)
     run.preflight()
     # 3. the weights, snapshots and targets; 4. the archive, created or resumed
+    if run.settings.distributed and not args.no_progress:
+        where = f"on the Ray cluster at {args.ray_address}" if args.ray_address else "on a local Ray cluster"
+        n = f"{args.workers} " if args.workers else ""
+        print(f"coalescence: starting {n}Ray workers with {run.settings.model} {where} ...", file=sys.stderr, flush=True)
     run.load(
         progress=TqdmProgress("coalitions", disable=args.no_progress),
         loader=lambda source, **preloaded: _load_backend(args, source, **preloaded),

@@ -119,8 +119,8 @@ class Engine:
             fill_measurements(self.measurements, archive.loaded)
         self._totals = SchedulerStatistics()
         self._batch_ids = itertools.count()
-        self._shared: ScoringPipeline | None = None
-        self._users = 0
+        self._shared: dict[Any, ScoringPipeline] = {}
+        self._users: dict[Any, int] = {}
         self._targets: dict[str, TargetTokens] = {}
         self._closed = False
 
@@ -292,16 +292,25 @@ class Engine:
         return answer_tokens(target.answer, target.offsets, measured[0], measured[1], lead=target.lead, tail=target.tail)
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _acquire(self) -> ScoringPipeline:
-        """The collator and scoring pipeline shared by every :meth:`evaluate` call in flight (made
-        inside the event loop by the first; closed when the last one ends), so concurrent
-        conversations fill the same batches."""
-        if self._shared is None:
+    def _acquire(self, snapshot_id: str | None = None) -> tuple[Any, ScoringPipeline]:
+        """The collator and scoring pipeline shared by every :meth:`evaluate` call in flight on a
+        lane (made inside the event loop by the first; closed when the last one ends), so
+        concurrent conversations fill the same batches.
+
+        A backend with lanes (:class:`~coalescence.distributed.RayBackend`: one per model worker)
+        names the lane of the conversation ``snapshot_id``; each lane has its own collator, so one
+        call per lane is in flight at a time. Any other backend has the one lane ``None``.
+        """
+        acquire_lane = getattr(self.backend, "acquire_lane", None)
+        lane = acquire_lane(snapshot_id) if acquire_lane is not None and snapshot_id is not None else None
+        shared = self._shared.get(lane)
+        if shared is None:
+            target = self.backend if lane is None else self.backend.lane(lane)
             buckets = self.buckets or LengthBuckets(max_tokens=int(self.backend.max_context))
             collator = Collator(
-                CollatorBackend(fn=BackendCall(self.backend, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
+                CollatorBackend(fn=BackendCall(target, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
             )
-            self._shared = ScoringPipeline(
+            shared = self._shared[lane] = ScoringPipeline(
                 backend=self.backend,
                 renderer=self.renderer,
                 collator=collator,
@@ -309,14 +318,18 @@ class Engine:
                 resolved_utility=self.resolved_utility,
                 measurements=self.measurements,
             )
-        self._users += 1
-        return self._shared
+        self._users[lane] = self._users.get(lane, 0) + 1
+        return lane, shared
 
-    def _release(self) -> None:
-        self._users -= 1
-        if self._users == 0 and self._shared is not None:
-            self._shared.collator.close()
-            self._shared = None
+    def _release(self, lane: Any = None) -> None:
+        if lane is not None:
+            self.backend.release_lane(lane)
+        self._users[lane] -= 1
+        if self._users[lane] == 0:
+            del self._users[lane]
+            shared = self._shared.pop(lane, None)
+            if shared is not None:
+                shared.collator.close()
 
     async def evaluate(
         self,
@@ -382,14 +395,14 @@ class Engine:
                     model_id=self.backend.model_id,
                 )
             )
-        pipeline = self._acquire()
+        lane, pipeline = self._acquire(snapshot.snapshot_id)
         scheduler = CoalitionScheduler(
             pipeline, store=self.store, archive=self.archive, progress=self.progress, max_inflight=2 * self.batch_size
         )
         try:
             results = await scheduler.run(jobs) if jobs else []
         finally:
-            self._release()
+            self._release(lane)
             run_stats = scheduler.statistics()
             self._totals = _add_stats(self._totals, run_stats)
             box = _EXECUTED.get()
@@ -532,7 +545,9 @@ class Engine:
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
-        return self.resolved_utility(snapshot, policy).notes() + self._template_notes(snapshot, policy)
+        backend_notes = getattr(self.backend, "notes", None)
+        extra = tuple(backend_notes()) if callable(backend_notes) else ()
+        return self.resolved_utility(snapshot, policy).notes() + self._template_notes(snapshot, policy) + extra
 
     def _template_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
         target = self.target_tokens(snapshot, policy)
@@ -567,10 +582,20 @@ class Engine:
         return ()
 
     def close(self, *, status: str = "complete") -> None:
-        """Refuse new work and close the archive (flushing buffered rows, recording ``status``)."""
+        """Refuse new work and close the archive (flushing buffered rows, recording ``status``).
+
+        A backend that runs on Ray workers (:class:`~coalescence.distributed.RayBackend`) is
+        recorded in the run (``ray``: workers, threads, calls, lost workers) and shut down.
+        """
         self._closed = True
-        if self.archive is not None:
-            self.archive.close(status=status, statistics=_stats_dict(self.statistics()))
+        record = getattr(self.backend, "record", None)
+        extra = {"ray": record()} if callable(record) else {}
+        try:
+            if self.archive is not None:
+                self.archive.close(status=status, statistics=_stats_dict(self.statistics()), **extra)
+        finally:
+            if getattr(self.backend, "shutdown_with_engine", False):
+                self.backend.shutdown()
 
 
 def key_for(

@@ -27,6 +27,7 @@ options (``--budget``).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -134,6 +135,13 @@ class RunSettings:
         out, html: files written after the run (the ``--out`` document, the HTML report).
         max_conversations_in_flight: a dataset's conversations evaluated at once, through one
             scheduler and collator (their coalitions fill the same batches); bounds memory.
+        workers: model workers on Ray (:mod:`coalescence.distributed`): a local Ray cluster with
+            this many workers, or this many workers on the cluster at ``ray_address``; ``None``:
+            the model runs in this process (unless ``ray_address`` is given).
+        ray_address: join this Ray cluster (``auto``, ``HOST:PORT``) instead of starting one.
+        gpus_per_worker: accelerators each Ray worker reserves (needs a ``cuda`` device).
+        threads_per_worker: torch threads of each Ray worker (default: its node's CPUs divided
+            among the workers there).
 
     Raises:
         ConfigError: a setting that cannot work, alone or with another (naming it); checked on
@@ -174,6 +182,10 @@ class RunSettings:
     out: str | Path | None = None
     html: str | Path | None = None
     max_conversations_in_flight: int = 8
+    workers: int | None = None
+    ray_address: str | None = None
+    gpus_per_worker: float = 0.0
+    threads_per_worker: int | None = None
 
     def __post_init__(self) -> None:
         from .attribution.estimators import estimator_class, methods_with
@@ -221,10 +233,33 @@ class RunSettings:
             raise ConfigError(f"must be a positive integer, got {self.max_conversations_in_flight!r}", field="max_conversations_in_flight")
         if isinstance(self.archive, str) and not self.archive.strip():
             raise ConfigError("is empty; give a directory path for the run archive", field="archive")
+        self._check_ray()
         self.policy()  # a bad rule or placeholder is refused now
         self.utility_spec()
 
+    def _check_ray(self) -> None:
+        for name in ("workers", "threads_per_worker"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address.strip()):
+            raise ConfigError("is empty; give a Ray cluster address (auto, HOST:PORT)", field="ray_address")
+        g = self.gpus_per_worker
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
+            raise ConfigError(f"must be a number >= 0, got {g!r}", field="gpus_per_worker")
+        if not self.distributed:
+            for name in ("gpus_per_worker", "threads_per_worker"):
+                if getattr(self, name):
+                    raise ConfigError("applies to Ray workers; add --workers N or --ray-address ADDR", field=name)
+        elif g > 0 and self.device == "cpu":
+            raise ConfigError("reserves accelerators for workers that would compute on --device cpu; add --device cuda", field="gpus_per_worker")
+
     # -- what the settings make -------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        """Whether the model runs in Ray workers (``workers`` or ``ray_address`` given)."""
+        return self.workers is not None or self.ray_address is not None
+
     @property
     def top_k_or_default(self) -> int:
         """The coarse players a hierarchy refines (3 by default)."""
@@ -337,6 +372,8 @@ class ExplainRun:
         self.resumed_coalitions = 0
         self.restored_conversations = 0
         self._loaded: dict[str, Any] = {}
+        if backend is not None and settings.distributed:
+            raise ConfigError("a loaded backend runs in this process; drop workers/ray_address or the backend", field="workers")
         self.check()
 
     # -- 1. inputs and settings ---------------------------------------------------------------
@@ -516,7 +553,7 @@ class ExplainRun:
 
         s = self.settings
         if self.backend is None:
-            if loader is None:
+            if loader is None or s.distributed:
                 loader = self.default_loader
             self.backend = loader(
                 self._loaded["source"],
@@ -540,10 +577,29 @@ class ExplainRun:
         return self.engine
 
     def default_loader(self, source: Any, **preloaded: Any) -> Any:
-        """Load ``source`` with the settings' backend, device, dtype and batch size."""
+        """Load ``source`` with the settings' backend, device, dtype and batch size: in this
+        process, or in Ray workers (:func:`~coalescence.distributed.start_ray_backend`; the
+        driver keeps the tokenizer and loads no weights)."""
         from .backends.registry import load_backend
 
         s = self.settings
+        if s.distributed:
+            from .distributed import start_ray_backend
+
+            return start_ray_backend(
+                source,
+                workers=s.workers,
+                ray_address=s.ray_address,
+                gpus_per_worker=float(s.gpus_per_worker),
+                threads_per_worker=s.threads_per_worker,
+                backend=s.backend,
+                device=s.device,
+                dtype=s.dtype,
+                max_batch_size=s.batch_size,
+                tokenizer=preloaded.get("tokenizer"),
+                config=preloaded.get("config"),
+                fingerprint=preloaded.get("fingerprint"),
+            )
         return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
 
     @property
@@ -574,6 +630,13 @@ class ExplainRun:
             config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
         if s.template is not None:
             config["template"] = str(s.template)
+        if s.distributed:
+            config["ray"] = {
+                "workers": s.workers,
+                "ray_address": s.ray_address,
+                "gpus_per_worker": s.gpus_per_worker,
+                "threads_per_worker": s.threads_per_worker,
+            }
         run = {
             "package_version": __version__,
             "snapshot_ids": [x.snapshot_id for x in recorded],

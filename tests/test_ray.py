@@ -1,0 +1,216 @@
+"""Ray workers: a dataset run across two model workers gives the single-process values with every
+coalition archived once, survives a worker killed mid-run, resumes after its driver is killed, and
+refuses a missing ray package or bad settings with one line.
+
+Real parts: a local Ray cluster (one per module, 4 logical CPUs on this small machine), the tiny
+random Llama saved to disk (``tiny_model_dir``), real archives, the CLI in-process and as a
+subprocess.
+
+Values are compared with ``atol=1e-4``: a worker batches the rows of the conversations routed to it,
+the single process batches rows of any conversations in flight, and float32 matrix products of
+rows padded to other lengths round differently in the last bits (the same tolerance the dataset
+tests use between batch compositions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import coalescence  # noqa: E402
+from coalescence.archive import read_rows  # noqa: E402
+from coalescence.cli import main  # noqa: E402
+from coalescence.runs import RunSettings  # noqa: E402
+from coalescence.errors import ConfigError  # noqa: E402
+
+from test_datasets import conversations, run  # noqa: E402
+
+SRC = str(Path(coalescence.__file__).resolve().parents[1])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the module; its workers import this checkout of coalescence."""
+    os.environ["PYTHONPATH"] = os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ray-data") / "data.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in conversations(9)), encoding="utf-8")
+    return path
+
+
+def _argv(dataset: Path, model: Path, archive: Path, out: Path, *options: str) -> list[str]:
+    return [
+        "explain", str(dataset), "--model", str(model), "--unit", "sentence", "--method", "loo",
+        "--archive", str(archive), "--out", str(out), "--batch-size", "2", *options,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, dataset, tiny_model_dir):
+    """The single-process run: its explanations and its archived keys."""
+    tmp = tmp_path_factory.mktemp("single")
+    code, _, err = run(_argv(dataset, tiny_model_dir, tmp / "run", tmp / "out.json"))
+    assert code == 0, err
+    return json.loads((tmp / "out.json").read_text())["explanations"], _keys(tmp / "run")
+
+
+def _keys(run_dir: Path) -> list[str]:
+    return read_rows(run_dir).column("coalition_key").to_pylist()
+
+
+def _same(explanations: list[dict], reference: list[dict]) -> None:
+    assert [e["snapshot_id"] for e in explanations] == [e["snapshot_id"] for e in reference]
+    for got, want in zip(explanations, reference, strict=True):
+        np.testing.assert_allclose([p["value"] for p in got["players"]], [p["value"] for p in want["players"]], atol=1e-4)
+        assert got["v_full"] == pytest.approx(want["v_full"], abs=1e-4)
+        assert got["v_empty"] == pytest.approx(want["v_empty"], abs=1e-4)
+
+
+def _check_archive(run_dir: Path, reference_keys: list[str]) -> None:
+    keys = _keys(run_dir)
+    assert len(keys) == len(set(keys)), "a coalition archived twice"
+    assert set(keys) == set(reference_keys)
+
+
+def test_two_workers_give_the_single_process_values_with_every_coalition_once(tmp_path, cluster, dataset, tiny_model_dir, single):
+    code, _, err = run(_argv(dataset, tiny_model_dir, tmp_path / "run", tmp_path / "out.json", "--workers", "2"))
+    assert code == 0, err
+    _same(json.loads((tmp_path / "out.json").read_text())["explanations"], single[0])
+    _check_archive(tmp_path / "run", single[1])
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["runs"][-1]
+    assert record["ray"]["workers"] == 2 and record["ray"]["lost_workers"] == []
+    assert all(calls > 0 for calls in record["ray"]["calls_per_worker"]), "conversations went to both workers"
+    assert record["run_config"]["ray"]["workers"] == 2
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])
+def test_a_worker_killed_mid_run_loses_only_its_calls_in_flight(tmp_path, cluster, dataset, tiny_model_dir, single, monkeypatch, how):
+    from coalescence.distributed import RayBackend
+
+    call = RayBackend.call
+    seen = {"calls": 0, "killed": False}
+
+    def killing(self, index, method, *args):
+        seen["calls"] += 1
+        if not seen["killed"] and seen["calls"] >= 4 and self.workers[1].calls > 0:
+            seen["killed"] = True
+            # while its next call is on the way: that call is lost and run again elsewhere
+            if how == "ray.kill":
+                self.kill_worker(1)
+            else:  # the worker process dies as in a crash (same machine here)
+                os.kill(self.workers[1].pid, signal.SIGKILL)
+        return call(self, index, method, *args)
+
+    monkeypatch.setattr(RayBackend, "call", killing)
+    code, _, err = run(_argv(dataset, tiny_model_dir, tmp_path / "run", tmp_path / "out.json", "--workers", "2"))
+    assert code == 0, err
+    assert seen["killed"]
+    explanations = json.loads((tmp_path / "out.json").read_text())["explanations"]
+    _same(explanations, single[0])
+    _check_archive(tmp_path / "run", single[1])
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["runs"][-1]
+    assert record["status"] == "complete"
+    assert [lost["worker"] for lost in record["ray"]["lost_workers"]] == [1]
+    assert record["ray"]["calls_run_again"] >= 1
+    assert any("Ray workers were lost" in note for note in explanations[-1]["notes"])
+
+
+def test_with_every_worker_lost_the_run_fails_as_a_model_failure(tmp_path, cluster, dataset, tiny_model_dir, monkeypatch):
+    from coalescence.distributed import RayBackend
+
+    call = RayBackend.call
+
+    def killing(self, index, method, *args):
+        for k in range(len(self.workers)):
+            if self.workers[k].alive:
+                self.kill_worker(k)
+        return call(self, index, method, *args)
+
+    monkeypatch.setattr(RayBackend, "call", killing)
+    code, _, err = run(_argv(dataset, tiny_model_dir, tmp_path / "run", tmp_path / "out.json", "--workers", "2"))
+    assert code == 1, err
+    assert "every Ray worker was lost (2 of 2)" in err.strip().splitlines()[-1]
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["runs"][-1]
+    assert record["status"] == "failed" and len(record["ray"]["lost_workers"]) == 2
+
+
+def test_a_killed_driver_resumes_with_the_same_command(tmp_path, cluster, dataset, tiny_model_dir, single):
+    argv = _argv(dataset, tiny_model_dir, tmp_path / "run", tmp_path / "out.json", "--workers", "2", "--ray-address", cluster)
+    argv += ["--flush-rows", "2", "--max-conversations-in-flight", "1", "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    command = [sys.executable, "-m", "coalescence.cli", *argv]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    parts = tmp_path / "run" / "parts"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if parts.exists() and len(list(parts.glob("*.parquet"))) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    before = len(_keys(tmp_path / "run"))
+    assert 0 < before < len(single[1])
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    _same(json.loads((tmp_path / "out.json").read_text())["explanations"], single[0])
+    _check_archive(tmp_path / "run", single[1])
+
+
+def test_without_ray_one_line_names_the_extra(tmp_path, dataset, tiny_model_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    code, _, err = run(_argv(dataset, tiny_model_dir, tmp_path / "run", tmp_path / "out.json", "--workers", "2"))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'coalescence[ray]'" in lines[0] and "--workers" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("options", "flag"),
+    [
+        (["--workers", "0"], "--workers"),
+        (["--workers", "2", "--gpus-per-worker", "1"], "--gpus-per-worker"),
+        (["--gpus-per-worker", "1", "--device", "cuda"], "--gpus-per-worker"),
+        (["--threads-per-worker", "2"], "--threads-per-worker"),
+        (["--workers", "2", "--gpus-per-worker", "-1"], "--gpus-per-worker"),
+    ],
+)
+def test_bad_ray_settings_exit_2_with_one_line(tmp_path, dataset, tiny_model_dir, options, flag):
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main([*_argv(dataset, tiny_model_dir, tmp_path / "run", tmp_path / "out.json", *options), "--no-progress"])
+        except SystemExit as exc:  # refused by the argument parser
+            code = exc.code
+    err = stderr.getvalue()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], err
+
+
+def test_run_settings_validate_the_ray_settings():
+    with pytest.raises(ConfigError, match="positive integer"):
+        RunSettings(workers=0)
+    with pytest.raises(ConfigError, match="empty"):
+        RunSettings(ray_address=" ")
+    with pytest.raises(ConfigError, match="applies to Ray workers"):
+        RunSettings(threads_per_worker=2)
+    assert RunSettings(ray_address="auto").distributed and not RunSettings().distributed
