@@ -65,7 +65,7 @@ def one_run(source: Path, model: str, threads: int, workers: int | None) -> tupl
         method="loo",
         batch_size=4,
         workers=workers,
-        threads_per_worker=(threads // workers) if workers else None,
+        threads_per_worker=max(1, threads // workers) if workers else None,
         max_conversations_in_flight=8,
     )
     t0 = time.perf_counter()
@@ -88,9 +88,16 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="threads in all (default: the CPUs)")
+    ap.add_argument(
+        "--paths",
+        default="in-process,ray 2x,ray 1x",
+        help="comma-separated: in-process (T threads), ray 2x (2 workers x T/2), ray 1x (1 worker x T); "
+        "--threads 1 with in-process,ray 1x isolates the Ray path's own cost from threading effects",
+    )
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader's bars
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import ray
 
@@ -103,7 +110,8 @@ def main() -> None:
     t0 = time.perf_counter()
     ray.init(num_cpus=t, include_dashboard=False, log_to_driver=False)
     started = time.perf_counter() - t0
-    paths = [("in-process", None), (f"ray 2x{t // 2}", 2), (f"ray 1x{t}", 1)]
+    known = {"in-process": ("in-process", None), "ray 2x": (f"ray 2x{max(1, t // 2)}", 2), "ray 1x": (f"ray 1x{t}", 1)}
+    paths = [known[p.strip()] for p in args.paths.split(",")]
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in paths}
     reference: list[float] | None = None
     evaluations = 0
@@ -116,8 +124,9 @@ def main() -> None:
             rows[name].append((ev, total))
             print(f"repeat {r + 1} {name:12s} evaluation {ev:7.2f} s  total {total:7.2f} s  max |value diff| {drift:.2e}", flush=True)
     ray.shutdown()
-    base_ev = statistics.median(e for e, _ in rows["in-process"])
-    base_total = statistics.median(t_ for _, t_ in rows["in-process"])
+    first = paths[0][0]  # the ratios are to the first path (in-process by default)
+    base_ev = statistics.median(e for e, _ in rows[first])
+    base_total = statistics.median(t_ for _, t_ in rows[first])
     print()
     print(f"{n_conv} conversations, {evaluations} model evaluations per run, {args.model}, {t} threads in all; "
           f"Ray cluster start {started:.1f} s (once)")

@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,10 +44,15 @@ SRC = str(Path(coalescence.__file__).resolve().parents[1])
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray cluster for the module; its workers import this checkout of coalescence."""
-    os.environ["PYTHONPATH"] = os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])])
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([SRC, *filter(None, [before])])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+    if before is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = before
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,7 @@ def single(tmp_path_factory, dataset, tiny_model_dir):
     tmp = tmp_path_factory.mktemp("single")
     code, _, err = run(_argv(dataset, tiny_model_dir, tmp / "run", tmp / "out.json"))
     assert code == 0, err
-    return json.loads((tmp / "out.json").read_text())["explanations"], _keys(tmp / "run")
+    return json.loads((tmp / "out.json").read_text())["explanations"], _keys(tmp / "run"), tmp / "run"
 
 
 def _keys(run_dir: Path) -> list[str]:
@@ -173,6 +179,21 @@ def test_a_killed_driver_resumes_with_the_same_command(tmp_path, cluster, datase
     assert done.returncode == 0, done.stderr
     _same(json.loads((tmp_path / "out.json").read_text())["explanations"], single[0])
     _check_archive(tmp_path / "run", single[1])
+
+
+def test_replay_with_a_model_evaluates_what_is_missing_on_workers(tmp_path, cluster, tiny_model_dir, single):
+    docs = {}
+    for name, options in (("alone", []), ("workers", ["--workers", "2"])):
+        run_dir = tmp_path / name
+        shutil.copytree(single[2], run_dir, symlinks=True)
+        out = tmp_path / f"{name}.json"
+        code, _, err = run(["replay", str(run_dir), "--method", "exact", "--model", str(tiny_model_dir), "--out", str(out), *options])
+        assert code == 0, err
+        docs[name] = json.loads(out.read_text())["explanations"]
+        keys = _keys(run_dir)
+        assert len(keys) == len(set(keys)) > len(single[1])
+    assert sum(d["n_evaluations"] for d in docs["workers"]) > 0
+    _same(docs["workers"], docs["alone"])
 
 
 def test_without_ray_one_line_names_the_extra(tmp_path, dataset, tiny_model_dir, monkeypatch):

@@ -150,6 +150,39 @@ def _add_model_options(p: argparse.ArgumentParser, *, default: str | None) -> No
     p.add_argument("--batch-size", type=_positive_int, default=4, help="rows per model call (default: %(default)s)")
 
 
+def _add_ray_options(p: argparse.ArgumentParser) -> None:
+    ray = p.add_argument_group(
+        "Ray workers",
+        "run the model in Ray actors (pip install 'coalescence[ray]'): the driver plans, renders and archives; "
+        "each worker holds one copy of the model and takes conversations whole",
+    )
+    ray.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="N model workers: on a local Ray cluster started for the run, or on the --ray-address cluster "
+        "(default: in this process; with --ray-address, one per GPU with --gpus-per-worker, else 2)",
+    )
+    ray.add_argument(
+        "--ray-address", default=None, metavar="ADDR", help="join this Ray cluster (auto, HOST:PORT) instead of starting one"
+    )
+    ray.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=0.0,
+        metavar="G",
+        help="accelerators each worker reserves (with --device cuda) (default: %(default)s)",
+    )
+    ray.add_argument(
+        "--threads-per-worker",
+        type=_positive_int,
+        default=None,
+        metavar="T",
+        help="torch threads per worker (default: its node's CPUs divided among the workers there)",
+    )
+
+
 def _add_archive_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flush-rows", type=_positive_int, default=4096, help="rows per archive part (default: %(default)s)")
     p.add_argument(
@@ -343,36 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a dataset (.jsonl, .parquet): conversations evaluated at once through one scheduler, their "
         "coalitions filling the same batches (bounds memory) (default: %(default)s)",
     )
-    ray = ex.add_argument_group(
-        "Ray workers",
-        "run the model in Ray actors (pip install 'coalescence[ray]'): the driver plans, renders and archives; "
-        "each worker holds one copy of the model and takes conversations whole",
-    )
-    ray.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="N model workers: on a local Ray cluster started for the run, or on the --ray-address cluster "
-        "(default: in this process; with --ray-address, one per GPU with --gpus-per-worker, else 2)",
-    )
-    ray.add_argument(
-        "--ray-address", default=None, metavar="ADDR", help="join this Ray cluster (auto, HOST:PORT) instead of starting one"
-    )
-    ray.add_argument(
-        "--gpus-per-worker",
-        type=float,
-        default=0.0,
-        metavar="G",
-        help="accelerators each worker reserves (with --device cuda) (default: %(default)s)",
-    )
-    ray.add_argument(
-        "--threads-per-worker",
-        type=_positive_int,
-        default=None,
-        metavar="T",
-        help="torch threads per worker (default: its node's CPUs divided among the workers there)",
-    )
+    _add_ray_options(ex)
     _add_archive_options(ex)
     ex.add_argument("--out", metavar="JSON", default=None, help="write the explanation as JSON here")
     ex.add_argument(
@@ -412,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(by default replay keeps the run's --target-span/--target-substring unless new ones are given)",
     )
     _add_model_options(rp, default=None)
+    _add_ray_options(rp)
     _add_archive_options(rp)
     rp.add_argument("--out", metavar="JSON", default=None, help='write {"explanations": [...]} as JSON here')
     rp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -696,6 +701,10 @@ def _replay(args: argparse.Namespace) -> int:
         flush_seconds=args.flush_seconds,
         skip_corrupt=args.skip_corrupt,
         out=args.out,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        gpus_per_worker=args.gpus_per_worker,
+        threads_per_worker=args.threads_per_worker,
     )
     replay = ReplayRun(args.run_dir, settings)
     if not replay.needs_model or args.model is None:

@@ -339,7 +339,7 @@ class RayBackend:
             return self._least_loaded()
 
     # -- records ------------------------------------------------------------------------------------
-    def record(self) -> dict[str, Any]:
+    def ray_record(self) -> dict[str, Any]:
         """What the archive manifest's run record keeps of the workers (``ray``)."""
         with self._lock:
             return {
@@ -351,7 +351,7 @@ class RayBackend:
                 "calls_run_again": self.rerun_calls,
             }
 
-    def notes(self) -> tuple[str, ...]:
+    def run_notes(self) -> tuple[str, ...]:
         """Explanation notes: the lost workers, if any."""
         with self._lock:
             if not self.lost:

@@ -545,7 +545,7 @@ class Engine:
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
-        backend_notes = getattr(self.backend, "notes", None)
+        backend_notes = getattr(self.backend, "run_notes", None)
         extra = tuple(backend_notes()) if callable(backend_notes) else ()
         return self.resolved_utility(snapshot, policy).notes() + self._template_notes(snapshot, policy) + extra
 
@@ -588,7 +588,7 @@ class Engine:
         recorded in the run (``ray``: workers, threads, calls, lost workers) and shut down.
         """
         self._closed = True
-        record = getattr(self.backend, "record", None)
+        record = getattr(self.backend, "ray_record", None)
         extra = {"ray": record()} if callable(record) else {}
         try:
             if self.archive is not None:

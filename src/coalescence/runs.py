@@ -108,6 +108,46 @@ def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> An
         raise InputError(exc.message, field=f"line {k + 1}: {exc.field}" if exc.field else f"line {k + 1}") from None
 
 
+def _check_ray(s: Any) -> None:
+    """Refuse Ray settings that cannot work (``workers``, ``ray_address``, ``gpus_per_worker``,
+    ``threads_per_worker`` of a :class:`RunSettings` or :class:`ReplaySettings`)."""
+    for name in ("workers", "threads_per_worker"):
+        value = getattr(s, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
+    if s.ray_address is not None and (not isinstance(s.ray_address, str) or not s.ray_address.strip()):
+        raise ConfigError("is empty; give a Ray cluster address (auto, HOST:PORT)", field="ray_address")
+    g = s.gpus_per_worker
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
+        raise ConfigError(f"must be a number >= 0, got {g!r}", field="gpus_per_worker")
+    if not s.distributed:
+        for name in ("gpus_per_worker", "threads_per_worker"):
+            if getattr(s, name):
+                raise ConfigError("applies to Ray workers; add --workers N or --ray-address ADDR", field=name)
+    elif g > 0 and s.device == "cpu":
+        raise ConfigError("reserves accelerators for workers that would compute on --device cpu; add --device cuda", field="gpus_per_worker")
+
+
+def _ray_backend(s: Any, source: Any, **preloaded: Any) -> Any:
+    """The settings' model in Ray workers (:func:`~coalescence.distributed.start_ray_backend`)."""
+    from .distributed import start_ray_backend
+
+    return start_ray_backend(
+        source,
+        workers=s.workers,
+        ray_address=s.ray_address,
+        gpus_per_worker=float(s.gpus_per_worker),
+        threads_per_worker=s.threads_per_worker,
+        backend=s.backend,
+        device=s.device,
+        dtype=s.dtype,
+        max_batch_size=s.batch_size,
+        tokenizer=preloaded.get("tokenizer"),
+        config=preloaded.get("config"),
+        fingerprint=preloaded.get("fingerprint"),
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSettings:
     """Every setting of an explain run (the CLI's ``explain`` options, by their library names).
@@ -233,26 +273,9 @@ class RunSettings:
             raise ConfigError(f"must be a positive integer, got {self.max_conversations_in_flight!r}", field="max_conversations_in_flight")
         if isinstance(self.archive, str) and not self.archive.strip():
             raise ConfigError("is empty; give a directory path for the run archive", field="archive")
-        self._check_ray()
+        _check_ray(self)
         self.policy()  # a bad rule or placeholder is refused now
         self.utility_spec()
-
-    def _check_ray(self) -> None:
-        for name in ("workers", "threads_per_worker"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
-        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address.strip()):
-            raise ConfigError("is empty; give a Ray cluster address (auto, HOST:PORT)", field="ray_address")
-        g = self.gpus_per_worker
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
-            raise ConfigError(f"must be a number >= 0, got {g!r}", field="gpus_per_worker")
-        if not self.distributed:
-            for name in ("gpus_per_worker", "threads_per_worker"):
-                if getattr(self, name):
-                    raise ConfigError("applies to Ray workers; add --workers N or --ray-address ADDR", field=name)
-        elif g > 0 and self.device == "cpu":
-            raise ConfigError("reserves accelerators for workers that would compute on --device cpu; add --device cuda", field="gpus_per_worker")
 
     # -- what the settings make -------------------------------------------------------------
     @property
@@ -584,22 +607,7 @@ class ExplainRun:
 
         s = self.settings
         if s.distributed:
-            from .distributed import start_ray_backend
-
-            return start_ray_backend(
-                source,
-                workers=s.workers,
-                ray_address=s.ray_address,
-                gpus_per_worker=float(s.gpus_per_worker),
-                threads_per_worker=s.threads_per_worker,
-                backend=s.backend,
-                device=s.device,
-                dtype=s.dtype,
-                max_batch_size=s.batch_size,
-                tokenizer=preloaded.get("tokenizer"),
-                config=preloaded.get("config"),
-                fingerprint=preloaded.get("fingerprint"),
-            )
+            return _ray_backend(s, source, **preloaded)
         return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
 
     @property
@@ -977,9 +985,20 @@ class ReplaySettings:
     flush_seconds: float = 30.0
     skip_corrupt: bool = False
     out: str | Path | None = None
+    workers: int | None = None
+    ray_address: str | None = None
+    gpus_per_worker: float = 0.0
+    threads_per_worker: int | None = None
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the model runs in Ray workers (``workers`` or ``ray_address`` given)."""
+        return self.workers is not None or self.ray_address is not None
 
     def __post_init__(self) -> None:
         from .attribution.estimators import ESTIMATORS
+
+        _check_ray(self)
 
         methods = tuple(m.strip() for m in ((self.methods.split(",")) if isinstance(self.methods, str) else self.methods) if m.strip())
         unknown = [m for m in methods if m not in ESTIMATORS]
@@ -1443,13 +1462,19 @@ class ReplayRun:
         if s.model is None:
             raise ConfigError(f"the archive lacks coalitions; pass --model {self.run['model']['id']} to evaluate them", field="model")
         source = resolve_model(s.model)
-        if loader is None:
+        if s.distributed:
+            from .backends.registry import load_config, load_tokenizer
+
+            backend = _ray_backend(s, source, tokenizer=load_tokenizer(source), config=load_config(source))
+        elif loader is None:
             backend = load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size)
         else:
             backend = loader(source)
         engine = Engine(backend, store=self.fit_.store, progress=progress, batch_size=s.batch_size, utility=self.utility)
         engine.measurements.update(self.fit_.measurements)
         if engine.model != self.run["model"]:
+            if getattr(backend, "shutdown_with_engine", False):
+                backend.shutdown()
             raise InputError(
                 f"the model is {engine.model}, but the run was evaluated with {self.run['model']}; give the run's model",
                 field="model",
