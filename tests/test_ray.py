@@ -139,6 +139,18 @@ def test_a_worker_killed_mid_run_loses_only_its_calls_in_flight(tmp_path, cluste
     assert any("Ray workers were lost" in note for note in explanations[-1]["notes"])
 
 
+def test_the_command_starts_and_stops_its_own_local_cluster(tmp_path, cluster, dataset, tiny_model_dir, single):
+    argv = _argv(dataset, tiny_model_dir, tmp_path / "run", tmp_path / "out.json", "--workers", "2", "--no-progress")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "coalescence.cli", *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    _same(json.loads((tmp_path / "out.json").read_text())["explanations"], single[0])
+    _check_archive(tmp_path / "run", single[1])
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["runs"][-1]
+    assert record["ray"]["workers"] == 2 and record["ray"]["threads_per_worker"] == [max(1, (os.cpu_count() or 1) // 2)] * 2
+
+
 def test_with_every_worker_lost_the_run_fails_as_a_model_failure(tmp_path, cluster, dataset, tiny_model_dir, monkeypatch):
     from coalescence.distributed import RayBackend
 
