@@ -445,7 +445,6 @@ def start_ray_backend(
     if fingerprint is None:
         fingerprint = model_fingerprint(source)
     identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
-    max_context = model_context(config, tokenizer) if config is not None else int(getattr(tokenizer, "model_max_length", 2048))
     actor_class = ray.remote(ModelWorker)
     actors = [
         actor_class.options(num_cpus=1, num_gpus=gpus_per_worker or 0, max_restarts=0, max_task_retries=0).remote(
@@ -473,6 +472,10 @@ def start_ray_backend(
                     field="model",
                 )
             identity["dtype"] = theirs["dtype"]
+        # the workers' own backends say how long a sequence they take (the driver read the configuration only)
+        max_context = min(int(info["max_context"]) for info in infos)
+        if config is not None and model_context(config, tokenizer) != max_context:
+            logger.info("the workers' context is %d tokens (the configuration says %d)", max_context, model_context(config, tokenizer))
         per_node: dict[str, int] = {}
         for info in infos:
             per_node[info["node"]] = per_node.get(info["node"], 0) + 1

@@ -571,7 +571,6 @@ class ExplainRun:
         Returns:
             The :class:`~coalescence.engine.Engine`.
         """
-        from .attribution.hierarchy import fine_snapshot
         from .engine import Engine
 
         s = self.settings
@@ -585,6 +584,19 @@ class ExplainRun:
                 fingerprint=self._loaded["fingerprint"],
             )
         self.engine = Engine(self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility)
+        try:
+            self._snapshots()
+        except BaseException:
+            if s.distributed:  # the Ray workers this run started end with it
+                self.backend.shutdown()
+            raise
+        return self.engine
+
+    def _snapshots(self) -> None:
+        """The snapshots (a missing answer generated) and their targets and utilities, checked."""
+        from .attribution.hierarchy import fine_snapshot
+
+        s = self.settings
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
             s.estimator(snapshot.n_players).validate(snapshot.n_players)
@@ -597,7 +609,6 @@ class ExplainRun:
             on_line(k, self.is_batch, self.engine.resolved_utility, snap, self.policy)
         for snap in self.recorded:
             self.engine.resolved_utility(snap, self.policy)
-        return self.engine
 
     def default_loader(self, source: Any, **preloaded: Any) -> Any:
         """Load ``source`` with the settings' backend, device, dtype and batch size: in this
