@@ -16,6 +16,11 @@ them:
 6. :meth:`~ExplainRun.close` the archive with the run's status, then :meth:`~ExplainRun.write`
    the ``--out`` and ``--html`` documents.
 
+A sweep (:class:`coalescence.sweeps.SweepRun`) is an explain run with other plans and fits: it
+overrides the hooks :meth:`~ExplainRun.player_limit`, :meth:`~ExplainRun.validate_game`,
+:meth:`~ExplainRun.plan`, :meth:`~ExplainRun.check_outputs`, :meth:`~ExplainRun.run_config` and
+the per-conversation steps of :meth:`~ExplainRun.evaluate`, and keeps every other phase.
+
 A replay (:func:`replay_run`) fits estimators from an archive: with no model when the archive
 covers their plans (:class:`ArchiveFit`, also the report's source of a run directory), else it
 evaluates the missing coalitions with the run's model through an engine, recording them in the

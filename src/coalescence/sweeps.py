@@ -190,7 +190,7 @@ class SweepSettings:
         default = RunSettings()
         for name in ("method", "budget", "seed", "target_stderr", "hierarchy", "top_k", "out", "html"):
             if getattr(run, name) != getattr(default, name):
-                raise ConfigError(f"does not apply to a sweep (its methods, budgets and seeds are the sweep's)", field=name)
+                raise ConfigError("does not apply to a sweep (its methods, budgets and seeds are the sweep's)", field=name)
         if run.archive is None or run.archive is True:  # a sweep always keeps its archive, in OUT by default
             object.__setattr__(self, "run", _replace(run, archive=Path(self.out) / "archive"))
         elif run.archive is False:
