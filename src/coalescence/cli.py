@@ -5,6 +5,9 @@
   JSON document (``--out``).
 - ``coalescence replay RUN_DIR --method a,b``: fit estimators from an archive, with no model when
   the archive covers their plans (``--model`` evaluates only what is missing).
+- ``coalescence sweep DATASET --methods a,b --budgets 64,128 --seeds 0,1 --out DIR``: every
+  (method, budget, seed) fitted from one coalition pool per conversation; ``DIR/results.parquet``
+  and a printed summary, with the error against exact when exact is among the methods.
 - ``coalescence archive info RUN_DIR`` / ``coalescence archive compact RUN_DIR``.
 - ``coalescence report SOURCE -o report.html``: the explanations of an ``--out`` document or a run
   archive as one self-contained HTML page (``explain --html PATH`` writes it after the run).
@@ -224,11 +227,91 @@ def _add_span_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_game_options(p: argparse.ArgumentParser) -> None:
+    """The options of the game an explain run or a sweep plays: players, absence policy, utility."""
+    from .conversation import ROLES, UNITS
+    from .masking.policies import available_policies
+    from .utility import UTILITY_KINDS
+
+    p.add_argument(
+        "--unit",
+        choices=UNITS,
+        default=None,
+        help="player unit: turn, paragraph, sentence, word, tool (a tool call and its results), "
+        "exchange (a user turn and the reply to it; the last user turn stays), document (the input's "
+        "declared players or RAG documents) (default: document when the input declares players, else turn)",
+    )
+    p.add_argument(
+        "--template",
+        metavar="JSON",
+        default=None,
+        help='RAG prompt template, a JSON file {"system", "user", "document", "separator"} '
+        "(default: the one in the README)",
+    )
+    p.add_argument(
+        "--system-absent",
+        choices=("removed", "empty"),
+        default="removed",
+        help="drop policy: a system message whose players are all absent is removed, or kept "
+        "with empty content (default: %(default)s)",
+    )
+    p.add_argument(
+        "--empty-turns",
+        choices=("removed", "empty"),
+        default="removed",
+        help="drop policy: a message (any role) whose players are all absent is removed, or kept with "
+        "empty content so every coalition keeps the conversation's sequence of roles, as templates "
+        "that require alternating roles need for units finer than a turn (default: %(default)s)",
+    )
+    p.add_argument(
+        "--merge-adjacent",
+        action="store_true",
+        help="render adjacent messages of the same role (system, user, assistant) as one message, "
+        "joined by a blank line, in every coalition: dropping a turn then never puts two user turns "
+        "side by side (templates that require alternating roles)",
+    )
+    p.add_argument(
+        "--roles",
+        default=None,
+        help=f"comma-separated roles whose messages are players (default: all of {','.join(ROLES)}); "
+        "messages of other roles stay in every coalition",
+    )
+    p.add_argument(
+        "--absence-policy",
+        choices=available_policies(),
+        default="drop",
+        help="how an absent player disappears: drop its text (a turn removes its message) or "
+        "replace it with --placeholder (default: %(default)s)",
+    )
+    p.add_argument("--placeholder", default="[removed]", help="placeholder text (default: %(default)s)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=64,
+        help="length limit when the answer is generated, and of each regenerated answer; with the prompt it must "
+        "fit the model's context (default: %(default)s)",
+    )
+    p.add_argument("--utility", choices=UTILITY_KINDS, default="logprob", help=_UTILITY_HELP + " (default: %(default)s)")
+    _add_span_options(p)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="regenerate utilities: 0 decodes greedily, > 0 samples at this temperature (default: %(default)s)",
+    )
+    p.add_argument("--top-p", type=float, default=1.0, help="regenerate utilities: nucleus sampling mass (default: %(default)s)")
+    p.add_argument(
+        "--num-samples",
+        type=_positive_int,
+        default=1,
+        help="regenerate utilities: sampled answers per coalition (at most 1024), similarities averaged; each "
+        "sample's seed derives from --seed, the coalition and the sample index (default: %(default)s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``coalescence`` command."""
     from .attribution.estimators import METHODS
-    from .conversation import ROLES, UNITS
-    from .masking.policies import available_policies
     from .utility import UTILITY_KINDS
 
     parser = _Parser(
@@ -261,43 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dataset with one input per row (a messages column and the optional fields as columns)",
     )
     _add_model_options(ex, default="smollm2-135m")
-    ex.add_argument(
-        "--unit",
-        choices=UNITS,
-        default=None,
-        help="player unit: turn, paragraph, sentence, word, tool (a tool call and its results), "
-        "exchange (a user turn and the reply to it; the last user turn stays), document (the input's "
-        "declared players or RAG documents) (default: document when the input declares players, else turn)",
-    )
-    ex.add_argument(
-        "--template",
-        metavar="JSON",
-        default=None,
-        help='RAG prompt template, a JSON file {"system", "user", "document", "separator"} '
-        "(default: the one in the README)",
-    )
-    ex.add_argument(
-        "--system-absent",
-        choices=("removed", "empty"),
-        default="removed",
-        help="drop policy: a system message whose players are all absent is removed, or kept "
-        "with empty content (default: %(default)s)",
-    )
-    ex.add_argument(
-        "--empty-turns",
-        choices=("removed", "empty"),
-        default="removed",
-        help="drop policy: a message (any role) whose players are all absent is removed, or kept with "
-        "empty content so every coalition keeps the conversation's sequence of roles, as templates "
-        "that require alternating roles need for units finer than a turn (default: %(default)s)",
-    )
-    ex.add_argument(
-        "--merge-adjacent",
-        action="store_true",
-        help="render adjacent messages of the same role (system, user, assistant) as one message, "
-        "joined by a blank line, in every coalition: dropping a turn then never puts two user turns "
-        "side by side (templates that require alternating roles)",
-    )
+    _add_game_options(ex)
     ex.add_argument(
         "--hierarchy",
         metavar="COARSE,FINE",
@@ -306,12 +353,6 @@ def build_parser() -> argparse.ArgumentParser:
         "at FINE with the rest held present (e.g. document,sentence)",
     )
     ex.add_argument("--top-k", type=_positive_int, default=None, help="--hierarchy: coarse players refined (default: 3)")
-    ex.add_argument(
-        "--roles",
-        default=None,
-        help=f"comma-separated roles whose messages are players (default: all of {','.join(ROLES)}); "
-        "messages of other roles stay in every coalition",
-    )
     ex.add_argument("--method", choices=METHODS, default="exact", help=methods_help + " (default: %(default)s)")
     ex.add_argument(
         "--budget",
@@ -328,37 +369,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NATS",
         help="permutation, kernelshap, banzhaf: sample in doubling rounds until every player's "
         "standard error is below NATS or --budget is spent (the output says which)",
-    )
-    ex.add_argument(
-        "--absence-policy",
-        choices=available_policies(),
-        default="drop",
-        help="how an absent player disappears: drop its text (a turn removes its message) or "
-        "replace it with --placeholder (default: %(default)s)",
-    )
-    ex.add_argument("--placeholder", default="[removed]", help="placeholder text (default: %(default)s)")
-    ex.add_argument(
-        "--max-new-tokens",
-        type=_positive_int,
-        default=64,
-        help="length limit when the answer is generated, and of each regenerated answer; with the prompt it must "
-        "fit the model's context (default: %(default)s)",
-    )
-    ex.add_argument("--utility", choices=UTILITY_KINDS, default="logprob", help=_UTILITY_HELP + " (default: %(default)s)")
-    _add_span_options(ex)
-    ex.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="regenerate utilities: 0 decodes greedily, > 0 samples at this temperature (default: %(default)s)",
-    )
-    ex.add_argument("--top-p", type=float, default=1.0, help="regenerate utilities: nucleus sampling mass (default: %(default)s)")
-    ex.add_argument(
-        "--num-samples",
-        type=_positive_int,
-        default=1,
-        help="regenerate utilities: sampled answers per coalition (at most 1024), similarities averaged; each "
-        "sample's seed derives from --seed, the coalition and the sample index (default: %(default)s)",
     )
     ex.add_argument(
         "--archive",
@@ -422,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     rp.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
 
+    _add_sweep_parser(sub, methods_help)
     _add_report_parser(sub)
 
     ar = sub.add_parser("archive", help="inspect or compact a run archive")
@@ -434,6 +445,58 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("run_dir", metavar="RUN_DIR")
     cp.add_argument("--skip-corrupt", action="store_true", help="drop unreadable parts while compacting")
     return parser
+
+
+def _add_sweep_parser(sub: Any, methods_help: str) -> None:
+    """The ``sweep`` command's arguments."""
+    from .attribution.estimators import METHODS
+
+    sw = sub.add_parser(
+        "sweep",
+        help="benchmark estimators, budgets and seeds on a dataset from one coalition pool",
+        description="Evaluate, per conversation of DATASET, the union of the coalitions every "
+        "(method, budget, seed) plans, once (one pool feeds every estimator), fit each on its own "
+        "plan's coalitions, and write OUT/results.parquet (one row per conversation and cell: values, "
+        "evaluations, model and fit time, and the error against exact when exact is among the methods) "
+        "and print a summary per method and budget. The same command again resumes: finished "
+        "conversations are restored from the archive, with no model call.",
+    )
+    sw.add_argument(
+        "input",
+        metavar="DATASET",
+        help="a .jsonl file with one input per line, a .parquet dataset, or one input .json file (the explain inputs)",
+    )
+    sw.add_argument(
+        "--methods", required=True, help=f"comma-separated methods ({','.join(METHODS)}). " + methods_help
+    )
+    sw.add_argument(
+        "--budgets",
+        default="",
+        help="comma-separated budgets of the sampling methods (permutation, kernelshap, banzhaf, lasso): "
+        "the most distinct model evaluations, e.g. 64,128,256; a budget a method refuses for a "
+        "conversation's number of players is a recorded skip",
+    )
+    sw.add_argument("--seeds", default="0", help="comma-separated seeds of the sampling plans (default: %(default)s)")
+    sw.add_argument(
+        "--out", metavar="DIR", required=True, help="output directory: results.parquet, and the run archive DIR/archive by default"
+    )
+    _add_model_options(sw, default="smollm2-135m")
+    _add_game_options(sw)
+    sw.add_argument(
+        "--archive", metavar="RUN_DIR", default=None, help="run archive directory (default: DIR/archive); resumed if it holds this run"
+    )
+    sw.add_argument("--new-run", action="store_true", help="add a run with other settings to an existing --archive")
+    sw.add_argument(
+        "--max-conversations-in-flight",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="conversations evaluated at once through one scheduler, their coalitions filling the same "
+        "batches (bounds memory) (default: %(default)s)",
+    )
+    _add_archive_options(sw)
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sw.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
 
 
 def _add_report_parser(sub: Any) -> None:
@@ -592,44 +655,51 @@ def _finish(engine: Any, run: Any) -> Any:
     return result
 
 
+def _game_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings an explain run and a sweep share (model, game, archive), by their library names."""
+    return {
+        "model": args.model,
+        "backend": args.backend,
+        "unit": args.unit,
+        "roles": args.roles,
+        "absence_policy": args.absence_policy,
+        "placeholder": args.placeholder,
+        "system_absent": args.system_absent,
+        "empty_turns": args.empty_turns,
+        "merge_adjacent": args.merge_adjacent,
+        "utility": args.utility,
+        "target_span": args.target_span,
+        "target_substring": args.target_substring,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "num_samples": args.num_samples,
+        "max_new_tokens": args.max_new_tokens,
+        "template": args.template,
+        "device": args.device,
+        "dtype": args.dtype,
+        "batch_size": args.batch_size,
+        "archive": args.archive if args.archive is not None else True,  # the CLI always keeps a run archive
+        "new_run": args.new_run,
+        "flush_rows": args.flush_rows,
+        "flush_seconds": args.flush_seconds,
+        "skip_corrupt": args.skip_corrupt,
+        "max_conversations_in_flight": args.max_conversations_in_flight,
+    }
+
+
 def _explain_settings(args: argparse.Namespace) -> Any:
     from .runs import RunSettings
 
     return RunSettings(
-        model=args.model,
-        backend=args.backend,
-        unit=args.unit,
-        roles=args.roles,
+        **_game_settings(args),
         method=args.method,
         budget=args.budget,
         seed=args.seed,
         target_stderr=args.target_stderr,
         hierarchy=args.hierarchy,
         top_k=args.top_k,
-        absence_policy=args.absence_policy,
-        placeholder=args.placeholder,
-        system_absent=args.system_absent,
-        empty_turns=args.empty_turns,
-        merge_adjacent=args.merge_adjacent,
-        utility=args.utility,
-        target_span=args.target_span,
-        target_substring=args.target_substring,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        num_samples=args.num_samples,
-        max_new_tokens=args.max_new_tokens,
-        template=args.template,
-        device=args.device,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        archive=args.archive if args.archive is not None else True,  # the CLI always keeps a run archive
-        new_run=args.new_run,
-        flush_rows=args.flush_rows,
-        flush_seconds=args.flush_seconds,
-        skip_corrupt=args.skip_corrupt,
         out=args.out,
         html=args.html,
-        max_conversations_in_flight=args.max_conversations_in_flight,
         workers=args.workers,
         ray_address=args.ray_address,
         gpus_per_worker=args.gpus_per_worker,
@@ -675,6 +745,43 @@ def _explain(args: argparse.Namespace) -> int:
             print()
     out_path, html = run.out_path, run.html_path
     print(f"archive: {run.run_dir}" + (f"   json: {out_path}" if out_path else "") + (f"   html: {html}" if html else ""))
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .runs import RunSettings
+    from .scheduler.progress import TqdmProgress
+    from .sweeps import SweepRun, SweepSettings
+
+    game = _game_settings(args)
+    if args.archive is None:
+        game.pop("archive")  # the sweep's default: OUT/archive
+    settings = SweepSettings(methods=args.methods, budgets=args.budgets, seeds=args.seeds, out=args.out, run=RunSettings(**game))
+    # the explain run's phases: inputs and settings, the tokenizer and template (every coalition
+    # of every plan rendered), the weights, the archive created or resumed
+    run = SweepRun(args.input, settings)
+    _quiet_transformers(args)
+    run.preflight()
+    run.load(
+        progress=TqdmProgress("coalitions", disable=args.no_progress),
+        loader=lambda source, **preloaded: _load_backend(args, source, **preloaded),
+    )
+    run.open_archive()
+    _STATE["archive"], _STATE["engine"] = str(run.run_dir), run.engine
+    if run.archive.resumed and not args.no_progress:
+        print(f"coalescence: resuming {run.run_dir}: {run.resumed_coalitions} coalitions already evaluated", file=sys.stderr)
+    results = _finish(run.engine, run.evaluate)
+    try:
+        result = run.write(results)
+    except (ArchiveError, OSError) as exc:
+        error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {run.out_path}: {exc}", field="out")
+        raise _RunFailed(error) from exc
+    print(result.summary)
+    print(
+        f"conversations {len(results)} ({result.restored_conversations} restored from the archive)   "
+        f"model evaluations this session {result.model_evaluations}"
+    )
+    print(f"results: {result.path}   archive: {result.run_dir}")
     return 0
 
 
@@ -851,7 +958,7 @@ def _command(argv: Sequence[str] | None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    commands = {"explain": _explain, "replay": _replay, "archive": _archive, "report": _report}
+    commands = {"explain": _explain, "replay": _replay, "sweep": _sweep, "archive": _archive, "report": _report}
     _STATE.pop("archive", None)
     _STATE.pop("engine", None)
     try:

@@ -138,7 +138,7 @@ class ScoringPipeline:
             if resolved.spec.teacher_forced:
                 target = self.target_tokens(snapshot, policy)
                 prompt_ids = tuple(self.renderer.encode(self.renderer.scoring_prompt(messages, target)))
-                return ScoreRequest(prompt_ids=prompt_ids, target_ids=target.ids)
+                return ScoreRequest(prompt_ids=prompt_ids, target_ids=target.ids, prefix_group=snapshot.snapshot_id)
             prompt_ids = tuple(self.renderer.encode_prompt(messages))
         except TemplateRefused as exc:  # a coalition the preflight's subset did not hold
             raise refusal(snapshot, policy, row, messages, exc, during=True) from None

@@ -16,6 +16,11 @@ them:
 6. :meth:`~ExplainRun.close` the archive with the run's status, then :meth:`~ExplainRun.write`
    the ``--out`` and ``--html`` documents.
 
+A sweep (:class:`coalescence.sweeps.SweepRun`) is an explain run with other plans and fits: it
+overrides the hooks :meth:`~ExplainRun.player_limit`, :meth:`~ExplainRun.validate_game`,
+:meth:`~ExplainRun.plan`, :meth:`~ExplainRun.check_outputs`, :meth:`~ExplainRun.run_config` and
+the per-conversation steps of :meth:`~ExplainRun.evaluate`, and keeps every other phase.
+
 A replay (:func:`replay_run`) fits estimators from an archive: with no model when the archive
 covers their plans (:class:`ArchiveFit`, also the report's source of a run directory), else it
 evaluates the missing coalitions with the run's model through an engine, recording them in the
@@ -411,7 +416,6 @@ class ExplainRun:
             ArchiveError: an archive that is not a run directory, is damaged, or holds a corrupt part.
         """
         from .archive.reader import check_parts, read_manifest
-        from .attribution.estimators import estimator_class
         from .inputs import conversation_from_input, load_inputs, load_template
         from .segmentation import count_players
 
@@ -434,7 +438,7 @@ class ExplainRun:
                 on_line(k, self.is_batch, self.utility.locate, conversation.target)
         # an estimator's player limit (exact: 16) stops the count early: a long text is refused
         # after a few sentences, not after segmenting all of it
-        at_most = estimator_class(s.method).capabilities.max_players
+        at_most = self.player_limit()
         self.units: list[str] = []
         for k, conversation in enumerate(self.conversations):
             unit = s.hierarchy[0] if s.hierarchy else s.unit or ("document" if conversation.declared else "turn")
@@ -447,9 +451,8 @@ class ExplainRun:
                     "--unit, or --method permutation with --budget N, or --method loo",
                     field="method",
                 )
-            s.estimator(n_players).validate(n_players)
-        self.out_path = output_path(s.out, "out")
-        self.html_path = html_path(s.html, "html")
+            self.validate_game(n_players)
+        self.check_outputs()
         if isinstance(s.archive, (str, Path)):
             run_dir = Path(s.archive)
             if run_dir.exists() and (not run_dir.is_dir() or (any(run_dir.iterdir()) and not (run_dir / "manifest.json").is_file())):
@@ -462,6 +465,43 @@ class ExplainRun:
                 check_parts(run_dir, skip_corrupt=s.skip_corrupt)  # so is a part that fails its digest or schema
             _writable_parent(run_dir, "archive")
             self.run_dir = run_dir
+
+    # the parts a run of another kind (a sweep, :mod:`coalescence.sweeps`) changes -------------------
+    def player_limit(self) -> int | None:
+        """The most players an input may have (the method's limit, e.g. exact: 16), or ``None``."""
+        from .attribution.estimators import estimator_class
+
+        return estimator_class(self.settings.method).capabilities.max_players
+
+    def validate_game(self, n_players: int) -> None:
+        """Refuse a game of ``n_players`` the run's estimator cannot play (before any model call).
+
+        Raises:
+            EstimatorError, ConfigError: as the estimator's ``validate``.
+        """
+        self.settings.estimator(n_players).validate(n_players)
+
+    def plan(self, n_players: int) -> Iterable[np.ndarray]:
+        """Every coalition the run evaluates for a game of ``n_players`` (rendered by :meth:`preflight`)."""
+        return self.settings.estimator(n_players).plan(n_players)
+
+    def check_outputs(self) -> None:
+        """Check the output files' paths (``out``, ``html``) before any work."""
+        self.out_path = output_path(self.settings.out, "out")
+        self.html_path = html_path(self.settings.html, "html")
+
+    def run_config(self) -> dict[str, Any]:
+        """What the run fits, as the manifest's ``run_config`` records it."""
+        s = self.settings
+        config: dict[str, Any] = {
+            "command": "explain",
+            "method": s.method,
+            "budget": s.budget_for(self.snapshots[0].n_players),
+            "seed": s.seed,
+        }
+        if s.hierarchy is not None:
+            config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
+        return config
 
     # -- 2. what the tokenizer and template reveal, no weights --------------------------------------
     def preflight(self) -> None:
@@ -540,8 +580,7 @@ class ExplainRun:
         if provisional:  # the answer is generated later; its prompts must render now
             conversation = conversation.with_target(PROVISIONAL_ANSWER, source="generated")
         snapshot = ConversationSnapshot.build(conversation, unit=unit, roles=s.roles)
-        n = snapshot.n_players
-        plan = s.estimator(n).plan(n)
+        plan = self.plan(snapshot.n_players)
         report = check_game(
             renderer,
             snapshot,
@@ -599,7 +638,7 @@ class ExplainRun:
         s = self.settings
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
-            s.estimator(snapshot.n_players).validate(snapshot.n_players)
+            self.validate_game(snapshot.n_players)
             if conversation.target is None:  # checked with a stand-in answer before; now with the real one
                 on_line(k, self.is_batch, self._check_game, self.engine.renderer, snapshot.conversation, unit)
             self.snapshots.append(snapshot)
@@ -633,20 +672,17 @@ class ExplainRun:
 
         s, engine, policy = self.settings, self.engine, self.policy
         recorded = self.recorded
+        fits = self.run_config()
         config: dict[str, Any] = {
-            "command": "explain",
+            "command": fits.pop("command"),
             "input": str(self.source) if isinstance(self.source, (str, Path)) else "<in memory>",
             "unit": self.units[0] if len(set(self.units)) == 1 else self.units,
             "roles": list(s.roles) if s.roles is not None else None,
-            "method": s.method,
-            "budget": s.budget_for(self.snapshots[0].n_players),
-            "seed": s.seed,
+            **fits,
             "device": s.device,
             "batch_size": s.batch_size,
             "max_new_tokens": s.max_new_tokens,
         }
-        if s.hierarchy is not None:
-            config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
         if s.template is not None:
             config["template"] = str(s.template)
         if s.distributed:

@@ -242,3 +242,29 @@ def test_tree_rows_follow_a_cached_entry_past_the_batch_prefix(model, chatml_tok
     # the warm run took the base and the shared tokens from the cached entry (all 7 but the last,
     # which row 2 scores from: a scored position's logits are always computed)
     assert cold.statistics().tokens_computed - (warm.statistics().tokens_computed - before) >= 24 + 6
+
+
+@pytest.mark.parametrize("suffixes", list(TREE))
+def test_a_batch_of_two_conversations_is_scored_group_by_group(model, chatml_tokenizer, suffixes):
+    # two conversations' rows interleaved in one batch (as when several conversations are in
+    # flight): each group's own prefix runs once and its suffixes form a tree of their own, so the
+    # batch computes exactly what the two groups' batches compute apart, with the plain values
+    first = [replace_group(r, "a") for r in family(0)]
+    second = [replace_group(r, "b") for r in family(1)]
+    mixed = [r for pair in itertools.zip_longest(first, second) for r in pair if r is not None]
+    ref = plain(model, chatml_tokenizer, max_batch_size=1).score(mixed)
+    b = shared(model, chatml_tokenizer, max_batch_size=len(mixed), prefix_cache_bytes=0, tree_mask_limit=TREE[suffixes])
+    got = b.score(mixed)
+    assert_same(got, ref)
+    check_accounting(b, mixed, got)
+    apart = shared(model, chatml_tokenizer, max_batch_size=len(first), prefix_cache_bytes=0, tree_mask_limit=TREE[suffixes])
+    apart.score(first)
+    apart.score(second)
+    assert b.statistics().tokens_computed == apart.statistics().tokens_computed
+    assert b.statistics().prefix_forwards == 2 and b.statistics().batches == 1
+    if suffixes == "tree":  # the two families' tries, each once: the trie bound of the whole batch
+        assert b.statistics().tokens_computed == trie_nodes(r.prompt_ids + r.target_ids for r in mixed)
+
+
+def replace_group(request: ScoreRequest, group: str) -> ScoreRequest:
+    return ScoreRequest(prompt_ids=request.prompt_ids, target_ids=request.target_ids, prefix_group=group)

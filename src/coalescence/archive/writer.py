@@ -201,6 +201,11 @@ def _quarantine_records(bad: list[BadPart], now: str, run_id: str | None) -> lis
     ]
 
 
+def _row_seconds(elapsed_ms: float, batch_size: int, cache_hit: bool) -> float:
+    """A row's share of its model call's time, seconds (0 with no model call)."""
+    return 0.0 if cache_hit or not batch_size else float(elapsed_ms) / 1000.0 / int(batch_size)
+
+
 class RunArchive:
     """Appends evaluated coalitions to a run directory (see :mod:`coalescence.archive.schema`).
 
@@ -254,6 +259,27 @@ class RunArchive:
         self._last_flush = time.monotonic()
         self.results: dict[str, dict[str, Any]] = _read_results(run_dir / RESULTS_NAME, run_id)
         self._pending_results: list[bytes] = []
+        self._written_seconds: dict[str, float] = {}  # model time of the rows this process appended
+        self._loaded_seconds: dict[str, float] | None = None  # of the loaded rows, made when first asked
+
+    def model_seconds(self, coalition_key: str) -> float | None:
+        """The model time of the coalition's first evaluation, from its archive row: the row's
+        batch time shared among the batch's rows (``elapsed_ms / batch_size``, seconds); 0 for a
+        row served with no model call (``cache_hit``). A later session serving the coalition from
+        the archive writes no row, so the time stays that of the first evaluation.
+
+        Returns:
+            Seconds, or ``None`` when the archive holds no row for the key.
+        """
+        if self._loaded_seconds is None:
+            self._loaded_seconds = {}
+            if self.loaded.num_rows:
+                table = self.loaded.select(["coalition_key", "elapsed_ms", "batch_size", "cache_hit"]).to_pydict()
+                columns = (table["coalition_key"], table["elapsed_ms"], table["batch_size"], table["cache_hit"])
+                for key, ms, size, hit in zip(*columns, strict=True):
+                    self._loaded_seconds[key] = _row_seconds(ms, size, hit)
+        found = self._loaded_seconds.get(coalition_key)
+        return found if found is not None else self._written_seconds.get(coalition_key)
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -472,6 +498,7 @@ class RunArchive:
             return False
         self._keys.add(key)
         self._rows.append(record)
+        self._written_seconds[key] = _row_seconds(record["elapsed_ms"], record["batch_size"], record["cache_hit"])
         if len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()
         return True

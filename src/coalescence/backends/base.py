@@ -40,6 +40,10 @@ class ScoreRequest:
         prompt_ids: prompt token ids (at least one; the first target token is predicted from the
             last prompt token).
         target_ids: the token ids whose log-probabilities are summed (at least one).
+        prefix_group: a hint, not part of the value: rows with the same group share a long prompt
+            prefix (the scoring pipeline passes the conversation's snapshot id). A prefix-sharing
+            backend scores a batch group by group, so rows of unrelated conversations batched
+            together never widen each other's suffix tree or padding. ``""``: no hint.
 
     Raises:
         ConfigError: an empty prompt or target.
@@ -47,6 +51,7 @@ class ScoreRequest:
 
     prompt_ids: tuple[int, ...]
     target_ids: tuple[int, ...]
+    prefix_group: str = ""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

@@ -199,10 +199,7 @@ class HFBackend:
             if not batch:
                 continue
             try:
-                if self.prefix_sharing:
-                    out = self._score_shared(batch)
-                else:
-                    out = self._score_plain(batch)
+                out = self._score_groups(batch) if self.prefix_sharing else self._score_plain(batch)
             except BatchFailed:
                 raise
             except Exception as exc:  # translate the library's errors at the boundary
@@ -220,6 +217,28 @@ class HFBackend:
                 prefix_forwards=s.prefix_forwards + self._last_prefix_forwards,
             )
         return results
+
+    def _score_groups(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """A batch scored prefix group by prefix group (:attr:`ScoreRequest.prefix_group`), each
+        group's common prefix once and its suffix tree of its own, results in the batch's order.
+
+        Rows of different conversations share at most the chat template's header: one tree over
+        them all would have a dense attention mask over every row's tokens and a prefix cache
+        entry for none of them (measured: a 64-conversation dataset three times slower).
+        """
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(batch):
+            groups.setdefault(r.prefix_group, []).append(i)
+        if len(groups) == 1:
+            return self._score_shared(batch)
+        out: list[Any] = [None] * len(batch)
+        forwards = 0
+        for rows in groups.values():
+            for i, result in zip(rows, self._score_shared([batch[i] for i in rows]), strict=True):
+                out[i] = result
+            forwards += self._last_prefix_forwards
+        self._last_prefix_forwards = forwards
+        return out
 
     def _row_results(
         self, batch: Sequence[ScoreRequest], logits: Any, offset: int, shared: int, computed_prefix: int, width: int

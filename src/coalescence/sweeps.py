@@ -1,0 +1,540 @@
+"""Benchmark sweeps: many estimators, budgets and seeds fitted from one coalition pool per conversation.
+
+A sweep (:class:`SweepRun`, the ``coalescence sweep`` command, :func:`coalescence.sweep`) is an
+explain run (:class:`~coalescence.runs.ExplainRun`) whose phases it reuses: the same input
+checks, preflight (the tokenizer renders every coalition of every plan before any weights load),
+model loading, archive (created or resumed) and conversations in flight through one engine. What
+differs is what it fits:
+
+* the *cells*: every (method, budget, seed) of the settings; a method without a budget (exact,
+  loo) is one cell with budget and seed null. A cell whose estimator refuses a conversation's
+  number of players (a budget below the method's minimum, exact over 16 players) is a recorded
+  skip with the estimator's reason, not an error;
+* per conversation, the union of the cells' plans is evaluated once through the engine (each
+  distinct coalition once, deduplicated against the archive), then every cell is fitted on exactly
+  the distinct coalitions of its own plan, in its plan's first-seen order: the values a
+  one-method ``coalescence explain`` run with that method, budget and seed gives (up to the float
+  rounding of other batch compositions);
+* the results table ``OUT/results.parquet`` (:data:`RESULT_SCHEMA`, one row per conversation and
+  cell, list columns per player), written atomically, and a printed summary per method and
+  budget (:func:`summarize`).
+
+A finished conversation's rows are recorded in the archive's ``results.jsonl``: the same command
+again restores them (no planning, no model call; identical rows, fit times included), and a
+conversation cut short by an interruption is fitted again from the coalitions the archive holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError, EstimatorError
+from .runs import ExplainRun, RunSettings, _closing
+
+__all__ = ("RESULT_SCHEMA", "Cell", "SweepResult", "SweepRun", "SweepSettings", "agreement", "summarize", "sweep_run")
+
+RESULTS_NAME = "results.parquet"
+"""The results table in the output directory."""
+
+TOP_K = 3
+"""The k of the top-k agreement column (``top3``)."""
+
+
+def _result_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("conversation", pa.int64(), nullable=False),  # the input's position (0-based)
+            pa.field("snapshot_id", pa.string(), nullable=False),
+            pa.field("n_players", pa.int64(), nullable=False),
+            pa.field("players", pa.list_(pa.string()), nullable=False),  # player labels, in player order
+            pa.field("method", pa.string(), nullable=False),
+            pa.field("budget", pa.int64()),  # null for a method without a budget (exact, loo)
+            pa.field("seed", pa.int64()),  # null for a method without a budget
+            pa.field("status", pa.string(), nullable=False),  # "ok" or "skipped"
+            pa.field("reason", pa.string()),  # why a cell was skipped (the estimator's words)
+            pa.field("values", pa.list_(pa.float64())),  # [n_players], the utility's unit (nats)
+            pa.field("stderr", pa.list_(pa.float64())),  # [n_players] or null; null entries: too few samples
+            pa.field("v_empty", pa.float64()),
+            pa.field("v_full", pa.float64()),
+            pa.field("n_evaluations", pa.int64()),  # distinct coalitions of the cell's plan
+            pa.field("model_seconds", pa.float64()),  # model time of those coalitions' first evaluation
+            pa.field("fit_seconds", pa.float64()),  # the estimator's fit
+            pa.field("rel_l2", pa.float64()),  # ||values - exact|| / ||exact||, null without exact
+            pa.field("top1", pa.float64()),  # 1.0 when the top player is exact's, else 0.0
+            pa.field("top3", pa.float64()),  # |top-3 & exact's top-3| / 3 (k = min(3, n))
+            pa.field("spearman", pa.float64()),  # Spearman rank correlation with exact's values
+        ]
+    )
+
+
+RESULT_SCHEMA = _result_schema()
+"""The results table: one row per (conversation, method, budget, seed), per-player list columns.
+
+``model_seconds`` sums, over the distinct coalitions of the cell's plan, each coalition's share of
+the model call that first evaluated it (its archive row's ``elapsed_ms / batch_size``; 0 for a row
+derived with no model call), so a coalition shared by several cells counts in each, and a resumed
+session, which serves coalitions from the archive, reports the same times. The error columns
+compare a cell's values with the ``exact`` cell of the same conversation (null when the sweep has
+no exact cell, for the exact cell itself, and for skipped cells): ranking players by decreasing
+value, ties in player order (as the explain table ranks them), ``top1`` is whether both rank the
+same player first, ``top3`` the share of exact's top ``min(3, n)`` players among the cell's top
+``min(3, n)``, ``spearman`` :func:`scipy.stats.spearmanr` of the values (null when either is
+constant or n < 2), ``rel_l2`` null when exact's values are all zero."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One estimator configuration of a sweep: a method, its budget and seed (``None`` for a
+    method without a budget)."""
+
+    method: str
+    budget: int | None
+    seed: int | None
+
+    def estimator(self) -> Any:
+        """The estimator of this cell."""
+        from .attribution.estimators import make_estimator
+
+        return make_estimator(self.method, budget=self.budget, seed=self.seed if self.seed is not None else 0)
+
+
+def _int_list(value: Any, name: str, *, minimum: int, what: str) -> tuple[int, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, str):
+            item = item.strip()
+            if not item:
+                continue
+            try:
+                number = int(item)
+            except ValueError:
+                raise ConfigError(f"expected comma-separated {what}, got {item!r}", field=name) from None
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            number = int(item)
+        else:
+            raise ConfigError(f"expected comma-separated {what}, got {item!r}", field=name)
+        if number < minimum:
+            raise ConfigError(f"expected comma-separated {what}, got {number}", field=name)
+        if number not in out:
+            out.append(number)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepSettings:
+    """The settings of a sweep (the ``coalescence sweep`` options, by their library names).
+
+    Args:
+        methods: the estimators (comma-separated string or names).
+        budgets: the budgets of the sampling methods (positive integers); needed when a sampling
+            method is among ``methods``.
+        seeds: the sampling seeds (non-negative integers; default ``0``).
+        out: the output directory: ``results.parquet`` and, by default, the run archive ``archive/``.
+        run: everything else, as an explain run's settings (model, backend, unit, absence policy,
+            utility, batch size, conversations in flight, ``archive`` ...); its own method, budget,
+            seed, target standard error, hierarchy, ``out`` and ``html`` do not apply.
+
+    Raises:
+        ConfigError: no or an unknown method, a budget or seed that is not an integer of the
+            range, a sampling method without budgets, budgets with no sampling method, an
+            explain-only setting in ``run`` (naming the setting).
+    """
+
+    methods: tuple[str, ...] | str
+    budgets: tuple[int, ...] | str = ()
+    seeds: tuple[int, ...] | str = (0,)
+    out: str | Path
+    run: RunSettings = field(default_factory=RunSettings)
+
+    def __post_init__(self) -> None:
+        from .attribution.estimators import ESTIMATORS, estimator_class
+
+        raw = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
+        methods: list[str] = []
+        for m in raw:
+            name = m.strip() if isinstance(m, str) else m
+            if name == "":
+                continue
+            if name not in ESTIMATORS:
+                raise ConfigError(f"unknown method {name!r}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="methods")
+            if name not in methods:
+                methods.append(name)
+        if not methods:
+            raise ConfigError(f"give at least one method, a comma-separated subset of {','.join(ESTIMATORS)}", field="methods")
+        object.__setattr__(self, "methods", tuple(methods))
+        object.__setattr__(self, "budgets", _int_list(self.budgets, "budgets", minimum=1, what="positive integers"))
+        object.__setattr__(self, "seeds", _int_list(self.seeds, "seeds", minimum=0, what="non-negative integers"))
+        sampling = [m for m in methods if estimator_class(m).capabilities.needs_budget]
+        if sampling and not self.budgets:
+            raise ConfigError(f"methods {','.join(sampling)} sample within a budget; give budgets, e.g. 64,128", field="budgets")
+        if self.budgets and not sampling:
+            raise ConfigError(f"applies to the sampling methods; {','.join(methods)} take none. Drop it", field="budgets")
+        if sampling and not self.seeds:
+            raise ConfigError("give at least one seed, e.g. 0,1,2", field="seeds")
+        if not isinstance(self.out, (str, Path)) or not str(self.out).strip():
+            raise ConfigError("give an output directory", field="out")
+        run = self.run
+        default = RunSettings()
+        for name in ("method", "budget", "seed", "target_stderr", "hierarchy", "top_k", "out", "html"):
+            if getattr(run, name) != getattr(default, name):
+                raise ConfigError("does not apply to a sweep (its methods, budgets and seeds are the sweep's)", field=name)
+        if run.archive is None or run.archive is True:  # a sweep always keeps its archive, in OUT by default
+            object.__setattr__(self, "run", _replace(run, archive=Path(self.out) / "archive"))
+        elif run.archive is False:
+            raise ConfigError("a sweep keeps its coalitions in a run archive; give a directory or leave the default", field="archive")
+
+    def cells(self) -> list[Cell]:
+        """Every cell, methods in the given order, then budgets, then seeds."""
+        from .attribution.estimators import estimator_class
+
+        out: list[Cell] = []
+        for method in self.methods:
+            if estimator_class(method).capabilities.needs_budget:
+                out += [Cell(method, b, s) for b in self.budgets for s in self.seeds]
+            else:
+                out.append(Cell(method, None, None))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """The sweep's grid as the manifest records it (and as finished conversations are keyed)."""
+        return {"methods": list(self.methods), "budgets": list(self.budgets), "seeds": list(self.seeds)}
+
+
+def _replace(settings: RunSettings, **changes: Any) -> RunSettings:
+    from dataclasses import replace
+
+    return replace(settings, **changes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepResult:
+    """What a sweep gives back.
+
+    Attributes:
+        rows: the results table's rows (dicts of :data:`RESULT_SCHEMA`'s columns).
+        path: the results table's file.
+        run_dir: the run archive.
+        summary: the printed summary (:func:`summarize`).
+        model_evaluations: coalitions this session evaluated with the model (0 for a finished
+            sweep run again).
+        restored_conversations: conversations restored from the archive, not fitted again.
+    """
+
+    rows: tuple[dict[str, Any], ...]
+    path: Path
+    run_dir: Path
+    summary: str
+    model_evaluations: int
+    restored_conversations: int
+
+    def to_arrow(self) -> Any:
+        """The results as a ``pyarrow.Table``."""
+        import pyarrow as pa
+
+        return pa.Table.from_pylist(list(self.rows), schema=RESULT_SCHEMA)
+
+    def to_pandas(self) -> Any:
+        """The results as a ``pandas.DataFrame`` (needs the notebook extra)."""
+        return self.to_arrow().to_pandas()
+
+
+def _finite(x: Any) -> float | None:
+    """A float, or ``None`` for NaN and infinities (JSON and Parquet nulls)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _order(values: np.ndarray) -> list[int]:
+    """Player indices by decreasing value, ties in player order (the explain table's ranking)."""
+    return sorted(range(len(values)), key=lambda i: (-values[i], i))
+
+
+def agreement(values: Sequence[float], exact: Sequence[float]) -> dict[str, float | None]:
+    """The error columns of ``values`` against ``exact`` (see :data:`RESULT_SCHEMA`).
+
+    Returns:
+        ``{"rel_l2", "top1", "top3", "spearman"}``, ``None`` where undefined.
+    """
+    from scipy.stats import spearmanr
+
+    phi, ref = np.asarray(values, dtype=np.float64), np.asarray(exact, dtype=np.float64)
+    norm = float(np.linalg.norm(ref))
+    rel = float(np.linalg.norm(phi - ref)) / norm if norm > 0 else None
+    mine, theirs = _order(phi), _order(ref)
+    k = min(TOP_K, len(ref))
+    rho = None
+    if len(ref) >= 2 and np.ptp(phi) > 0 and np.ptp(ref) > 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rho = _finite(spearmanr(phi, ref).statistic)
+    return {
+        "rel_l2": _finite(rel),
+        "top1": 1.0 if mine[0] == theirs[0] else 0.0,
+        "top3": len(set(mine[:k]) & set(theirs[:k])) / k,
+        "spearman": rho,
+    }
+
+
+class SweepRun(ExplainRun):
+    """A sweep, phase by phase: :class:`~coalescence.runs.ExplainRun`'s phases (check, preflight,
+    load, open_archive, evaluate, close), with the sweep's plans and fits; :meth:`write` the table.
+
+    Args:
+        source: a dataset path (``.jsonl``, ``.parquet``), one input file, an input dict or messages.
+        settings: the sweep's settings.
+        backend: a loaded backend to use instead of loading the model.
+
+    Raises:
+        InputError, ConfigError, ArchiveError: from the checks, before anything loads or is written.
+    """
+
+    def __init__(self, source: Any, settings: SweepSettings, *, backend: Any = None) -> None:
+        self.sweep = settings
+        self.cells = settings.cells()
+        self.model_evaluations = 0
+        super().__init__(source, settings.run, backend=backend)
+
+    # -- what differs from an explain run -------------------------------------------------------
+    def player_limit(self) -> int | None:
+        """No limit: a method's limit (exact: 16) makes a recorded skip."""
+        return None
+
+    def validate_game(self, n_players: int) -> None:
+        """Nothing is refused: a cell whose estimator refuses the game is a recorded skip."""
+
+    def estimators(self, n_players: int) -> list[tuple[Cell, Any, str | None]]:
+        """Each cell with its estimator for a game of ``n_players``, or ``None`` and the reason it
+        refuses the game."""
+        out: list[tuple[Cell, Any, str | None]] = []
+        for cell in self.cells:
+            estimator = cell.estimator()
+            try:
+                estimator.validate(n_players)
+            except (ConfigError, EstimatorError) as exc:
+                out.append((cell, None, exc.message))
+                continue
+            out.append((cell, estimator, None))
+        return out
+
+    def plan(self, n_players: int) -> Iterable[np.ndarray]:
+        """The union of the cells' plans (repeats folded by the engine)."""
+        return itertools.chain.from_iterable(e.plan(n_players) for _, e, _ in self.estimators(n_players) if e is not None)
+
+    def check_outputs(self) -> None:
+        """The output directory: a directory (or nothing yet) in a writable place."""
+        from .runs import output_path
+
+        directory = Path(self.sweep.out)
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"{str(directory)!r} is a file; give a directory", field="out")
+        self.out_path = output_path(directory / RESULTS_NAME, "out")
+        self.html_path = None
+
+    def run_config(self) -> dict[str, Any]:
+        """The manifest's ``run_config``: command ``sweep`` and the grid."""
+        return {"command": "sweep", **self.sweep.describe()}
+
+    # -- per conversation -------------------------------------------------------------------------
+    def _result_key(self, snap: Any) -> str:
+        return json.dumps({"snapshot_id": snap.snapshot_id, "sweep": self.sweep.describe()}, sort_keys=True)
+
+    def _restored(self, snap: Any) -> Any:
+        if self.archive is None:
+            return None
+        document = self.archive.results.get(self._result_key(snap))
+        cells = document.get("cells") if isinstance(document, Mapping) else None
+        if not isinstance(cells, list) or len(cells) != len(self.cells):
+            return None
+        return [dict(c) for c in cells]
+
+    def _record(self, snap: Any, rows: Any) -> None:
+        if self.archive is not None:
+            self.archive.record_result(self._result_key(snap), {"cells": rows})
+
+    async def _explain_one(self, k: int, snap: Any) -> list[dict[str, Any]]:
+        """Evaluate the union of the cells' plans once, then fit every cell on its own plan."""
+        from .engine import counting_evaluations
+        from .masking.codec import PackedMask
+
+        engine, policy, n = self.engine, self.policy, snap.n_players
+        jobs = []
+        for cell, estimator, reason in self.estimators(n):
+            plan: dict[bytes, np.ndarray] = {}
+            if estimator is not None:
+                for row in estimator.plan(n):
+                    row = np.asarray(row, dtype=bool)
+                    plan.setdefault(PackedMask.from_bools(row).words, row)
+            jobs.append((cell, estimator, reason, plan))
+        pool: dict[bytes, float] = {}
+        if any(plan for *_, plan in jobs):
+            union = itertools.chain.from_iterable(plan.values() for *_, plan in jobs)
+            with counting_evaluations() as executed:
+                masks, utilities = await engine.evaluate(snap, policy, union)
+            self.model_evaluations += executed[0]
+            pool = {PackedMask.from_bools(m).words: float(u) for m, u in zip(masks, utilities, strict=True)}
+        seconds: dict[bytes, float] = {}
+
+        def model_seconds(words: bytes) -> float:
+            if words not in seconds:
+                found = self.archive.model_seconds(engine.key(snap, policy, PackedMask(words, n))) if self.archive is not None else None
+                seconds[words] = found or 0.0
+            return seconds[words]
+
+        base = {"snapshot_id": snap.snapshot_id, "n_players": n, "players": [p.label for p in snap.players]}
+        rows: list[dict[str, Any]] = []
+        for cell, estimator, reason, plan in jobs:
+            row = base | {"method": cell.method, "budget": cell.budget, "seed": cell.seed, "status": "skipped", "reason": reason}
+            if estimator is not None:
+                cell_masks = np.array(list(plan.values()), dtype=bool).reshape(len(plan), n)
+                cell_utilities = np.array([pool[w] for w in plan], dtype=np.float64)
+                t0 = time.perf_counter()
+                try:
+                    estimate = estimator.fit(cell_masks, cell_utilities)
+                except (ConfigError, EstimatorError) as exc:
+                    row["reason"] = f"fit: {exc.message}"
+                else:
+                    row |= {
+                        "status": "ok",
+                        "reason": None,
+                        "values": [_finite(v) for v in estimate.values],
+                        "stderr": None if estimate.stderr is None else [_finite(v) for v in estimate.stderr],
+                        "v_empty": _finite(estimate.v_empty),
+                        "v_full": _finite(estimate.v_full),
+                        "n_evaluations": len(plan),
+                        "model_seconds": sum(model_seconds(w) for w in plan),
+                        "fit_seconds": time.perf_counter() - t0,
+                    }
+            rows.append(row)
+        exact = next((r for r in rows if r["method"] == "exact" and r["status"] == "ok"), None)
+        for row in rows:
+            if exact is not None and row is not exact and row["status"] == "ok" and None not in row["values"] and None not in exact["values"]:
+                row |= agreement(row["values"], exact["values"])
+        return rows
+
+    # -- the table ----------------------------------------------------------------------------------
+    def table_rows(self, results: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+        """The results table's rows: every conversation's cells, in input then cell order."""
+        columns = RESULT_SCHEMA.names
+        return [{c: row.get(c) for c in columns} | {"conversation": k} for k, rows in enumerate(results) for row in rows]
+
+    def write(self, results: Sequence[Sequence[Mapping[str, Any]]]) -> SweepResult:  # type: ignore[override]
+        """Write ``OUT/results.parquet`` atomically (a temporary file, then a rename).
+
+        Returns:
+            The :class:`SweepResult`.
+
+        Raises:
+            ArchiveWriteError, ArchiveError: the table cannot be written.
+        """
+        import os
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from .archive.layout import os_error
+
+        rows = self.table_rows(results)
+        table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+        path = self.out_path
+        assert path is not None
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, tmp)
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise os_error(exc, f"cannot write {path}", field="out") from exc
+        return SweepResult(
+            rows=tuple(rows),
+            path=path,
+            run_dir=Path(self.run_dir) if self.run_dir is not None else Path(self.sweep.out) / "archive",
+            summary=summarize(rows),
+            model_evaluations=self.model_evaluations,
+            restored_conversations=self.restored_conversations,
+        )
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The printed summary: per method and budget, over conversations and seeds, the median and
+    90th percentile of the relative L2 error against exact, the mean top-1 and top-3 agreement and
+    Spearman correlation, the mean model evaluations and model seconds per cell, and the cells
+    fitted and skipped."""
+    groups: dict[tuple[str, int | None], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["method"], row["budget"]), []).append(row)
+
+    def mean(xs: list[float]) -> float | None:
+        return float(np.mean(xs)) if xs else None
+
+    def fmt(x: float | None, digits: int = 3) -> str:
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    head = ("method", "budget", "cells", "skipped", "relL2 med", "relL2 p90", "top-1", "top-3", "spearman", "evals", "model s")
+    lines = [head]
+    for (method, budget), members in groups.items():
+        ok = [r for r in members if r["status"] == "ok"]
+        rel = [r["rel_l2"] for r in ok if r.get("rel_l2") is not None]
+        pick = lambda name: [r[name] for r in ok if r.get(name) is not None]  # noqa: E731
+        lines.append(
+            (
+                method,
+                "-" if budget is None else str(budget),
+                str(len(ok)),
+                str(len(members) - len(ok)),
+                fmt(float(np.median(rel)) if rel else None),
+                fmt(float(np.percentile(rel, 90)) if rel else None),
+                fmt(mean(pick("top1")), 2),
+                fmt(mean(pick("top3")), 2),
+                fmt(mean(pick("spearman")), 2),
+                fmt(mean(pick("n_evaluations")), 1),
+                fmt(mean(pick("model_seconds")), 2),
+            )
+        )
+    widths = [max(len(line[c]) for line in lines) for c in range(len(head))]
+    text = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(line, widths, strict=True))) for line in lines]
+    reasons = sorted({(r["method"], r["budget"], r["reason"]) for r in rows if r["status"] != "ok"}, key=str)
+    notes = [f"skipped {m} budget {b}: {why}" for m, b, why in reasons]
+    legend = (
+        "per method and budget over conversations and seeds: relL2 = ||phi - phi_exact|| / ||phi_exact|| "
+        "(median, 90th percentile), top-1/top-3 agreement and spearman against exact (means), evals = "
+        "distinct coalitions per fit (mean), model s = their model time per fit (mean, first evaluation)"
+    )
+    return "\n".join([*text, *notes, legend])
+
+
+def sweep_run(source: Any, settings: SweepSettings, *, backend: Any = None, progress: Any = None) -> SweepResult:
+    """Every phase of a sweep, synchronously (its own event loop).
+
+    Args:
+        source: a dataset path, an input file, an input dict or a list of messages.
+        settings: the sweep's settings.
+        backend: a loaded backend (else ``settings.run.model`` is loaded).
+        progress: progress callbacks.
+
+    Returns:
+        The :class:`SweepResult`.
+    """
+    import anyio
+
+    run = SweepRun(source, settings, backend=backend)
+    run.preflight()
+    run.load(progress=progress)
+    run.open_archive()
+    results = _closing(run, lambda: anyio.run(run.evaluate))
+    return run.write(results)
