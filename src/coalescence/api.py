@@ -23,6 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from .backends.base import DEFAULT_BATCH_SIZE
 from .errors import ConfigError
 from .runs import RunResult, RunSettings, explain_run, explain_run_async
 
@@ -62,7 +63,7 @@ class Explainer:
     """
 
     def __init__(
-        self, model: str = DEFAULT_MODEL, *, backend: str = "hf", device: str = "cpu", dtype: str = "float32", batch_size: int = 4
+        self, model: str = DEFAULT_MODEL, *, backend: str = "hf", device: str = "cpu", dtype: str = "float32", batch_size: int = DEFAULT_BATCH_SIZE
     ) -> None:
         from .backends.registry import load_backend
 

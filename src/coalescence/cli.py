@@ -64,6 +64,7 @@ from ._interrupts import (
     quiet_closed_outputs,
     write_stderr,
 )
+from .backends.base import DEFAULT_BATCH_SIZE
 from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError
 
 __all__ = ("build_parser", "main")
@@ -150,7 +151,7 @@ def _add_model_options(p: argparse.ArgumentParser, *, default: str | None) -> No
     p.add_argument(
         "--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="compute dtype (default: %(default)s)"
     )
-    p.add_argument("--batch-size", type=_positive_int, default=4, help="rows per model call (default: %(default)s)")
+    p.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE, help="rows per model call (default: %(default)s)")
 
 
 def _add_ray_options(p: argparse.ArgumentParser) -> None:

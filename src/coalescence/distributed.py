@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors
+from .backends.base import DEFAULT_BATCH_SIZE
 from .errors import BackendUnavailable, BatchFailed, CoalescenceError, ConfigError
 
 __all__ = ("RayBackend", "import_ray", "start_ray_backend")
@@ -394,7 +395,7 @@ def start_ray_backend(
     backend: str = "hf",
     device: str = "cpu",
     dtype: str = "float32",
-    max_batch_size: int = 4,
+    max_batch_size: int = DEFAULT_BATCH_SIZE,
     tokenizer: Any,
     config: Any = None,
     fingerprint: str | None = None,

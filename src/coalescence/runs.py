@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends.base import DEFAULT_BATCH_SIZE
 from .errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
 
 __all__ = (
@@ -218,7 +219,7 @@ class RunSettings:
     template: str | Path | None = None
     device: str = "cpu"
     dtype: str = "float32"
-    batch_size: int = 4
+    batch_size: int = DEFAULT_BATCH_SIZE
     archive: str | Path | bool | None = None
     new_run: bool = False
     flush_rows: int = 4096
@@ -1027,7 +1028,7 @@ class ReplaySettings:
     backend: str = "hf"
     device: str = "cpu"
     dtype: str = "float32"
-    batch_size: int = 4
+    batch_size: int = DEFAULT_BATCH_SIZE
     flush_rows: int = 4096
     flush_seconds: float = 30.0
     skip_corrupt: bool = False

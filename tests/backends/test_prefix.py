@@ -268,3 +268,23 @@ def test_a_batch_of_two_conversations_is_scored_group_by_group(model, chatml_tok
 
 def replace_group(request: ScoreRequest, group: str) -> ScoreRequest:
     return ScoreRequest(prompt_ids=request.prompt_ids, target_ids=request.target_ids, prefix_group=group)
+
+
+def test_a_batch_too_big_for_one_tree_row_is_split_not_padded(model, chatml_tokenizer):
+    # long rows: the suffix trie of the whole batch exceeds the mask limit, so the batch is scored
+    # in halves (each its own longer common prefix and tree) instead of right-padded suffixes on a
+    # repeated cache; the values stay the plain ones and nothing is padded
+    reqs = family()
+    ref = plain(model, chatml_tokenizer, max_batch_size=1).score(reqs)
+    whole = trie_nodes(r.prompt_ids + r.target_ids for r in reqs) - 24  # the batch's suffix nodes
+    limit = whole * (24 + whole) - 1  # one node too many for one tree row
+    split = shared(model, chatml_tokenizer, max_batch_size=len(reqs), prefix_cache_bytes=2**24, tree_mask_limit=limit)
+    padded = shared(model, chatml_tokenizer, max_batch_size=len(reqs), prefix_cache_bytes=2**24, tree_mask_limit=0)
+    got = split.score(reqs)
+    assert_same(got, ref)
+    check_accounting(split, reqs, got)
+    padded.score(reqs)
+    assert split.statistics().padded_positions == 0 < padded.statistics().padded_positions
+    assert split.statistics().batches == 1
+    # the halves resume their prefixes from the cache: fewer positions run than padded suffixes
+    assert split.statistics().tokens_computed < padded.statistics().tokens_computed

@@ -28,6 +28,11 @@ __all__ = (
     "validate_results",
 )
 
+DEFAULT_BATCH_SIZE = 16
+"""Rows per model call unless told otherwise: chosen from the sweep of ``benchmarks/compute_limit.py``
+(benchmarks/RESULTS.md): with prefix sharing, 16 ran the demo game 1.40x faster than 4 and the
+long-context RAG game as fast; larger batches gained nothing."""
+
 _SEED_BOUND = 2**63
 """Seeds are non-negative and below this bound (fits a signed 64-bit integer; every torch generator accepts it)."""
 

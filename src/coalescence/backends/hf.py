@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import BatchFailed, ConfigError
 from .base import (
+    DEFAULT_BATCH_SIZE,
     GenerateRequest,
     GenerateResult,
     ScoreRequest,
@@ -108,7 +109,7 @@ class HFBackend:
         model_id: str,
         revision: str = "",
         fingerprint: str = "",
-        max_batch_size: int = 4,
+        max_batch_size: int = DEFAULT_BATCH_SIZE,
         prefix_sharing: bool = True,
         prefix_cache_bytes: int = 256 * 2**20,
         tree_mask_limit: int = 2**22,
@@ -217,6 +218,13 @@ class HFBackend:
                 prefix_forwards=s.prefix_forwards + self._last_prefix_forwards,
             )
         return results
+
+    def _count_forwards(self, score: Any, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """``score(batch)`` adding its prefix forwards to those already counted for this call."""
+        before = self._last_prefix_forwards
+        out = score(batch)
+        self._last_prefix_forwards += before
+        return out
 
     def _score_groups(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """A batch scored prefix group by prefix group (:attr:`ScoreRequest.prefix_group`), each
@@ -331,6 +339,15 @@ class HFBackend:
                 tail = entry_tokens[shared:]
                 depth = max(common_prefix_length(tail, seq[shared : len(r.prompt_ids) - 1]) for r, seq in zip(batch, seqs))
                 chain = tail[:depth]
+            tree = self._suffix_trie(seqs, shared, chain, [len(r.prompt_ids) for r in batch])
+            n_nodes = len(tree[0])
+            fits = n_nodes * (shared + len(chain) + n_nodes) <= self.tree_mask_limit
+            if self.tree_mask_limit and not fits and rows > 1:
+                # too big for one tree row (long rows): halves, each with its own longer common
+                # prefix (resumed from the cache) and its own tree, never padded suffixes
+                # recomputing everything below the batch prefix
+                half = rows // 2
+                return self._score_shared(batch[:half]) + self._count_forwards(self._score_shared, batch[half:])
             if resumed > 0:
                 cache = copy.deepcopy(state)
                 if len(entry_tokens) > resumed + len(chain):
@@ -351,9 +368,7 @@ class HFBackend:
                 self._last_prefix_forwards = 1
                 if self.prefix_cache.max_bytes:
                     self.prefix_cache.put(prefix, copy.deepcopy(cache), _cache_bytes(cache))
-            tree = self._suffix_trie(seqs, shared, chain, [len(r.prompt_ids) for r in batch])
-            n_nodes = len(tree[0])
-            if self.tree_mask_limit and n_nodes * (shared + len(chain) + n_nodes) <= self.tree_mask_limit:
+            if self.tree_mask_limit and fits:
                 return self._score_tree(batch, cache, shared, len(chain), shared - resumed, tree)
             if chain:
                 cache.crop(-len(chain))

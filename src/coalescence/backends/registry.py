@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendUnavailable, ConfigError
+from .base import DEFAULT_BATCH_SIZE
 from .fingerprint import fingerprint
 from .hf import HFBackend
 
@@ -200,7 +201,7 @@ def load_backend(
     backend: str = "hf",
     device: str = "cpu",
     dtype: str = "float32",
-    max_batch_size: int = 4,
+    max_batch_size: int = DEFAULT_BATCH_SIZE,
     tokenizer: Any = None,
     config: Any = None,
     fingerprint: str | None = None,
@@ -241,7 +242,7 @@ def _load_hf(
     *,
     device: str = "cpu",
     dtype: str = "float32",
-    max_batch_size: int = 4,
+    max_batch_size: int = DEFAULT_BATCH_SIZE,
     tokenizer: Any = None,
     config: Any = None,
     fingerprint: str | None = None,
