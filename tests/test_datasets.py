@@ -41,7 +41,8 @@ def conversations(n: int) -> list[dict]:
                 ]
             }
         )
-    out.append({"documents": [{"id": "a", "text": FACTS[0]}, {"id": "b", "text": FACTS[1]}], "question": "When?", "answer": "In 1889."})
+    # one document with a title, one without: in Parquet the second's title is a null struct field
+    out.append({"documents": [{"id": "a", "title": "Paris", "text": FACTS[0]}, {"id": "b", "text": FACTS[1]}], "question": "When?", "answer": "In 1889."})
     return out
 
 
@@ -132,3 +133,16 @@ def test_a_resumed_dataset_run_restores_finished_conversations_without_planning_
     code, _, err = run(["explain", str(jsonl), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact", "--archive", str(tmp_path / "run")])
     assert code == 0, err
     assert len(planned) == len(first)
+
+
+def test_a_list_of_inputs_in_python_is_the_jsonl_dataset(tmp_path, jsonl, tiny_model_dir):
+    import coalescence
+
+    got = coalescence.explain(conversations(7), model=str(tiny_model_dir), unit="sentence", method="loo")
+    ref = explain(tmp_path, jsonl, tiny_model_dir, "ref")
+    assert isinstance(got, list) and [e.snapshot.snapshot_id for e in got] == [d["snapshot_id"] for d in ref]
+    for e, d in zip(got, ref, strict=True):
+        assert [float(v) for v in e.estimate.values] == pytest.approx([p["value"] for p in d["players"]], abs=1e-4)
+    with pytest.raises(coalescence.InputError) as bad:
+        coalescence.explain([conversations(1)[0], {"messages": [{"role": "robot", "content": "Hi."}]}], model=str(tiny_model_dir))
+    assert bad.value.field == "input 1: messages[0].role"

@@ -203,11 +203,22 @@ def _prefixed(exc: InputError, line: int) -> InputError:
     return InputError(exc.message, field=field)
 
 
+def _absent_nulls(value: Any) -> Any:
+    """A Parquet cell as the JSON input it stands for: a null struct field is an absent field
+    (Parquet gives every row's struct every field any row has), except ``content``, whose null
+    is a value (an assistant message that only calls tools)."""
+    if isinstance(value, dict):
+        return {k: _absent_nulls(v) for k, v in value.items() if v is not None or k == "content"}
+    if isinstance(value, list):
+        return [_absent_nulls(v) for v in value]
+    return value
+
+
 def _parquet_inputs(path: Path, template: RagTemplate | None) -> list[Conversation]:
     """The conversations of a Parquet dataset: one row per conversation, the input's fields as
     columns (``messages``: a list of ``{role, content, ...}`` structs or a JSON string; the
     optional ``target``, ``players``, or the RAG form's ``documents``, ``question``, ``answer``);
-    a null field is absent. Errors name the row (``row 3: messages[1].content``)."""
+    a null field is absent, inside structs too (but a null ``content`` is null). Errors name the row (``row 3: messages[1].content``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -224,7 +235,7 @@ def _parquet_inputs(path: Path, template: RagTemplate | None) -> list[Conversati
         )
     conversations = []
     for n, row in enumerate(table.to_pylist()):
-        data = {k: v for k, v in row.items() if v is not None}
+        data = {k: _absent_nulls(v) for k, v in row.items() if v is not None}
         for key in ("messages", "players", "documents"):
             if isinstance(data.get(key), str):  # a column of JSON text
                 data[key] = parse_json(data[key], what=f"{path.name} row {n}", field=f"row {n}: {key}")

@@ -380,7 +380,8 @@ class ExplainRun:
 
     Args:
         source: the input: a path (``.json``, or ``.jsonl`` with one input per line), an input
-            dict (any input form: messages, declared players, RAG), or a list of messages.
+            dict (any input form: messages, declared players, RAG), a list of messages, or a list of
+            input dicts (a dataset, as the lines of a JSONL file).
         settings: the run's settings.
         backend: a loaded backend to use (its tokenizer, context and fingerprint too) instead of
             loading ``settings.model``.
@@ -426,6 +427,15 @@ class ExplainRun:
             self.conversations, self.is_batch = load_inputs(self.source, template)
         elif isinstance(self.source, Mapping):
             self.conversations, self.is_batch = [conversation_from_input(self.source, template)], False
+        elif isinstance(self.source, Sequence) and self.source and all(
+            isinstance(item, Mapping) and ("messages" in item or "documents" in item) for item in self.source
+        ):  # a list of inputs: a dataset, as a JSONL file's lines
+            self.conversations, self.is_batch = [], True
+            for k, item in enumerate(self.source):
+                try:
+                    self.conversations.append(conversation_from_input(item, template))
+                except InputError as exc:
+                    raise InputError(exc.message, field=f"input {k}: {exc.field}" if exc.field else f"input {k}") from exc
         elif isinstance(self.source, Sequence):
             self.conversations, self.is_batch = [conversation_from_input({"messages": list(self.source)}, template)], False
         else:

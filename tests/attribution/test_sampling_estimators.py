@@ -360,3 +360,21 @@ def test_estimate_diagnostics_default_and_read_only() -> None:
     with pytest.raises(EstimatorError):
         Estimate(method="x", values=np.zeros(1), stderr=None, v_empty=0, v_full=0,
                  efficiency_gap=0, n_evaluations=1, diagnostics={1: 0.5})
+
+
+def test_kernelshap_stderr_is_unknown_not_zero_with_fewer_pairs_than_players() -> None:
+    # n = 4, budget 8: empty, full and at most 3 distinct complement pairs (6 coalitions); 3 pairs
+    # cannot estimate a 4-player covariance, and a fit through so few points has zero residuals: a
+    # reported error of 0 would claim certainty (a user saw seed 0 off by 7 nats with +-0)
+    game = TableGame(4, seed=3)
+    truth = run(ExactShapley(), game).values
+    for seed in range(6):
+        estimate = run(KernelSHAP(budget=8, seed=seed), game)
+        assert np.all(np.isnan(estimate.stderr)), (seed, estimate.stderr)
+    assert truth.shape == (4,)
+    # with more distinct pairs than players the error is known again, and covers the truth loosely
+    game = TableGame(6, seed=3)
+    truth = run(ExactShapley(), game).values
+    estimate = run(KernelSHAP(budget=40, seed=0), game)
+    assert np.all(np.isfinite(estimate.stderr)) and np.all(estimate.stderr > 0)
+    assert np.all(np.abs(estimate.values - truth) <= 6 * estimate.stderr)

@@ -375,7 +375,9 @@ class KernelSHAP:
         a = z.T @ (w[:, None] * z)
         b = z.T @ (w * y)
         values, c = _kkt(a, b, total)
-        if c is None or n_pairs < 2:
+        if c is None or n_pairs < 2 or np.unique(plan.pairs, axis=0).shape[0] <= n:
+            # no more distinct sampled pairs than players: their covariance has rank < n, and a fit
+            # through so few points has zero residuals; the error is unknown, not zero
             return values, np.full(n, np.nan)
         zs, zc = z[plan.pairs[:, 0]], z[plan.pairs[:, 1]]  # [P, n] each
         resid_s = y[plan.pairs[:, 0]] - zs @ values  # [P]
