@@ -120,6 +120,9 @@ def test_a_resumed_dataset_run_restores_finished_conversations_without_planning_
     monkeypatch.setattr(Engine, "explain", counting)
     again = explain(tmp_path, jsonl, tiny_model_dir, "run")
     assert planned == []  # every conversation restored
+    code, out, err = run(["explain", str(jsonl), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "loo", "--archive", str(tmp_path / "run")])
+    assert code == 0, err
+    assert "nan" not in out and out.count("(no model evaluations in this session)") == len(first)
     for a, b in zip(first, again, strict=True):
         assert [p["value"] for p in a["players"]] == [p["value"] for p in b["players"]]
         assert b["n_evaluations"] == 0 and any("restored from the archive" in n for n in b["notes"])

@@ -413,7 +413,8 @@ class Explanation:
             f"sum of values = {_fmt(float(est.values.sum()))}   efficiency gap = {est.efficiency_gap:.3g}"
             + (f" ({rel:.2g} of |v(full) - v(empty)|)" if math.isfinite(rel) else " (v(full) = v(empty))"),
             f"model evaluations = {self.n_evaluations} (coalitions used: {est.n_evaluations})   "
-            f"wall time = {self.wall_seconds:.1f} s   ({rate:.1f} evaluations/s)",
+            f"wall time = {self.wall_seconds:.1f} s"
+            + (f"   ({rate:.1f} evaluations/s)" if math.isfinite(rate) else "   (no model evaluations in this session)"),
         ]
         if self.stopping is not None:
             st = self.stopping
