@@ -20,13 +20,12 @@ from typing import Any
 
 from .colors import DivergingScale, contrast_ratio, relative_luminance, text_color
 from .page import explanation_fragment, render_page
-from .sources import Entry, ReportInput, archive_document, load_source
+from .sources import Entry, ReportInput, load_source
 
 __all__ = (
     "DivergingScale",
     "Entry",
     "ReportInput",
-    "archive_document",
     "check_available",
     "contrast_ratio",
     "explanation_fragment",

@@ -12,17 +12,15 @@ plan needs, one error says to evaluate them with ``coalescence replay RUN_DIR --
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
-from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
+from ..errors import ArchiveError, ConfigError, InputError
 
-__all__ = ("Entry", "ReportInput", "archive_document", "load_source", "read_document")
+__all__ = ("Entry", "ReportInput", "load_source", "read_document")
 
 _FIELD = "SOURCE"
 _FORMS = (
@@ -99,9 +97,11 @@ def load_source(
     path = Path(source)
     if path.is_dir():
         try:
-            document = archive_document(path, methods=methods, budget=budget, seed=seed, run_id=run_id)
-        except ArchiveError as exc:  # the archive modules name their argument RUN_DIR; here it is SOURCE
-            if exc.field != "RUN_DIR":
+            from ..runs import fit_archive  # the application layer's fit, as replay's
+
+            document = fit_archive(path, methods=methods, budget=budget, seed=seed, run_id=run_id)
+        except ArchiveError as exc:  # the archive modules name their argument RUN_DIR or archive; here it is SOURCE
+            if exc.field not in ("RUN_DIR", "archive"):
                 raise
             raise type(exc)(exc.message, field=_FIELD) from exc
         return _from_document(document, str(path), kind="archive")
@@ -254,271 +254,3 @@ def _messages_from_archive(doc: Mapping[str, Any], base: Path, archive: Any, pre
         f"{str(where)!r} does not hold snapshot {str(doc.get('snapshot_id'))[:12]}; {fix}",
         field=_FIELD,
     )
-
-
-# -- a run archive, fitted with no model ------------------------------------------------------
-
-
-def archive_document(
-    run_dir: str | Path,
-    *,
-    methods: Sequence[str] | None = None,
-    budget: int | None = None,
-    seed: int | None = None,
-    run_id: str | None = None,
-) -> dict[str, Any]:
-    """Fit estimators from the coalitions a run archive holds, with no model.
-
-    Every snapshot of the run is fitted with every method; a ``--hierarchy`` run is fitted level
-    by level (the coarse values choose the refined players, as the run did). The run's utility is
-    used as recorded; each explanation carries the answer tokens' log-probabilities in the full and
-    the empty coalition from the archived per-token scores.
-
-    Args:
-        run_dir: the run directory.
-        methods: estimator names (default: the run's method).
-        budget: sampling budget (default: the run's, for a run of one input with that method; else
-            32 x players).
-        seed: plan seed (default: the run's).
-        run_id: the run (default: the last).
-
-    Returns:
-        A replay-form document ``{"run_dir", "run_id", "explanations": [...]}`` (hierarchy
-        documents for a hierarchical run).
-
-    Raises:
-        ArchiveError: a damaged or foreign archive, or a run that cannot be replayed.
-        ConfigError: an unknown method, or no method given for a run that records none.
-        EstimatorError: the archive lacks coalitions a plan needs (with the replay command that
-            evaluates them).
-    """
-    from ..archive.manifest import check_replayable, read_manifest
-    from ..archive.reader import read_rows
-    from ..attribution.estimators import METHODS
-    from ..conversation import ConversationSnapshot
-    from ..engine import fill_measurements, fill_store
-    from ..masking.policies import get_policy
-    from ..utility import UtilitySpec
-
-    manifest = read_manifest(run_dir)
-    runs = manifest["runs"]
-    if not runs:
-        raise ArchiveError("the archive records no run", field=_FIELD)
-    run = next((r for r in runs if r["run_id"] == run_id), None) if run_id else runs[-1]
-    if run is None:
-        raise ConfigError(f"no run {run_id!r}; the archive has {[r['run_id'] for r in runs]}", field="run")
-    check_replayable(run_dir, manifest, run)
-    config = run.get("run_config") if isinstance(run.get("run_config"), Mapping) else {}
-    if not methods:
-        if config.get("method") not in METHODS:
-            raise ConfigError(f"run {run['run_id']} does not record its method; give one of {','.join(METHODS)}", field="method")
-        methods = [config["method"]]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(f"unknown method {unknown[0]!r}; use a comma-separated subset of {','.join(METHODS)}", field="method")
-    try:
-        utility = UtilitySpec.from_dict(run["utility"])
-    except (CoalescenceError, TypeError, ValueError) as exc:
-        raise ArchiveError(f"run {run['run_id']} used utility {run['utility']}, which this version cannot replay", field=_FIELD) from exc
-    policy = get_policy(run["absence_policy"]["id"], **run["absence_policy"]["params"])
-    seed = seed if seed is not None else int(config.get("seed", 0) or 0)
-    hierarchy = config.get("hierarchy") if isinstance(config.get("hierarchy"), Mapping) else None
-    ids = list(run["snapshot_ids"])
-    n_inputs = len(ids) // 2 if hierarchy else len(ids)
-    records = {s["snapshot_id"]: s for s in manifest["snapshots"]}
-    try:
-        snapshots = [ConversationSnapshot.from_dict(records[i]) for i in ids[:n_inputs]]
-    except InputError as exc:
-        raise ArchiveError(f"run {run['run_id']}: {exc.message}", field=_FIELD) from exc
-    rows = read_rows(run_dir)
-    fit = _Fitter(run_dir=Path(run_dir), run=run, policy=policy, utility=utility, records=records)
-    fill_store(fit.store, rows)
-    fill_measurements(fit.measurements, rows)
-    recorded_budget = config.get("budget") if n_inputs == 1 and not hierarchy and _is_int(config.get("budget")) else None
-    explanations: list[dict[str, Any]] = []
-    for snap in snapshots:
-        for method in methods:
-            def budget_for(n: int, method: str = method) -> int:
-                if budget is not None:
-                    return budget
-                if recorded_budget is not None and method == config.get("method"):
-                    return int(recorded_budget)
-                return 32 * n
-
-            coarse = fit.explain(snap, method, budget_for(snap.n_players), seed)
-            if hierarchy is None:
-                explanations.append(coarse.to_dict() | {"archive": str(run_dir)})
-            else:
-                explanations.append(fit.hierarchical(snap, coarse, hierarchy, method, budget_for, seed, ids) | {"archive": str(run_dir)})
-    return {"run_dir": str(run_dir), "run_id": run["run_id"], "explanations": explanations}
-
-
-@dataclass
-class _Fitter:
-    """Fits estimators on one run's archived coalitions (the replay machinery, no model)."""
-
-    run_dir: Path
-    run: dict[str, Any]
-    policy: Any
-    utility: Any
-    records: dict[str, Any]
-    store: Any = None
-    measurements: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        from ..scheduler.store import ResultStore
-
-        self.store = ResultStore()
-
-    def resolved(self, snap: Any) -> Any:
-        offsets = (self.run.get("target_token_offsets") or {}).get(snap.snapshot_id)
-        if offsets is None:
-            n = len((self.run.get("target_token_ids") or {}).get(snap.snapshot_id, []))
-            if self.utility.span is not None or self.utility.substring is not None:
-                raise ArchiveError(
-                    "this archive does not record the target tokens' characters (it predates answer "
-                    f"sub-spans); make the report with `coalescence replay {self.run_dir} --model "
-                    f"{self.run['model']['id']} --out FILE` and report FILE",
-                    field=_FIELD,
-                )
-            offsets = [(0, 0)] * n
-        return self.utility.resolve(snap.target, [tuple(o) for o in offsets])
-
-    def pool(self, snap: Any, rows: Any, resolved: Any, method: str) -> tuple[np.ndarray, np.ndarray]:
-        from ..engine import pool_from_store
-
-        masks, utilities, missing = pool_from_store(
-            self.store, snap, self.policy, self.run["model"], rows, utility=resolved, measurements=self.measurements
-        )
-        if missing:
-            raise EstimatorError(
-                f"the archive lacks {missing} of the coalitions {method} plans for snapshot {snap.snapshot_id[:12]} "
-                f"under utility {self.utility.kind}; evaluate them with `coalescence replay {self.run_dir} "
-                f"--method {method} --model {self.run['model']['id']}` (same --budget and --seed), then make "
-                "the report again",
-                field="method",
-            )
-        return masks, utilities
-
-    def answer_tokens(self, snap: Any, resolved: Any, full: np.ndarray, empty: np.ndarray) -> Any:
-        from ..attribution.explanation import answer_tokens
-        from ..engine import key_for
-        from ..masking.codec import PackedMask
-
-        offsets = (self.run.get("target_token_offsets") or {}).get(snap.snapshot_id)
-        if not resolved.spec.teacher_forced or offsets is None:
-            return None
-        ekey = resolved.evaluation_utility()
-        measured = [
-            self.measurements.get(key_for(snap, self.policy, self.run["model"], PackedMask.from_bools(r), utility=ekey))
-            for r in (full, empty)
-        ]
-        if any(m is None or isinstance(m, tuple) or len(m) != len(offsets) for m in measured):
-            return None
-        rendering = (self.run.get("answer_rendering") or {}).get(snap.snapshot_id) or {}
-        return answer_tokens(
-            snap.target, [tuple(o) for o in offsets], measured[0], measured[1],
-            lead=str(rendering.get("lead") or ""), tail=str(rendering.get("tail") or ""),
-        )  # fmt: skip
-
-    def notes(self, snap: Any, resolved: Any) -> tuple[str, ...]:
-        record = self.records.get(snap.snapshot_id) or {}
-        notes = tuple(resolved.notes())
-        when = record.get("default_system_in_play")
-        if isinstance(when, str) and when != "never":
-            notes += (f"the chat template injects its own default system prompt ({when})",)
-        executed = (self.run.get("statistics") or {}).get("executed")
-        run_note = f"fitted from run {self.run['run_id']} of the archive with no model call"
-        if _is_int(executed):
-            run_note += f"; the run evaluated {executed} coalitions with the model"
-        return (*notes, run_note)
-
-    def explain(self, snap: Any, method: str, budget: int, seed: int) -> Any:
-        from ..attribution.estimators import make_estimator
-
-        t0 = time.perf_counter()
-        estimator = make_estimator(method, budget=budget, seed=seed)
-        estimator.validate(snap.n_players)
-        resolved = self.resolved(snap)
-        masks, utilities = self.pool(snap, estimator.plan(snap.n_players), resolved, method)
-        n = snap.n_players
-        tokens = self.answer_tokens(snap, resolved, np.ones(n, dtype=bool), np.zeros(n, dtype=bool))
-        return self._explanation(snap, estimator.fit(masks, utilities), resolved, t0, self.notes(snap, resolved), tokens)
-
-    def _explanation(self, snap: Any, estimate: Any, resolved: Any, t0: float, notes: tuple[str, ...], tokens: Any) -> Any:
-        from ..attribution.explanation import Explanation
-        from ..engine import utility_detail
-
-        return Explanation(
-            snapshot=snap,
-            estimate=estimate,
-            model_id=self.run["model"]["id"],
-            model_revision=self.run["model"]["revision"],
-            absence_policy=self.policy.id,
-            absence_params=self.policy.params(),
-            utility=self.utility.kind,
-            utility_unit=self.utility.unit,
-            utility_detail=utility_detail(resolved),
-            utility_description=resolved.describe(),
-            target_token_count=len((self.run.get("target_token_ids") or {}).get(snap.snapshot_id, [])),
-            n_evaluations=0,
-            wall_seconds=time.perf_counter() - t0,
-            notes=notes,
-            answer_tokens=tokens,
-        )
-
-    def hierarchical(
-        self, coarse_snap: Any, coarse: Any, hierarchy: Mapping[str, Any], method: str, budget_for: Any, seed: int, ids: list[str]
-    ) -> dict[str, Any]:
-        """Both levels of a ``--hierarchy`` run, as :func:`~coalescence.attribution.hierarchy.explain_hierarchical`
-        computed them, from the archive (the fine game: the top-k coarse players' fine players,
-        every other fine player present)."""
-        from dataclasses import replace
-
-        from ..attribution.estimators import make_estimator
-        from ..attribution.hierarchy import HierarchicalExplanation, fine_snapshot
-        from ..conversation import ConversationSnapshot
-
-        units = hierarchy.get("units") or []
-        top_k = hierarchy.get("top_k")
-        if not (isinstance(units, list) and len(units) == 2 and _is_int(top_k)):
-            raise ArchiveError(f"run {self.run['run_id']}: run_config.hierarchy must be {{units: [coarse, fine], top_k}}", field=_FIELD)
-        fine, parents = fine_snapshot(coarse_snap, units[1])
-        if fine.snapshot_id not in ids:
-            raise ArchiveError(f"run {self.run['run_id']} does not hold the fine snapshot of {coarse_snap.snapshot_id[:12]}", field=_FIELD)
-        values = coarse.values
-        order = sorted(range(coarse_snap.n_players), key=lambda i: (-abs(float(values[i])), i))
-        refined = tuple(order[: min(int(top_k), coarse_snap.n_players)])
-        sel = np.array([k for k, parent in enumerate(parents) if parent in set(refined)], dtype=np.intp)
-        result = HierarchicalExplanation(coarse=coarse, fine=None, fine_snapshot=fine, refined=refined, top_k=int(top_k))
-        if sel.size:
-            t0 = time.perf_counter()
-            estimator = make_estimator(method, budget=budget_for(int(sel.size)), seed=seed)
-            estimator.validate(int(sel.size))
-
-            def lifted(plan: Any) -> Any:
-                for row in plan:
-                    full = np.ones(fine.n_players, dtype=bool)
-                    full[sel] = row
-                    yield full
-
-            resolved = self.resolved(fine)
-            masks, utilities = self.pool(fine, lifted(estimator.plan(int(sel.size))), resolved, method)
-            empty = np.ones(fine.n_players, dtype=bool)
-            empty[sel] = False
-            tokens = self.answer_tokens(fine, resolved, np.ones(fine.n_players, dtype=bool), empty)
-            view = ConversationSnapshot(
-                conversation=fine.conversation,
-                unit=fine.unit,
-                players=tuple(replace(fine.players[int(k)], index=j) for j, k in enumerate(sel)),
-            )
-            others = fine.n_players - int(sel.size)
-            note = (
-                f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; "
-                f"{'the other one is' if others == 1 else f'the other {others} are'} held present"
-            )
-            fine_explanation = self._explanation(
-                view, estimator.fit(masks[:, sel], utilities), resolved, t0, (*coarse.notes, note), tokens
-            )
-            result = replace(result, fine=fine_explanation)
-        return result.to_dict()
