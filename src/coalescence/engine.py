@@ -478,33 +478,31 @@ class Engine:
         make_estimator(method, budget=budget, seed=seed).validate(n)
         self.resolved_utility(snapshot, policy)
         t0 = time.perf_counter()
-        counting = counting_evaluations()
-        executed = counting.__enter__()
-        round_budget = min(budget, first_budget or max(16, 4 * n))
-        rounds = 0
-        while True:
-            estimator = make_estimator(method, budget=round_budget, seed=seed)
-            try:
-                estimator.validate(n)
-            except ConfigError:
-                round_budget = budget  # the first round would be below the method's minimum
-                continue
-            masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
-            estimate = estimator.fit(masks, utilities)
-            rounds += 1
-            if estimate.stderr is None:
-                reason, worst = "exact", 0.0
-                break
-            se = np.asarray(estimate.stderr, dtype=np.float64)
-            worst = float(np.max(se)) if np.all(np.isfinite(se)) else float("inf")
-            if worst < target_stderr:
-                reason = "target"
-                break
-            if round_budget >= budget:
-                reason = "budget"
-                break
-            round_budget = min(budget, 2 * round_budget)
-        counting.__exit__(None, None, None)
+        with counting_evaluations() as executed:
+            round_budget = min(budget, first_budget or max(16, 4 * n))
+            rounds = 0
+            while True:
+                estimator = make_estimator(method, budget=round_budget, seed=seed)
+                try:
+                    estimator.validate(n)
+                except ConfigError:
+                    round_budget = budget  # the first round would be below the method's minimum
+                    continue
+                masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
+                estimate = estimator.fit(masks, utilities)
+                rounds += 1
+                if estimate.stderr is None:
+                    reason, worst = "exact", 0.0
+                    break
+                se = np.asarray(estimate.stderr, dtype=np.float64)
+                worst = float(np.max(se)) if np.all(np.isfinite(se)) else float("inf")
+                if worst < target_stderr:
+                    reason = "target"
+                    break
+                if round_budget >= budget:
+                    reason = "budget"
+                    break
+                round_budget = min(budget, 2 * round_budget)
         stopping = {
             "reason": reason,
             "target_stderr": target_stderr,
