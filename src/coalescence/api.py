@@ -131,13 +131,14 @@ def explain(
         model: alias, local model directory, ``.gguf`` file or hub id.
         unit: player unit (``turn``, ``paragraph``, ``sentence``, ``word``, ``tool``,
             ``exchange``, ``document``; default ``document`` with declared players, else ``turn``).
-        method: ``exact``, ``permutation``, ``kernelshap``, ``banzhaf``, ``lasso``, ``loo``.
+        method: ``exact``, ``permutation``, ``kernelshap``, ``banzhaf``, ``lasso``, ``loo``, or
+            ``shapiq:<Approximator>`` (a shapiq approximator through this engine; the shapiq extra).
         budget: sampling methods: the most distinct model evaluations (default 32 x players).
         utility: what v(S) measures (default ``logprob``: log p of the answer, nats).
         archive: a run directory to record the run in (created, or resumed), as the command's
             ``--archive``; ``None`` records nothing.
         **options: any other setting of :class:`~coalescence.runs.RunSettings`, by name
-            (``roles``, ``seed``, ``target_stderr``, ``hierarchy``, ``absence_policy``,
+            (``roles``, ``seed``, ``interactions``, ``index``, ``target_stderr``, ``hierarchy``, ``absence_policy``,
             ``target_substring``, ``device``, ``dtype``, ``batch_size``, ``out``, ``html``, ...).
 
     Returns:
@@ -176,7 +177,7 @@ async def explain_async(
     return _result(await explain_run_async(source, settings))
 
 
-_SWEEP_OPTIONS = _RUN_OPTIONS - {"method", "budget", "seed", "target_stderr", "hierarchy", "top_k", "out", "html"}
+_SWEEP_OPTIONS = _RUN_OPTIONS - {"method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"}
 
 
 def sweep(

@@ -326,8 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
         "exact: exact Shapley values, all 2^n coalitions (n <= 16); permutation: antithetic "
         "permutation sampling with standard errors; kernelshap: KernelSHAP (paired sampling, "
         "efficiency imposed, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
-        "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out"
+        "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out; shapiq:NAME: "
+        "a shapiq approximator through this engine (e.g. shapiq:SVARM, shapiq:KernelSHAPIQ, "
+        "shapiq:ProxySPEX; needs the shapiq extra)"
     )
+    interactions_help = (
+        "also compute interactions of sets of 2..ORDER players (--method exact, or a shapiq "
+        "interaction approximator such as shapiq:KernelSHAPIQ, shapiq:SVARMIQ, shapiq:SHAPIQ); the "
+        "--out document gets an interactions list and the table the top ones"
+    )
+    index_help = "--interactions: the interaction index: SII, k-SII, FSII or STII (default: k-SII)"
     ex = sub.add_parser(
         "explain",
         help="attribute an answer to the parts of a conversation",
@@ -354,13 +362,15 @@ def build_parser() -> argparse.ArgumentParser:
         "at FINE with the rest held present (e.g. document,sentence)",
     )
     ex.add_argument("--top-k", type=_positive_int, default=None, help="--hierarchy: coarse players refined (default: 3)")
-    ex.add_argument("--method", choices=METHODS, default="exact", help=methods_help + " (default: %(default)s)")
+    ex.add_argument("--method", default="exact", metavar="METHOD", help=f"{', '.join(METHODS)} or shapiq:NAME. " + methods_help + " (default: %(default)s)")
+    ex.add_argument("--interactions", type=_positive_int, default=None, metavar="ORDER", help=interactions_help)
+    ex.add_argument("--index", default=None, choices=("SII", "k-SII", "FSII", "STII"), help=index_help)
     ex.add_argument(
         "--budget",
         type=_positive_int,
         default=None,
-        help="sampling methods (permutation, kernelshap, banzhaf, lasso): the most distinct model "
-        "evaluations (default: 32 x players)",
+        help="sampling methods (permutation, kernelshap, banzhaf, lasso, shapiq:NAME): the most distinct "
+        "model evaluations (default: 32 x players)",
     )
     ex.add_argument("--seed", type=int, default=0, help="seed of the sampling plan (default: %(default)s)")
     ex.add_argument(
@@ -410,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--method", required=True, help=f"comma-separated methods ({','.join(METHODS)}). " + methods_help)
     rp.add_argument("--budget", type=_positive_int, default=None, help="sampling methods: distinct evaluations (default: 32 x players)")
     rp.add_argument("--seed", type=int, default=0, help="seed of the sampling plans (default: %(default)s)")
+    rp.add_argument("--interactions", type=_positive_int, default=None, metavar="ORDER", help=interactions_help + " (default: the run's, for its method)")
+    rp.add_argument("--index", default=None, choices=("SII", "k-SII", "FSII", "STII"), help=index_help)
     rp.add_argument("--run", default=None, help="run id in the archive (default: the last run)")
     rp.add_argument("--snapshot", default=None, help="snapshot id or prefix (default: every snapshot of the run)")
     rp.add_argument(
@@ -696,6 +708,8 @@ def _explain_settings(args: argparse.Namespace) -> Any:
         method=args.method,
         budget=args.budget,
         seed=args.seed,
+        interactions=args.interactions,
+        index=args.index,
         target_stderr=args.target_stderr,
         hierarchy=args.hierarchy,
         top_k=args.top_k,
@@ -794,6 +808,8 @@ def _replay(args: argparse.Namespace) -> int:
         methods=args.method,
         budget=args.budget,
         seed=args.seed,
+        interactions=args.interactions,
+        index=args.index,
         run_id=args.run,
         snapshot=args.snapshot,
         utility=args.utility,

@@ -166,6 +166,10 @@ class RunSettings:
         method: the estimator (:data:`~coalescence.attribution.estimators.ESTIMATORS`).
         budget: sampling methods: the most distinct model evaluations (default 32 x players).
         seed: seed of the sampling plan (and of sampled regenerations).
+        interactions: also compute interactions of sets of 2 .. this many players (``--method
+            exact`` or a shapiq interaction approximator); ``None`` for values only.
+        index: the interaction index with ``interactions`` (``SII``, ``k-SII``, ``FSII``,
+            ``STII``; default ``k-SII``).
         target_stderr: sample in doubling rounds until every standard error is below this (nats).
         hierarchy: ``(coarse, fine)`` units, or ``"coarse,fine"``.
         top_k: coarse players refined (default 3).
@@ -201,6 +205,8 @@ class RunSettings:
     method: str = "exact"
     budget: int | None = None
     seed: int = 0
+    interactions: int | None = None
+    index: str | None = None
     target_stderr: float | None = None
     hierarchy: tuple[str, str] | str | None = None
     top_k: int | None = None
@@ -249,6 +255,10 @@ class RunSettings:
         if self.hierarchy is not None and self.unit is not None:
             raise ConfigError("the hierarchy sets the units; drop the unit", field="unit")
         capabilities = estimator_class(self.method).capabilities
+        if self.interactions is not None or self.index is not None:
+            if self.hierarchy is not None:
+                raise ConfigError("does not combine with a hierarchy; drop one", field="interactions")
+            interaction_settings(self.method, self.interactions, self.index)
         if self.target_stderr is not None:
             if not capabilities.reports_stderr:
                 raise ConfigError(
@@ -341,7 +351,7 @@ class RunSettings:
         budget = self.budget
         if budget is None:
             budget = estimator_class(self.method).capabilities.default_budget(n_players)
-        return make_estimator(self.method, budget=budget, seed=self.seed)
+        return make_estimator(self.method, budget=budget, seed=self.seed, interactions=self.interactions, index=self.index)
 
     def budget_for(self, n_players: int) -> int | None:
         """The budget recorded for a game of ``n_players`` (``None`` for a method without one)."""
@@ -510,6 +520,8 @@ class ExplainRun:
             "budget": s.budget_for(self.snapshots[0].n_players),
             "seed": s.seed,
         }
+        if s.interactions is not None:
+            config["interactions"] = {"order": s.interactions, "index": interaction_settings(s.method, s.interactions, s.index)[1]}
         if s.hierarchy is not None:
             config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
         return config
@@ -852,6 +864,8 @@ class ExplainRun:
 
         s = self.settings
         fit = {"method": s.method, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
+        if s.interactions is not None:
+            fit["interactions"] = [s.interactions, s.index]
         return json.dumps({"snapshot_id": snap.snapshot_id, "fit": fit}, sort_keys=True)
 
     def _restored(self, snap: Any) -> Any:
@@ -1009,9 +1023,11 @@ class ReplaySettings:
     """The settings of a replay (the CLI's ``replay`` options, by their library names).
 
     Args:
-        methods: the estimators fitted.
+        methods: the estimators fitted (registered names or ``shapiq:<Approximator>``).
         budget: sampling methods' budget (default 32 x players).
         seed: the plans' seed.
+        interactions, index: interactions to compute (as :class:`RunSettings`); default: the
+            run's, for the run's method.
         run_id: which run of the archive (default the last).
         snapshot: a snapshot id or prefix (default every snapshot of the run).
         utility, target_span, target_substring, whole_answer: the utility replayed (default the
@@ -1028,6 +1044,8 @@ class ReplaySettings:
     methods: tuple[str, ...]
     budget: int | None = None
     seed: int = 0
+    interactions: int | None = None
+    index: str | None = None
     run_id: str | None = None
     snapshot: str | None = None
     utility: str | None = None
@@ -1054,17 +1072,23 @@ class ReplaySettings:
         return self.workers is not None or self.ray_address is not None
 
     def __post_init__(self) -> None:
-        from .attribution.estimators import ESTIMATORS
+        from .attribution.estimators import ESTIMATORS, estimator_class, is_method
 
         _check_ray(self)
 
         methods = tuple(m.strip() for m in ((self.methods.split(",")) if isinstance(self.methods, str) else self.methods) if m.strip())
-        unknown = [m for m in methods if m not in ESTIMATORS]
+        unknown = [m for m in methods if not is_method(m)]
         if not methods or unknown:
             raise ConfigError(
-                f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(ESTIMATORS)}",
+                f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(ESTIMATORS)} "
+                "or shapiq:<Approximator>",
                 field="method",
             )
+        for m in methods:
+            estimator_class(m)  # a shapiq approximator the installed shapiq lacks is refused now
+        if self.interactions is not None or self.index is not None:
+            for m in methods:
+                interaction_settings(m, self.interactions, self.index)
         object.__setattr__(self, "methods", methods)
         spanned = self.target_span is not None or self.target_substring is not None
         if self.whole_answer and spanned:
@@ -1073,6 +1097,13 @@ class ReplaySettings:
     def budget_for(self, n_players: int) -> int:
         """The sampling budget for a game of ``n_players`` (32 x players by default)."""
         return self.budget if self.budget is not None else 32 * n_players
+
+    def interactions_for(self, method: str, run: Mapping[str, Any]) -> tuple[int | None, str | None]:
+        """``(order, index)`` of the interactions fitted with ``method``: the settings', else the
+        run's when ``method`` is the run's method, else none."""
+        if self.interactions is not None or self.index is not None:
+            return interaction_settings(method, self.interactions, self.index)
+        return recorded_interactions(run, method)
 
 
 class ArchiveFit:
@@ -1204,8 +1235,11 @@ class ArchiveFit:
             run_note += f"; the run evaluated {executed} coalitions with the model"
         return (*notes, run_note)
 
-    def explain(self, snap: Any, method: str, budget: int | None, seed: int) -> Any:
-        """Fit ``method`` on ``snap`` from the archive.
+    def explain(
+        self, snap: Any, method: str, budget: int | None, seed: int, *, interactions: int | None = None, index: str | None = None
+    ) -> Any:
+        """Fit ``method`` on ``snap`` from the archive (with interactions of orders 2..``interactions``
+        of ``index`` when given).
 
         Raises:
             EstimatorError: the archive lacks coalitions of the plan.
@@ -1213,7 +1247,7 @@ class ArchiveFit:
         from .attribution.estimators import make_estimator
 
         t0 = time.perf_counter()
-        estimator = make_estimator(method, budget=budget, seed=seed)
+        estimator = make_estimator(method, budget=budget, seed=seed, interactions=interactions, index=index)
         estimator.validate(snap.n_players)
         resolved = self.resolved(snap)
         masks, utilities = self.pool(snap, estimator.plan(snap.n_players), resolved, method)
@@ -1302,6 +1336,26 @@ class ArchiveFit:
         return result
 
 
+def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:
+    """As :func:`coalescence.attribution.estimators.interaction_settings` (imported late)."""
+    from .attribution.estimators import interaction_settings as check
+
+    return check(method, interactions, index)
+
+
+def recorded_interactions(run: Mapping[str, Any], method: str) -> tuple[int | None, str | None]:
+    """``(order, index)`` of the interactions a run recorded for ``method`` (its own method), or
+    ``(None, None)``."""
+    config = run.get("run_config") if isinstance(run.get("run_config"), Mapping) else {}
+    recorded = config.get("interactions")
+    if config.get("method") != method or not isinstance(recorded, Mapping):
+        return None, None
+    order, index = recorded.get("order"), recorded.get("index")
+    if isinstance(order, bool) or not isinstance(order, int) or not isinstance(index, str):
+        raise ArchiveError(f"run {run.get('run_id')}: run_config.interactions must be {{order, index}}", field="archive")
+    return order, index
+
+
 def _select_run(manifest: Mapping[str, Any], run_id: str | None) -> dict[str, Any]:
     runs = manifest.get("runs") or []
     if not runs:
@@ -1343,7 +1397,7 @@ def fit_archive(
         EstimatorError: the archive lacks coalitions a plan needs.
     """
     from .archive.manifest import check_replayable, read_manifest
-    from .attribution.estimators import ESTIMATORS
+    from .attribution.estimators import ESTIMATORS, is_method
     from .conversation import ConversationSnapshot
 
     manifest = read_manifest(run_dir)
@@ -1351,10 +1405,10 @@ def fit_archive(
     check_replayable(run_dir, manifest, run)
     config = run.get("run_config") if isinstance(run.get("run_config"), Mapping) else {}
     if not methods:
-        if config.get("method") not in ESTIMATORS:
+        if not is_method(config.get("method")):
             raise ConfigError(f"run {run['run_id']} does not record its method; give one of {','.join(ESTIMATORS)}", field="method")
         methods = [config["method"]]
-    unknown = [m for m in methods if m not in ESTIMATORS]
+    unknown = [m for m in methods if not is_method(m)]
     if unknown:
         raise ConfigError(f"unknown method {unknown[0]!r}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="method")
     fit = ArchiveFit(run_dir, run, {s["snapshot_id"]: s for s in manifest["snapshots"]})
@@ -1378,7 +1432,8 @@ def fit_archive(
                     return int(recorded_budget)
                 return 32 * n
 
-            coarse = fit.explain(snap, method, budget_for(snap.n_players), seed)
+            order, index = recorded_interactions(run, method)
+            coarse = fit.explain(snap, method, budget_for(snap.n_players), seed, interactions=order, index=index)
             if hierarchy is None:
                 explanations.append(coarse.to_dict() | {"archive": str(run_dir)})
             else:
@@ -1473,7 +1528,8 @@ class ReplayRun:
             for method in s.methods:
                 from .attribution.estimators import make_estimator
 
-                estimator = make_estimator(method, budget=s.budget_for(snap.n_players), seed=s.seed)
+                order, index = s.interactions_for(method, run)
+                estimator = make_estimator(method, budget=s.budget_for(snap.n_players), seed=s.seed, interactions=order, index=index)
                 estimator.validate(snap.n_players)
                 self.jobs.append((snap, estimator))
         self.missing = [
@@ -1500,7 +1556,13 @@ class ReplayRun:
                 "to evaluate them",
                 field="method",
             )
-        return [self.fit_.explain(snap, e.name, getattr(e, "budget", None), self.settings.seed) for snap, e in self.jobs]
+        return [
+            self.fit_.explain(
+                snap, e.name, getattr(e, "budget", None), self.settings.seed,
+                interactions=getattr(e, "interactions", None), index=getattr(e, "index", None),
+            )  # fmt: skip
+            for snap, e in self.jobs
+        ]
 
     def load(self, *, progress: Any = None, loader: Callable[..., Any] | None = None) -> Any:
         """Load the run's model to evaluate what the archive lacks.

@@ -160,7 +160,7 @@ class SweepSettings:
     run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
-        from .attribution.estimators import ESTIMATORS, estimator_class
+        from .attribution.estimators import ESTIMATORS, estimator_class, is_method
 
         raw = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
         methods: list[str] = []
@@ -168,8 +168,12 @@ class SweepSettings:
             name = m.strip() if isinstance(m, str) else m
             if name == "":
                 continue
-            if name not in ESTIMATORS:
-                raise ConfigError(f"unknown method {name!r}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="methods")
+            if not is_method(name):
+                raise ConfigError(
+                    f"unknown method {name!r}; use a comma-separated subset of {','.join(ESTIMATORS)} or shapiq:<Approximator>",
+                    field="methods",
+                )
+            estimator_class(name)  # a shapiq approximator the installed shapiq lacks is refused now
             if name not in methods:
                 methods.append(name)
         if not methods:
@@ -188,7 +192,7 @@ class SweepSettings:
             raise ConfigError("give an output directory", field="out")
         run = self.run
         default = RunSettings()
-        for name in ("method", "budget", "seed", "target_stderr", "hierarchy", "top_k", "out", "html"):
+        for name in ("method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"):
             if getattr(run, name) != getattr(default, name):
                 raise ConfigError("does not apply to a sweep (its methods, budgets and seeds are the sweep's)", field=name)
         if run.archive is None or run.archive is True:  # a sweep always keeps its archive, in OUT by default

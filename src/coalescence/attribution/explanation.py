@@ -39,6 +39,11 @@ def _fmt(x: float, *, sign: bool = False) -> str:
     return f"{x:+.4f}" if sign else f"{x:.4f}"
 
 
+def _snip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
 def _num(x: float | None) -> float | None:
     if x is None:
         return None
@@ -232,6 +237,30 @@ class Explanation:
             "messages": [m.as_dict() for m in self.snapshot.conversation.messages],
             "players": players,
             "answer_tokens": None if self.answer_tokens is None else [t.to_dict() for t in self.answer_tokens],
+        } | self._interactions_dict()
+
+    def top_interactions(self, k: int | None = None) -> list[tuple[tuple[int, ...], float]]:
+        """The interaction terms by decreasing absolute value (ties by players), the first ``k``.
+
+        Returns:
+            ``[(players, value), ...]``: ascending player indices, value in :attr:`utility_unit`;
+            empty without interactions.
+        """
+        terms = sorted(self.estimate.interactions, key=lambda t: (-abs(t[1]), t[0]))
+        return terms if k is None else terms[:k]
+
+    def _interactions_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        if not est.interactions:
+            return {}
+        labels = [p.label for p in self.snapshot.players]
+        return {
+            "interaction_index": est.interaction_index,
+            "interaction_order": max(len(p) for p, _ in est.interactions),
+            "interactions": [
+                {"players": [labels[i] for i in players], "player_indices": list(players), "value": _num(value), "unit": self.utility_unit}
+                for players, value in self.top_interactions()
+            ],
         }
 
     @classmethod
@@ -266,6 +295,8 @@ class Explanation:
                 efficiency_gap=num(document["efficiency_gap"]),
                 n_evaluations=int(document["n_coalitions"]),
                 diagnostics={k: num(v) for k, v in (document.get("diagnostics") or {}).items()},
+                interactions=tuple((tuple(t["player_indices"]), num(t["value"])) for t in document.get("interactions") or ()),
+                interaction_index=document.get("interaction_index"),
             )
             tokens = document.get("answer_tokens")
             return cls(
@@ -428,5 +459,23 @@ class Explanation:
             lines.append(f"stopped after {st['rounds']} rounds: {what}{worst}")
         if est.diagnostics:
             lines.append("diagnostics: " + "   ".join(f"{k} = {v:.4g}" for k, v in est.diagnostics.items()))
+        if est.interactions:
+            top = self.top_interactions(5)
+            order = max(len(p) for p, _ in est.interactions)
+            lines.append(
+                f"top {len(top)} of {len(est.interactions)} interactions ({est.interaction_index}, orders 2..{order}, "
+                f"{self.utility_unit}), largest |value| first:"
+            )
+            for players, value in top:
+                who = " x ".join(self.snapshot.players[i].label for i in players)
+                texts = " | ".join(_snip(self.snapshot.players[i].text, 28) for i in players)
+                lines.append(f"  {_fmt(value, sign=True)}  {who}  ({texts})")
+            if est.interaction_index in ("k-SII", "FSII", "STII"):
+                lines.append(
+                    f"  (the values above are {est.interaction_index}'s order-1 terms; with the interactions "
+                    "they sum to v(full) - v(empty))"
+                    if est.method != "exact"
+                    else "  (the values above are Shapley values)"
+                )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -14,7 +14,7 @@ from .kernel import KernelSHAP
 from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .permutation import PermutationShapley
-from .registry import ESTIMATORS, METHODS, estimator_class, make_estimator, methods_with, register_estimator
+from .registry import ESTIMATORS, METHODS, estimator_class, interaction_settings, is_method, make_estimator, methods_with, register_estimator
 
 __all__ = (
     "ESTIMATORS",
@@ -29,6 +29,8 @@ __all__ = (
     "LeaveOneOut",
     "PermutationShapley",
     "estimator_class",
+    "interaction_settings",
+    "is_method",
     "make_estimator",
     "methods_with",
     "pool_lookup",

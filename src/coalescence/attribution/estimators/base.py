@@ -40,12 +40,15 @@ class Capabilities:
             target standard error, ``--target-stderr``).
         max_players: the largest n it accepts, or ``None`` for no limit.
         budget_per_player: the default budget is this many evaluations per player.
+        interaction_indices: the interaction indices it also computes (``interactions=k``,
+            ``index=...``; e.g. ``("SII", "k-SII")``); empty for a method of values only.
     """
 
     needs_budget: bool
     reports_stderr: bool
     max_players: int | None = None
     budget_per_player: int = 32
+    interaction_indices: tuple[str, ...] = ()
 
     def default_budget(self, n_players: int) -> int | None:
         """The budget used when none is given: ``budget_per_player * n``, or ``None`` when the
@@ -74,6 +77,11 @@ class Estimate:
         diagnostics: method-specific scalar diagnostics (e.g. the LASSO surrogate's ``"lds"``,
             its linear datamodeling score); copied to a read-only mapping of str to float.
             Empty by default.
+        interactions: interaction values of sets of 2 or more players, ``((players, value), ...)``
+            with ``players`` ascending player indices and ``value`` in the utilities' unit; empty
+            unless interactions were asked for.
+        interaction_index: the index of ``interactions`` (``"SII"``, ``"k-SII"``, ``"FSII"``,
+            ``"STII"``), or ``None``.
 
     Raises:
         EstimatorError: an empty method name, ``values`` not 1-D, ``stderr`` of another shape, a
@@ -88,6 +96,8 @@ class Estimate:
     efficiency_gap: float
     n_evaluations: int
     diagnostics: Mapping[str, float] = field(default_factory=dict)
+    interactions: tuple[tuple[tuple[int, ...], float], ...] = ()
+    interaction_index: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or not self.method:
@@ -121,6 +131,16 @@ class Estimate:
                 raise EstimatorError(f"Estimate.diagnostics keys must be str, got {key!r}")
             diagnostics[key] = float(value)
         object.__setattr__(self, "diagnostics", MappingProxyType(diagnostics))
+        n = values.shape[0]
+        terms = []
+        for players, value in self.interactions:
+            players = tuple(int(p) for p in players)
+            if len(players) < 2 or len(set(players)) != len(players) or not all(0 <= p < n for p in players):
+                raise EstimatorError(f"Estimate.interactions: {players} is not a set of 2 or more of the {n} players")
+            terms.append((tuple(sorted(players)), float(value)))
+        object.__setattr__(self, "interactions", tuple(terms))
+        if terms and not self.interaction_index:
+            raise EstimatorError("Estimate.interactions need their interaction_index")
 
     @property
     def n_players(self) -> int:

@@ -19,8 +19,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from ...errors import EstimatorError
+from ...errors import ConfigError, EstimatorError
 from .base import Capabilities, Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .shapiq_adapter import INTERACTION_INDICES
 
 __all__ = ("ExactShapley", "coalition_rows", "shapley_weights")
 
@@ -59,14 +60,40 @@ def shapley_weights(n_players: int) -> np.ndarray:
 class ExactShapley:
     """Exact Shapley values from all 2^n coalitions (Shapley 1953).
 
+    With ``interactions=k`` it also computes the exact interaction values of orders 2..k of
+    ``index`` (SII, k-SII, FSII, STII) from the same 2^n coalitions, by shapiq's ``ExactComputer``
+    (:func:`~coalescence.attribution.estimators.shapiq_adapter.exact_interactions`; needs the
+    shapiq extra); the values stay the Shapley values.
+
     Attributes:
         name: ``"exact"``.
         MAX_PLAYERS: the largest n accepted (2^16 = 65536 model evaluations).
+        interactions: the highest interaction order (2 or more), or ``None``.
+        index: the interaction index (default ``"k-SII"`` with ``interactions``).
+
+    Raises:
+        ConfigError: an order below 2, an unknown index, or an index without an order.
     """
 
     MAX_PLAYERS: ClassVar[int] = 16
     name: str = field(default="exact", init=False)
-    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=False, reports_stderr=False, max_players=MAX_PLAYERS)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        needs_budget=False, reports_stderr=False, max_players=MAX_PLAYERS, interaction_indices=INTERACTION_INDICES
+    )
+    interactions: int | None = None
+    index: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.interactions is None:
+            if self.index is not None:
+                raise ConfigError("applies with interactions (an order of 2 or more); add one or drop the index", field="index")
+            return
+        if isinstance(self.interactions, bool) or not isinstance(self.interactions, int) or self.interactions < 2:
+            raise ConfigError(f"must be an interaction order of 2 or more, got {self.interactions!r}", field="interactions")
+        index = "k-SII" if self.index is None else self.index
+        if index not in INTERACTION_INDICES:
+            raise ConfigError(f"unknown interaction index {index!r}; choose one of: {', '.join(INTERACTION_INDICES)}", field="index")
+        object.__setattr__(self, "index", index)
 
     def validate(self, n_players: int) -> None:
         """Refuse games with no players or more than :attr:`MAX_PLAYERS` players.
@@ -83,6 +110,8 @@ class ExactShapley:
                 "or --method loo",
                 field="method",
             )
+        if self.interactions is not None and self.interactions > n:
+            raise ConfigError(f"order {self.interactions} needs at least {self.interactions} players; this game has {n}", field="interactions")
 
     def plan(self, n_players: int) -> Iterator[np.ndarray]:
         """Yield all 2^n coalitions in order of their integer index (bit i = player i).
@@ -132,6 +161,11 @@ class ExactShapley:
         v_empty, v_full = float(u[0]), float(u[size - 1])
         gap = float(values.sum() - (v_full - v_empty))
         logger.debug("exact Shapley over %s players: efficiency gap %.3g", n, gap)
+        interactions = ()
+        if self.interactions is not None:
+            from .shapiq_adapter import exact_interactions
+
+            interactions = exact_interactions(coalition_rows(n), u, order=self.interactions, index=self.index)
         return Estimate(
             method=self.name,
             values=values,
@@ -140,6 +174,8 @@ class ExactShapley:
             v_full=v_full,
             efficiency_gap=gap,
             n_evaluations=size,
+            interactions=interactions,
+            interaction_index=self.index,
         )
 
 

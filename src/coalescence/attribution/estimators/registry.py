@@ -15,8 +15,9 @@ from .kernel import KernelSHAP
 from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .permutation import PermutationShapley
+from .shapiq_adapter import PREFIX, approximator_estimator
 
-__all__ = ("ESTIMATORS", "METHODS", "estimator_class", "make_estimator", "methods_with", "register_estimator")
+__all__ = ("ESTIMATORS", "METHODS", "estimator_class", "interaction_settings", "is_method", "make_estimator", "methods_with", "register_estimator")
 
 ESTIMATORS: dict[str, type] = {
     "exact": ExactShapley,
@@ -47,15 +48,27 @@ def register_estimator(name: str, cls: type) -> None:
 
 
 def estimator_class(method: str) -> type:
-    """The estimator class registered as ``method``.
+    """The estimator class registered as ``method``, or made for a shapiq approximator
+    (``"shapiq:<Approximator>"``, :mod:`.shapiq_adapter`).
 
     Raises:
         ConfigError: unknown method (field ``method``).
+        BackendUnavailable: a shapiq method without shapiq installed (naming the install command).
     """
+    if isinstance(method, str) and method.startswith(PREFIX):
+        return approximator_estimator(method)
     try:
         return ESTIMATORS[method]
     except (KeyError, TypeError):
-        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(ESTIMATORS)}", field="method") from None
+        raise ConfigError(
+            f"unknown method {method!r}; choose one of: {', '.join(ESTIMATORS)}, or shapiq:<Approximator>", field="method"
+        ) from None
+
+
+def is_method(method: object) -> bool:
+    """Whether ``method`` names a registered method or has the shapiq prefix (checked in full by
+    :func:`estimator_class`)."""
+    return isinstance(method, str) and (method in ESTIMATORS or method.startswith(PREFIX))
 
 
 def methods_with(**wanted: bool) -> tuple[str, ...]:
@@ -63,28 +76,73 @@ def methods_with(**wanted: bool) -> tuple[str, ...]:
     return tuple(name for name, cls in ESTIMATORS.items() if all(getattr(cls.capabilities, k) == v for k, v in wanted.items()))
 
 
-def make_estimator(method: str, *, budget: int | None = None, seed: int = 0) -> Estimator:
+def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:
+    """Check the interactions asked of ``method`` and fill the default index.
+
+    Args:
+        method: the method name.
+        interactions: the highest interaction order (2 or more), or ``None``.
+        index: the interaction index, or ``None`` for the default ``"k-SII"``.
+
+    Returns:
+        ``(order, index)``, or ``(None, None)`` when no interactions are asked for.
+
+    Raises:
+        ConfigError: an index without an order, an order below 2, a method that computes no
+            interactions or not this index (``field`` ``interactions`` / ``index``).
+    """
+    if interactions is None and index is None:
+        return None, None
+    if interactions is None:
+        raise ConfigError("applies with interactions (an order of 2 or more); add one or drop the index", field="index")
+    if isinstance(interactions, bool) or not isinstance(interactions, int) or interactions < 2:
+        raise ConfigError(f"must be an interaction order of 2 or more, got {interactions!r}", field="interactions")
+    indices = estimator_class(method).capabilities.interaction_indices
+    if not indices:
+        able = [name for name, c in ESTIMATORS.items() if c.capabilities.interaction_indices]
+        raise ConfigError(
+            f"method {method} computes no interactions; use --method {' or '.join(able)}, or a shapiq "
+            "interaction approximator (e.g. shapiq:KernelSHAPIQ, shapiq:SVARMIQ)",
+            field="interactions",
+        )
+    index = "k-SII" if index is None else index
+    if index not in indices:
+        raise ConfigError(f"method {method} does not compute the {index} index; it computes: {', '.join(indices)}", field="index")
+    return interactions, index
+
+
+def make_estimator(
+    method: str, *, budget: int | None = None, seed: int = 0, interactions: int | None = None, index: str | None = None
+) -> Estimator:
     """Build an estimator by name.
 
     Args:
-        method: a registered name (:data:`ESTIMATORS`).
+        method: a registered name (:data:`ESTIMATORS`) or ``"shapiq:<Approximator>"``.
         budget: the most distinct coalitions (model evaluations), for the methods whose
             capabilities say ``needs_budget``; ignored by the others (exact: always 2^n, loo:
             n + 2).
-        seed: seed of the sampler's ``numpy.random.default_rng``.
+        seed: seed of the sampler's ``numpy.random.default_rng`` (shapiq's ``random_state``).
+        interactions: the highest interaction order (2 or more) for a method whose capabilities
+            list interaction indices; ``None`` for values only.
+        index: the interaction index (default ``"k-SII"``).
 
     Returns:
         an :class:`~coalescence.attribution.estimators.base.Estimator`.
 
     Raises:
-        ConfigError: unknown method (field ``method``), or a sampling method without a valid
-            budget or with a bad seed (field ``budget`` / ``seed``).
+        ConfigError: unknown method (field ``method``), a sampling method without a valid
+            budget or with a bad seed (field ``budget`` / ``seed``), or interactions the method does
+            not compute (field ``interactions`` / ``index``).
     """
     cls = estimator_class(method)
+    extra: dict[str, object] = {}
+    if interactions is not None or index is not None:
+        interactions, index = interaction_settings(method, interactions, index)
+        extra = {"interactions": interactions, "index": index}
     if not cls.capabilities.needs_budget:
-        return cls()
+        return cls(**extra)
     if budget is None:
         raise ConfigError(
             f"method {method} needs a budget of model evaluations; pass a budget (e.g. 2000)", field="budget"
         )
-    return cls(budget=budget, seed=seed)
+    return cls(budget=budget, seed=seed, **extra)

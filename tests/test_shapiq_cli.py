@@ -1,0 +1,166 @@
+"""A shapiq approximator as a coalescence method, end to end on the real CLI and a tiny random Llama:
+interactions in the document and the table, kill -9 then resume equals an uninterrupted run,
+replay with no model equals the run, and bad settings exit 2 naming the option.
+
+The injected piece: a slow backend call in the child process (as tests/test_resume.py), so that
+the kill lands mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("shapiq", reason="the shapiq extra: pip install -c constraints.txt 'coalescence[shapiq]'")
+
+from coalescence.archive import list_parts, read_manifest, read_rows  # noqa: E402
+from coalescence.cli import main  # noqa: E402
+
+USER = (
+    "The Eiffel Tower was completed in 1889. Big Ben was finished in 1859. The Colosseum opened in 80.\n"
+    "- The Opera House opened in 1973.\n- The bridge opened in 1937."
+)
+CONVERSATION = {
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": USER},
+        {"role": "assistant", "content": "It was completed in 1889."},
+    ]
+}
+N = 6  # sentence players
+BUDGET = 40  # of 2^6 = 64 coalitions
+SLOW_CHILD = """
+import sys, time
+from coalescence.backends.hf import HFBackend
+_score = HFBackend.score
+def slow(self, requests):
+    time.sleep(0.05)
+    return _score(self, requests)
+HFBackend.score = slow
+from coalescence.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def argv(input_path: Path, model: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "explain", str(input_path), "--model", str(model), "--unit", "sentence", "--method", "shapiq:KernelSHAPIQ",
+        "--budget", str(BUDGET), "--seed", "5", "--interactions", "2", "--index", "SII",
+        "--batch-size", "1", "--flush-rows", "4", "--archive", str(run_dir), "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def conversation(tmp_path: Path) -> Path:
+    path = tmp_path / "conversation.json"
+    path.write_text(json.dumps(CONVERSATION), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("shapiq-reference")
+    path = tmp / "conversation.json"
+    path.write_text(json.dumps(CONVERSATION), encoding="utf-8")
+    out = tmp / "out.json"
+    assert main(argv(path, tiny_model_dir, tmp / "run", "--out", str(out))) == 0
+    return json.loads(out.read_text()), tmp / "run"
+
+
+def values(doc: dict) -> list[float]:
+    return [p["value"] for p in doc["players"]]
+
+
+def test_the_document_and_the_table_carry_the_interactions(reference, tiny_model_dir, tmp_path, capsys):
+    doc, run_dir = reference
+    assert doc["method"] == "shapiq:KernelSHAPIQ" and doc["n_coalitions"] <= BUDGET
+    assert doc["interaction_index"] == "SII" and doc["interaction_order"] == 2
+    pairs = doc["interactions"]
+    assert len(pairs) == N * (N - 1) // 2  # every pair of the 6 players
+    labels = [p["label"] for p in doc["players"]]
+    for term in pairs:
+        assert len(term["players"]) == 2 and term["unit"] == doc["value_unit"]
+        assert term["players"] == [labels[i] for i in term["player_indices"]]
+    magnitudes = [abs(t["value"]) for t in pairs]
+    assert magnitudes == sorted(magnitudes, reverse=True)  # largest first
+    manifest = read_manifest(run_dir)
+    assert manifest["runs"][0]["run_config"]["interactions"] == {"order": 2, "index": "SII"}
+    # the table names the top pairs (resume of the finished run: nothing evaluated again)
+    capsys.readouterr()
+    assert main(argv(tmp_path / "missing.json", tiny_model_dir, run_dir)) == 2  # a missing input: exit 2
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(CONVERSATION), encoding="utf-8")
+    assert main(argv(path, tiny_model_dir, run_dir)) == 0
+    table = capsys.readouterr().out
+    assert "top 5 of 15 interactions (SII, orders 2..2" in table
+    top = pairs[0]
+    assert f"{' x '.join(top['players'])}" in table
+
+
+def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, conversation, tiny_model_dir, reference):
+    run_dir = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CHILD, *argv(conversation, tiny_model_dir, run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while len(list_parts(run_dir)) < 3:
+        assert child.poll() is None, child.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    on_disk = read_rows(run_dir).num_rows
+    ref_doc, ref_run = reference
+    assert 12 <= on_disk < ref_doc["n_coalitions"]
+    out = tmp_path / "out.json"
+    assert main(argv(conversation, tiny_model_dir, run_dir, "--out", str(out))) == 0
+    doc = json.loads(out.read_text())
+    assert doc["n_evaluations"] == ref_doc["n_coalitions"] - on_disk  # only what was lost
+    rows = read_rows(run_dir, dedupe=False)
+    assert rows.num_rows == ref_doc["n_coalitions"] == len(set(rows["coalition_key"].to_pylist()))
+    assert values(doc) == values(ref_doc)
+    assert doc["interactions"] == ref_doc["interactions"]
+
+
+def test_replay_with_no_model_equals_the_run(reference, tmp_path, monkeypatch):
+    ref_doc, run_dir = reference
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("replay loaded a model")
+
+    monkeypatch.setattr("coalescence.backends.registry.load_backend", no_model)
+    out = tmp_path / "replay.json"
+    # the run's interactions come back with its method; --budget and --seed as the run's
+    assert main(["replay", str(run_dir), "--method", "shapiq:KernelSHAPIQ", "--budget", str(BUDGET), "--seed", "5", "--out", str(out)]) == 0
+    (doc,) = json.loads(out.read_text())["explanations"]
+    assert values(doc) == values(ref_doc) and doc["interactions"] == ref_doc["interactions"]
+    # another method fitted from the same archive, with no model: exact needs all 64, refused
+    assert main(["replay", str(run_dir), "--method", "exact"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [
+        (["--method", "shapiq:NoSuchApproximator"], "--method"),
+        (["--method", "kernelshap", "--budget", "20", "--interactions", "2"], "--interactions"),
+        (["--method", "exact", "--index", "SII"], "--index"),
+        (["--method", "shapiq:KernelSHAPIQ", "--budget", "20", "--interactions", "2", "--index", "STII"], "--index"),
+    ],
+)
+def test_bad_settings_exit_2_naming_the_option(tmp_path, conversation, tiny_model_dir, capsys, extra, option):
+    args = ["explain", str(conversation), "--model", str(tiny_model_dir), "--unit", "sentence", "--archive", str(tmp_path / "r"), *extra]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()  # nothing written
