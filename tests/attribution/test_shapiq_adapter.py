@@ -210,3 +210,15 @@ def test_a_budget_the_approximator_cannot_use_is_a_config_error():
     with pytest.raises(ConfigError) as info:
         estimator.validate(8)
     assert info.value.field == "budget" and "budget" in str(info.value)
+
+
+def test_proxyspex_fit_equals_proxyspex_on_the_game():
+    """The SPEX family holds samplers and a proxy model of its own: the copied approximator must
+    still be a fresh one (same values as shapiq run directly, twice in a row)."""
+    n, budget, seed = 8, 96, 4
+    game = Game(n, seed=3)
+    _, _, first = fit("shapiq:ProxySPEX", game, n, budget, seed)
+    _, _, second = fit("shapiq:ProxySPEX", game, n, budget, seed)
+    direct = shapiq_direct("ProxySPEX", game, n, int(first.diagnostics["shapiq_budget"]), seed, index="SV", max_order=1)
+    np.testing.assert_allclose(first.values, direct, atol=1e-9)
+    np.testing.assert_array_equal(first.values, second.values)

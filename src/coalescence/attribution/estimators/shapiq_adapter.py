@@ -40,6 +40,7 @@ effects for k-SII, FSII and STII, which with the higher orders sum to v(N) - v(e
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import itertools
@@ -144,6 +145,15 @@ def approximator_estimator(method: str) -> type:
     return type(f"Shapiq{name}", (ShapiqEstimator,), {"name": method, "approximator": name, "capabilities": capabilities, "__slots__": ()})
 
 
+@functools.lru_cache(maxsize=32)
+def _pristine(name: str, n: int, seed: int, options: tuple[tuple[str, Any], ...]) -> Any:
+    """An approximator never run, to copy from (construction is deterministic in its arguments)."""
+    cls = getattr(_shapiq().approximator, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls(n=n, random_state=seed, **dict(options))
+
+
 def _standin_values(rows: np.ndarray) -> np.ndarray:
     """A fixed synthetic utility per coalition (no model): an additive part and pairwise terms
     from a generator seeded by n, so the approximator's regressions are well posed while it
@@ -201,6 +211,11 @@ class ShapiqEstimator:
 
     # -- the approximator ----------------------------------------------------------------------
     def _approximator(self, n: int) -> Any:
+        """A fresh approximator: a copy of a pristine one made once per (approximator, n, seed,
+        options) in this process (SPEX-family constructors build a BCH code, seconds each)."""
+        return copy.deepcopy(_pristine(self.approximator, n, self.seed, tuple(sorted(self._options(n).items()))))
+
+    def _options(self, n: int) -> dict[str, Any]:
         cls = getattr(_shapiq().approximator, self.approximator)
         params = inspect.signature(cls.__init__).parameters
         options: dict[str, Any] = {}
@@ -214,7 +229,7 @@ class ShapiqEstimator:
                 options["index"] = "SV"
             if "max_order" in params and self.approximator in _ORDER_ONE_FOR_VALUES:
                 options["max_order"] = 1
-        return cls(n=n, random_state=self.seed, **options)
+        return options
 
     def _run(self, n: int, budget: int, game: Callable[[np.ndarray], np.ndarray]) -> Any:
         approximator = self._approximator(n)
