@@ -164,3 +164,38 @@ def test_bad_settings_exit_2_naming_the_option(tmp_path, conversation, tiny_mode
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and option in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()  # nothing written
+
+
+def test_a_sweep_fits_shapiq_methods_from_the_one_pool_and_scores_them_against_exact(tmp_path, tiny_model_dir):
+    """Two conversations, exact and two shapiq approximators at two budgets and seeds: each shapiq
+    cell equals its own explain run, and its error column is its distance to the exact values."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data.jsonl"
+    second = json.loads(json.dumps(CONVERSATION))
+    second["messages"][1]["content"] = USER.replace("1889", "1890")
+    data.write_text("".join(json.dumps(c) + "\n" for c in (CONVERSATION, second)), encoding="utf-8")
+    out = tmp_path / "out"
+    args = [
+        "sweep", str(data), "--model", str(tiny_model_dir), "--unit", "sentence", "--methods", "exact,shapiq:SVARM,shapiq:KernelSHAP",
+        "--budgets", "20,40", "--seeds", "0,1", "--out", str(out), "--batch-size", "4", "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 0
+    table = pq.read_table(out / "results.parquet").to_pylist()
+    assert {r["method"] for r in table} == {"exact", "shapiq:SVARM", "shapiq:KernelSHAP"}
+    exact = {r["snapshot_id"]: np.array(r["values"]) for r in table if r["method"] == "exact"}
+    cell = next(r for r in table if r["method"] == "shapiq:SVARM" and r["budget"] == 40 and r["seed"] == 1)
+    truth = exact[cell["snapshot_id"]]
+    assert cell["rel_l2"] == pytest.approx(np.linalg.norm(np.array(cell["values"]) - truth) / np.linalg.norm(truth), rel=1e-9)
+    # the same cell as its own explain run on the first conversation
+    single = tmp_path / "one.json"
+    single.write_text(json.dumps(CONVERSATION), encoding="utf-8")
+    doc_path = tmp_path / "svarm.json"
+    assert main([
+        "explain", str(single), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "shapiq:SVARM",
+        "--budget", "40", "--seed", "1", "--archive", str(tmp_path / "svarm"), "--out", str(doc_path), "--no-progress",
+    ]) == 0  # fmt: skip
+    doc = json.loads(doc_path.read_text())
+    row = next(r for r in table if r["method"] == "shapiq:SVARM" and r["budget"] == 40 and r["seed"] == 1 and r["snapshot_id"] == doc["snapshot_id"])
+    np.testing.assert_allclose(row["values"], values(doc), atol=1e-4)
