@@ -197,6 +197,7 @@ def test_a_pool_without_the_plan_is_refused():
         ("shapiq:KernelSHAPIQ", {"interactions": 2, "index": "FSII"}, "index", "SII, k-SII"),
         ("shapiq:KernelSHAPIQ", {"interactions": 1}, "interactions", "2 or more"),
         ("exact", {"index": "SII"}, "index", "applies with interactions"),
+        ("shapiq:PermutationSamplingSTII", {}, "method", "interactions only \\(STII\\)"),
     ],
 )
 def test_bad_settings_name_the_field(method, extra, field, words):
@@ -222,3 +223,14 @@ def test_proxyspex_fit_equals_proxyspex_on_the_game():
     direct = shapiq_direct("ProxySPEX", game, n, int(first.diagnostics["shapiq_budget"]), seed, index="SV", max_order=1)
     np.testing.assert_allclose(first.values, direct, atol=1e-9)
     np.testing.assert_array_equal(first.values, second.values)
+
+
+def test_an_interactions_only_approximator_runs_with_its_index():
+    n = 5
+    game = Game(n, seed=4)
+    _, plan, estimate = fit("shapiq:PermutationSamplingSTII", game, n, 2**n, interactions=2, index="STII")
+    assert estimate.interaction_index == "STII" and len(estimate.interactions) == 10
+    # STII's top order is the discrete second derivative averaged over orderings; with every
+    # coalition and enough permutations the pairs sum with the order-1 terms to v(N) - v(empty)
+    total = estimate.values.sum() + sum(v for _, v in estimate.interactions)
+    assert total == pytest.approx(estimate.v_full - estimate.v_empty, abs=1e-6)

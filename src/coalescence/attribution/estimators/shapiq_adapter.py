@@ -198,6 +198,13 @@ class ShapiqEstimator:
         if interactions is None:
             if index is not None:
                 raise ConfigError("applies with interactions (an order of 2 or more); add one or drop the index", field="index")
+            if "SV" not in getattr(getattr(_shapiq().approximator, self.approximator), "valid_indices", ("SV",)):
+                indices = ", ".join(self.capabilities.interaction_indices)
+                raise ConfigError(
+                    f"{self.name} computes interactions only ({indices}), not Shapley values alone; add --interactions 2 "
+                    f"--index {self.capabilities.interaction_indices[0]}, or choose a Shapley-value approximator",
+                    field="method",
+                )
         else:
             if isinstance(interactions, bool) or not isinstance(interactions, int) or interactions < 2:
                 raise ConfigError(f"must be an interaction order of 2 or more, got {interactions!r}", field="interactions")
@@ -239,7 +246,7 @@ class ShapiqEstimator:
                 return approximator.approximate(budget=budget, game=game)
             except EstimatorError:
                 raise
-            except (ValueError, ZeroDivisionError, np.linalg.LinAlgError) as exc:
+            except (ValueError, TypeError, ZeroDivisionError, np.linalg.LinAlgError) as exc:
                 raise ConfigError(
                     f"{self.name} cannot run at budget {self.budget} on {n} players: {exc}; try a larger budget",
                     field="budget",
