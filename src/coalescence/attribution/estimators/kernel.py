@@ -53,7 +53,7 @@ It is NaN (unknown), never zero, when the draws cannot say:
 - a budget that leaves fewer than 4n of the 2^n coalitions unplanned
   (:func:`~coalescence.attribution.estimators.base.budget_near_all`): the pairs are then a large
   share of all 2^(n-1) - 1 pairs, repeat, and the last ones are kept for repeating;
-- a singular system, with or without one pair;
+- a singular system, with or without one pair (``diagnostics["stderr_singular"]``);
 - a player whose leave-one-out values agree to float rounding (:data:`ROUNDING_ULPS`).
 
 Under full enumeration the values are exact and ``stderr`` is None. ``Estimate.diagnostics``
@@ -252,7 +252,7 @@ def _jackknife_stderr(
     total: float,
     distinct: np.ndarray,
     multiplicity: np.ndarray,
-) -> np.ndarray:
+) -> tuple[np.ndarray, bool]:
     """Delete-one-pair jackknife standard errors, widened to Student's t with P - 1 degrees of freedom.
 
     Args:
@@ -265,7 +265,9 @@ def _jackknife_stderr(
         multiplicity: ``[D]`` int64 how many of the P draws each distinct pair is.
 
     Returns:
-        ``[n]`` float64 standard errors; all NaN when deleting some pair leaves a singular system.
+        ``([n] float64 standard errors, singular)``: all NaN and ``singular=True`` when deleting
+        some pair leaves a singular system (that pair alone tells two players apart, so its
+        influence, and the variance, is unbounded).
     """
     n = z.shape[1]
     n_pairs = plan.pairs.shape[0]
@@ -288,7 +290,7 @@ def _jackknife_stderr(
         kkt[:, :n, n] = 1.0
         kkt[:, n, :n] = 1.0
         if np.any(np.linalg.matrix_rank(kkt) < n + 1):
-            return np.full(n, np.nan)  # one pair alone identifies some value: no jackknife
+            return np.full(n, np.nan), True  # one pair alone identifies some value: no jackknife
         rhs = np.concatenate([b_fixed + scale * (b_draws - b_pair), np.full((block.shape[0], 1), total)], axis=1)
         replicates[lo : lo + block.shape[0]] = np.linalg.solve(kkt, rhs[..., None])[:, :n, 0]
     weights = multiplicity.astype(np.float64)  # each draw is one replicate
@@ -298,7 +300,7 @@ def _jackknife_stderr(
     # replicates that agree to float rounding: the samples show no spread for that player
     rounding = ROUNDING_ULPS * np.finfo(np.float64).eps * max(float(np.max(np.abs(y))), abs(total), 1e-300)
     stderr[np.sqrt(spread) <= rounding] = np.nan
-    return stderr
+    return stderr, False
 
 
 def _kkt(a: np.ndarray, b: np.ndarray, total: float) -> tuple[np.ndarray, np.ndarray | None]:
@@ -454,11 +456,7 @@ class KernelSHAP:
             b = zp.T @ (w * (u[proper] - v_empty))
             values, _ = _kkt(a, b, total)
         else:
-            values, stderr = self._fit_sampled(plan, u, v_empty, total, self.budget)
-            diagnostics = {
-                "stderr_dof": float(plan.pairs.shape[0] - 1),
-                "stderr_unknown": float(np.count_nonzero(np.isnan(stderr))),
-            }
+            values, stderr, diagnostics = self._fit_sampled(plan, u, v_empty, total, self.budget)
         gap = float(values.sum() - total)
         logger.debug("kernelshap over %s players: efficiency gap %.3g", n, gap)
         return Estimate(
@@ -475,8 +473,15 @@ class KernelSHAP:
     @staticmethod
     def _fit_sampled(
         plan: _Plan, u: np.ndarray, v_empty: float, total: float, budget: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Enumerated sizes at exact kernel weights plus count-weighted samples; jackknife standard errors."""
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+        """Enumerated sizes at exact kernel weights plus count-weighted samples; jackknife standard errors.
+
+        Returns:
+            ``(values [n], stderr [n], diagnostics)`` with diagnostics ``stderr_dof`` (P - 1),
+            ``stderr_unknown`` (NaN count), ``pairs_distinct``, ``stderr_min_pairs`` (the
+            fewest distinct pairs with which errors are reported, :func:`_min_distinct_pairs`)
+            and ``stderr_singular`` (1.0 when the fit, or the fit without some pair, is singular).
+        """
         n = plan.rows.shape[1]
         n_pairs = plan.pairs.shape[0]
         z = plan.rows.astype(np.float64)  # [n_distinct, n]
@@ -494,13 +499,25 @@ class KernelSHAP:
         values, c = _kkt(a, b, total)
         # a pair drawn as (S, complement) or as (complement, S) is the same sample
         distinct, multiplicity = np.unique(np.sort(plan.pairs, axis=1), axis=0, return_counts=True)  # [D, 2], [D]
-        if (
-            c is None
-            or distinct.shape[0] < _min_distinct_pairs(n, bool(plan.enumerated.size))
-            or budget_near_all(n, budget)
-        ):
-            # too few distinct pairs for the n - 1 free values, or most of all coalitions planned
+        least = _min_distinct_pairs(n, bool(plan.enumerated.size))
+        singular = c is None
+        if singular or distinct.shape[0] < least or budget_near_all(n, budget):
+            # too few distinct pairs for the n - 1 free values, or nearly every coalition planned
             # (pairs repeat and are kept for repeating): unknown, not small (module docstring)
-            return values, np.full(n, np.nan)
-        stderr = _jackknife_stderr(plan, z, y, w, total, distinct, multiplicity)
-        return values, stderr
+            stderr = np.full(n, np.nan)
+        else:
+            stderr, singular = _jackknife_stderr(plan, z, y, w, total, distinct, multiplicity)
+        unknown = int(np.count_nonzero(np.isnan(stderr)))
+        if unknown:
+            logger.info(
+                "kernelshap: %s of %s standard errors unknown (%s distinct pairs, %s needed; budget %s "
+                "of 2^n = %s); raise --budget", unknown, n, distinct.shape[0], least, budget, 1 << n,
+            )
+        diagnostics = {
+            "stderr_dof": float(n_pairs - 1),
+            "stderr_unknown": float(unknown),
+            "pairs_distinct": float(distinct.shape[0]),
+            "stderr_min_pairs": float(least),
+            "stderr_singular": float(singular),
+        }
+        return values, stderr, diagnostics
