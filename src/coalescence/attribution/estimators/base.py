@@ -49,7 +49,7 @@ def student_t_factor(dof: np.ndarray | float) -> np.ndarray:
     ``t_{0.975, dof} / z_{0.975}`` (Student 1908; Welch 1947 for fractional ``dof``): a sample
     standard error ``s`` estimated from ``dof`` degrees of freedom is reported as
     ``s * student_t_factor(dof)``, so that ``value +- 1.96 * reported`` is the t interval.
-    The factor is 12.7 / 1.96 = 6.5 at one degree of freedom, 1.15 at ten, 1.01 at two hundred.
+    The factor is 12.7 / 1.96 = 6.5 at one degree of freedom, 1.14 at ten, 1.01 at two hundred.
 
     Args:
         dof: degrees of freedom, scalar or array, float64; values below 1 (or NaN) give NaN.

@@ -26,7 +26,7 @@ The reported standard error is therefore Student's (1908) small-sample interval 
 standard error: ``stderr = t_{0.975, m-1} / 1.96 * s / sqrt(m)``
 (:func:`~coalescence.attribution.estimators.base.student_t_factor`), so that
 ``value +- 1.96 * stderr`` is the t interval with m - 1 degrees of freedom (12.7 / 1.96 = 6.5
-times the naive error at m = 2, 1.15 times at m = 11, 1.01 times at m = 200).
+times the naive error at m = 2, 1.14 times at m = 11, 1.01 times at m = 200).
 
 It is NaN (unknown), never zero, when the samples show no spread to scale:
 
