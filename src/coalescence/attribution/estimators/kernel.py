@@ -39,7 +39,7 @@ p (P draws in all),
 which by the Efron-Stein inequality does not underestimate the variance in expectation. The
 delta-method (sandwich) variance used before (Covert & Lee 2021, Section 4) uses the residuals of
 the full fit, which the fit itself shrinks, and reported 0.215 where the real spread was 0.289
-(n = 6, budget 24). The reported standard error is Tukey's jackknife t interval written as a
+(n = 6, budget 24; the issue's game), covering the exact value 81% of the time. The reported standard error is Tukey's jackknife t interval written as a
 standard error: ``stderr = t_{0.975, P-1} / 1.96 * sqrt(var_jack)``
 (:func:`~coalescence.attribution.estimators.base.student_t_factor`), so that
 ``value +- 1.96 * stderr`` is that interval. The P leave-one-out fits are solved in batches
@@ -49,7 +49,7 @@ It is NaN (unknown), never zero, when the draws cannot say:
 
 - fewer distinct pairs than :func:`_min_distinct_pairs`: ``2 (n - 1)``, or ``n`` when sizes 1 and
   n - 1 are enumerated (with as few pairs as free values a fit passes through them with zero
-  residuals, and just above that the jackknife swings: 55-80% coverage at n = 6, budget 16);
+  residuals, and just above that the jackknife swings: 73-87% coverage at n = 6, budget 16);
 - a budget that leaves fewer than 4n of the 2^n coalitions unplanned
   (:func:`~coalescence.attribution.estimators.base.budget_near_all`): the pairs are then a large
   share of all 2^(n-1) - 1 pairs, repeat, and the last ones are kept for repeating;
@@ -57,7 +57,9 @@ It is NaN (unknown), never zero, when the draws cannot say:
 - a player whose leave-one-out values agree to float rounding (:data:`ROUNDING_ULPS`).
 
 Under full enumeration the values are exact and ``stderr`` is None. ``Estimate.diagnostics``
-holds ``stderr_dof`` (P - 1) and ``stderr_unknown`` (how many players have a NaN error).
+holds ``stderr_dof`` (P - 1), ``stderr_unknown`` (how many players have a NaN error),
+``pairs_distinct`` and ``stderr_min_pairs`` (the distinct pairs drawn and the fewest needed) and
+``stderr_singular``.
 """
 
 from __future__ import annotations
