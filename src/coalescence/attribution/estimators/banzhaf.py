@@ -13,7 +13,7 @@ samples into those with and without i, the means are independent, so
     se_i = sqrt(s_in^2 / m_in + s_out^2 / m_out)
 
 with ``s^2`` the sample variances (ddof = 1) and ``m`` the sample counts. With few samples the
-normal interval ``+- 1.96 se`` is too short (79-89% coverage at budgets 4-12 on 4- and 6-player
+normal interval ``+- 1.96 se`` is too short (73-89% coverage at budgets 4-12 on 4- and 6-player
 games), so the reported standard error is Welch's (1947) interval for a difference of two means
 written as a standard error: ``stderr_i = t_{0.975, d_i} / 1.96 * se_i`` with the
 Welch-Satterthwaite degrees of freedom

@@ -39,8 +39,9 @@ p (P draws in all),
 which by the Efron-Stein inequality does not underestimate the variance in expectation. The
 delta-method (sandwich) variance used before (Covert & Lee 2021, Section 4) uses the residuals of
 the full fit, which the fit itself shrinks, and reported 0.215 where the real spread was 0.289
-(n = 6, budget 24; the issue's game), covering the exact value 81% of the time. The reported standard error is Tukey's jackknife t interval written as a
-standard error: ``stderr = t_{0.975, P-1} / 1.96 * sqrt(var_jack)``
+(n = 6, budget 24; the issue's game), covering the exact value 81% of the time. The reported
+standard error is Tukey's jackknife t interval written as a standard error:
+``stderr = t_{0.975, P-1} / 1.96 * sqrt(var_jack)``
 (:func:`~coalescence.attribution.estimators.base.student_t_factor`), so that
 ``value +- 1.96 * stderr`` is that interval. The leave-one-out fits come from one inverse by the
 Woodbury identity (leaving a pair out is a rank-2 change), O(n^2) each; repeated draws share one.
