@@ -159,12 +159,24 @@ async def test_explain_until_target_stderr_rounds(tiny_backend):
     engine = Engine(tiny_backend, batch_size=4)
     tight = await engine.explain_until(snap, "permutation", DropPolicy(), budget=14, target_stderr=1e-12, first_budget=2 * n)
     assert tight.stopping["reason"] == "budget" and tight.stopping["rounds"] >= 2
-    assert tight.stopping["max_stderr"] >= 1e-12
+    # 4 players, budget 14 of 2^4 = 16: the errors are unknown (NaN), so no largest error is claimed
+    assert tight.stopping["max_stderr"] is None and tight.stopping["unknown_stderr"] == n
     last_plan = {np.packbits(r, bitorder="little").tobytes() for r in make_estimator("permutation", budget=14, seed=0).plan(n)}
     assert tight.n_evaluations == engine.statistics().executed == len(last_plan) <= 14
     assert engine.statistics().cache_hits > 0
     direct = await Engine(tiny_backend, batch_size=4).explain(snap, make_estimator("permutation", budget=14, seed=0), DropPolicy())
     np.testing.assert_allclose(tight.values, direct.values, atol=1e-4)  # same as one run at the final budget
+    # a target any known error would meet is not met by unknown ones: with budgets where every
+    # error is NaN (one pair at 2n = 8, then within 4n of 2^4) the run spends the budget
+    engine = Engine(tiny_backend, batch_size=4)
+    unknown = await engine.explain_until(snap, "permutation", DropPolicy(), budget=15, target_stderr=1e9, first_budget=2 * n)
+    assert np.all(np.isnan(unknown.estimate.stderr))
+    assert unknown.stopping["reason"] == "budget" and unknown.stopping["rounds"] == 2
+    assert unknown.stopping["max_stderr"] is None and unknown.stopping["unknown_stderr"] == n
+    assert "4 standard errors unknown" in unknown.format_table()
+    # ... and with a budget of 2^n the errors are known again and the loose target is met
+    known = await Engine(tiny_backend, batch_size=4).explain_until(snap, "permutation", DropPolicy(), budget=16, target_stderr=1e9, first_budget=2 * n)
+    assert known.stopping["reason"] == "target" and np.all(np.isfinite(known.estimate.stderr))
     # a budget that covers every coalition makes Banzhaf exact
     exact = await Engine(tiny_backend).explain_until(snap, "banzhaf", DropPolicy(), budget=2**n, target_stderr=1e-12)
     assert exact.stopping["reason"] == "exact" and exact.estimate.stderr is None

@@ -135,8 +135,9 @@ def single(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ru
 
 @pytest.fixture(scope="module")
 def permutation(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Run:
+    # budget 64: 24 buys 1-2 permutation pairs for these players, too few to know an error
     run = explain(
-        tmp_path_factory.mktemp("perm"), tiny_model_dir, TRICKY, "--unit", "sentence", "--method", "permutation", "--budget", "24"
+        tmp_path_factory.mktemp("perm"), tiny_model_dir, TRICKY, "--unit", "sentence", "--method", "permutation", "--budget", "64"
     )
     assert run.code == 0, run.stderr
     return run

@@ -449,8 +449,12 @@ class Engine:
         budget's plan extends the smaller one's and earlier rounds' coalitions are served from the
         hot store: the total number of model evaluations is that of the last round's plan, never
         more than ``budget``. :attr:`Explanation.stopping` says why sampling stopped: ``"target"``
-        (every standard error below the target), ``"exact"`` (the budget covered every coalition,
-        so the values are exact) or ``"budget"`` (the budget was spent first).
+        (every standard error known and below the target), ``"exact"`` (the budget covered every
+        coalition, so the values are exact) or ``"budget"`` (the budget was spent first). A NaN
+        (unknown) standard error never meets the target: the estimators report NaN where their
+        samples cannot say (too few pairs, no spread, a budget within 4n of 2^n; see each
+        estimator's docstring), and ``stopping["unknown_stderr"]`` counts them in the last round
+        (``max_stderr`` is then None).
 
         Args:
             snapshot: the conversation and its players.
@@ -492,10 +496,13 @@ class Engine:
                 estimate = estimator.fit(masks, utilities)
                 rounds += 1
                 if estimate.stderr is None:
-                    reason, worst = "exact", 0.0
+                    reason, worst, unknown = "exact", 0.0, 0
                     break
                 se = np.asarray(estimate.stderr, dtype=np.float64)
-                worst = float(np.max(se)) if np.all(np.isfinite(se)) else float("inf")
+                # a NaN error is unknown (too few samples to say), never small: only stop when
+                # every player's error is known and below the target
+                unknown = int(np.count_nonzero(~np.isfinite(se)))
+                worst = float(np.max(se)) if unknown == 0 else float("inf")
                 if worst < target_stderr:
                     reason = "target"
                     break
@@ -507,6 +514,7 @@ class Engine:
             "reason": reason,
             "target_stderr": target_stderr,
             "max_stderr": worst if np.isfinite(worst) else None,
+            "unknown_stderr": unknown,
             "rounds": rounds,
             "budget": budget,
             "last_round_budget": round_budget,

@@ -154,7 +154,8 @@ class Explanation:
         notes: remarks the user should see (e.g. a template that injects a default system prompt).
         stopping: for ``--target-stderr`` runs, why sampling stopped: ``{"reason": "target" |
             "exact" | "budget", "target_stderr", "max_stderr", "rounds", "budget",
-            "last_round_budget"}``; ``None`` otherwise.
+            "last_round_budget", "unknown_stderr"}`` (``max_stderr`` None and ``unknown_stderr`` > 0
+            when some errors of the last round are unknown); ``None`` otherwise.
         answer_tokens: for teacher-forced utilities, every scored answer token with its
             log-probability in the full and the empty coalition of the game (from the evaluations'
             per-token measurements); ``None`` for regenerate utilities or when unknown.
@@ -456,6 +457,8 @@ class Explanation:
                 f"error got below {st['target_stderr']:g}",
             }[st["reason"]]
             worst = "" if st["max_stderr"] is None else f"; largest standard error {st['max_stderr']:.4g}"
+            if st.get("unknown_stderr"):
+                worst += f"; {st['unknown_stderr']} standard errors unknown (too few samples to say)"
             lines.append(f"stopped after {st['rounds']} rounds: {what}{worst}")
         if est.diagnostics:
             lines.append("diagnostics: " + "   ".join(f"{k} = {v:.4g}" for k, v in est.diagnostics.items()))

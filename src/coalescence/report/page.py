@@ -208,7 +208,12 @@ def _stopping(stopping: Any) -> str:
         "budget": f"the budget of {stopping.get('budget')} evaluations was spent before every standard error got below {target}",
     }.get(stopping.get("reason"), str(stopping.get("reason")))
     worst = stopping.get("max_stderr")
-    return f"after {stopping.get('rounds')} rounds: {what}" + (f"; largest standard error {_fmt(worst)}" if worst is not None else "")
+    unknown = stopping.get("unknown_stderr")
+    return (
+        f"after {stopping.get('rounds')} rounds: {what}"
+        + (f"; largest standard error {_fmt(worst)}" if worst is not None else "")
+        + (f"; {unknown} standard errors unknown (too few samples to say)" if unknown else "")
+    )
 
 
 def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple[str, str]]:

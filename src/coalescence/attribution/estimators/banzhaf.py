@@ -10,9 +10,21 @@ learning", AISTATS): draw coalitions uniformly (each player present with probabi
 independently) and use every sample for every player in the two means above. Given the split of the
 samples into those with and without i, the means are independent, so
 
-    stderr_i = sqrt(s_in^2 / m_in + s_out^2 / m_out)
+    se_i = sqrt(s_in^2 / m_in + s_out^2 / m_out)
 
-with ``s^2`` the sample variances (ddof = 1) and ``m`` the sample counts.
+with ``s^2`` the sample variances (ddof = 1) and ``m`` the sample counts. With few samples the
+normal interval ``+- 1.96 se`` is too short (73-89% coverage at budgets 4-12 on 4- and 6-player
+games), so the reported standard error is Welch's (1947) interval for a difference of two means
+written as a standard error: ``stderr_i = t_{0.975, d_i} / 1.96 * se_i`` with the
+Welch-Satterthwaite degrees of freedom
+``d_i = se_i^4 / ((s_in^2 / m_in)^2 / (m_in - 1) + (s_out^2 / m_out)^2 / (m_out - 1))``
+(:func:`~coalescence.attribution.estimators.base.student_t_factor`).
+
+It is NaN (unknown), never zero, for a player with fewer than two samples on a side, or whose
+samples show no spread on either side (``se_i`` within float rounding of the utilities,
+:data:`ROUNDING_ULPS`): a zero would claim an exact value. ``Estimate.diagnostics`` holds
+``stderr_dof`` (the smallest ``d_i`` among the known errors) and ``stderr_unknown`` (how many
+players have a NaN error).
 
 The plan is a pure function of ``(n, budget, seed)`` (:func:`uniform_plan`): all 2^n coalitions when
 ``budget >= 2^n`` (the exact Banzhaf values, each coalition used once, ``stderr=None``), else the
@@ -35,10 +47,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import ConfigError
-from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import (
+    Capabilities,
+    Estimate,
+    check_budget_seed,
+    check_n_players,
+    check_pool,
+    gather,
+    pool_lookup,
+    row_keys,
+    student_t_factor,
+)
 from .exact import coalition_rows
 
-__all__ = ("DRAW_CAP_FACTOR", "MAX_DRAWS", "Banzhaf", "UniformPlan", "uniform_plan")
+__all__ = ("DRAW_CAP_FACTOR", "MAX_DRAWS", "ROUNDING_ULPS", "Banzhaf", "UniformPlan", "uniform_plan")
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +69,10 @@ DRAW_CAP_FACTOR = 10
 
 MAX_DRAWS = 2_000_000
 """Absolute cap on uniform draws, whatever the budget (only reached when coalitions repeat)."""
+
+ROUNDING_ULPS = 64
+"""Standard errors at most ``ROUNDING_ULPS * eps * max|v|`` (float rounding of the utilities) mean
+the samples show no spread: unknown (NaN), not zero."""
 
 _CHUNK = 512
 """Coalitions drawn per call to the generator; part of the plan's definition."""
@@ -198,9 +224,10 @@ class Banzhaf:
         Returns:
             an :class:`Estimate`: ``values`` ``[n_players]`` float64 Banzhaf values in nats (NaN,
             with a warning, for a player never or always present in the samples); ``stderr`` None
-            under full enumeration, else as in the module docstring (NaN where a side has fewer
-            than two samples); the (generally nonzero) efficiency gap; ``n_evaluations`` =
-            distinct planned coalitions.
+            under full enumeration, else ``[n_players]`` float64 Welch t standard errors in nats
+            (NaN where a side has fewer than two samples or no spread; module docstring);
+            ``diagnostics`` ``{"stderr_dof", "stderr_unknown"}`` for sampled plans; the
+            (generally nonzero) efficiency gap; ``n_evaluations`` = distinct planned coalitions.
 
         Raises:
             EstimatorError: no players, or the pool misses planned coalitions (with the count).
@@ -224,13 +251,25 @@ class Banzhaf:
             mean_out = (yc.sum() - sum_in) / m_out
             values = mean_in - mean_out
             stderr: np.ndarray | None = None
+            diagnostics: dict[str, float] = {}
             if not plan.full:
                 sq_in = (yc * yc) @ inside
                 sq_out = float(yc @ yc) - sq_in
                 var_in = np.clip(sq_in - m_in * mean_in**2, 0.0, None) / (m_in - 1)
                 var_out = np.clip(sq_out - m_out * mean_out**2, 0.0, None) / (m_out - 1)
-                stderr = np.sqrt(var_in / m_in + var_out / m_out)
-                stderr[(m_in < 2) | (m_out < 2)] = np.nan
+                part_in, part_out = var_in / m_in, var_out / m_out  # [n] each
+                spread = part_in + part_out
+                # Welch (1947) - Satterthwaite (1946) degrees of freedom of the two-mean difference
+                dof = spread**2 / (part_in**2 / (m_in - 1) + part_out**2 / (m_out - 1))
+                stderr = np.sqrt(spread) * student_t_factor(dof)
+                rounding = ROUNDING_ULPS * np.finfo(np.float64).eps * float(np.max(np.abs(y)))
+                stderr[(m_in < 2) | (m_out < 2) | (np.sqrt(spread) <= rounding)] = np.nan
+                unknown = int(np.count_nonzero(np.isnan(stderr)))
+                finite_dof = dof[np.isfinite(stderr)]
+                diagnostics = {
+                    "stderr_dof": float(finite_dof.min()) if finite_dof.size else float("nan"),
+                    "stderr_unknown": float(unknown),
+                }
         missing = int(np.count_nonzero((m_in == 0) | (m_out == 0)))
         if missing:
             logger.warning(
@@ -247,4 +286,5 @@ class Banzhaf:
             v_full=v_full,
             efficiency_gap=float(values.sum() - (v_full - v_empty)),
             n_evaluations=len(plan.keys),
+            diagnostics=diagnostics,
         )
