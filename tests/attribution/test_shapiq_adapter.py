@@ -226,11 +226,22 @@ def test_proxyspex_fit_equals_proxyspex_on_the_game():
 
 
 def test_an_interactions_only_approximator_runs_with_its_index():
+    """Shapley-Taylor (STII) of order 2 on a game with one pairwise bonus: order-1 terms are
+    v({i}) - v(empty), the pair (0, 1) carries the bonus 1.5, every other pair 0, and the terms
+    sum to v(N) - v(empty) (Sundararajan et al. 2020). shapiq's permutation sampler needs more
+    evaluations than 2^n to cover every pair; the distinct coalitions stay at most 2^n."""
     n = 5
-    game = Game(n, seed=4)
-    _, plan, estimate = fit("shapiq:PermutationSamplingSTII", game, n, 2**n, interactions=2, index="STII")
+    w = np.random.default_rng(4).normal(size=n)
+
+    def game(c):
+        x = np.atleast_2d(c)
+        return x @ w + 1.5 * (x[:, 0] & x[:, 1])
+
+    _, plan, estimate = fit("shapiq:PermutationSamplingSTII", game, n, 400, interactions=2, index="STII")
+    assert len(plan) <= 2**n
     assert estimate.interaction_index == "STII" and len(estimate.interactions) == 10
-    # STII's top order is the discrete second derivative averaged over orderings; with every
-    # coalition and enough permutations the pairs sum with the order-1 terms to v(N) - v(empty)
+    np.testing.assert_allclose(estimate.values, w, atol=1e-9)
+    for pair, value in estimate.interactions:
+        assert value == pytest.approx(1.5 if pair == (0, 1) else 0.0, abs=1e-9)
     total = estimate.values.sum() + sum(v for _, v in estimate.interactions)
-    assert total == pytest.approx(estimate.v_full - estimate.v_empty, abs=1e-6)
+    assert total == pytest.approx(estimate.v_full - estimate.v_empty, abs=1e-9)

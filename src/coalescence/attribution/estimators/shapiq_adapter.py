@@ -145,6 +145,10 @@ def approximator_estimator(method: str) -> type:
     return type(f"Shapiq{name}", (ShapiqEstimator,), {"name": method, "approximator": name, "capabilities": capabilities, "__slots__": ()})
 
 
+_PLANS: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
+"""Drawn plans by (approximator, n, budget, seed, interactions, index): read-only arrays."""
+
+
 @functools.lru_cache(maxsize=32)
 def _pristine(name: str, n: int, seed: int, options: tuple[tuple[str, Any], ...]) -> Any:
     """An approximator never run, to copy from (construction is deterministic in its arguments)."""
@@ -189,7 +193,7 @@ class ShapiqEstimator:
     name: ClassVar[str] = PREFIX
     approximator: ClassVar[str] = ""
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
-    __slots__ = ("budget", "seed", "interactions", "index", "_plans")
+    __slots__ = ("budget", "seed", "interactions", "index")
 
     def __init__(self, *, budget: int, seed: int = 0, interactions: int | None = None, index: str | None = None) -> None:
         check_budget_seed(budget, seed)
@@ -198,7 +202,8 @@ class ShapiqEstimator:
         if interactions is None:
             if index is not None:
                 raise ConfigError("applies with interactions (an order of 2 or more); add one or drop the index", field="index")
-            if "SV" not in getattr(getattr(_shapiq().approximator, self.approximator), "valid_indices", ("SV",)):
+            valid = set(getattr(getattr(_shapiq().approximator, self.approximator), "valid_indices", ("SV",)))
+            if not valid & {"SV", "SII", "k-SII", "kADD-SHAP"}:  # order-1 SII (and k-SII of order 1) is SV
                 indices = ", ".join(self.capabilities.interaction_indices)
                 raise ConfigError(
                     f"{self.name} computes interactions only ({indices}), not Shapley values alone; add --interactions 2 "
@@ -214,7 +219,6 @@ class ShapiqEstimator:
                 raise ConfigError(f"{self.name} does not compute the {index} index; it computes: {can}", field="index")
         self.interactions = interactions
         self.index = index
-        self._plans: dict[int, tuple[int, np.ndarray]] = {}
 
     # -- the approximator ----------------------------------------------------------------------
     def _approximator(self, n: int) -> Any:
@@ -253,9 +257,17 @@ class ShapiqEstimator:
                 ) from exc
 
     def _plan(self, n: int) -> tuple[int, np.ndarray]:
-        """(shapiq budget, distinct planned rows ``[m, n]`` bool: empty and grand coalition first)."""
-        if n in self._plans:
-            return self._plans[n]
+        """(shapiq budget, distinct planned rows ``[m, n]`` bool: empty and grand coalition first);
+        drawn once per configuration in this process (a run asks for its plan in several phases)."""
+        key = (self.approximator, n, self.budget, self.seed, self.interactions, self.index)
+        if key in _PLANS:
+            return _PLANS[key]
+        if len(_PLANS) >= 64:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = self._draw(n)
+        return _PLANS[key]
+
+    def _draw(self, n: int) -> tuple[int, np.ndarray]:
         shapiq_budget = self.budget
         for _ in range(8):
             asked: list[np.ndarray] = []
@@ -273,8 +285,7 @@ class ShapiqEstimator:
             excess = distinct.shape[0] - self.budget
             if excess <= 0:
                 distinct.setflags(write=False)
-                self._plans[n] = (shapiq_budget, distinct)
-                return self._plans[n]
+                return shapiq_budget, distinct
             shapiq_budget -= excess
             if shapiq_budget < 2:
                 break
