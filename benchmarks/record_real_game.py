@@ -86,7 +86,9 @@ def main() -> None:
             "v_full": repr(doc.get("v_full")),
             "players": json.dumps([{"label": p["label"], "text": p["text"]} for p in doc["players"]], ensure_ascii=False),
         }
-        table = table.replace_schema_metadata({k: str(v) for k, v in meta.items()})
+        merged = dict(table.schema.metadata or {})  # the archive's coalescence.schema_version
+        merged.update({k.encode(): str(v).encode() for k, v in meta.items()})
+        table = table.replace_schema_metadata(merged)
         pq.write_table(table, out, compression="zstd")
         print(f"wrote {out}: {table.num_rows} coalitions, n = {n}, model time {seconds.sum():.1f} s, wall {wall:.1f} s")
 
