@@ -199,3 +199,14 @@ def test_a_sweep_fits_shapiq_methods_from_the_one_pool_and_scores_them_against_e
     doc = json.loads(doc_path.read_text())
     row = next(r for r in table if r["method"] == "shapiq:SVARM" and r["budget"] == 40 and r["seed"] == 1 and r["snapshot_id"] == doc["snapshot_id"])
     np.testing.assert_allclose(row["values"], values(doc), atol=1e-4)
+
+
+def test_the_report_names_the_interactions(reference, tmp_path):
+    doc, _ = reference
+    src = tmp_path / "doc.json"
+    src.write_text(json.dumps(doc), encoding="utf-8")
+    page = tmp_path / "report.html"
+    assert main(["report", str(src), "-o", str(page)]) == 0
+    html = page.read_text(encoding="utf-8")
+    top = doc["interactions"][0]
+    assert "SII, orders 2..2, 15 sets" in html and " \u00d7 ".join(top["players"]) in html

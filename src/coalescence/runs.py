@@ -272,7 +272,7 @@ class RunSettings:
         if not capabilities.needs_budget and self.budget is not None:
             raise ConfigError(
                 f"method {self.method} has a fixed number of evaluations; a budget applies to the sampling "
-                f"methods ({', '.join(methods_with(needs_budget=True))})",
+                f"methods ({', '.join(methods_with(needs_budget=True))}, shapiq:NAME)",
                 field="budget",
             )
         if self.absence_policy == "placeholder":

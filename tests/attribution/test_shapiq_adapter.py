@@ -196,7 +196,7 @@ def test_a_pool_without_the_plan_is_refused():
         ("shapiq:KernelSHAP", {"interactions": 2}, "interactions", "computes no interactions"),
         ("shapiq:KernelSHAPIQ", {"interactions": 2, "index": "FSII"}, "index", "SII, k-SII"),
         ("shapiq:KernelSHAPIQ", {"interactions": 1}, "interactions", "2 or more"),
-        ("exact", {"index": "SII"}, "index", "applies with interactions"),
+        ("exact", {"index": "SII"}, "index", "applies with --interactions ORDER"),
         ("shapiq:PermutationSamplingSTII", {}, "method", "interactions only \\(STII\\)"),
     ],
 )
@@ -245,3 +245,18 @@ def test_an_interactions_only_approximator_runs_with_its_index():
         assert value == pytest.approx(1.5 if pair == (0, 1) else 0.0, abs=1e-9)
     total = estimate.values.sum() + sum(v for _, v in estimate.interactions)
     assert total == pytest.approx(estimate.v_full - estimate.v_empty, abs=1e-9)
+
+
+def test_an_efficient_index_counts_its_interactions_in_the_efficiency_gap():
+    """k-SII is efficient over all its orders: order-1 terms plus pairs sum to v(N) - v(empty), so
+    the gap of a k-SII estimate counts the pairs; SII's order-1 terms are Shapley values alone."""
+    n = 6
+    game = Game(n, seed=5)
+    _, _, k_sii = fit("shapiq:KernelSHAPIQ", game, n, 2**n, interactions=2, index="k-SII")
+    span = k_sii.v_full - k_sii.v_empty
+    pairs = sum(v for _, v in k_sii.interactions)
+    assert abs(pairs) > 0.1  # the game has interactions: the order-1 terms alone are not efficient
+    assert k_sii.values.sum() + pairs == pytest.approx(span, abs=1e-6)
+    assert abs(k_sii.efficiency_gap) < 1e-6
+    _, _, sii = fit("shapiq:KernelSHAPIQ", game, n, 2**n, interactions=2, index="SII")
+    assert abs(sii.efficiency_gap) < 1e-6  # order-1 SII = Shapley values, efficient alone

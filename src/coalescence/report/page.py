@@ -210,10 +210,26 @@ def _stopping(stopping: Any) -> str:
     worst = stopping.get("max_stderr")
     unknown = stopping.get("unknown_stderr")
     return (
-        f"after {stopping.get('rounds')} rounds: {what}"
+        f"after {stopping.get('rounds')} round{'' if stopping.get('rounds') == 1 else 's'}: {what}"
         + (f"; largest standard error {_fmt(worst)}" if worst is not None else "")
         + (f"; {unknown} standard errors unknown (too few samples to say)" if unknown else "")
     )
+
+
+def _interactions(doc: Mapping[str, Any], unit: str) -> list[tuple[str, str]]:
+    """The interactions fact (index, orders, the five largest by |value|), or none."""
+    terms = doc.get("interactions") or []
+    if not terms:
+        return []
+    index, order = doc.get("interaction_index", "?"), doc.get("interaction_order", "?")
+    times = " \u00d7 "
+    top = "; ".join(f"{times.join(t['players'])} {_fmt(t['value'], sign=True)}" for t in terms[:5])
+    what = (
+        "the values are Shapley values"
+        if doc.get("method") == "exact"
+        else f"sampled; the values are {index}'s order-1 terms" + (" (Shapley values)" if index == "SII" else "")
+    )
+    return [("interactions", f"{index}, orders 2..{order}, {len(terms)} sets, in {unit} ({what}); largest: {top}")]
 
 
 def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple[str, str]]:
@@ -243,6 +259,7 @@ def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple
         ("wall time", (f"{wall:.1f} s" if isinstance(wall, int | float) else "n/a") + rate),
         ("stopping", _stopping(doc.get("stopping"))),
         ("diagnostics", ", ".join(f"{k} = {_fmt(v)}" for k, v in diagnostics.items()) or "none"),
+        *_interactions(doc, unit),
         ("snapshot", str(doc.get("snapshot_id", "n/a"))),
         ("archive", str(doc.get("archive") or archive or "n/a")),
     ]

@@ -136,7 +136,9 @@ class Estimate:
         v_empty: utility of the empty coalition, v(empty).
         v_full: utility of the grand coalition, v(N).
         efficiency_gap: ``sum(values) - (v_full - v_empty)``; float-precision zero for Shapley
-            estimators (efficiency axiom), generally nonzero for leave-one-out.
+            estimators (efficiency axiom), generally nonzero for leave-one-out. For a shapiq
+            approximator of an efficient interaction index (k-SII, FSII, STII), whose ``values``
+            are order-1 terms, the interactions' sum is added to ``sum(values)``.
         n_evaluations: number of distinct coalitions the estimate used (model evaluations).
         diagnostics: method-specific scalar diagnostics (e.g. the LASSO surrogate's ``"lds"``,
             its linear datamodeling score); copied to a read-only mapping of str to float.

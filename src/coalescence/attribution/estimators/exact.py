@@ -86,7 +86,7 @@ class ExactShapley:
     def __post_init__(self) -> None:
         if self.interactions is None:
             if self.index is not None:
-                raise ConfigError("applies with interactions (an order of 2 or more); add one or drop the index", field="index")
+                raise ConfigError("applies with --interactions ORDER (2 or more), e.g. --interactions 2; add it or drop the index", field="index")
             return
         if isinstance(self.interactions, bool) or not isinstance(self.interactions, int) or self.interactions < 2:
             raise ConfigError(f"must be an interaction order of 2 or more, got {self.interactions!r}", field="interactions")

@@ -94,7 +94,7 @@ def interaction_settings(method: str, interactions: int | None, index: str | Non
     if interactions is None and index is None:
         return None, None
     if interactions is None:
-        raise ConfigError("applies with interactions (an order of 2 or more); add one or drop the index", field="index")
+        raise ConfigError("applies with --interactions ORDER (2 or more), e.g. --interactions 2; add it or drop the index", field="index")
     if isinstance(interactions, bool) or not isinstance(interactions, int) or interactions < 2:
         raise ConfigError(f"must be an interaction order of 2 or more, got {interactions!r}", field="interactions")
     indices = estimator_class(method).capabilities.interaction_indices

@@ -34,7 +34,8 @@ diagnostics (``shapiq_budget``).
 interaction index asked (``SII``, ``k-SII``, ``FSII``, ``STII``) up to order k; the estimate's
 ``values`` are then the index's order-1 terms (Shapley values for SII; the index's own main
 effects for k-SII, FSII and STII, which with the higher orders sum to v(N) - v(empty)) and its
-``interactions`` the terms of orders 2..k. shapiq reports no standard errors: ``stderr`` is
+``interactions`` the terms of orders 2..k, and the efficiency gap of an efficient index (k-SII,
+FSII, STII) is that of all its terms. shapiq reports no standard errors: ``stderr`` is
 ``None`` (unknown), so these methods do not take ``--target-stderr``.
 """
 
@@ -73,6 +74,10 @@ INTERACTION_INDICES: tuple[str, ...] = ("SII", "k-SII", "FSII", "STII")
 """The interaction indices ``--index`` takes: the Shapley interaction index (Grabisch & Roubens
 1999), its k-additive aggregation k-SII (Bordt & von Luxburg 2023), Faith-Shap FSII (Tsai, Yeh &
 Ravikumar 2023) and the Shapley-Taylor index STII (Sundararajan, Dhamdhere & Agarwal 2020)."""
+
+EFFICIENT_INDICES: frozenset[str] = frozenset({"k-SII", "FSII", "STII"})
+"""The indices whose terms of every order up to k sum to v(N) - v(empty); with them the estimate's
+``values`` are order-1 terms and its efficiency gap counts the interactions too."""
 
 INSTALL = "pip install -c constraints.txt 'coalescence[shapiq]'"
 
@@ -201,7 +206,7 @@ class ShapiqEstimator:
         self.seed = seed
         if interactions is None:
             if index is not None:
-                raise ConfigError("applies with interactions (an order of 2 or more); add one or drop the index", field="index")
+                raise ConfigError("applies with --interactions ORDER (2 or more), e.g. --interactions 2; add it or drop the index", field="index")
             valid = set(getattr(getattr(_shapiq().approximator, self.approximator), "valid_indices", ("SV",)))
             if not valid & {"SV", "SII", "k-SII", "kADD-SHAP"}:  # order-1 SII (and k-SII of order 1) is SV
                 indices = ", ".join(self.capabilities.interaction_indices)
@@ -364,13 +369,16 @@ class ShapiqEstimator:
         interactions = _terms(result, n, self.interactions) if self.interactions is not None else ()
         empty, full = row_keys(np.stack([np.zeros(n, bool), np.ones(n, bool)]))
         v_empty, v_full = lookup[empty], lookup[full]
+        total = float(values.sum())
+        if self.index in EFFICIENT_INDICES:  # order-1 terms and interactions share v(N) - v(empty)
+            total += float(sum(v for _, v in interactions))
         return Estimate(
             method=self.name,
             values=values,
             stderr=None,
             v_empty=v_empty,
             v_full=v_full,
-            efficiency_gap=float(values.sum() - (v_full - v_empty)),
+            efficiency_gap=total - (v_full - v_empty),
             n_evaluations=int(planned.shape[0]),
             diagnostics={"shapiq_budget": float(shapiq_budget)},
             interactions=interactions,
