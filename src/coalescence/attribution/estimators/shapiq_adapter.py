@@ -142,6 +142,12 @@ def approximator_estimator(method: str) -> type:
                 f" ({name} is in shapiq releases after 1.4.1, which need Python 3.12 or newer; this install "
                 f"has shapiq {shapiq_version()} on Python {sys.version_info.major}.{sys.version_info.minor})"
             )
+        if not hint:
+            import difflib
+
+            lowered = {n.lower(): n for n in names}
+            close = [lowered[name.lower()]] if name.lower() in lowered else difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean shapiq:{close[0]}?)" if close else ""
         raise ConfigError(f"shapiq has no approximator {name!r}{hint}; choose one of: {', '.join(names)}", field="method")
     cls = getattr(_shapiq().approximator, name)
     valid = set(getattr(cls, "valid_indices", ()))
