@@ -2,7 +2,7 @@
 interactions in the document and the table, kill -9 then resume equals an uninterrupted run,
 replay with no model equals the run, and bad settings exit 2 naming the option.
 
-The injected piece: a slow backend call in the child process (as tests/test_resume.py), so that
+The injected piece: a slow backend call in the child process (tests/test_resume.py's SLOW_CHILD), so that
 the kill lands mid-run.
 """
 
@@ -22,6 +22,7 @@ pytest.importorskip("shapiq", reason="the shapiq extra: pip install -c constrain
 
 from coalescence.archive import list_parts, read_manifest, read_rows  # noqa: E402
 from coalescence.cli import main  # noqa: E402
+from test_resume import SLOW_CHILD  # noqa: E402  (the same slowed backend as the resume tests)
 
 USER = (
     "The Eiffel Tower was completed in 1889. Big Ben was finished in 1859. The Colosseum opened in 80.\n"
@@ -36,17 +37,6 @@ CONVERSATION = {
 }
 N = 6  # sentence players
 BUDGET = 40  # of 2^6 = 64 coalitions
-SLOW_CHILD = """
-import sys, time
-from coalescence.backends.hf import HFBackend
-_score = HFBackend.score
-def slow(self, requests):
-    time.sleep(0.05)
-    return _score(self, requests)
-HFBackend.score = slow
-from coalescence.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def argv(input_path: Path, model: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -32,6 +32,7 @@ __all__ = (
     "Estimator",
     "pool_lookup",
     "check_budget_seed",
+    "check_interactions",
     "row_keys",
     "student_t_factor",
 )
@@ -368,6 +369,38 @@ def check_budget_seed(budget: object, seed: object) -> None:
         raise ConfigError(f"--budget must be a positive integer, got {budget!r}", field="budget")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"must be a non-negative integer, got {seed!r}", field="seed")
+
+
+def check_interactions(
+    name: str, interactions: object, index: str | None, indices: tuple[str, ...]
+) -> tuple[int | None, str | None]:
+    """Check an interaction order and index asked of the method ``name``, filling the default index.
+
+    Args:
+        name: the method's name, for the messages.
+        interactions: the highest interaction order (an int of 2 or more), or ``None``.
+        index: the interaction index, or ``None`` for the default ``"k-SII"``.
+        indices: the indices the method computes (its capabilities' ``interaction_indices``).
+
+    Returns:
+        ``(order, index)``, or ``(None, None)`` when neither is given.
+
+    Raises:
+        ConfigError: an index without an order (``field="index"``), an order that is not an int of
+            2 or more (``field="interactions"``), an index the method does not compute
+            (``field="index"``, listing the ones it does).
+    """
+    if interactions is None:
+        if index is not None:
+            raise ConfigError("applies with --interactions ORDER (2 or more), e.g. --interactions 2; add it or drop the index", field="index")
+        return None, None
+    if isinstance(interactions, bool) or not isinstance(interactions, int) or interactions < 2:
+        raise ConfigError(f"must be an interaction order of 2 or more, got {interactions!r}", field="interactions")
+    index = "k-SII" if index is None else index
+    if index not in indices:
+        can = ", ".join(indices) or "none (it estimates values only)"
+        raise ConfigError(f"method {name} does not compute the {index} index; it computes: {can}", field="index")
+    return interactions, index
 
 
 def check_n_players(n_players: int) -> int:

@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from ...errors import ConfigError, EstimatorError
-from .base import Capabilities, Estimate, check_n_players, check_pool, gather, pool_lookup, row_keys
+from .base import Capabilities, Estimate, check_interactions, check_n_players, check_pool, gather, pool_lookup, row_keys
 from .shapiq_adapter import INTERACTION_INDICES
 
 __all__ = ("ExactShapley", "coalition_rows", "shapley_weights")
@@ -84,15 +84,7 @@ class ExactShapley:
     index: str | None = None
 
     def __post_init__(self) -> None:
-        if self.interactions is None:
-            if self.index is not None:
-                raise ConfigError("applies with --interactions ORDER (2 or more), e.g. --interactions 2; add it or drop the index", field="index")
-            return
-        if isinstance(self.interactions, bool) or not isinstance(self.interactions, int) or self.interactions < 2:
-            raise ConfigError(f"must be an interaction order of 2 or more, got {self.interactions!r}", field="interactions")
-        index = "k-SII" if self.index is None else self.index
-        if index not in INTERACTION_INDICES:
-            raise ConfigError(f"unknown interaction index {index!r}; choose one of: {', '.join(INTERACTION_INDICES)}", field="index")
+        _, index = check_interactions(self.name, self.interactions, self.index, INTERACTION_INDICES)
         object.__setattr__(self, "index", index)
 
     def validate(self, n_players: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from .banzhaf import Banzhaf
-from .base import Estimator
+from .base import Estimator, check_interactions
 from .exact import ExactShapley
 from .kernel import KernelSHAP
 from .lasso import LassoSurrogate
@@ -91,12 +91,8 @@ def interaction_settings(method: str, interactions: int | None, index: str | Non
         ConfigError: an index without an order, an order below 2, a method that computes no
             interactions or not this index (``field`` ``interactions`` / ``index``).
     """
-    if interactions is None and index is None:
-        return None, None
     if interactions is None:
-        raise ConfigError("applies with --interactions ORDER (2 or more), e.g. --interactions 2; add it or drop the index", field="index")
-    if isinstance(interactions, bool) or not isinstance(interactions, int) or interactions < 2:
-        raise ConfigError(f"must be an interaction order of 2 or more, got {interactions!r}", field="interactions")
+        return check_interactions(method, interactions, index, ())
     indices = estimator_class(method).capabilities.interaction_indices
     if not indices:
         able = [name for name, c in ESTIMATORS.items() if c.capabilities.interaction_indices]
@@ -105,10 +101,7 @@ def interaction_settings(method: str, interactions: int | None, index: str | Non
             "interaction approximator (e.g. shapiq:KernelSHAPIQ, shapiq:SVARMIQ)",
             field="interactions",
         )
-    index = "k-SII" if index is None else index
-    if index not in indices:
-        raise ConfigError(f"method {method} does not compute the {index} index; it computes: {', '.join(indices)}", field="index")
-    return interactions, index
+    return check_interactions(method, interactions, index, indices)
 
 
 def make_estimator(

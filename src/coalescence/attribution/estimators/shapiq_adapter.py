@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...errors import BackendUnavailable, ConfigError, EstimatorError
-from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, pool_lookup, row_keys
+from .base import Capabilities, Estimate, check_budget_seed, check_interactions, check_n_players, check_pool, pool_lookup, row_keys
 
 __all__ = (
     "INTERACTION_INDICES",
@@ -210,9 +210,8 @@ class ShapiqEstimator:
         check_budget_seed(budget, seed)
         self.budget = budget
         self.seed = seed
+        interactions, index = check_interactions(self.name, interactions, index, self.capabilities.interaction_indices)
         if interactions is None:
-            if index is not None:
-                raise ConfigError("applies with --interactions ORDER (2 or more), e.g. --interactions 2; add it or drop the index", field="index")
             valid = set(getattr(getattr(_shapiq().approximator, self.approximator), "valid_indices", ("SV",)))
             if not valid & {"SV", "SII", "k-SII", "kADD-SHAP"}:  # order-1 SII (and k-SII of order 1) is SV
                 indices = ", ".join(self.capabilities.interaction_indices)
@@ -221,13 +220,6 @@ class ShapiqEstimator:
                     f"--index {self.capabilities.interaction_indices[0]}, or choose a Shapley-value approximator",
                     field="method",
                 )
-        else:
-            if isinstance(interactions, bool) or not isinstance(interactions, int) or interactions < 2:
-                raise ConfigError(f"must be an interaction order of 2 or more, got {interactions!r}", field="interactions")
-            index = "k-SII" if index is None else index
-            if index not in self.capabilities.interaction_indices:
-                can = ", ".join(self.capabilities.interaction_indices) or "none (it estimates Shapley values only)"
-                raise ConfigError(f"{self.name} does not compute the {index} index; it computes: {can}", field="index")
         self.interactions = interactions
         self.index = index
 
