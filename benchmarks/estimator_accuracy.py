@@ -46,6 +46,9 @@ from coalescence.attribution.games import AdditiveGame, GloveGame, PairwiseInter
 
 NATIVE = ("kernelshap", "permutation", "lasso", "banzhaf")
 SLOW = ("ProxySPEX", "SPEX")
+VARIANTS = ("shapiq:RegressionMSR:proxy_model=linear",)
+"""Approximators with a constructor option: RegressionMSR with a linear proxy (its closed-form
+Leverage-SHAP sampling weights, Witter, Liu & Musco 2025) besides its default XGBoost proxy."""
 
 
 class MixedGame:
@@ -172,8 +175,12 @@ def methods() -> dict[str, object]:
     out: dict[str, object] = {}
     for m in NATIVE:
         out[m] = lambda g, b, s, m=m: (r := ours(m, g, b, s)) and r[:2]
-    for name in approximator_names():
+    names = approximator_names()
+    for name in names:
         out[f"shapiq:{name}"] = lambda g, b, s, name=name: (r := ours(f"shapiq:{name}", g, b, s)) and r[:2]
+    for variant in VARIANTS:  # an approximator with a constructor option (shapiq:NAME:KEY=VALUE)
+        if variant.split(":")[1] in names:
+            out[variant] = lambda g, b, s, v=variant: (r := ours(v, g, b, s)) and r[:2]
     out["shap KernelExplainer (defaults)"] = shap_kernel
     out["shap KernelExplainer (l1_reg=False)"] = lambda g, b, s: shap_kernel(g, b, s, l1_reg=False)
     out["captum ShapleyValueSampling"] = lambda g, b, s: captum_method("svs", g, b, s)

@@ -328,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
         "efficiency imposed, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
         "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out; shapiq:NAME: "
         "a shapiq approximator through this engine (e.g. shapiq:SVARM, shapiq:KernelSHAPIQ, "
-        "shapiq:ProxySPEX; needs the shapiq extra)"
+        "shapiq:ProxySPEX; needs the shapiq extra; shapiq:RegressionMSR and the other approximators of "
+        "shapiq 1.5+ run in the external shapiq that make install sets up, or COALESCENCE_SHAPIQ_PYTHON names)"
     )
     interactions_help = (
         "also compute interactions of sets of 2..ORDER players (--method exact, or a shapiq "

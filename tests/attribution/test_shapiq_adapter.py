@@ -261,3 +261,15 @@ def test_an_efficient_index_counts_its_interactions_in_the_efficiency_gap():
     assert abs(k_sii.efficiency_gap) < 1e-6
     _, _, sii = fit("shapiq:KernelSHAPIQ", game, n, 2**n, interactions=2, index="SII")
     assert abs(sii.efficiency_gap) < 1e-6  # order-1 SII = Shapley values, efficient alone
+
+
+def test_an_option_after_the_name_reaches_the_approximator_here():
+    """shapiq:KernelSHAP:pairing_trick=true is KernelSHAP(pairing_trick=True) of this Python's
+    shapiq: values equal shapiq's own with that option, and differ from the default's."""
+    n, budget, seed = 7, 50, 2
+    game = Game(n)
+    estimator, plan, estimate = fit("shapiq:KernelSHAP:pairing_trick=true", game, n, budget, seed)
+    direct = shapiq_direct("KernelSHAP", game, n, int(estimate.diagnostics["shapiq_budget"]), seed, pairing_trick=True)
+    np.testing.assert_allclose(estimate.values, direct, rtol=0, atol=1e-9)
+    _, _, default = fit("shapiq:KernelSHAP", game, n, budget, seed)
+    assert not np.allclose(default.values, estimate.values)

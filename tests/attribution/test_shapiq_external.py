@@ -165,3 +165,36 @@ def test_a_bad_external_python_is_one_clear_error(monkeypatch, tmp_path, fresh_c
     with pytest.raises(BackendUnavailable) as info:
         adapter.approximator_estimator("shapiq:RegressionMSR")
     assert "ModuleNotFoundError" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_option_after_the_name_reaches_the_approximator():
+    """shapiq:RegressionMSR:proxy_model=linear is RegressionMSR(proxy_model="linear"): its plan
+    (Leverage-SHAP sampling weights) and values equal shapiq's own with that option, and differ
+    from the default proxy's."""
+    n, budget, seed = 7, 60, 1
+    game = make_game(n)
+    estimator = make_estimator("shapiq:RegressionMSR:proxy_model=linear", budget=budget, seed=seed)
+    plan = np.array(list(estimator.plan(n)))
+    estimate = estimator.fit(plan, game(plan))
+    options = {"index": "SV", "proxy_model": "linear"}
+    direct, asked = shapiq_in_the_external_python("RegressionMSR", n, int(estimate.diagnostics["shapiq_budget"]), seed, options)
+    planned = {r.tobytes() for r in plan}
+    assert all(r.tobytes() in planned for r in asked)
+    np.testing.assert_allclose(estimate.values, direct, rtol=0, atol=1e-9)
+    default = make_estimator("shapiq:RegressionMSR", budget=budget, seed=seed)
+    default_plan = np.array(list(default.plan(n)))
+    assert not np.allclose(default.fit(default_plan, game(default_plan)).values, estimate.values)
+
+
+@pytest.mark.parametrize(
+    ("method", "words"),
+    [
+        ("shapiq:RegressionMSR:proxy=linear", "takes no option 'proxy'; it takes proxy_model"),
+        ("shapiq:RegressionMSR:random_state=3", "takes no option 'random_state'"),
+        ("shapiq:RegressionMSR:proxy_model", "KEY=VALUE"),
+    ],
+)
+def test_a_bad_option_names_the_method_field(method, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        make_estimator(method, budget=64)
+    assert info.value.field == "method"

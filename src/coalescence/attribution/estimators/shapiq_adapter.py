@@ -149,7 +149,7 @@ def approximator_estimator(method: str) -> type:
     """
     if not isinstance(method, str) or not method.startswith(PREFIX):
         raise ConfigError(f"{method!r} is not a shapiq method; write shapiq:<Approximator>", field="method")
-    name = method[len(PREFIX) :]
+    name, _, option_text = method[len(PREFIX) :].partition(":")
     runtime: _InProcess | ExternalShapiq | None = None
     if _in_process_available() and name in _InProcess.names():
         runtime = _InProcess()
@@ -175,14 +175,57 @@ def approximator_estimator(method: str) -> type:
             close = [lowered[name.lower()]] if name.lower() in lowered else difflib.get_close_matches(name, names, n=1)
             hint = f" (did you mean shapiq:{close[0]}?)" if close else ""
         raise ConfigError(f"shapiq has no approximator {name!r}{hint}; choose one of: {', '.join(names)}", field="method")
-    valid, _ = runtime.describe(name)
+    valid, params = runtime.describe(name)
+    fixed = _parse_options(method, name, option_text, params)
     indices = tuple(i for i in INTERACTION_INDICES if i in valid)
     capabilities = Capabilities(needs_budget=True, reports_stderr=False, interaction_indices=indices)
     return type(
         f"Shapiq{name}",
         (ShapiqEstimator,),
-        {"name": method, "approximator": name, "runtime": runtime, "capabilities": capabilities, "__slots__": ()},
+        {
+            "name": method,
+            "approximator": name,
+            "runtime": runtime,
+            "fixed_options": fixed,
+            "capabilities": capabilities,
+            "__slots__": (),
+        },
     )
+
+
+_SET_BY_THE_ADAPTER = frozenset({"self", "n", "random_state", "index", "max_order", "kwargs", "_args", "_kwargs", "args"})
+
+
+def _parse_options(method: str, name: str, text: str, params: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
+    """The constructor options written after the approximator's name, ``key=value`` separated by
+    ``:`` (``shapiq:RegressionMSR:proxy_model=linear:k_folds=5``): values ``true``/``false``/
+    ``none``, integers and floats as such, anything else a string.
+
+    Raises:
+        ConfigError: a malformed option, or a name that is not a constructor parameter the method
+            may set (``field="method"``, naming the ones it may).
+    """
+    if not text:
+        return ()
+    allowed = [p for p in params if p not in _SET_BY_THE_ADAPTER]
+    options: dict[str, Any] = {}
+    for item in text.split(":"):
+        key, eq, raw = item.partition("=")
+        if not eq or not key or not raw:
+            raise ConfigError(f"{method}: write options as {PREFIX}{name}:KEY=VALUE[:KEY=VALUE], got {item!r}", field="method")
+        if key not in allowed:
+            raise ConfigError(f"{method}: {name} takes no option {key!r}; it takes {', '.join(allowed) or 'none'}", field="method")
+        lowered = raw.lower()
+        value: Any = {"true": True, "false": False, "none": None}.get(lowered, raw)
+        if value is raw:
+            for convert in (int, float):
+                try:
+                    value = convert(raw)
+                    break
+                except ValueError:
+                    continue
+        options[key] = value
+    return tuple(sorted(options.items()))
 
 
 _PLANS: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
@@ -498,6 +541,7 @@ class ShapiqEstimator:
     name: ClassVar[str] = PREFIX
     approximator: ClassVar[str] = ""
     runtime: ClassVar[Any] = None  # _InProcess or ExternalShapiq, set by approximator_estimator
+    fixed_options: ClassVar[tuple[tuple[str, Any], ...]] = ()  # written after the name (shapiq:NAME:KEY=VALUE)
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
     __slots__ = ("budget", "seed", "interactions", "index")
 
@@ -521,7 +565,7 @@ class ShapiqEstimator:
     # -- the approximator ----------------------------------------------------------------------
     def _options(self, n: int) -> dict[str, Any]:
         valid, params = self.runtime.describe(self.approximator)
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = dict(self.fixed_options)
         if self.interactions is not None:
             if "index" in params:
                 options["index"] = self.index
@@ -537,7 +581,7 @@ class ShapiqEstimator:
     def _plan(self, n: int) -> tuple[int, np.ndarray]:
         """(shapiq budget, distinct planned rows ``[m, n]`` bool: empty and grand coalition first);
         drawn once per configuration in this process (a run asks for its plan in several phases)."""
-        key = (self.runtime.key, self.approximator, n, self.budget, self.seed, self.interactions, self.index)
+        key = (self.runtime.key, self.name, n, self.budget, self.seed, self.interactions, self.index)
         if key in _PLANS:
             return _PLANS[key]
         if len(_PLANS) >= 64:
