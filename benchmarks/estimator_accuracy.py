@@ -44,7 +44,7 @@ import numpy as np
 from coalescence.attribution.estimators import ExactShapley, make_estimator
 from coalescence.attribution.games import AdditiveGame, GloveGame, PairwiseInteractionGame, WeightedMajorityGame
 
-NATIVE = ("kernelshap", "permutation", "lasso", "banzhaf")
+NATIVE = ("kernelshap", "regression-msr", "permutation", "lasso", "banzhaf")
 SLOW = ("ProxySPEX", "SPEX")
 VARIANTS = ("shapiq:RegressionMSR:proxy_model=linear",)
 """Approximators with a constructor option: RegressionMSR with a linear proxy (its closed-form

@@ -528,7 +528,7 @@ def test_path_under_a_file_is_refused_before_the_run(
     assert not (tmp_path / "y").exists()
 
 
-@pytest.mark.parametrize("method", ["kernelshap", "banzhaf", "lasso"])
+@pytest.mark.parametrize("method", ["kernelshap", "regression-msr", "banzhaf", "lasso"])
 def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_model_dir: Path) -> None:
     budget = 16 if method == "lasso" else 12
     code, stdout, stderr, doc, run_dir = explain(
@@ -540,7 +540,7 @@ def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_m
     assert read_manifest(run_dir)["rows"] == doc["n_evaluations"]
     values = [p["value"] for p in doc["players"]]
     assert sum(values) - (doc["v_full"] - doc["v_empty"]) == pytest.approx(doc["efficiency_gap"], abs=1e-9)
-    if method == "kernelshap":
+    if method in ("kernelshap", "regression-msr"):
         assert abs(doc["efficiency_gap"]) < 1e-9  # efficiency imposed exactly
     if method == "lasso":
         assert "lds" in doc["diagnostics"] and "diagnostics:" in stdout
@@ -684,3 +684,47 @@ def test_resuming_with_another_utility_points_to_replay(exact_run, tmp_path: Pat
     err = capsys.readouterr().err
     assert code == 2 and "coalescence replay" in err and "--new-run" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in (run_dir / "parts").iterdir()) == before
+
+
+EIGHT_SENTENCES = {
+    "messages": [
+        {"role": "system", "content": "You answer questions about towers. Keep answers short."},
+        {
+            "role": "user",
+            "content": "The Eiffel Tower was completed in 1889. It stands in Paris.\n"
+            "Big Ben's clock tower was finished in 1859. It stands in London.\n"
+            "- The Leaning Tower of Pisa took 199 years to build.\n"
+            "When was the Eiffel Tower completed?",
+        },
+        {"role": "assistant", "content": "It was completed in 1889."},
+    ]
+}
+
+
+def test_regression_msr_replays_from_a_kernelshap_archive_without_a_model(tmp_path: Path, tiny_model_dir: Path, monkeypatch) -> None:
+    """regression-msr plans KernelSHAP's coalitions: a kernelshap run's archive refits it with no
+    model, to the values of a regression-msr run of its own (8 sentence players, budget 40)."""
+    code, _, stderr, kernel_doc, kernel_run = explain(
+        tmp_path, tiny_model_dir, "kernel", "--method", "kernelshap", "--budget", "40", conversation=EIGHT_SENTENCES
+    )
+    assert code == 0, stderr
+    assert len(kernel_doc["players"]) == 8
+    code, _, stderr, msr_doc, _ = explain(
+        tmp_path, tiny_model_dir, "msr", "--method", "regression-msr", "--budget", "40", conversation=EIGHT_SENTENCES
+    )
+    assert code == 0, stderr
+    assert msr_doc["method"] == "regression-msr" and msr_doc["n_evaluations"] == kernel_doc["n_evaluations"]
+    assert abs(msr_doc["efficiency_gap"]) < 1e-9
+    values = [p["value"] for p in msr_doc["players"]]
+    assert values != [p["value"] for p in kernel_doc["players"]]  # the residual term moved them
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("replay loaded a model")
+
+    monkeypatch.setattr("coalescence.backends.registry.load_backend", no_model)
+    out = tmp_path / "replay.json"
+    code, _, stderr = run_cli(["replay", str(kernel_run), "--method", "regression-msr", "--budget", "40", "--out", str(out)])
+    assert code == 0, stderr
+    replayed = json.loads(out.read_text())["explanations"][0]
+    assert replayed["method"] == "regression-msr"
+    np.testing.assert_allclose([p["value"] for p in replayed["players"]], values, rtol=0, atol=1e-4)

@@ -131,7 +131,8 @@ def explain(
         model: alias, local model directory, ``.gguf`` file or hub id.
         unit: player unit (``turn``, ``paragraph``, ``sentence``, ``word``, ``tool``,
             ``exchange``, ``document``; default ``document`` with declared players, else ``turn``).
-        method: ``exact``, ``permutation``, ``kernelshap``, ``banzhaf``, ``lasso``, ``loo``, or
+        method: ``exact``, ``permutation``, ``kernelshap``, ``regression-msr``, ``banzhaf``,
+            ``lasso``, ``loo``, or
             ``shapiq:<Approximator>`` (a shapiq approximator through this engine; the shapiq extra).
         budget: sampling methods: the most distinct model evaluations (default 32 x players).
         utility: what v(S) measures (default ``logprob``: log p of the answer, nats).

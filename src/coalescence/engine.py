@@ -48,7 +48,6 @@ logger = logging.getLogger(__name__)
 
 UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
 """The key of the default utility: log p(target tokens | masked prompt), summed, in nats."""
-_WITH_STDERR = ("permutation", "kernelshap", "banzhaf")
 
 
 
@@ -458,7 +457,8 @@ class Engine:
 
         Args:
             snapshot: the conversation and its players.
-            method: a method with standard errors (``permutation``, ``kernelshap``, ``banzhaf``).
+            method: a method with standard errors (``permutation``, ``kernelshap``,
+                ``regression-msr``, ``banzhaf``: ``methods_with(reports_stderr=True)``).
             policy: the absence policy.
             budget: the most distinct model evaluations over all rounds.
             target_stderr: the standard error (nats) every player must get below (> 0).
@@ -469,11 +469,12 @@ class Engine:
             ConfigError: a method without standard errors, a non-positive target, or a budget
                 below the method's minimum.
         """
-        from .attribution.estimators import make_estimator
+        from .attribution.estimators import make_estimator, methods_with
 
-        if method not in _WITH_STDERR:
+        with_stderr = methods_with(reports_stderr=True)
+        if method not in with_stderr:
             raise ConfigError(
-                f"--method {method} reports no standard errors; use one of {', '.join(_WITH_STDERR)}",
+                f"--method {method} reports no standard errors; use one of {', '.join(with_stderr)}",
                 field="target_stderr",
             )
         if not target_stderr > 0:

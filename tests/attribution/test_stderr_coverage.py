@@ -113,7 +113,7 @@ def run_cell(method: str, game: str, n: int, budget: int) -> dict[str, float]:
         assert np.all(se[~nan] > 0), (method, game, n, budget, seed, se)
         if game == "random":  # continuous utilities: no player's samples are ever all equal
             check_nan_rule(method, n, budget, seed, estimate, nan, table)
-        if method == "kernelshap":  # singular although enough distinct pairs: must stay rare
+        if method in ("kernelshap", "regression-msr"):  # singular although enough pairs: must stay rare
             d = estimate.diagnostics
             enough = d["pairs_distinct"] >= d["stderr_min_pairs"] and not near_all(n, budget)
             singular += enough and d["stderr_singular"] == 1.0
@@ -159,7 +159,7 @@ def check_nan_rule(
         samples = np.array([pair_sample(table, perm) for perm in perms])  # [m, n]
         no_spread = samples.std(axis=0) <= 1e-12 * np.abs(table).max()
         expected = np.full(n, len(perms) < 2 or near_all(n, budget)) | no_spread
-    elif method == "kernelshap":
+    elif method in ("kernelshap", "regression-msr"):  # one plan, one rule (msr.py's docstring)
         distinct = estimate.diagnostics["pairs_distinct"]
         least = estimate.diagnostics["stderr_min_pairs"]
         assert least in (n, 2 * (n - 1))
@@ -190,7 +190,7 @@ METHODS = methods_with(reports_stderr=True)
 
 
 def test_the_methods_with_standard_errors_are_the_ones_checked() -> None:
-    assert set(METHODS) == {"permutation", "kernelshap", "banzhaf"}
+    assert set(METHODS) == {"permutation", "kernelshap", "regression-msr", "banzhaf"}
     for method in METHODS:
         assert estimator_class(method).capabilities.needs_budget
 
@@ -225,7 +225,7 @@ def test_coverage_of_reported_standard_errors(method: str, game: str, caplog) ->
         assert pooled <= HIGH, (method, game, pooled, report)
 
 
-@pytest.mark.parametrize("method", ["kernelshap", "permutation"])
+@pytest.mark.parametrize("method", ["kernelshap", "regression-msr", "permutation"])
 def test_issue_case_random_six_players_budget_24(method: str, caplog) -> None:
     """The issue's case: errors at budget 24 on a random 6-player game now match the real spread."""
     caplog.set_level(logging.ERROR)

@@ -1,7 +1,7 @@
 """Attribution estimators: plan coalitions, fit values from the pool of evaluated coalitions.
 
 :func:`make_estimator` builds one by name (``"exact"``, ``"permutation"``, ``"loo"``,
-``"kernelshap"``, ``"banzhaf"``, ``"lasso"``); every estimator follows the :class:`Estimator`
+``"kernelshap"``, ``"regression-msr"``, ``"banzhaf"``, ``"lasso"``); every estimator follows the :class:`Estimator`
 protocol and returns an :class:`Estimate`.
 """
 
@@ -13,6 +13,7 @@ from .exact import ExactShapley
 from .kernel import KernelSHAP
 from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
+from .msr import RegressionMSR
 from .permutation import PermutationShapley
 from .registry import ESTIMATORS, METHODS, estimator_class, interaction_settings, is_method, make_estimator, methods_with, register_estimator
 
@@ -28,6 +29,7 @@ __all__ = (
     "LassoSurrogate",
     "LeaveOneOut",
     "PermutationShapley",
+    "RegressionMSR",
     "estimator_class",
     "interaction_settings",
     "is_method",

@@ -237,6 +237,22 @@ def _build_plan(n: int, budget: int, seed: int) -> _Plan:
     return plan
 
 
+def _sampled_weights(plan: _Plan) -> np.ndarray:
+    """``[n_distinct]`` float64 weights of a sampled plan's coalitions in the fit, summing to 1:
+    the exact kernel weight for an enumerated size, the sampled sizes' kernel mass spread over the
+    draws (a coalition drawn c times counts c times) otherwise, 0 for the empty and grand coalitions."""
+    n = plan.rows.shape[1]
+    w = np.zeros(plan.rows.shape[0], dtype=np.float64)
+    if plan.enumerated.size:
+        k = plan.rows[plan.enumerated].sum(axis=1)
+        comb = np.array([math.comb(n, int(j)) for j in range(n + 1)], dtype=np.float64)
+        w[plan.enumerated] = size_probabilities(n)[k - 1] / comb[k]  # exact kernel weight
+    if plan.pairs.shape[0]:
+        counts = np.bincount(plan.pairs.ravel(), minlength=w.shape[0]).astype(np.float64)
+        w += plan.sampled_mass * counts / (2.0 * plan.pairs.shape[0])
+    return w
+
+
 def _min_distinct_pairs(n: int, enumerated: bool) -> int:
     """Fewest distinct complement pairs with which the standard errors are reported.
 
@@ -272,6 +288,43 @@ def _jackknife_stderr(
         some pair leaves a singular system (that pair alone tells two players apart, so its
         influence, and the variance, is unbounded).
     """
+    replicates = _jackknife_replicates(plan, z, y, w, total, distinct)
+    if replicates is None:
+        return np.full(z.shape[1], np.nan), True
+    return jackknife_t_stderr(replicates, multiplicity, plan.pairs.shape[0], max(float(np.max(np.abs(y))), abs(total))), False
+
+
+def jackknife_t_stderr(replicates: np.ndarray, multiplicity: np.ndarray, n_draws: int, scale: float) -> np.ndarray:
+    """Tukey's jackknife t standard errors from delete-one-draw replicates.
+
+    ``var_jack = (P - 1) / P * sum_p (x_(p) - mean_p x_(p))^2`` over the P draws (each distinct
+    replicate counted ``multiplicity`` times), reported as ``t_{0.975, P-1} / 1.96 * sqrt(var_jack)``
+    (:func:`~coalescence.attribution.estimators.base.student_t_factor`).
+
+    Args:
+        replicates: ``[D, n]`` float64 values refitted without one draw of each distinct draw.
+        multiplicity: ``[D]`` int64 how many of the P draws each distinct one is.
+        n_draws: P, the number of draws (``multiplicity.sum()``).
+        scale: the largest magnitude of the utilities (nats), for the rounding floor.
+
+    Returns:
+        ``[n]`` float64 standard errors in the values' unit; NaN for a player whose replicates agree
+        to float rounding (``ROUNDING_ULPS * eps * scale``): the samples show no spread.
+    """
+    weights = multiplicity.astype(np.float64)  # each draw is one replicate
+    centre = weights @ replicates / n_draws
+    spread = weights @ (replicates - centre) ** 2  # [n]
+    stderr = np.sqrt((n_draws - 1) / n_draws * spread) * student_t_factor(n_draws - 1)
+    rounding = ROUNDING_ULPS * np.finfo(np.float64).eps * max(scale, 1e-300)
+    stderr[np.sqrt(spread) <= rounding] = np.nan
+    return stderr
+
+
+def _jackknife_replicates(
+    plan: _Plan, z: np.ndarray, y: np.ndarray, w: np.ndarray, total: float, distinct: np.ndarray
+) -> np.ndarray | None:
+    """``[D, n]`` float64 KernelSHAP values refitted without one draw of each distinct pair, or
+    None when deleting some pair leaves a singular system (arguments as :func:`_jackknife_stderr`)."""
     n = z.shape[1]
     n_pairs = plan.pairs.shape[0]
     counts = np.bincount(plan.pairs.ravel(), minlength=z.shape[0]).astype(np.float64)
@@ -292,7 +345,7 @@ def _jackknife_stderr(
     kkt[n, :n] = 1.0
     rhs = np.append(b_fixed + scale * b_draws, total)
     if np.linalg.matrix_rank(kkt) < n + 1:
-        return np.full(n, np.nan), True
+        return None
     g = np.linalg.inv(kkt)  # [n + 1, n + 1]
     x_all = g @ rhs  # [n + 1]
     replicates = np.empty((distinct.shape[0], n), dtype=np.float64)  # [D, n]
@@ -306,7 +359,7 @@ def _jackknife_stderr(
         det = k[:, 0, 0] * k[:, 1, 1] - k[:, 0, 1] * k[:, 1, 0]
         size = np.maximum(np.abs(k[:, 0, 0] * k[:, 1, 1]), np.abs(k[:, 0, 1] * k[:, 1, 0]))
         if np.any(np.abs(det) <= 1e-9 * size):
-            return np.full(n, np.nan), True  # one pair alone tells two players apart: no jackknife
+            return None  # one pair alone tells two players apart: no jackknife
         k_inv = np.stack([np.stack([k[:, 1, 1], -k[:, 0, 1]], 1), np.stack([-k[:, 1, 0], k[:, 0, 0]], 1)], 1)
         k_inv /= det[:, None, None]
         # x_(p) = (G + GU K^-1 U^T G)(rhs - scale U y_p)
@@ -315,14 +368,7 @@ def _jackknife_stderr(
         inner = np.einsum("bij,bj->bi", k_inv, u_x - scale * ugu_y)  # [B, 2]
         x_del = x_all[None, :] - scale * np.einsum("bij,bj->bi", gu, y_pair) + np.einsum("bij,bj->bi", gu, inner)
         replicates[lo : lo + block.shape[0]] = x_del[:, :n]
-    weights = multiplicity.astype(np.float64)  # each draw is one replicate
-    centre = weights @ replicates / n_pairs
-    spread = weights @ (replicates - centre) ** 2  # [n]
-    stderr = np.sqrt((n_pairs - 1) / n_pairs * spread) * student_t_factor(n_pairs - 1)
-    # replicates that agree to float rounding: the samples show no spread for that player
-    rounding = ROUNDING_ULPS * np.finfo(np.float64).eps * max(float(np.max(np.abs(y))), abs(total), 1e-300)
-    stderr[np.sqrt(spread) <= rounding] = np.nan
-    return stderr, False
+    return replicates
 
 
 def _kkt(a: np.ndarray, b: np.ndarray, total: float) -> tuple[np.ndarray, np.ndarray | None]:
@@ -508,14 +554,7 @@ class KernelSHAP:
         n_pairs = plan.pairs.shape[0]
         z = plan.rows.astype(np.float64)  # [n_distinct, n]
         y = u - v_empty  # [n_distinct]
-        w = np.zeros(z.shape[0], dtype=np.float64)  # [n_distinct], sums to 1 over proper coalitions
-        if plan.enumerated.size:
-            k = plan.rows[plan.enumerated].sum(axis=1)
-            comb = np.array([math.comb(n, int(j)) for j in range(n + 1)], dtype=np.float64)
-            w[plan.enumerated] = size_probabilities(n)[k - 1] / comb[k]  # exact kernel weight
-        if n_pairs:
-            counts = np.bincount(plan.pairs.ravel(), minlength=z.shape[0]).astype(np.float64)
-            w += plan.sampled_mass * counts / (2.0 * n_pairs)
+        w = _sampled_weights(plan)  # [n_distinct], sums to 1 over proper coalitions
         a = z.T @ (w[:, None] * z)
         b = z.T @ (w * y)
         values, c = _kkt(a, b, total)

@@ -14,6 +14,7 @@ from .exact import ExactShapley
 from .kernel import KernelSHAP
 from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
+from .msr import RegressionMSR
 from .permutation import PermutationShapley
 from .shapiq_adapter import PREFIX, approximator_estimator
 
@@ -24,6 +25,7 @@ ESTIMATORS: dict[str, type] = {
     "permutation": PermutationShapley,
     "loo": LeaveOneOut,
     "kernelshap": KernelSHAP,
+    "regression-msr": RegressionMSR,
     "banzhaf": Banzhaf,
     "lasso": LassoSurrogate,
 }
