@@ -469,7 +469,7 @@ class ExplainRun:
                 raise EstimatorError(
                     f"{f'input line {k + 1}: ' if self.is_batch else ''}--unit {unit} gives at least {n_players} players "
                     f"(counting stopped there), and --method {s.method} allows at most {at_most}; use a coarser "
-                    "--unit, or --method permutation with --budget N, or --method loo",
+                    "--unit, or --method regression-msr with --budget N, or --method loo",
                     field="method",
                 )
             self.validate_game(n_players)
