@@ -29,7 +29,7 @@ The plan is KernelSHAP's (:func:`.kernel._build_plan`, a pure function of ``(n, 
 ``budget >= 2^n`` enumerates every coalition and gives the exact Shapley values.
 
 Measured on three recorded SmolLM2 games of 12-14 players (``benchmarks/RESULTS.md``, "Estimator
-leaderboard", 20 seeds): 0.3-0.4x KernelSHAP's median relative error from 5n to 80n evaluations.
+leaderboard", 20 seeds): 0.3-0.5x KernelSHAP's median relative error from 5n to 80n evaluations.
 
 Standard errors (sampled plans): the delete-one-pair jackknife of the whole estimator (proxy refit
 and residual means without one draw; each complement pair is one i.i.d. draw), reported as Tukey's
