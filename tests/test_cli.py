@@ -229,7 +229,7 @@ def test_too_many_players_for_exact_is_refused(
     argv = ["explain", str(path), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact"]
     line = assert_refused(argv, "--method", tmp_path, cwd, capsys)
     assert "17 players" in line
-    assert "permutation" in line
+    assert "--method regression-msr with --budget N" in line and "--method loo" in line
 
 
 def test_out_pointing_to_a_directory_is_refused(

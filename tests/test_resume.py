@@ -88,6 +88,18 @@ def values(doc: dict) -> list[float]:
     return [p["value"] for p in doc["players"]]
 
 
+# A resumed run re-evaluates the lost coalitions with a cold prefix cache: a coalition the
+# uninterrupted run scored on 45 reused prefix tokens is then scored on 60 computed ones, and fp32
+# sums in another order (5e-7 nats seen on one utility, 1e-8 on the values). ARCHITECTURE allows
+# 1e-4 nats for that. 1e-5 still catches a lost or misplaced utility: this game's utilities differ
+# by 0.005-0.06 nats and every coalition's Shapley weight is at least 1/60, so >= 8e-5 on a value.
+VALUE_TOL = 1e-5
+
+
+def same_values(doc: dict, reference: dict) -> bool:
+    return values(doc) == pytest.approx(values(reference), rel=0, abs=VALUE_TOL)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_model_dir):
     """An uninterrupted run: its JSON document and archive."""
@@ -129,10 +141,11 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, conversation, 
     rows = read_rows(run_dir, dedupe=False)
     assert rows.num_rows == 2**N == len(set(rows["coalition_key"].to_pylist()))
     ref_rows = read_rows(reference[1])
-    assert dict(zip(rows["coalition_key"].to_pylist(), rows["utility"].to_pylist(), strict=True)) == dict(
-        zip(ref_rows["coalition_key"].to_pylist(), ref_rows["utility"].to_pylist(), strict=True)
-    )
-    assert values(doc) == values(ref_doc)
+    resumed = dict(zip(rows["coalition_key"].to_pylist(), rows["utility"].to_pylist(), strict=True))
+    uninterrupted = dict(zip(ref_rows["coalition_key"].to_pylist(), ref_rows["utility"].to_pylist(), strict=True))
+    assert resumed.keys() == uninterrupted.keys()
+    assert [resumed[k] for k in uninterrupted] == pytest.approx(list(uninterrupted.values()), rel=0, abs=VALUE_TOL)
+    assert same_values(doc, ref_doc)
     manifest = read_manifest(run_dir)
     assert len(manifest["runs"]) == 1 and manifest["runs"][0]["status"] == "complete"
     assert manifest["rows"] == 2**N
@@ -154,7 +167,7 @@ def test_a_part_left_unrenamed_is_discarded_and_recomputed(tmp_path, conversatio
     assert doc["n_evaluations"] == lost
     rows = read_rows(run_dir, dedupe=False)
     assert rows.num_rows == 2**N == len(set(rows["coalition_key"].to_pylist()))
-    assert values(doc) == values(reference[0])
+    assert same_values(doc, reference[0])
 
 
 def test_resume_with_other_settings_is_refused_and_the_archive_left_alone(tmp_path, conversation, tiny_model_dir, capsys):
@@ -205,7 +218,7 @@ def test_truncated_part_is_refused_then_skipped_and_recomputed(tmp_path, convers
     assert main(argv(conversation, tiny_model_dir, run_dir, "--skip-corrupt", "--out", str(out))) == 0
     doc = json.loads(out.read_text())
     assert doc["n_evaluations"] == lost
-    assert values(doc) == values(reference[0])
+    assert same_values(doc, reference[0])
 
 
 def test_replay_reproduces_the_run_without_a_model(tmp_path, reference, monkeypatch, capsys):
@@ -285,7 +298,7 @@ def test_sigterm_flushes_the_archive_and_a_rerun_resumes(tmp_path, conversation,
     assert main(argv(conversation, tiny_model_dir, run_dir, "--out", str(out))) == 0
     doc = json.loads(out.read_text())
     assert doc["n_evaluations"] == 2**N - saved
-    assert values(doc) == values(reference[0])
+    assert same_values(doc, reference[0])
 
 
 # -- damaged and foreign archives, full disks, exit codes --------------------------------------------
@@ -331,7 +344,7 @@ def test_a_flipped_bit_is_refused_by_every_command_until_a_skip_corrupt_resume_q
     code, _, err = run_cli(argv(conversation, tiny_model_dir, run_dir, "--skip-corrupt", "--out", str(out_path)), capsys)
     assert code == 0, err
     doc = json.loads(out_path.read_text())
-    assert doc["n_evaluations"] == lost and values(doc) == values(reference[0])
+    assert doc["n_evaluations"] == lost and same_values(doc, reference[0])
     assert (run_dir / "quarantine" / victim.name).is_file()
     assert [q["part"] for q in read_manifest(run_dir)["quarantine"]] == [victim.name]
     # later commands need no flag
@@ -413,7 +426,7 @@ def test_a_full_disk_during_a_run_exits_3_and_the_same_command_resumes(tmp_path,
     code, _, err = run_cli(argv(conversation, tiny_model_dir, run_dir, "--out", str(out)), capsys)
     assert code == 0, err
     doc = json.loads(out.read_text())
-    assert doc["n_evaluations"] == 2**N - flushed.num_rows and values(doc) == values(reference[0])
+    assert doc["n_evaluations"] == 2**N - flushed.num_rows and same_values(doc, reference[0])
     rows = read_rows(run_dir, dedupe=False)
     assert rows.num_rows == 2**N == len(set(rows["coalition_key"].to_pylist()))
     run = read_manifest(run_dir)["runs"][0]

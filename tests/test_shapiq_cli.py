@@ -68,6 +68,12 @@ def values(doc: dict) -> list[float]:
     return [p["value"] for p in doc["players"]]
 
 
+def same_values(doc: dict, reference: dict) -> bool:
+    """Equal to ARCHITECTURE's fp32 tolerance: a resumed run re-evaluates the lost coalitions
+    with a cold prefix cache, which moves a utility by a few fp32 ulps."""
+    return values(doc) == pytest.approx(values(reference), rel=0, abs=1e-4)
+
+
 def test_the_document_and_the_table_carry_the_interactions(reference, tiny_model_dir, tmp_path, capsys):
     doc, run_dir = reference
     assert doc["method"] == "shapiq:KernelSHAPIQ" and doc["n_coalitions"] <= BUDGET
@@ -118,8 +124,9 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, conversation, 
     assert doc["n_evaluations"] == ref_doc["n_coalitions"] - on_disk  # only what was lost
     rows = read_rows(run_dir, dedupe=False)
     assert rows.num_rows == ref_doc["n_coalitions"] == len(set(rows["coalition_key"].to_pylist()))
-    assert values(doc) == values(ref_doc)
-    assert doc["interactions"] == ref_doc["interactions"]
+    assert same_values(doc, ref_doc)
+    got, want = ({tuple(t["player_indices"]): t["value"] for t in d["interactions"]} for d in (doc, ref_doc))
+    assert got.keys() == want.keys() and [got[k] for k in want] == pytest.approx(list(want.values()), rel=0, abs=1e-4)
 
 
 def test_replay_with_no_model_equals_the_run(reference, tmp_path, monkeypatch):
@@ -245,7 +252,7 @@ def test_an_external_shapiq_method_resumes_after_kill_9_and_replays_with_no_mode
     assert doc["n_evaluations"] == ref["n_coalitions"] - on_disk
     rows = read_rows(run_dir, dedupe=False)
     assert rows.num_rows == ref["n_coalitions"] == len(set(rows["coalition_key"].to_pylist()))
-    assert values(doc) == values(ref)
+    assert same_values(doc, ref)
 
     def no_model(*args, **kwargs):
         raise AssertionError("replay loaded a model")
@@ -254,4 +261,4 @@ def test_an_external_shapiq_method_resumes_after_kill_9_and_replays_with_no_mode
     replayed = tmp_path / "replay.json"
     assert main(["replay", str(run_dir), "--method", "shapiq:RegressionMSR", "--budget", str(BUDGET), "--seed", "5", "--out", str(replayed)]) == 0
     (again,) = json.loads(replayed.read_text())["explanations"]
-    assert values(again) == values(ref)
+    assert values(again) == values(doc)  # the archive's utilities, refitted: exactly the resumed run
