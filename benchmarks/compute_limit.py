@@ -25,7 +25,10 @@ Games:
         [--tree-mask-limits 4194304,1048576]
 
 ``--tree-mask-limits``: the backend's ``tree_mask_limit`` (the largest dense tree-attention mask,
-in elements, before a batch is split in halves), swept with the batch sizes.
+in elements, before a batch is split in halves), swept with the batch sizes; ``--prefix-cache-mib``:
+the run-level prefix cache's bound (``prefix_cache_bytes``, MiB); ``--split-attention on,off``:
+prefix-split attention (``coalescence.backends.attention``) on or off. Every combination runs in
+the same process, interleaved over ``--repeats``.
 """
 
 from __future__ import annotations
@@ -111,11 +114,16 @@ def main() -> None:
     ap.add_argument("--long-pass", type=int, default=1024, help="tokens of the long pass, at least")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the best wall time is kept")
     ap.add_argument("--tree-mask-limits", default="", help="tree_mask_limit values to sweep (default: the backend's)")
+    ap.add_argument("--prefix-cache-mib", default="", help="prefix_cache_bytes values to sweep, MiB (default: the backend's)")
+    ap.add_argument("--split-attention", default="", help="on, off or on,off (default: the backend's)")
     args = ap.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     backend = load_backend("smollm2-135m", max_batch_size=max(sizes))
+    can_split = backend.split_attention
     limits = [int(x) for x in args.tree_mask_limits.split(",") if x] or [backend.tree_mask_limit]
-    configs = [(bs, tml) for bs in sizes for tml in limits]
+    caches = [int(x) * 2**20 for x in args.prefix_cache_mib.split(",") if x] or [backend.prefix_cache.max_bytes]
+    splits = [{"on": True, "off": False}[x] for x in args.split_attention.split(",") if x] or [can_split]
+    configs = [(bs, tml, pcb, sa) for bs in sizes for tml in limits for pcb in caches for sa in splits]
     forward = ForwardClock(backend.model)
     scoring = BackendClock(backend)
     policy = get_policy("drop")
@@ -137,10 +145,13 @@ def main() -> None:
         long_len, rate = long_pass_rate(backend, list(full), args.long_pass)
         rows: dict[tuple[int, int], dict] = {}
         for _ in range(args.repeats):
-            for bs, tml in configs:
+            for config in configs:
+                bs, tml, pcb, sa = config
                 backend.max_batch_size = bs
                 backend.tree_mask_limit = tml
                 backend.prefix_cache.clear()
+                backend.prefix_cache.max_bytes = pcb
+                backend.split_attention = sa and can_split
                 before = backend.statistics()
                 f0, s0 = forward.seconds, scoring.seconds
                 t0 = time.perf_counter()
@@ -154,8 +165,8 @@ def main() -> None:
                     "backend": scoring.seconds - s0,
                     "utilities": utilities,
                 }
-                if (bs, tml) not in rows or wall < rows[(bs, tml)]["wall"]:
-                    rows[(bs, tml)] = r
+                if config not in rows or wall < rows[config]["wall"]:
+                    rows[config] = r
         ideal = bound / rate
         print(
             f"\n## {name}: {snap.n_players} players, {len(masks)} coalitions ({method}"
@@ -163,13 +174,14 @@ def main() -> None:
             f"longest {len(full)}, trie bound {bound:,}; long pass {long_len} tokens at {rate:,.0f} tokens/s, "
             f"so the limit is {ideal:.1f} s"
         )
-        print("| batch | tree mask limit | wall s | computed | vs bound | tokens/s | limit ratio | forward s | backend outside forward s | outside backend s | max \\|du\\| vs first |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| batch | tree mask limit | prefix cache MiB | split attention | wall s | computed | vs bound | tokens/s | limit ratio | forward s | backend outside forward s | outside backend s | max \\|du\\| vs first |")
+        print("|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         ref = rows[configs[0]]["utilities"]
-        for bs, tml in configs:
-            r = rows[(bs, tml)]
+        for config in configs:
+            bs, tml, pcb, sa = config
+            r = rows[config]
             print(
-                f"| {bs} | {tml:,} | {r['wall']:.1f} | {r['computed']:,} | {r['computed'] / bound:.2f} | {r['computed'] / r['wall']:,.0f} | "
+                f"| {bs} | {tml:,} | {pcb // 2**20:,} | {'on' if sa and can_split else 'off'} | {r['wall']:.1f} | {r['computed']:,} | {r['computed'] / bound:.2f} | {r['computed'] / r['wall']:,.0f} | "
                 f"{r['wall'] / ideal:.2f} | {r['forward']:.1f} | {r['backend'] - r['forward']:.1f} | {r['wall'] - r['backend']:.1f} | "
                 f"{float(np.abs(r['utilities'] - ref).max()):.1e} |"
             )

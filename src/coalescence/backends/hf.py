@@ -18,7 +18,11 @@ that state the rows' suffixes run either
   mask over prefix + suffix and position ids continuing from the prefix length (large batches,
   where an N x (P + N) mask would be too big).
 
-Both are exact up to float rounding (fp32: within 1e-4 nats of the plain path); with the run cache
+On the CPU under ``sdpa`` these suffix forwards split their attention into the cached prefix (no
+mask, no copies of its keys) and their own keys (causal, or the tree's mask), merged by
+log-sum-exp (:mod:`coalescence.backends.attention`).
+
+All are exact up to float rounding (fp32: within 1e-4 nats of the plain path); with the run cache
 and the engine's depth-first order the positions run come within a few percent of the token-trie
 lower bound (see benchmarks/RESULTS.md, "Prefix sharing").
 
@@ -55,6 +59,7 @@ from .base import (
     validate_generations,
     validate_results,
 )
+from .attention import PrefixSplit, install
 from .prefix import PrefixCache, common_prefix_length
 
 __all__ = ("HFBackend",)
@@ -80,9 +85,17 @@ class HFBackend:
             from its first token (the plain path).
         prefix_cache_bytes: bound (bytes) of the run-level LRU cache of prefix key/value states
             that later batches resume from (0: no run-level cache; only per-batch sharing).
+            Default 1 GiB: a RAG game of 12 documents (about 2,600 tokens, 46 KiB of key/value
+            states a token on SmolLM2-135M) computed 1.10x its token-trie bound at 256 MiB, whose
+            entries were evicted before reuse, and 1.01x at 1 GiB (benchmarks/RESULTS.md).
         tree_mask_limit: with prefix sharing, a batch's suffixes run as one tree-attention row
             (each distinct suffix token once, no padding) when its mask has at most this many
             elements (nodes x (prefix + nodes)); larger batches, or 0, use right-padded suffixes.
+        split_attention: with prefix sharing, run each suffix forward's attention as a prefix part
+            and a local part merged by log-sum-exp (:mod:`coalescence.backends.attention`; exact
+            up to float rounding) where the model can (on the CPU under ``sdpa``: the model's
+            attention implementation is then switched to ``coalescence_prefix_split``, which is
+            ``sdpa`` for every other call); the attribute ``split_attention`` says whether it is on.
         greedy_tie_margin: greedy requests of a batch decode together (left-padded, up to
             ``max_batch_size`` rows per ``generate`` call); a row whose top-2 logit margin fell
             below this at any of its steps is decoded again alone, so a near-tie that padding's
@@ -111,8 +124,9 @@ class HFBackend:
         fingerprint: str = "",
         max_batch_size: int = DEFAULT_BATCH_SIZE,
         prefix_sharing: bool = True,
-        prefix_cache_bytes: int = 256 * 2**20,
+        prefix_cache_bytes: int = 2**30,
         tree_mask_limit: int = 2**22,
+        split_attention: bool = True,
         greedy_tie_margin: float | None = None,
         sample_tie_gap: float | None = None,
     ) -> None:
@@ -144,6 +158,15 @@ class HFBackend:
             raise ConfigError(f"must be an int >= 0, got {tree_mask_limit!r}", field="tree_mask_limit")
         self.tree_mask_limit = tree_mask_limit
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        # sliding-window attention (Mistral v0.1, Gemma 2 and 3, ...): its cache layers keep only
+        # the window, which the shared prefix, tree masks and cache entries do not model; a batch
+        # with a row reaching the window is scored on the plain path (transformers' own masks)
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        sliding = window is not None and (layer_types is None or any("sliding" in str(t) for t in layer_types))
+        self.sliding_window: int | None = int(window) if sliding else None
+        # prefix-split attention for the suffix forwards (CPU + sdpa only; see .attention)
+        self.split_attention = bool(split_attention) and self.prefix_sharing and install(model)
         self._stats = ScoringStatistics()
         self._last_prefix_forwards = 0
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -180,7 +203,8 @@ class HFBackend:
 
         Runs ``ceil(len(requests) / max_batch_size)`` batches. With prefix sharing each batch
         first runs (or resumes from the prefix cache) the longest token prefix common to all its
-        rows, then its rows' suffixes on top of that state.
+        rows, then its rows' suffixes on top of that state; on a model with sliding-window
+        attention only while every row of the batch is shorter than the window (else plain).
 
         Returns:
             One :class:`ScoreResult` per request, in order (validated as a whole batch).
@@ -200,7 +224,10 @@ class HFBackend:
             if not batch:
                 continue
             try:
-                out = self._score_groups(batch) if self.prefix_sharing else self._score_plain(batch)
+                share = self.prefix_sharing and (
+                    self.sliding_window is None or max(r.n_tokens for r in batch) < self.sliding_window
+                )
+                out = self._score_groups(batch) if share else self._score_plain(batch)
             except BatchFailed:
                 raise
             except Exception as exc:  # translate the library's errors at the boundary
@@ -364,6 +391,7 @@ class HFBackend:
                     cache=cache,
                     use_cache=True,
                     **kwargs,
+                    **self._split(resumed, causal=True),
                 )
                 self._last_prefix_forwards = 1
                 if self.prefix_cache.max_bytes:
@@ -397,8 +425,16 @@ class HFBackend:
                 cache=cache,
                 use_cache=True,
                 **kwargs,
+                **self._split(shared, causal=True),  # right padding: a real token never sees a pad
             )
             return self._row_results(batch, out.logits, offset, shared, shared - resumed, width)
+
+    def _split(self, prefix_len: int, *, causal: bool) -> dict[str, Any]:
+        """The ``prefix_split`` keyword of a forward on ``prefix_len`` cached tokens (:mod:`.attention`),
+        or nothing when prefix-split attention is off or nothing is cached."""
+        if not self.split_attention or prefix_len < 1:
+            return {}
+        return {"prefix_split": PrefixSplit(prefix_len, causal)}
 
     @staticmethod
     def _suffix_trie(
@@ -484,6 +520,7 @@ class HFBackend:
             cache=cache,
             use_cache=True,
             **kwargs,
+            **self._split(shared, causal=False),
         )
         logits = out.logits[0]  # [kept or N, V]
         self._cache_last_row(batch[-1], row_nodes[-1], cache, shared, n_chain)

@@ -1,0 +1,162 @@
+"""Prefix-split attention: a suffix forward's attention over ``[cached prefix | its own keys]`` in two
+parts, merged by their log-sum-exp.
+
+Every suffix forward of the prefix-sharing backend has the same structure: each query token sees
+*every* key of the cached prefix, and a causal or tree-shaped subset of the keys computed in this
+forward (a continuation of the prefix, right-padded suffix rows, or a suffix trie). One attention
+call with a dense ``N x (P + L)`` mask does ``N x (P + L)`` work with the mask added everywhere and,
+for a key/value-head count below the query-head count (grouped-query attention), ``repeat_kv``
+copies of the whole prefix. Split in two:
+
+- prefix part: ``N x P``, no mask; with grouped-query attention the query heads that share a
+  key/value head are stacked along the query axis (``[B, H_kv, n_rep * N, d]``), so the prefix's
+  keys are never copied;
+- local part: ``N x L``, causal (``is_causal``: ``N == L`` and top-left alignment is the right one)
+  or with the local columns of the additive mask;
+
+and merged exactly: with ``(o1, lse1)`` and ``(o2, lse2)`` the parts' outputs and per-query
+log-sum-exps, ``lse = logaddexp(lse1, lse2)`` and ``o = o1 * exp(lse1 - lse) + o2 * exp(lse2 - lse)``
+(the online-softmax merge: Milakov & Gimelshein 2018, "Online normalizer calculation for softmax";
+the split-KV step of FlashAttention-2 / Flash-Decoding). The result equals the one-call attention up
+to float rounding (fp32: within 1e-4 nats on the utility; ``tests/backends/test_attention.py``);
+``benchmarks/RESULTS.md`` ("Close to the compute limit") has the speed.
+
+The parts run in PyTorch's CPU flash-attention kernel, the only public-dtype path that returns the
+log-sum-exp (``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``). It is installed only
+on a CPU model whose attention implementation is ``sdpa`` and that follows transformers'
+``AttentionInterface`` (:func:`install`); every other call, and every call without a
+:class:`PrefixSplit`, is transformers' own ``sdpa_attention_forward`` unchanged, so generation, the
+plain path and models with sliding windows, soft-capping or position biases behave exactly as
+under ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+NAME = "coalescence_prefix_split"
+
+#: Attention calls (one per layer and forward) that ran split, since import: for tests and
+#: benchmarks to see that the split path ran.
+split_calls = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixSplit:
+    """How a forward's keys split: the first ``prefix_len`` (the cached prefix) are seen by every
+    query; the rest (this forward's own keys) causally (``causal=True``: query i sees local keys
+    0..i, so the forward's query length must equal its local key length) or through the local
+    columns ``[..., prefix_len:]`` of the forward's additive 4-D ``attention_mask`` (``causal=False``).
+
+    Passed to the model as the keyword ``prefix_split``; transformers hands model keywords on to the
+    attention function.
+    """
+
+    prefix_len: int
+    causal: bool
+
+
+def _sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def prefix_split_attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    prefix_split: PrefixSplit | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """An ``AttentionInterface`` function: :class:`PrefixSplit` attention when asked, else ``sdpa``.
+
+    Args:
+        query: ``[B, H, N, d]``; key, value: ``[B, H_kv, P + L, d]`` (the cache's keys then this
+            forward's), ``H`` a multiple of ``H_kv``.
+        attention_mask: with a split that is not causal, an additive float mask ``[1 or B, 1, N, P + L]``
+            whose prefix columns are all 0 (only its local columns are read).
+
+    Returns:
+        ``(output [B, N, H, d], None)``, as ``sdpa_attention_forward``.
+    """
+    P = 0 if prefix_split is None else prefix_split.prefix_len
+    kv_len = key.shape[-2]
+    n = query.shape[-2]
+    plain = (
+        prefix_split is None
+        or not 0 < P < kv_len
+        or query.device.type != "cpu"
+        or dropout
+        or any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "position_bias"))
+        or (prefix_split.causal and kv_len - P != n)
+        or (not prefix_split.causal and (attention_mask is None or attention_mask.dtype.is_floating_point is False))
+    )
+    if plain:
+        return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+    import torch
+
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    global split_calls
+    split_calls += 1
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    b, h, _, d = query.shape
+    h_kv = key.shape[1]
+    n_rep = h // h_kv
+    # prefix part: every query sees every prefix key; heads sharing a key/value head stacked
+    stacked = query.reshape(b, h_kv, n_rep * n, d)  # [B, H_kv, n_rep * N, d]
+    o1, lse1 = flash(stacked, key[:, :, :P], value[:, :, :P], 0.0, False, scale=scaling)
+    o1 = o1.reshape(b, h, n, d)
+    lse1 = lse1.reshape(b, h, n)
+    # local part: this forward's keys, causal or through the mask's local columns
+    local_k = repeat_kv(key[:, :, P:], n_rep)  # [B, H, L, d]
+    local_v = repeat_kv(value[:, :, P:], n_rep)
+    if prefix_split.causal:
+        o2, lse2 = flash(query, local_k, local_v, 0.0, True, scale=scaling)
+    else:
+        o2, lse2 = flash(query, local_k, local_v, 0.0, False, attn_mask=attention_mask[..., P:], scale=scaling)
+    lse = torch.logaddexp(lse1, lse2)  # [B, H, N] float32
+    out = o1.float() * torch.exp(lse1 - lse)[..., None] + o2.float() * torch.exp(lse2 - lse)[..., None]
+    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def install(model: Any) -> bool:
+    """Switch ``model`` to :func:`prefix_split_attention` when it can run it; report whether it did.
+
+    It can when the model is on the CPU, its attention implementation is ``sdpa``, it dispatches
+    attention through transformers' ``AttentionInterface`` (``model._can_set_attn_implementation()``)
+    and this PyTorch has the CPU flash-attention operator. The function is registered with
+    transformers once (``AttentionInterface`` and, for the masks transformers builds itself,
+    ``AttentionMaskInterface`` with ``sdpa``'s mask), under :data:`NAME`.
+    """
+    import torch
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    config = getattr(model, "config", None)
+    try:
+        param = next(model.parameters())
+    except (StopIteration, AttributeError, TypeError):
+        return False
+    can = getattr(model, "_can_set_attn_implementation", None)
+    if (
+        config is None
+        or getattr(config, "_attn_implementation", None) not in ("sdpa", NAME)
+        or param.device.type != "cpu"
+        or not hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+        or can is None
+        or not can()
+    ):
+        return False
+    AttentionInterface.register(NAME, prefix_split_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    if config._attn_implementation != NAME:
+        model.set_attn_implementation(NAME)
+    return config._attn_implementation == NAME
