@@ -47,7 +47,7 @@ CASES = [  # batch, query heads, key/value heads, prefix keys, local keys (= que
     pytest.param(3, 4, 2, 33, 7, True, id="padded-rows-gqa"),
     pytest.param(1, 6, 6, 50, 12, True, id="continuation-mha"),
     pytest.param(1, 9, 3, 64, 20, False, id="tree-gqa"),
-    pytest.param(1, 4, 4, 25, 30, False, id="tree-longer-than-prefix"),
+    pytest.param(1, 4, 4, 30, 30, False, id="tree-as-long-as-its-prefix"),
 ]
 
 
@@ -82,7 +82,8 @@ def test_without_a_split_or_on_a_sliding_window_layer_it_is_sdpa_bit_for_bit():
     mask = torch.zeros(1, 1, 10, 15)
     want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3)
     before = attention.split_calls
-    for split in (None, PrefixSplit(0, False), PrefixSplit(15, False)):  # nothing cached, or no local keys
+    # nothing cached, no local keys, or a tree longer than its prefix (10 nodes on 5 prefix keys)
+    for split in (None, PrefixSplit(0, False), PrefixSplit(15, False), PrefixSplit(5, False)):
         got, _ = prefix_split_attention(module, q, k, v, mask, scaling=0.3, prefix_split=split)
         assert torch.equal(got, want)
     want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.3, sliding_window=4)

@@ -14,7 +14,8 @@ copies of the whole prefix. Split in two:
 - local part: ``N x L``, causal (``is_causal``: ``N == L`` and top-left alignment is the right one)
   or with the local columns of the additive mask;
 
-and merged exactly: with ``(o1, lse1)`` and ``(o2, lse2)`` the parts' outputs and per-query
+and merged exactly (a tree with more nodes than prefix keys is left to one call, where the split
+measured slower): with ``(o1, lse1)`` and ``(o2, lse2)`` the parts' outputs and per-query
 log-sum-exps, ``lse = logaddexp(lse1, lse2)`` and ``o = o1 * exp(lse1 - lse) + o2 * exp(lse2 - lse)``
 (the online-softmax merge: Milakov & Gimelshein 2018, "Online normalizer calculation for softmax";
 the split-KV step of FlashAttention-2 / Flash-Decoding). The result equals the one-call attention up
@@ -36,6 +37,12 @@ import dataclasses
 from typing import Any
 
 NAME = "coalescence_prefix_split"
+
+# Where it runs (benchmarks/split_attention.py, SmolLM2-135M, 2 CPU threads, one forward each):
+# continuations 1.02x (300 prefix keys, 600 new), 1.09x (1,400 / 900), 1.18x (2,000 / 600); trees
+# 1.22x (2,000 / 600), 1.09x (2,500 / 120), 1.13x (2,450 / 24), but 0.94x for a tree longer than
+# its prefix (700 / 1,400), whose local part is as dense as before and whose merge is extra: such a
+# tree runs as one sdpa call.
 
 #: Attention calls (one per layer and forward) that ran split, since import: for tests and
 #: benchmarks to see that the split path ran.
@@ -96,6 +103,7 @@ def prefix_split_attention(
         or dropout
         or any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "position_bias"))
         or (prefix_split.causal and kv_len - P != n)
+        or (not prefix_split.causal and P < kv_len - P)  # a tree longer than its prefix: slower split
         or (not prefix_split.causal and (attention_mask is None or attention_mask.dtype.is_floating_point is False))
     )
     if plain:
