@@ -728,3 +728,42 @@ def test_regression_msr_replays_from_a_kernelshap_archive_without_a_model(tmp_pa
     replayed = json.loads(out.read_text())["explanations"][0]
     assert replayed["method"] == "regression-msr"
     np.testing.assert_allclose([p["value"] for p in replayed["players"]], values, rtol=0, atol=1e-4)
+
+
+def test_replay_defaults_to_the_runs_budget_and_seed_for_the_runs_method(tmp_path: Path, tiny_model_dir: Path, monkeypatch) -> None:
+    """A one-input regression-msr run at budget 40, seed 3 replays as itself with no --budget or
+    --seed, to its own values; another method still defaults to 32 x players and seed 0 is not
+    assumed: with the run's numbers given, kernelshap refits from the same archive."""
+    code, _, stderr, doc, run_dir = explain(
+        tmp_path, tiny_model_dir, "msr", "--method", "regression-msr", "--budget", "40", "--seed", "3", conversation=EIGHT_SENTENCES
+    )
+    assert code == 0, stderr
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("replay loaded a model")
+
+    monkeypatch.setattr("coalescence.backends.registry.load_backend", no_model)
+    out = tmp_path / "replay.json"
+    code, _, stderr = run_cli(["replay", str(run_dir), "--method", "regression-msr", "--out", str(out)])
+    assert code == 0, stderr
+    (replayed,) = json.loads(out.read_text())["explanations"]
+    assert [p["value"] for p in replayed["players"]] == [p["value"] for p in doc["players"]]
+    assert [p["stderr"] for p in replayed["players"]] == [p["stderr"] for p in doc["players"]]
+    code, _, stderr = run_cli(["replay", str(run_dir), "--method", "regression-msr", "--seed", "4"])
+    assert code == 2 and "pass --model" in stderr  # another seed plans other coalitions
+    code, _, stderr = run_cli(["replay", str(run_dir), "--method", "kernelshap"])
+    assert code == 2 and "lacks" in stderr and "pass --model" in stderr  # 32 x 8 = 256 planned
+    code, _, stderr = run_cli(["replay", str(run_dir), "--method", "kernelshap", "--budget", "40", "--seed", "3"])
+    assert code == 0, stderr
+
+
+def test_an_infinite_target_stderr_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_input(tmp_path, CONVERSATION)
+    run_dir = tmp_path / "run"
+    for text in ("inf", "nan", "0"):
+        with pytest.raises(SystemExit) as info:
+            main(["explain", str(path), "--method", "regression-msr", "--budget", "20", "--target-stderr", text, "--archive", str(run_dir)])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--target-stderr" in err and "expected a positive finite number" in err, err
+        assert "Traceback" not in err and not run_dir.exists()

@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -127,8 +128,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {value}")
     return value
 
 
@@ -421,8 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("run_dir", metavar="RUN_DIR", help="run archive directory")
     rp.add_argument("--method", required=True, help=f"comma-separated methods ({','.join(METHODS)}). " + methods_help)
-    rp.add_argument("--budget", type=_positive_int, default=None, help="sampling methods: distinct evaluations (default: 32 x players)")
-    rp.add_argument("--seed", type=int, default=0, help="seed of the sampling plans (default: %(default)s)")
+    rp.add_argument(
+        "--budget", type=_positive_int, default=None,
+        help="sampling methods: distinct evaluations (default: the run's, for the run's method in a one-input run; else 32 x players)",
+    )  # fmt: skip
+    rp.add_argument("--seed", type=int, default=None, help="seed of the sampling plans (default: the run's)")
     rp.add_argument("--interactions", type=_positive_int, default=None, metavar="ORDER", help=interactions_help + " (default: the run's, for its method)")
     rp.add_argument("--index", default=None, choices=("SII", "k-SII", "FSII", "STII"), help=index_help)
     rp.add_argument("--run", default=None, help="run id in the archive (default: the last run)")

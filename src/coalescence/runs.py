@@ -1024,8 +1024,9 @@ class ReplaySettings:
 
     Args:
         methods: the estimators fitted (registered names or ``shapiq:<Approximator>``).
-        budget: sampling methods' budget (default 32 x players).
-        seed: the plans' seed.
+        budget: sampling methods' budget (default: the run's for the run's method in a one-input
+            run, else 32 x players).
+        seed: the plans' seed (default: the run's).
         interactions, index: interactions to compute (as :class:`RunSettings`); default: the
             run's, for the run's method.
         run_id: which run of the archive (default the last).
@@ -1043,7 +1044,7 @@ class ReplaySettings:
 
     methods: tuple[str, ...]
     budget: int | None = None
-    seed: int = 0
+    seed: int | None = None
     interactions: int | None = None
     index: str | None = None
     run_id: str | None = None
@@ -1094,9 +1095,25 @@ class ReplaySettings:
         if self.whole_answer and spanned:
             raise ConfigError("scores every answer token, so it does not combine with a sub-span; drop one", field="whole_answer")
 
-    def budget_for(self, n_players: int) -> int:
-        """The sampling budget for a game of ``n_players`` (32 x players by default)."""
-        return self.budget if self.budget is not None else 32 * n_players
+    def budget_for(self, n_players: int, method: str | None = None, run: Mapping[str, Any] | None = None) -> int:
+        """The sampling budget for a game of ``n_players``: ``budget``; else, for the method a
+        one-input ``run`` was made with, that run's recorded budget; else 32 x players."""
+        if self.budget is not None:
+            return self.budget
+        config = (run or {}).get("run_config") if isinstance((run or {}).get("run_config"), Mapping) else {}
+        recorded = config.get("budget")
+        one_input = run is not None and len(run.get("snapshot_ids") or ()) == 1 and not config.get("hierarchy")
+        if one_input and method is not None and method == config.get("method") and isinstance(recorded, int):
+            return recorded
+        return 32 * n_players
+
+    def seed_for(self, run: Mapping[str, Any] | None = None) -> int:
+        """The plans' seed: ``seed``, else the ``run``'s recorded seed, else 0."""
+        if self.seed is not None:
+            return self.seed
+        config = (run or {}).get("run_config") if isinstance((run or {}).get("run_config"), Mapping) else {}
+        recorded = config.get("seed")
+        return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 0
 
     def interactions_for(self, method: str, run: Mapping[str, Any]) -> tuple[int | None, str | None]:
         """``(order, index)`` of the interactions fitted with ``method``: the settings', else the
@@ -1529,7 +1546,8 @@ class ReplayRun:
                 from .attribution.estimators import make_estimator
 
                 order, index = s.interactions_for(method, run)
-                estimator = make_estimator(method, budget=s.budget_for(snap.n_players), seed=s.seed, interactions=order, index=index)
+                budget = s.budget_for(snap.n_players, method, run)
+                estimator = make_estimator(method, budget=budget, seed=s.seed_for(run), interactions=order, index=index)
                 estimator.validate(snap.n_players)
                 self.jobs.append((snap, estimator))
         self.missing = [
@@ -1558,7 +1576,7 @@ class ReplayRun:
             )
         return [
             self.fit_.explain(
-                snap, e.name, getattr(e, "budget", None), self.settings.seed,
+                snap, e.name, getattr(e, "budget", None), self.settings.seed_for(self.run),
                 interactions=getattr(e, "interactions", None), index=getattr(e, "index", None),
             )  # fmt: skip
             for snap, e in self.jobs

@@ -450,7 +450,8 @@ class KernelSHAP:
         minimum = self.min_budget(n)
         if self.budget < minimum:
             raise ConfigError(
-                f"--budget {self.budget} is below the minimum of {minimum} for KernelSHAP with {n} "
+                f"--budget {self.budget} is below the minimum of {minimum} for "
+                f"{'KernelSHAP' if self.name == 'kernelshap' else self.name} with {n} "
                 "players (the empty and grand coalitions and one complement pair); raise --budget",
                 field="budget",
             )
