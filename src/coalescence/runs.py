@@ -1096,24 +1096,18 @@ class ReplaySettings:
             raise ConfigError("scores every answer token, so it does not combine with a sub-span; drop one", field="whole_answer")
 
     def budget_for(self, n_players: int, method: str | None = None, run: Mapping[str, Any] | None = None) -> int:
-        """The sampling budget for a game of ``n_players``: ``budget``; else, for the method a
-        one-input ``run`` was made with, that run's recorded budget; else 32 x players."""
+        """The sampling budget for a game of ``n_players``: ``budget``; else the ``run``'s
+        (:func:`recorded_budget`) for ``method``; else 32 x players."""
         if self.budget is not None:
             return self.budget
-        config = (run or {}).get("run_config") if isinstance((run or {}).get("run_config"), Mapping) else {}
-        recorded = config.get("budget")
-        one_input = run is not None and len(run.get("snapshot_ids") or ()) == 1 and not config.get("hierarchy")
-        if one_input and method is not None and method == config.get("method") and isinstance(recorded, int):
-            return recorded
-        return 32 * n_players
+        recorded = None if run is None or method is None else recorded_budget(run, method)
+        return recorded if recorded is not None else 32 * n_players
 
     def seed_for(self, run: Mapping[str, Any] | None = None) -> int:
         """The plans' seed: ``seed``, else the ``run``'s recorded seed, else 0."""
         if self.seed is not None:
             return self.seed
-        config = (run or {}).get("run_config") if isinstance((run or {}).get("run_config"), Mapping) else {}
-        recorded = config.get("seed")
-        return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 0
+        return 0 if run is None else recorded_seed(run)
 
     def interactions_for(self, method: str, run: Mapping[str, Any]) -> tuple[int | None, str | None]:
         """``(order, index)`` of the interactions fitted with ``method``: the settings', else the
@@ -1360,10 +1354,33 @@ def interaction_settings(method: str, interactions: int | None, index: str | Non
     return check(method, interactions, index)
 
 
+def _run_config(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A manifest run's ``run_config`` (``{}`` when it records none)."""
+    config = run.get("run_config")
+    return config if isinstance(config, Mapping) else {}
+
+
+def recorded_budget(run: Mapping[str, Any], method: str) -> int | None:
+    """The sampling budget a run of one input (no hierarchy) recorded, when ``method`` is its
+    method; else None (a budget recorded for a dataset run is its first conversation's)."""
+    config = _run_config(run)
+    budget = config.get("budget")
+    one_input = len(run.get("snapshot_ids") or ()) == 1 and not config.get("hierarchy")
+    if one_input and method == config.get("method") and isinstance(budget, int) and not isinstance(budget, bool):
+        return budget
+    return None
+
+
+def recorded_seed(run: Mapping[str, Any]) -> int:
+    """The plans' seed a run recorded (0 when it records none)."""
+    seed = _run_config(run).get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+
+
 def recorded_interactions(run: Mapping[str, Any], method: str) -> tuple[int | None, str | None]:
     """``(order, index)`` of the interactions a run recorded for ``method`` (its own method), or
     ``(None, None)``."""
-    config = run.get("run_config") if isinstance(run.get("run_config"), Mapping) else {}
+    config = _run_config(run)
     recorded = config.get("interactions")
     if config.get("method") != method or not isinstance(recorded, Mapping):
         return None, None
@@ -1420,7 +1437,7 @@ def fit_archive(
     manifest = read_manifest(run_dir)
     run = _select_run(manifest, run_id)
     check_replayable(run_dir, manifest, run)
-    config = run.get("run_config") if isinstance(run.get("run_config"), Mapping) else {}
+    config = _run_config(run)
     if not methods:
         if not is_method(config.get("method")):
             raise ConfigError(f"run {run['run_id']} does not record its method; give one of {','.join(ESTIMATORS)}", field="method")
@@ -1429,7 +1446,7 @@ def fit_archive(
     if unknown:
         raise ConfigError(f"unknown method {unknown[0]!r}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="method")
     fit = ArchiveFit(run_dir, run, {s["snapshot_id"]: s for s in manifest["snapshots"]})
-    seed = seed if seed is not None else int(config.get("seed", 0) or 0)
+    seed = seed if seed is not None else recorded_seed(run)
     hierarchy = config.get("hierarchy") if isinstance(config.get("hierarchy"), Mapping) else None
     ids = list(run["snapshot_ids"])
     n_inputs = len(ids) // 2 if hierarchy else len(ids)
@@ -1437,7 +1454,6 @@ def fit_archive(
         snapshots = [ConversationSnapshot.from_dict(fit.records[i]) for i in ids[:n_inputs]]
     except InputError as exc:
         raise ArchiveError(f"run {run['run_id']}: {exc.message}", field="archive") from exc
-    recorded_budget = config.get("budget") if n_inputs == 1 and not hierarchy and isinstance(config.get("budget"), int) else None
     explanations: list[dict[str, Any]] = []
     for snap in snapshots:
         for method in methods:
@@ -1445,9 +1461,8 @@ def fit_archive(
             def budget_for(n: int, method: str = method) -> int:
                 if budget is not None:
                     return budget
-                if recorded_budget is not None and method == config.get("method"):
-                    return int(recorded_budget)
-                return 32 * n
+                recorded = recorded_budget(run, method)
+                return recorded if recorded is not None else 32 * n
 
             order, index = recorded_interactions(run, method)
             coarse = fit.explain(snap, method, budget_for(snap.n_players), seed, interactions=order, index=index)

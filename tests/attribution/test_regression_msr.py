@@ -21,10 +21,8 @@ from coalescence.attribution.estimators import KernelSHAP, RegressionMSR, make_e
 from coalescence.attribution.estimators.kernel import _build_plan
 from coalescence.attribution.estimators.msr import _replicates, _strata
 from coalescence.errors import ConfigError, EstimatorError
-
-
-def all_masks(n: int) -> np.ndarray:
-    return ((np.arange(1 << n)[:, None] >> np.arange(n)) & 1).astype(bool)
+from test_stderr_coverage import all_masks
+from test_stderr_coverage import third_order_table as coverage_table
 
 
 def index_of(masks: np.ndarray) -> np.ndarray:
@@ -32,14 +30,9 @@ def index_of(masks: np.ndarray) -> np.ndarray:
 
 
 def third_order_table(n: int, seed: int) -> np.ndarray:
-    """Additive weights plus n unanimity games on random triples: far from linear."""
-    rng = np.random.default_rng(seed)
-    z = all_masks(n).astype(np.float64)
-    table = z @ rng.normal(size=n)
-    for _ in range(n):
-        triple = rng.choice(n, 3, replace=False)
-        table += 2.0 * rng.normal() * z[:, triple].prod(axis=1)
-    return table
+    """Additive weights plus n unanimity games on random triples, of twice the coverage test's
+    weight: far from linear."""
+    return coverage_table(n, seed, amplitude=2.0)
 
 
 def shapley_formula(table: np.ndarray, n: int) -> np.ndarray:

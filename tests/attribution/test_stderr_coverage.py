@@ -45,14 +45,15 @@ def random_table(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=1 << n)
 
 
-def third_order_table(n: int, seed: int) -> np.ndarray:
-    """Additive weights plus n unanimity games on random triples (interactions of order 3)."""
+def third_order_table(n: int, seed: int, amplitude: float = 1.0) -> np.ndarray:
+    """Additive weights plus n unanimity games on random triples (interactions of order 3),
+    each of weight ``amplitude`` x a standard normal."""
     rng = np.random.default_rng(seed)
     z = all_masks(n).astype(np.float64)
     table = z @ rng.normal(size=n)
     for _ in range(n):
         triple = rng.choice(n, 3, replace=False)
-        table += rng.normal() * z[:, triple].prod(axis=1)
+        table += amplitude * rng.normal() * z[:, triple].prod(axis=1)
     return table
 
 

@@ -104,7 +104,7 @@ def prefix_split_attention(
         or any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "position_bias"))
         or (prefix_split.causal and kv_len - P != n)
         or (not prefix_split.causal and P < kv_len - P)  # a tree longer than its prefix: slower split
-        or (not prefix_split.causal and (attention_mask is None or attention_mask.dtype.is_floating_point is False))
+        or (not prefix_split.causal and (attention_mask is None or not attention_mask.dtype.is_floating_point))
     )
     if plain:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
