@@ -10,7 +10,15 @@ to at least ``--long-pass`` tokens), and the ratio
 
     limit ratio = wall / (trie nodes / long-pass rate)
 
-which is 1.0 for a scorer that runs exactly the trie's nodes as fast as one long forward. Where
+The FLOP-aware ratio divides that by the FLOPs of the trie's nodes over those of as many
+long-pass positions (a node attends to every key before it: deep nodes of a long prompt cost more
+than the long pass's average position, which the token count does not charge).
+
+which is 1.0 for a scorer that runs exactly the trie's nodes as fast as one long forward. The
+ratio is paired: the long pass runs just before and just after each run and the run's ratio uses
+the mean of those two rates (on a shared host one long pass moves by +-17% between minutes, more
+than the effects measured); the table gives the median over ``--repeats`` of the walls, of the
+rates and of the paired ratios (and the ratios' range). Where
 the time went: model forward (the ``model(...)`` calls, masks excluded), the backend outside the
 forward (trie building, additive masks, cache bookkeeping, log-softmax), and everything else
 (planning, rendering, tokenisation, scheduler, collator, store).
@@ -27,14 +35,18 @@ Games:
 ``--tree-mask-limits``: the backend's ``tree_mask_limit`` (the largest dense tree-attention mask,
 in elements, before a batch is split in halves), swept with the batch sizes; ``--prefix-cache-mib``:
 the run-level prefix cache's bound (``prefix_cache_bytes``, MiB); ``--split-attention on,off``:
-prefix-split attention (``coalescence.backends.attention``) on or off. Every combination runs in
-the same process, interleaved over ``--repeats``.
+prefix-split attention (``coalescence.backends.attention``) on or off; ``--single-row one,two``: a
+batch of one row (long rows' batches are split in halves down to single rows) runs in one forward
+on its cached prefix (the backend's path) or, as before, as a prefix forward plus a tree of its
+last prompt token and target. Every combination runs in the same process, interleaved over
+``--repeats``.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -43,6 +55,7 @@ import torch
 
 from coalescence import Engine, get_policy, load_backend, load_conversation
 from coalescence.attribution.estimators import make_estimator
+from coalescence.backends.hf import HFBackend
 from coalescence.backends.prefix import trie_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +105,31 @@ class BackendClock:
         backend.score = score
 
 
+def forward_flops(model, key_counts: Sequence[int]) -> float:
+    """Floating-point operations of computing one position per entry of ``key_counts`` (the keys it
+    attends to, itself included): 2 per weight outside the embeddings, plus 4 per query-key pair
+    per layer and attention channel (the scores and the weighted sum of values); the logits of a
+    kept position are left out (a handful per forward)."""
+    c = model.config
+    channels = c.num_attention_heads * getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)
+    linear = 2 * model.num_parameters(exclude_embeddings=True)
+    return float(linear * len(key_counts) + 4 * c.num_hidden_layers * channels * sum(key_counts))
+
+
+def trie_key_counts(seqs: Sequence[Sequence[int]]) -> list[int]:
+    """Per node of the token trie of ``seqs`` the keys its position attends to (its depth + 1)."""
+    root: dict = {}
+    counts = []
+    for seq in seqs:
+        node = root
+        for depth, tok in enumerate(seq):
+            if tok not in node:
+                node[tok] = {}
+                counts.append(depth + 1)
+            node = node[tok]
+    return counts
+
+
 def long_pass_rate(backend, ids: list[int], at_least: int, repeats: int = 3) -> tuple[int, float]:
     seq = list(ids)
     while len(seq) < at_least:
@@ -112,10 +150,11 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="4,8,16,32")
     ap.add_argument("--rag-budget", type=int, default=32)
     ap.add_argument("--long-pass", type=int, default=1024, help="tokens of the long pass, at least")
-    ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats; the best wall time is kept")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats; medians are reported")
     ap.add_argument("--tree-mask-limits", default="", help="tree_mask_limit values to sweep (default: the backend's)")
     ap.add_argument("--prefix-cache-mib", default="", help="prefix_cache_bytes values to sweep, MiB (default: the backend's)")
     ap.add_argument("--split-attention", default="", help="on, off or on,off (default: the backend's)")
+    ap.add_argument("--single-row", default="one", help="one, two or one,two: forwards for a batch of one row")
     args = ap.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     backend = load_backend("smollm2-135m", max_batch_size=max(sizes))
@@ -123,7 +162,13 @@ def main() -> None:
     limits = [int(x) for x in args.tree_mask_limits.split(",") if x] or [backend.tree_mask_limit]
     caches = [int(x) * 2**20 for x in args.prefix_cache_mib.split(",") if x] or [backend.prefix_cache.max_bytes]
     splits = [{"on": True, "off": False}[x] for x in args.split_attention.split(",") if x] or [can_split]
-    configs = [(bs, tml, pcb, sa) for bs in sizes for tml in limits for pcb in caches for sa in splits]
+    singles = args.single_row.split(",")
+    configs = [(bs, tml, pcb, sa, one) for bs in sizes for tml in limits for pcb in caches for sa in splits for one in singles]
+    one_forward = backend._score_row
+
+    def two_forwards(request):  # the path before: the row's prompt as a prefix, then a tree of its tail
+        return HFBackend._score_prefix_then_suffixes(backend, [request])
+
     forward = ForwardClock(backend.model)
     scoring = BackendClock(backend)
     policy = get_policy("drop")
@@ -142,16 +187,25 @@ def main() -> None:
         ]
         bound = trie_nodes(seqs)
         full = max(seqs, key=len)
-        long_len, rate = long_pass_rate(backend, list(full), args.long_pass)
-        rows: dict[tuple[int, int], dict] = {}
+        long_len, _ = long_pass_rate(backend, list(full), args.long_pass)  # warm-up
+        nodes = trie_key_counts(seqs)
+        assert len(nodes) == bound
+        # FLOPs of the trie's nodes against as many positions of the long pass: a node deep in a
+        # long prompt attends to more keys than the long pass's average position
+        depth_cost = forward_flops(backend.model, nodes) / (
+            forward_flops(backend.model, range(1, long_len + 1)) * bound / long_len
+        )
+        rows: dict[tuple, list[dict]] = {config: [] for config in configs}
         for _ in range(args.repeats):
             for config in configs:
-                bs, tml, pcb, sa = config
+                bs, tml, pcb, sa, one = config
+                backend._score_row = one_forward if one == "one" else two_forwards
                 backend.max_batch_size = bs
                 backend.tree_mask_limit = tml
                 backend.prefix_cache.clear()
                 backend.prefix_cache.max_bytes = pcb
                 backend.split_attention = sa and can_split
+                rate = long_pass_rate(backend, list(full), args.long_pass, repeats=1)[1]
                 before = backend.statistics()
                 f0, s0 = forward.seconds, scoring.seconds
                 t0 = time.perf_counter()
@@ -165,25 +219,33 @@ def main() -> None:
                     "backend": scoring.seconds - s0,
                     "utilities": utilities,
                 }
-                if config not in rows or wall < rows[config]["wall"]:
-                    rows[config] = r
+                r["rate"] = (rate + long_pass_rate(backend, list(full), args.long_pass, repeats=1)[1]) / 2
+                r["ratio"] = wall / (bound / r["rate"])
+                rows[config].append(r)
+        rates = [r["rate"] for config in configs for r in rows[config]]
+        rate = float(np.median(rates))
         ideal = bound / rate
         print(
             f"\n## {name}: {snap.n_players} players, {len(masks)} coalitions ({method}"
             f"{'' if budget is None else f', budget {budget}'}), {sum(map(len, seqs)):,} tokens in all, "
-            f"longest {len(full)}, trie bound {bound:,}; long pass {long_len} tokens at {rate:,.0f} tokens/s, "
-            f"so the limit is {ideal:.1f} s"
+            f"longest {len(full)}, trie bound {bound:,}; long pass {long_len} tokens at {rate:,.0f} tokens/s "
+            f"(median of {len(rates)} pairs next to the runs, {min(rates):,.0f}-{max(rates):,.0f}), so the limit is {ideal:.1f} s; "
+            f"the trie's nodes cost {depth_cost:.3f}x the FLOPs of as many long-pass positions (FLOP-aware limit {ideal * depth_cost:.1f} s)"
         )
-        print("| batch | tree mask limit | prefix cache MiB | split attention | wall s | computed | vs bound | tokens/s | limit ratio | forward s | backend outside forward s | outside backend s | max \\|du\\| vs first |")
-        print("|---:|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        ref = rows[configs[0]]["utilities"]
+        print("| batch | tree mask limit | prefix cache MiB | split attention | one row | wall s | computed | vs bound | tokens/s | long pass tokens/s | limit ratio (range) | FLOP-aware ratio | forward s | backend outside forward s | outside backend s | max \\|du\\| vs first |")
+        print("|---:|---:|---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        ref = rows[configs[0]][0]["utilities"]
         for config in configs:
-            bs, tml, pcb, sa = config
-            r = rows[config]
+            bs, tml, pcb, sa, one = config
+            runs = rows[config]
+            med = {k: float(np.median([r[k] for r in runs])) for k in ("wall", "rate", "ratio", "forward", "backend")}
+            computed = runs[0]["computed"]
+            ratios = [r["ratio"] for r in runs]
+            du = max(float(np.abs(r["utilities"] - ref).max()) for r in runs)
             print(
-                f"| {bs} | {tml:,} | {pcb // 2**20:,} | {'on' if sa and can_split else 'off'} | {r['wall']:.1f} | {r['computed']:,} | {r['computed'] / bound:.2f} | {r['computed'] / r['wall']:,.0f} | "
-                f"{r['wall'] / ideal:.2f} | {r['forward']:.1f} | {r['backend'] - r['forward']:.1f} | {r['wall'] - r['backend']:.1f} | "
-                f"{float(np.abs(r['utilities'] - ref).max()):.1e} |"
+                f"| {bs} | {tml:,} | {pcb // 2**20:,} | {'on' if sa and can_split else 'off'} | {one} forward{'s' if one == 'two' else ''} | {med['wall']:.1f} | {computed:,} | {computed / bound:.2f} | {computed / med['wall']:,.0f} | "
+                f"{med['rate']:,.0f} | {med['ratio']:.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | {med['ratio'] / depth_cost:.2f} | {med['forward']:.1f} | {med['backend'] - med['forward']:.1f} | {med['wall'] - med['backend']:.1f} | "
+                f"{du:.1e} |"
             )
 
 

@@ -130,6 +130,14 @@ def test_scoring_with_the_split_equals_the_plain_path(chatml_tokenizer, arch, tr
     assert attention.split_calls > before  # the split ran (later batches resume the cached prefix)
     for x, y in zip(got, want, strict=True):
         np.testing.assert_allclose(x.token_logprobs, y.token_logprobs, atol=1e-4)
+    # rows one at a time (what long rows' batches are split into): each one forward on its
+    # longest cached prefix, the split on that prefix
+    alone = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=1, tree_mask_limit=tree_mask_limit)
+    before = attention.split_calls
+    got = alone.score(requests(1) + requests(2))
+    assert attention.split_calls > before and alone.statistics().tokens_reused > 0
+    for x, y in zip(got, want, strict=True):
+        np.testing.assert_allclose(x.token_logprobs, y.token_logprobs, atol=1e-4)
     # every other call is sdpa's: the plain backend on the switched model gives its values again
     again = [plain.score([r])[0] for r in requests(1)]
     assert [r.utility for r in again] == [r.utility for r in want[:6]]

@@ -288,3 +288,104 @@ def test_a_batch_too_big_for_one_tree_row_is_split_not_padded(model, chatml_toke
     assert split.statistics().batches == 1
     # the halves resume their prefixes from the cache: fewer positions run than padded suffixes
     assert split.statistics().tokens_computed < padded.statistics().tokens_computed
+
+
+class ForwardCounter:
+    """Counts the model's forward calls and the tokens each one ran (wraps ``model.forward``)."""
+
+    def __init__(self, model) -> None:
+        self.calls: list[int] = []
+        self.model, self.inner = model, model.forward
+
+        def forward(*args, **kwargs):
+            self.calls.append(kwargs["input_ids"].shape[1])
+            return self.inner(*args, **kwargs)
+
+        model.forward = forward
+
+    def close(self) -> None:
+        self.model.forward = self.inner
+
+
+@pytest.mark.parametrize("suffixes", list(TREE))
+def test_a_row_alone_runs_in_one_forward_on_its_longest_cached_prefix(model, chatml_tokenizer, suffixes):
+    # a batch of one row (what the halving of long rows' batches ends in) runs the rest of its
+    # prompt and its target in one forward; the next row resumes from its prompt's states
+    rng = np.random.default_rng(12)
+    base = ids(rng, 30)
+    a = ScoreRequest(prompt_ids=base + ids(rng, 9), target_ids=ids(rng, 4))
+    b = ScoreRequest(prompt_ids=a.prompt_ids + ids(rng, 5), target_ids=ids(rng, 3))  # continues a's prompt
+    c = ScoreRequest(prompt_ids=base + ids(rng, 2), target_ids=ids(rng, 2))  # leaves it after the base
+    d = ScoreRequest(prompt_ids=a.prompt_ids, target_ids=ids(rng, 5))  # a's prompt, another target
+    reqs = [a, b, c, d]
+    ref = plain(model, chatml_tokenizer, max_batch_size=1).score(reqs)
+    backend = shared(model, chatml_tokenizer, max_batch_size=1, tree_mask_limit=TREE[suffixes])
+    counter = ForwardCounter(model)
+    try:
+        got = [backend.score([r])[0] for r in reqs]
+    finally:
+        counter.close()
+    assert_same(got, ref)
+    # the rule: a row reuses the longest prompt prefix cached before it, at most all of its prompt
+    # but the last token (whose logits score the first target token), and computes the rest once
+    seen: list[tuple[int, ...]] = []
+    for r, x, ran in zip(reqs, got, counter.calls, strict=True):
+        reuse = max((common_prefix_length(p, r.prompt_ids) for p in seen), default=0)
+        reuse = min(reuse, len(r.prompt_ids) - 1)
+        assert (x.tokens_reused, x.tokens_computed, ran) == (reuse, r.n_tokens - reuse, r.n_tokens - reuse)
+        seen.append(r.prompt_ids)
+    assert len(counter.calls) == len(reqs)  # one forward per row
+    assert [x.tokens_reused for x in got] == [0, 39, 30, 38]
+
+
+def test_a_cached_entry_is_untouched_by_the_rows_that_resume_from_it(model, chatml_tokenizer):
+    # entries are forks sharing tensors with the forward that made them (no copies): whatever
+    # later forwards do on top (extend, crop, repeat for padded suffixes, trees), the stored
+    # states stay those of the entry's own tokens
+    import torch
+
+    reqs = family(seed=13)
+    backend = shared(model, chatml_tokenizer, max_batch_size=1)
+    backend.score(reqs[:1])
+    (key,) = list(backend.prefix_cache._entries)
+    state = backend.prefix_cache._entries[key][0]
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in state.layers]
+    for suffixes in TREE.values():
+        backend.tree_mask_limit = suffixes
+        backend.max_batch_size = 3
+        backend.score(reqs[1:4])
+        backend.max_batch_size = 1
+        backend.score(reqs[4:])
+    assert key in backend.prefix_cache._entries
+    for layer, (k, v) in zip(state.layers, before, strict=True):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+    # and those states are the states of a forward of the entry's tokens alone
+    with torch.no_grad():
+        fresh = model(input_ids=torch.tensor([key]), use_cache=True).past_key_values
+    for layer, (k, _) in zip(fresh.layers, before, strict=True):
+        torch.testing.assert_close(layer.keys, k, atol=1e-5, rtol=0)
+
+
+def test_a_fork_shares_dynamic_layers_and_deep_copies_any_other_kind(model):
+    import torch
+    from transformers import DynamicCache, StaticCache
+
+    from coalescence.backends.hf import _fork
+
+    with torch.no_grad():
+        cache = model(input_ids=torch.tensor([list(range(5, 17))]), use_cache=True).past_key_values
+    assert isinstance(cache, DynamicCache)
+    fork = _fork(cache)
+    assert fork is not cache and all(f is not c for f, c in zip(fork.layers, cache.layers, strict=True))
+    assert all(f.keys.data_ptr() == c.keys.data_ptr() for f, c in zip(fork.layers, cache.layers, strict=True))
+    keys = [layer.keys.clone() for layer in cache.layers]
+    fork.crop(-4)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[40, 41, 42]]), position_ids=torch.tensor([[8, 9, 10]]), cache=fork, use_cache=True)
+    fork.batch_repeat_interleave(3)
+    assert fork.get_seq_length() == 11 and cache.get_seq_length() == 12
+    assert all(torch.equal(layer.keys, k) for layer, k in zip(cache.layers, keys, strict=True))
+    static = StaticCache(config=model.config, max_cache_len=16)
+    copied = _fork(static)
+    assert copied is not static and copied.layers[0] is not static.layers[0]
+    assert type(copied.layers[0]) is type(static.layers[0])

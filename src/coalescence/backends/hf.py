@@ -8,7 +8,8 @@ log-softmax runs in float32 whatever the model dtype.
 Prefix sharing (default): masked variants of one conversation share long token prefixes. Each
 batch runs the longest prefix common to all its rows once into a ``DynamicCache``, resuming from
 the longest matching entry of a run-level LRU :class:`~coalescence.backends.prefix.PrefixCache`
-(cropped to the shared length; ``copy.deepcopy`` so cached entries are never touched). On top of
+(cropped to the shared length; a fork sharing its tensors, which transformers' dynamic cache layers
+never write into, so cached entries are never touched). On top of
 that state the rows' suffixes run either
 
 - as one tree-attention row (default while the mask is small): the token trie of the suffixes,
@@ -333,6 +334,14 @@ class HFBackend:
             return self._row_results(batch, out.logits, offset, 0, 0, width)
 
     def _score_shared(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """A batch with prefix sharing: one row alone in one forward (:meth:`_score_row`), more
+        rows as their common prefix then their suffixes (:meth:`_score_prefix_then_suffixes`)."""
+        self._last_prefix_forwards = 0
+        if len(batch) == 1:
+            return self._score_row(batch[0])
+        return self._score_prefix_then_suffixes(batch)
+
+    def _score_prefix_then_suffixes(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """The batch's common prefix once (resumed from the prefix cache), then the suffixes.
 
         The shared prefix stops before the last prompt token of the shortest prompt, so every
@@ -376,7 +385,7 @@ class HFBackend:
                 half = rows // 2
                 return self._score_shared(batch[:half]) + self._count_forwards(self._score_shared, batch[half:])
             if resumed > 0:
-                cache = copy.deepcopy(state)
+                cache = _fork(state)
                 if len(entry_tokens) > resumed + len(chain):
                     cache.crop(-(len(entry_tokens) - resumed - len(chain)))
             else:
@@ -395,7 +404,7 @@ class HFBackend:
                 )
                 self._last_prefix_forwards = 1
                 if self.prefix_cache.max_bytes:
-                    self.prefix_cache.put(prefix, copy.deepcopy(cache), _cache_bytes(cache))
+                    self.prefix_cache.put(prefix, _fork(cache), _cache_bytes(cache))
             if self.tree_mask_limit and fits:
                 return self._score_tree(batch, cache, shared, len(chain), shared - resumed, tree)
             if chain:
@@ -428,6 +437,52 @@ class HFBackend:
                 **self._split(shared, causal=True),  # right padding: a real token never sees a pad
             )
             return self._row_results(batch, out.logits, offset, shared, shared - resumed, width)
+
+    def _score_row(self, r: ScoreRequest) -> list[ScoreResult]:
+        """One row alone: the rest of its prompt and its target in one forward on its longest cached prefix.
+
+        A batch of long rows is split in halves down to single rows (their tree would be over
+        ``tree_mask_limit``); run as a prefix forward plus a tree of its last prompt token and
+        target, such a row took two forwards, the second of 20-odd tokens on 1,000-2,500 cached
+        ones at a third of the long-pass rate (benchmarks/RESULTS.md). The row's prompt goes into
+        the prefix cache (the states of its own forward, cropped before the target: no copy), for
+        the next batch in depth-first order, which most likely continues it.
+        """
+        torch = self._torch
+        from transformers import DynamicCache
+
+        seq = r.prompt_ids + r.target_ids
+        p, t = len(r.prompt_ids), len(r.target_ids)
+        # every scored position is computed here: resume at most before the last prompt token
+        entry_tokens, state, resumed = self.prefix_cache.longest(seq[: p - 1])
+        if resumed > 0:
+            cache = _fork(state)
+            if len(entry_tokens) > resumed:
+                cache.crop(-(len(entry_tokens) - resumed))
+        else:
+            cache = DynamicCache(config=self.model.config)
+        n = len(seq)
+        kwargs: dict[str, Any] = {}
+        offset = resumed
+        if self._keep_logits:
+            kwargs["logits_to_keep"] = torch.arange(p - 1 - resumed, n - 1 - resumed, device=self.device)
+            offset = p - 1
+        with torch.no_grad():
+            out = self.model(
+                input_ids=torch.tensor([seq[resumed:]], dtype=torch.long, device=self.device),  # [1, L - C]
+                attention_mask=torch.ones((1, n), dtype=torch.long, device=self.device),
+                position_ids=torch.arange(resumed, n, device=self.device)[None],
+                cache=cache,
+                use_cache=True,
+                **kwargs,
+                **self._split(resumed, causal=True),
+            )
+            self._last_prefix_forwards = int(resumed < p - 1)
+            if self.prefix_cache.max_bytes:
+                entry = _fork(cache)
+                entry.crop(-t)
+                self.prefix_cache.put(r.prompt_ids, entry, _cache_bytes(entry))
+            return self._row_results([r], out.logits, offset, resumed, 0, n - resumed)
 
     def _split(self, prefix_len: int, *, causal: bool) -> dict[str, Any]:
         """The ``prefix_split`` keyword of a forward on ``prefix_len`` cached tokens (:mod:`.attention`),
@@ -852,6 +907,24 @@ def _eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     if tok is not None and int(tok) not in out:
         out.append(int(tok))
     return tuple(out)
+
+
+def _fork(cache: Any) -> Any:
+    """A ``DynamicCache`` that shares ``cache``'s key/value tensors but not its layer objects.
+
+    transformers' dynamic layers never write into their tensors: ``update``, ``crop`` and
+    ``batch_repeat_interleave`` assign new ones (``torch.cat``, a slice, a repeat), so a fork can be
+    extended, cropped or repeated without touching the cached entry, and costs no copy (a deep copy
+    of a 2,500-token entry is 115 MB on SmolLM2-135M). Any other layer kind is deep-copied.
+    """
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None or any(type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers):
+        return copy.deepcopy(cache)
+    fork = copy.copy(cache)
+    fork.layers = [copy.copy(layer) for layer in layers]
+    return fork
 
 
 def _cache_bytes(cache: Any) -> int:
