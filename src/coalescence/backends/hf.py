@@ -12,12 +12,16 @@ the longest matching entry of a run-level LRU :class:`~coalescence.backends.pref
 never write into, so cached entries are never touched). On top of
 that state the rows' suffixes run either
 
-- as one tree-attention row (default while the mask is small): the token trie of the suffixes,
-  flattened, each distinct suffix token once, a float additive 4-D mask letting each node see the
-  prefix and its trie ancestors, position ids = prefix length + depth, no padding; or
+- as one tree-attention row (default): the token trie of the suffixes, flattened, each distinct
+  suffix token once, a float additive 4-D mask letting each node see the prefix and its trie
+  ancestors, position ids = prefix length + depth, no padding; a batch whose N x (P + N) mask would
+  be over ``tree_mask_limit`` is split in halves, each with its own longer common prefix; or
 - right-padded on the cache repeated across the batch (``batch_repeat_interleave``), with a 2-D
-  mask over prefix + suffix and position ids continuing from the prefix length (large batches,
-  where an N x (P + N) mask would be too big).
+  mask over prefix + suffix and position ids continuing from the prefix length
+  (``tree_mask_limit=0``).
+
+A batch of one row (what the halving of long rows ends in) runs the rest of its prompt and its
+target in one forward on its longest cached prefix.
 
 On the CPU under ``sdpa`` these suffix forwards split their attention into the cached prefix (no
 mask, no copies of its keys) and their own keys (causal, or the tree's mask), merged by
@@ -91,7 +95,8 @@ class HFBackend:
             entries were evicted before reuse, and 1.01x at 1 GiB (benchmarks/RESULTS.md).
         tree_mask_limit: with prefix sharing, a batch's suffixes run as one tree-attention row
             (each distinct suffix token once, no padding) when its mask has at most this many
-            elements (nodes x (prefix + nodes)); larger batches, or 0, use right-padded suffixes.
+            elements (nodes x (prefix + nodes)); a larger batch is split in halves (down to single
+            rows, each one forward); 0 runs right-padded suffixes on a repeated cache instead.
         split_attention: with prefix sharing, run each suffix forward's attention as a prefix part
             and a local part merged by log-sum-exp (:mod:`coalescence.backends.attention`; exact
             up to float rounding) where the model can (on the CPU under ``sdpa``: the model's
