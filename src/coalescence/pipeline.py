@@ -20,6 +20,7 @@ the hot store or a flight in progress, :class:`ScoringPipeline` runs five steps:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +71,14 @@ class BackendCall:
     batch_size, batch_id, seconds)``: batch ids number the calls of the engine, seconds are the
     call's model time.
 
+    Scoring rows are scored once per distinct token sequence (prompt and target) for as long as
+    the call lives (the collator's: every evaluation in flight on a lane): coalitions that render
+    to the same tokens (a player whose text repeats another's, one whose removal leaves the prompt
+    as it was) get the first one's result bit for bit, with no model positions
+    (``tokens_computed=0``). Scored apart, twins differ by float rounding (a few 1e-6 nats: another
+    share of the row resumed from the prefix cache), which breaks the symmetry and null-player
+    axioms exactly where they should hold exactly.
+
     Args:
         backend: the scoring backend.
         batch_ids: the source of batch ids (shared across an engine's calls).
@@ -78,6 +87,7 @@ class BackendCall:
     def __init__(self, backend: Any, batch_ids: Iterator[int] | None = None) -> None:
         self.backend = backend
         self.batch_ids = batch_ids if batch_ids is not None else itertools.count()
+        self._scored: dict[bytes, Any] = {}  # sequence digest -> its ScoreResult
 
     def __call__(self, prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
         batch_id = next(self.batch_ids)
@@ -85,9 +95,39 @@ class BackendCall:
         if isinstance(prompts[0], GenerateRequest):
             results: list[Any] = validate_generations(prompts, self.backend.generate_batch(prompts))
         else:
-            results = validate_results(prompts, self.backend.score(prompts))
+            results = self._score(prompts)
         seconds = time.perf_counter() - t0
         return [(r, len(prompts), batch_id, seconds) for r in results]
+
+    def _score(self, prompts: list[ScoreRequest]) -> list[Any]:
+        """Each distinct sequence scored once: new ones in one backend call, repeats (in this
+        batch or an earlier one) from the first's result."""
+        keys = [_sequence_digest(p) for p in prompts]
+        new: dict[bytes, int] = {}
+        for i, key in enumerate(keys):
+            if key not in self._scored and key not in new:
+                new[key] = i
+        if new:
+            rows = [prompts[i] for i in new.values()]
+            for key, result in zip(new, validate_results(rows, self.backend.score(rows)), strict=True):
+                self._scored[key] = result
+        firsts = set(new.values())
+        return [
+            self._scored[key]
+            if i in firsts
+            else replace(self._scored[key], tokens_computed=0, tokens_reused=prompts[i].n_tokens, padded_positions=0)
+            for i, key in enumerate(keys)
+        ]
+
+
+def _sequence_digest(request: ScoreRequest) -> bytes:
+    """A 32-byte BLAKE2b digest of a scoring row's prompt and target ids (the prompt's length
+    included: the same tokens split elsewhere score other positions); a digest, not the tuples,
+    so a long game's memo stays small."""
+    h = hashlib.blake2b(digest_size=32)
+    h.update(len(request.prompt_ids).to_bytes(8, "little"))
+    h.update(np.asarray(request.prompt_ids + request.target_ids, dtype=np.int64).tobytes())
+    return h.digest()
 
 
 class ScoringPipeline:
