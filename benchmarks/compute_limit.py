@@ -10,16 +10,13 @@ to at least ``--long-pass`` tokens), and the ratio
 
     limit ratio = wall / (trie nodes / long-pass rate)
 
-The FLOP-aware ratio divides that by the FLOPs of the trie's nodes over those of as many
-long-pass positions (a node attends to every key before it: deep nodes of a long prompt cost more
-than the long pass's average position, which the token count does not charge).
-
 which is 1.0 for a scorer that runs exactly the trie's nodes as fast as one long forward. The
 ratio is paired: the long pass runs just before and just after each run and the run's ratio uses
 the mean of those two rates (on a shared host one long pass moves by +-17% between minutes, more
 than the effects measured); the table gives the median over ``--repeats`` of the walls, of the
-rates and of the paired ratios (and the ratios' range). Where
-the time went: model forward (the ``model(...)`` calls, masks excluded), the backend outside the
+rates and of the paired ratios (and the ratios' range). The FLOP-aware ratio divides that by the
+FLOPs of the trie's nodes over those of as many long-pass positions (a node attends to every key
+before it, which the token count does not charge). Where the time went: model forward (the ``model(...)`` calls, masks excluded), the backend outside the
 forward (trie building, additive masks, cache bookkeeping, log-softmax), and everything else
 (planning, rendering, tokenisation, scheduler, collator, store).
 
@@ -108,8 +105,9 @@ class BackendClock:
 def forward_flops(model, key_counts: Sequence[int]) -> float:
     """Floating-point operations of computing one position per entry of ``key_counts`` (the keys it
     attends to, itself included): 2 per weight outside the embeddings, plus 4 per query-key pair
-    per layer and attention channel (the scores and the weighted sum of values); the logits of a
-    kept position are left out (a handful per forward)."""
+    per layer and attention channel (the scores and the weighted sum of values); the LM head of
+    the scored positions is left out (benchmarks/RESULTS.md: +0.6% of the trie's FLOPs on rag12,
+    +9.6% on the demo)."""
     c = model.config
     channels = c.num_attention_heads * getattr(c, "head_dim", c.hidden_size // c.num_attention_heads)
     linear = 2 * model.num_parameters(exclude_embeddings=True)

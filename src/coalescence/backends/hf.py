@@ -357,8 +357,6 @@ class HFBackend:
         sees in an unpadded forward of its own row.
         """
         torch = self._torch
-        from transformers import DynamicCache
-
         self._last_prefix_forwards = 0
         seqs = [r.prompt_ids + r.target_ids for r in batch]
         limit = min(len(r.prompt_ids) for r in batch) - 1
@@ -389,12 +387,7 @@ class HFBackend:
                 # recomputing everything below the batch prefix
                 half = rows // 2
                 return self._score_shared(batch[:half]) + self._count_forwards(self._score_shared, batch[half:])
-            if resumed > 0:
-                cache = _fork(state)
-                if len(entry_tokens) > resumed + len(chain):
-                    cache.crop(-(len(entry_tokens) - resumed - len(chain)))
-            else:
-                cache = DynamicCache(config=self.model.config)
+            cache = self._resumed_cache(entry_tokens, state, resumed + len(chain))
             if shared > resumed:
                 ids = torch.tensor([prefix[resumed:]], dtype=torch.long, device=self.device)  # [1, P - C]
                 kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_logits else {}
@@ -454,18 +447,11 @@ class HFBackend:
         the next batch in depth-first order, which most likely continues it.
         """
         torch = self._torch
-        from transformers import DynamicCache
-
         seq = r.prompt_ids + r.target_ids
         p, t = len(r.prompt_ids), len(r.target_ids)
         # every scored position is computed here: resume at most before the last prompt token
         entry_tokens, state, resumed = self.prefix_cache.longest(seq[: p - 1])
-        if resumed > 0:
-            cache = _fork(state)
-            if len(entry_tokens) > resumed:
-                cache.crop(-(len(entry_tokens) - resumed))
-        else:
-            cache = DynamicCache(config=self.model.config)
+        cache = self._resumed_cache(entry_tokens, state, resumed)
         n = len(seq)
         kwargs: dict[str, Any] = {}
         offset = resumed
@@ -488,6 +474,18 @@ class HFBackend:
                 entry.crop(-t)
                 self.prefix_cache.put(r.prompt_ids, entry, _cache_bytes(entry))
             return self._row_results([r], out.logits, offset, resumed, 0, n - resumed)
+
+    def _resumed_cache(self, entry_tokens: tuple[int, ...], state: Any, length: int) -> Any:
+        """A cache holding the first ``length`` positions of a prefix cache entry (``entry_tokens``,
+        ``state``): a fork of it, cropped; an empty ``DynamicCache`` when ``length`` is 0."""
+        if length < 1:
+            from transformers import DynamicCache
+
+            return DynamicCache(config=self.model.config)
+        cache = _fork(state)
+        if len(entry_tokens) > length:
+            cache.crop(-(len(entry_tokens) - length))
+        return cache
 
     def _split(self, prefix_len: int, *, causal: bool) -> dict[str, Any]:
         """The ``prefix_split`` keyword of a forward on ``prefix_len`` cached tokens (:mod:`.attention`),
