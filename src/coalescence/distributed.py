@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors
-from .backends.base import DEFAULT_BATCH_SIZE
+from .backends.base import DEFAULT_BATCH_SIZE, BackendBase
 from .errors import BackendUnavailable, BatchFailed, CoalescenceError, ConfigError
 
 __all__ = ("RayBackend", "import_ray", "start_ray_backend")
@@ -88,7 +88,7 @@ class ModelWorker:
             "id": b.model_id,
             "revision": b.revision,
             "dtype": b.dtype,
-            "sha256": str(getattr(b, "fingerprint", "") or ""),
+            "sha256": str(b.fingerprint or ""),
         }
         out["max_context"] = int(b.max_context)
         return out
@@ -100,22 +100,22 @@ class ModelWorker:
         torch.set_num_threads(int(threads))
         return torch.get_num_threads()
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
         try:
-            return True, getattr(self.backend, method)(*args, **kwargs)
+            return True, method(*args, **kwargs)
         except CoalescenceError as exc:
             return False, (type(exc).__name__, exc.message, exc.field)
         except Exception as exc:  # noqa: BLE001 - reported to the driver as a value
             return False, ("BatchFailed", f"the model call failed in a Ray worker: {type(exc).__name__}: {exc}", None)
 
     def score(self, requests: Sequence[Any]) -> tuple[bool, Any]:
-        return self._call("score", list(requests))
+        return self._call(self.backend.score, list(requests))
 
     def generate_batch(self, requests: Sequence[Any]) -> tuple[bool, Any]:
-        return self._call("generate_batch", list(requests))
+        return self._call(self.backend.generate_batch, list(requests))
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[bool, Any]:
-        return self._call("generate", list(prompt_ids), max_new_tokens=max_new_tokens)
+        return self._call(self.backend.generate, list(prompt_ids), max_new_tokens=max_new_tokens)
 
     def pid(self) -> int:
         return os.getpid()
@@ -141,9 +141,10 @@ class _Worker:
     conversations: set[str] = field(default_factory=set)
 
 
-class _Lane:
-    """A backend-like view of one worker for one collator: calls go to the lane's worker, or, once
-    it is lost, to the live worker its conversations moved to first."""
+class _Lane(BackendBase):
+    """The backend of one worker for one collator (a :class:`~coalescence.backends.base.ScoringBackend`
+    with one lane): calls go to the lane's worker, or, once it is lost, to the live worker its
+    conversations moved to first."""
 
     def __init__(self, owner: RayBackend, index: int) -> None:
         self.owner = owner
@@ -166,13 +167,13 @@ class _Lane:
         return self.owner.call(self.index, "generate", list(prompt_ids), max_new_tokens)
 
 
-class RayBackend:
+class RayBackend(BackendBase):
     """A backend on the driver whose model calls run in Ray workers (module docs).
 
-    It has what the engine reads from a backend (``model_id``, ``revision``, ``dtype``,
-    ``tokenizer``, ``max_context``, ``fingerprint``, ``max_batch_size``, ``score``,
-    ``generate``, ``generate_batch``) plus the lanes: :meth:`acquire_lane` (the sticky worker
-    of a conversation), :meth:`lane` and :meth:`release_lane`.
+    A :class:`~coalescence.backends.base.ScoringBackend` with one lane per worker:
+    :meth:`acquire_lane` (the sticky worker of a conversation), :meth:`lane` and
+    :meth:`release_lane`; its :meth:`run_record` is the archive's ``ray`` entry, its
+    :meth:`run_notes` name lost workers, and it shuts down with the engine.
 
     Args:
         ray: the ray module (initialised).
@@ -245,11 +246,15 @@ class RayBackend:
             return index
 
     def release_lane(self, index: int) -> None:
+        """Give back lane ``index`` (one evaluation on it ended)."""
         with self._lock:
             self._active[index] -= 1
 
-    def lane(self, index: int) -> _Lane:
-        """The backend-like view of lane ``index`` (one per worker)."""
+    def lane(self, index: int | None) -> Any:
+        """The backend of lane ``index`` (one per worker; ``None``: this backend, calls to the least
+        loaded worker)."""
+        if index is None:
+            return self
         with self._lock:
             lane = self._lanes.get(index)
             if lane is None:
@@ -340,16 +345,19 @@ class RayBackend:
             return self._least_loaded()
 
     # -- records ------------------------------------------------------------------------------------
-    def ray_record(self) -> dict[str, Any]:
-        """What the archive manifest's run record keeps of the workers (``ray``)."""
+    def run_record(self) -> dict[str, Any]:
+        """What the archive manifest's run record keeps of the workers: ``{"ray": {workers,
+        threads_per_worker, nodes, calls_per_worker, lost_workers, calls_run_again}}``."""
         with self._lock:
             return {
-                "workers": len(self.workers),
-                "threads_per_worker": [w.threads for w in self.workers],
-                "nodes": len({w.node for w in self.workers}),
-                "calls_per_worker": [w.calls for w in self.workers],
-                "lost_workers": list(self.lost),
-                "calls_run_again": self.rerun_calls,
+                "ray": {
+                    "workers": len(self.workers),
+                    "threads_per_worker": [w.threads for w in self.workers],
+                    "nodes": len({w.node for w in self.workers}),
+                    "calls_per_worker": [w.calls for w in self.workers],
+                    "lost_workers": list(self.lost),
+                    "calls_run_again": self.rerun_calls,
+                }
             }
 
     def run_notes(self) -> tuple[str, ...]:

@@ -28,7 +28,7 @@ import pyarrow as pa
 from .archive.writer import RunArchive
 from .attribution.estimators.base import Estimator
 from .attribution.explanation import AnswerToken, Explanation, answer_tokens
-from .backends.base import ScoringBackend
+from .backends.base import ScoringBackend, check_backend, run_record_of
 from .conversation import Conversation, ConversationSnapshot, segment_players
 from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
@@ -74,7 +74,7 @@ class Engine:
         archive: where every evaluated coalition is recorded, or ``None``.
         store: the hot result store (a new unbounded one by default).
         progress: progress callbacks (no-op by default).
-        batch_size: rows per backend call (default: the backend's ``max_batch_size`` or 8).
+        batch_size: rows per backend call (default: the backend's ``max_batch_size``).
         buckets: length buckets and padded-token budget of the collator (default: 128, 512, 2048
             and 8192-token buckets, a 16,384-token budget, capped at the model's context).
         utility: the utility v(S) (default: ``logprob``, the target's log-probability in nats;
@@ -86,7 +86,8 @@ class Engine:
     model call (counted as a cache hit).
 
     Raises:
-        ConfigError: ``batch_size`` < 1.
+        ConfigError: ``batch_size`` < 1, or a backend that lacks a member of
+            :class:`~coalescence.backends.base.ScoringBackend` (naming them).
         InputError: the backend's tokenizer has no chat template.
     """
 
@@ -101,6 +102,7 @@ class Engine:
         buckets: LengthBuckets | None = None,
         utility: UtilitySpec | None = None,
     ) -> None:
+        check_backend(backend)
         self.backend = backend
         self.utility = utility if utility is not None else UtilitySpec()
         self.measurements: dict[str, Measurement] = {}
@@ -109,7 +111,7 @@ class Engine:
         self.archive = archive
         self.store = store if store is not None else ResultStore()
         self.progress: Progress = progress if progress is not None else NullProgress()
-        self.batch_size = batch_size or int(getattr(backend, "max_batch_size", 8))
+        self.batch_size = batch_size or int(backend.max_batch_size)
         if self.batch_size < 1:
             raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
         self.renderer = ChatRenderer(backend.tokenizer)
@@ -220,7 +222,7 @@ class Engine:
             "id": self.backend.model_id,
             "revision": self.backend.revision,
             "dtype": self.backend.dtype,
-            "sha256": str(getattr(self.backend, "fingerprint", "") or ""),
+            "sha256": str(self.backend.fingerprint or ""),
         }
 
     def resolved_utility(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> ResolvedUtility:
@@ -296,15 +298,16 @@ class Engine:
         lane (made inside the event loop by the first; closed when the last one ends), so
         concurrent conversations fill the same batches.
 
-        A backend with lanes (:class:`~coalescence.distributed.RayBackend`: one per model worker)
-        names the lane of the conversation ``snapshot_id``; each lane has its own collator, so one
-        call per lane is in flight at a time. Any other backend has the one lane ``None``.
+        The backend names the lane of the conversation ``snapshot_id``
+        (:meth:`~coalescence.backends.base.ScoringBackend.acquire_lane`;
+        :class:`~coalescence.distributed.RayBackend`: one per model worker); each lane has its
+        own collator, so one call per lane is in flight at a time. A backend with one lane
+        answers ``None``.
         """
-        acquire_lane = getattr(self.backend, "acquire_lane", None)
-        lane = acquire_lane(snapshot_id) if acquire_lane is not None and snapshot_id is not None else None
+        lane = self.backend.acquire_lane(snapshot_id) if snapshot_id is not None else None
         shared = self._shared.get(lane)
         if shared is None:
-            target = self.backend if lane is None else self.backend.lane(lane)
+            target = self.backend.lane(lane)
             buckets = self.buckets or LengthBuckets(max_tokens=int(self.backend.max_context))
             collator = Collator(
                 CollatorBackend(fn=BackendCall(target, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
@@ -552,8 +555,7 @@ class Engine:
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
-        backend_notes = getattr(self.backend, "run_notes", None)
-        extra = tuple(backend_notes()) if callable(backend_notes) else ()
+        extra = tuple(self.backend.run_notes())
         return self.resolved_utility(snapshot, policy).notes() + self._template_notes(snapshot, policy) + extra
 
     def _template_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
@@ -591,17 +593,23 @@ class Engine:
     def close(self, *, status: str = "complete") -> None:
         """Refuse new work and close the archive (flushing buffered rows, recording ``status``).
 
-        A backend that runs on Ray workers (:class:`~coalescence.distributed.RayBackend`) is
-        recorded in the run (``ray``: workers, threads, calls, lost workers) and shut down.
+        The backend's :meth:`~coalescence.backends.base.ScoringBackend.run_record` is kept in
+        the archive's run record (Ray workers: ``ray``, with workers, threads, calls, lost
+        workers), and a backend that shuts down with its engine (``shutdown_with_engine``: Ray
+        workers) is shut down.
         """
         self._closed = True
-        record = getattr(self.backend, "ray_record", None)
-        extra = {"ray": record()} if callable(record) else {}
+        try:
+            extra = run_record_of(self.backend)
+        except BaseException:
+            if self.backend.shutdown_with_engine:
+                self.backend.shutdown()
+            raise
         try:
             if self.archive is not None:
                 self.archive.close(status=status, statistics=_stats_dict(self.statistics()), **extra)
         finally:
-            if getattr(self.backend, "shutdown_with_engine", False):
+            if self.backend.shutdown_with_engine:
                 self.backend.shutdown()
 
 

@@ -548,7 +548,7 @@ class ExplainRun:
                 "id": self.backend.model_id,
                 "revision": self.backend.revision,
                 "dtype": self.backend.dtype,
-                "sha256": str(getattr(self.backend, "fingerprint", "") or ""),
+                "sha256": str(self.backend.fingerprint or ""),
             }
         else:
             from .backends.registry import load_config, load_tokenizer, model_context, model_fingerprint, resolve_model
@@ -636,7 +636,8 @@ class ExplainRun:
         from .engine import Engine
 
         s = self.settings
-        if self.backend is None:
+        owned = self.backend is None  # loaded here: a backend that owns processes ends with the run
+        if owned:
             if loader is None or s.distributed:
                 loader = self.default_loader
             self.backend = loader(
@@ -645,11 +646,11 @@ class ExplainRun:
                 config=self._loaded["config"],
                 fingerprint=self._loaded["fingerprint"],
             )
-        self.engine = Engine(self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility)
         try:
+            self.engine = Engine(self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility)
             self._snapshots()
         except BaseException:
-            if s.distributed:  # the Ray workers this run started end with it
+            if owned and self.backend.shutdown_with_engine:  # e.g. the Ray workers this run started
                 self.backend.shutdown()
             raise
         return self.engine
@@ -1626,7 +1627,7 @@ class ReplayRun:
         engine = Engine(backend, store=self.fit_.store, progress=progress, batch_size=s.batch_size, utility=self.utility)
         engine.measurements.update(self.fit_.measurements)
         if engine.model != self.run["model"]:
-            if getattr(backend, "shutdown_with_engine", False):
+            if backend.shutdown_with_engine:
                 backend.shutdown()
             raise InputError(
                 f"the model is {engine.model}, but the run was evaluated with {self.run['model']}; give the run's model",

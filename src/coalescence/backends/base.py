@@ -9,21 +9,26 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import BatchFailed, ConfigError
+from ..errors import BackendError, BatchFailed, ConfigError
 
 __all__ = (
+    "DEFAULT_BATCH_SIZE",
+    "BackendBase",
     "GenerateRequest",
+    "PROTOCOL_MEMBERS",
     "GenerateResult",
     "ScoreRequest",
     "ScoreResult",
     "ScoringBackend",
     "ScoringStatistics",
+    "check_backend",
+    "run_record_of",
     "validate_generations",
     "validate_results",
 )
@@ -300,33 +305,70 @@ def _is_real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+@runtime_checkable
 class ScoringBackend(Protocol):
-    """What the engine needs from a model.
+    """Everything the engine, the runs layer and the Ray layer read from a backend.
+
+    Nothing is read through ``getattr``: a backend has every member below.
+    :class:`BackendBase` gives the defaults of the optional ones (fingerprint, batch size,
+    statistics, lanes, notes, records, shutdown, single-prompt ``generate``), so a backend
+    writes only its identity, ``score`` and ``generate_batch``. ``isinstance(b,
+    ScoringBackend)`` checks that every member is present (:func:`check_backend` names the
+    missing ones). The collator calls ``score`` / ``generate_batch`` from one worker thread at a
+    time per lane; each backend translates its library's exceptions into
+    :class:`~coalescence.errors.BackendError` subclasses. The contract every backend passes is
+    ``tests/backends/test_contract.py``.
 
     Attributes:
         model_id: the model's name (alias, directory or hub id), part of the coalition key.
         revision: a string that changes when the weights change, part of the coalition key.
         dtype: the compute dtype name (e.g. ``"float32"``), part of the coalition key.
-        tokenizer: a transformers tokenizer with a chat template.
-        max_context: the longest sequence (tokens) the model accepts.
+        fingerprint: SHA-256 hex of the model's weight, tokenizer and template files, part of
+            the coalition key; ``""`` for a model with no files (built in memory, a fake).
+        tokenizer: a transformers tokenizer with a chat template (the engine renders and
+            decodes with it; the backend scores the token ids it is given, never re-tokenises).
+        max_context: the longest sequence (tokens, prompt + target or prompt + new tokens) the
+            model accepts; longer rows are refused before any model call.
+        max_batch_size: rows per model call when the engine is given no ``batch_size`` (>= 1).
+        shutdown_with_engine: whether :meth:`Engine.close` (and a run that fails to start)
+            calls :meth:`shutdown`: ``True`` for a backend that owns processes or a cluster the
+            run started (Ray workers, an in-process vLLM engine).
     """
 
     model_id: str
     revision: str
     dtype: str
+    fingerprint: str
     tokenizer: Any
     max_context: int
+    max_batch_size: int
+    shutdown_with_engine: bool
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        """Score each request; one result per request, in order.
+        """Score each request with teacher forcing; one result per request, in order.
+
+        Args:
+            requests: the rows (any number; the backend splits them into model calls).
+
+        Returns:
+            One :class:`ScoreResult` per request: ``token_logprobs`` ``[n_target]`` float32
+            log p(target_j | prompt, target_<j) in nats, ``utility`` their float64 sum.
 
         Raises:
-            BatchFailed: the model call failed or returned non-finite values.
+            BatchFailed: a row longer than ``max_context`` (refused before any model call: the
+                statistics do not change), the model call failed, or it returned non-finite values.
         """
         ...
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
-        """Greedy continuation token ids of ``prompt_ids`` (at most ``max_new_tokens``)."""
+        """Greedy continuation token ids of ``prompt_ids`` (at most ``max_new_tokens``; the
+        end-of-turn token kept when produced).
+
+        Raises:
+            ConfigError: ``max_new_tokens`` < 1 or an empty prompt.
+            BatchFailed: the prompt plus ``max_new_tokens`` exceeds ``max_context``, or the model
+                call failed.
+        """
         ...
 
     def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
@@ -337,6 +379,140 @@ class ScoringBackend(Protocol):
         ``seeds[s]`` (not on batch-mates, not on the global RNG, which is left as it was).
 
         Raises:
-            BatchFailed: a sequence would exceed ``max_context``, or the model call failed.
+            BatchFailed: a sequence would exceed ``max_context`` (before any model call), or the
+                model call failed.
         """
         ...
+
+    def statistics(self) -> ScoringStatistics:
+        """A frozen snapshot of the backend's counters over all its calls (see
+        :class:`ScoringStatistics`; a refused row counts nothing)."""
+        ...
+
+    def acquire_lane(self, snapshot_id: str) -> Hashable | None:
+        """The lane a conversation's calls go to, taken for one :meth:`Engine.evaluate`.
+
+        The engine keeps one collator per lane (one call in flight per lane) and gives each
+        lane's calls to :meth:`lane`. ``None``: the backend itself, one lane (the default).
+        Every acquired lane other than ``None`` is given back with :meth:`release_lane`.
+
+        Args:
+            snapshot_id: the conversation (its snapshot id); a backend with several lanes keeps
+                a conversation on one lane so that lane's prefix cache stays warm for it.
+        """
+        ...
+
+    def lane(self, lane: Hashable | None) -> ScoringBackend:
+        """The backend that serves ``lane``'s calls (``self`` for ``None``)."""
+        ...
+
+    def release_lane(self, lane: Hashable | None) -> None:
+        """Give back a lane taken by :meth:`acquire_lane` (its evaluation ended)."""
+        ...
+
+    def run_notes(self) -> tuple[str, ...]:
+        """Sentences added to every explanation's notes (e.g. Ray workers lost); ``()`` for none."""
+        ...
+
+    def run_record(self) -> dict[str, Any]:
+        """What the archive manifest's run record keeps of the backend, under keys of its own
+        (:class:`~coalescence.distributed.RayBackend`: ``{"ray": {...}}``; never ``status`` or
+        ``statistics``); ``{}`` for nothing. Read when the engine closes."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release what the backend holds (processes, connections); idempotent. A call in
+        flight on another thread finishes first. Called by its owner, or by the engine when
+        ``shutdown_with_engine``."""
+        ...
+
+
+_RESERVED_RECORD_KEYS = frozenset({"status", "statistics"})
+
+
+class BackendBase:
+    """Defaults for the optional members of :class:`ScoringBackend`; subclass it and write the
+    identity (``model_id``, ``revision``, ``dtype``, ``tokenizer``, ``max_context``),
+    :meth:`score` and :meth:`generate_batch`.
+
+    The defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
+    shutdown with the engine, zero statistics, one lane (the backend itself), no notes, no run
+    record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy :meth:`generate_batch`
+    request.
+    """
+
+    fingerprint: str = ""
+    max_batch_size: int = DEFAULT_BATCH_SIZE
+    shutdown_with_engine: bool = False
+
+    def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
+        """One greedy :class:`GenerateRequest` through :meth:`generate_batch`.
+
+        Raises:
+            ConfigError: ``max_new_tokens`` < 1 or an empty prompt.
+            BatchFailed: what :meth:`generate_batch` raises.
+        """
+        request = GenerateRequest(prompt_ids=tuple(prompt_ids), max_new_tokens=max_new_tokens)
+        [result] = validate_generations([request], self.generate_batch([request]))  # type: ignore[attr-defined]
+        return list(result.token_ids[0])
+
+    def statistics(self) -> ScoringStatistics:
+        """Zero counters (a backend that counts overrides this)."""
+        return ScoringStatistics()
+
+    def acquire_lane(self, snapshot_id: str) -> Hashable | None:
+        """``None``: one lane, the backend itself."""
+        return None
+
+    def lane(self, lane: Hashable | None) -> Any:
+        """``self`` (one lane)."""
+        return self
+
+    def release_lane(self, lane: Hashable | None) -> None:
+        """Nothing to give back (one lane)."""
+
+    def run_notes(self) -> tuple[str, ...]:
+        """No notes."""
+        return ()
+
+    def run_record(self) -> dict[str, Any]:
+        """Nothing recorded."""
+        return {}
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+PROTOCOL_MEMBERS: tuple[str, ...] = tuple(
+    sorted({*ScoringBackend.__annotations__, *(n for n, v in vars(ScoringBackend).items() if callable(v) and not n.startswith("_"))})
+)
+"""The names every backend has: the attributes and methods of :class:`ScoringBackend`."""
+
+
+def check_backend(backend: Any) -> None:
+    """Refuse an object that lacks a member of :class:`ScoringBackend`, naming them all.
+
+    Raises:
+        ConfigError: a member is missing (field ``backend``; the fix: subclass
+            :class:`BackendBase` for the defaults).
+    """
+    missing = [name for name in PROTOCOL_MEMBERS if not hasattr(backend, name)]
+    if missing:
+        raise ConfigError(
+            f"{type(backend).__name__} is not a scoring backend: it lacks {', '.join(missing)}; "
+            "subclass coalescence.backends.base.BackendBase for the defaults",
+            field="backend",
+        )
+
+
+def run_record_of(backend: ScoringBackend) -> dict[str, Any]:
+    """``backend.run_record()`` checked: a dict whose keys are not the run record's own.
+
+    Raises:
+        BackendError: a key the archive's run record owns (``status``, ``statistics``).
+    """
+    record = dict(backend.run_record())
+    clash = sorted(_RESERVED_RECORD_KEYS & set(record))
+    if clash:
+        raise BackendError(f"{type(backend).__name__}.run_record() returned the run record's own keys {clash}")
+    return record

@@ -56,6 +56,7 @@ import numpy as np
 from ..errors import BatchFailed, ConfigError
 from .base import (
     DEFAULT_BATCH_SIZE,
+    BackendBase,
     GenerateRequest,
     GenerateResult,
     ScoreRequest,
@@ -73,8 +74,9 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
-class HFBackend:
-    """Scores teacher-forced targets with a transformers causal LM (synchronous).
+class HFBackend(BackendBase):
+    """Scores teacher-forced targets with a transformers causal LM (synchronous); a
+    :class:`~coalescence.backends.base.ScoringBackend` with one lane that owns no processes.
 
     Args:
         model: a ``PreTrainedModel`` for causal LM (e.g. ``LlamaForCausalLM``).
