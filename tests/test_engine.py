@@ -119,16 +119,6 @@ async def test_closed_engine_refuses_work(tiny_backend):
         await engine.explain(snapshot(), LeaveOneOut(), DropPolicy())
 
 
-def test_conversation_longer_than_context_is_refused(tiny_backend):
-    long = " ".join(["The tower is tall."] * 200)
-    snap = ConversationSnapshot.build(
-        Conversation(messages=(Message(role="user", content=long),), target="Yes."), unit="turn"
-    )
-    with pytest.raises(InputError, match="context of 512") as info:
-        Engine(tiny_backend).target_tokens(snap)
-    assert info.value.field == "messages"
-
-
 def test_prepare_generates_a_missing_target(tiny_backend):
     convo = Conversation(messages=(Message(role="user", content="When was the tower completed?"),), target=None)
     engine = Engine(tiny_backend)
@@ -186,45 +176,5 @@ async def test_explain_until_target_stderr_rounds(tiny_backend):
     assert info.value.field == "target_stderr"
 
 
-@pytest.mark.anyio
-async def test_a_repeated_sentence_gets_exactly_the_value_of_its_twin(chatml_tokenizer, tmp_path):
-    # two identical sentences: dropping either renders the same prompt, so the symmetry axiom
-    # says their Shapley values are equal, exactly. Scored apart (batch size 1: each row resumes
-    # another share of its prompt from the prefix cache) twins differ by float rounding; the
-    # engine scores each distinct token sequence once, so they are equal bit for bit, and the model
-    # sees no sequence twice
-    from conftest import build_model
-
-    from coalescence.backends.hf import HFBackend
-
-    backend = HFBackend(build_model(chatml_tokenizer), chatml_tokenizer, model_id="tiny", max_batch_size=1)
-    sent: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    inner = backend.score
-
-    def score(requests):
-        sent.extend((r.prompt_ids, r.target_ids) for r in requests)
-        return inner(requests)
-
-    backend.score = score
-    c = Conversation(
-        messages=(
-            Message(role="system", content="Be brief. Be brief."),
-            Message(role="user", content="Paris is in France. Paris is in France. Where is Paris?"),
-        ),
-        target="In France.",
-    )
-    snap = ConversationSnapshot.build(c, unit="sentence")
-    texts = [p.text for p in snap.players]
-    assert texts.count("Be brief.") == 2 and texts.count("Paris is in France.") == 2
-    archive = RunArchive.create(tmp_path / "run", {"test": True}, flush_rows=8)
-    engine = Engine(backend, archive=archive, batch_size=1)
-    explanation = await engine.explain(snap, ExactShapley(), DropPolicy())
-    engine.close()
-    values = dict(zip(range(snap.n_players), explanation.values.tolist(), strict=True))
-    for text in ("Be brief.", "Paris is in France."):
-        a, b = (i for i, t in enumerate(texts) if t == text)
-        assert values[a] == values[b]
-    assert len(sent) == len(set(sent)) < 2**snap.n_players  # each distinct sequence once, twins not again
-    rows = read_rows(tmp_path / "run")
-    assert rows.num_rows == 2**snap.n_players  # every coalition is still archived
-    assert sum(rows["tokens_computed"].to_pylist()) > 0 and rows["tokens_computed"].to_pylist().count(0) == 2**snap.n_players - len(sent)
+# twins (symmetric players get exactly equal values) and context refusals are part of every
+# backend's contract: tests/backends/test_contract.py

@@ -1,4 +1,5 @@
-"""The transformers backend on a tiny random Llama: batching never changes a value."""
+"""The transformers backend on a tiny random Llama: what is particular to it (the contract every
+backend passes, values against a float64 reference included, is tests/backends/test_contract.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from conftest import build_model
 
 from coalescence.backends.base import ScoreRequest
 from coalescence.backends.hf import HFBackend
-from coalescence.errors import BatchFailed, ConfigError
+from coalescence.errors import ConfigError
 
 
 def reference_logprobs(model, prompt, target):
@@ -39,22 +40,6 @@ def requests(vocab: int, seed: int = 0) -> list[ScoreRequest]:
     return out
 
 
-def test_batched_equals_one_at_a_time_and_reference(model, chatml_tokenizer):
-    reqs = requests(len(chatml_tokenizer))
-    batched = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=len(reqs)).score(reqs)
-    single = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=1).score(reqs)
-    assert len(batched) == len(reqs)
-    for r, b, s in zip(reqs, batched, single, strict=True):
-        ref = reference_logprobs(model, r.prompt_ids, r.target_ids)
-        assert b.token_logprobs.dtype == np.float32 and b.token_logprobs.shape == (len(r.target_ids),)
-        np.testing.assert_allclose(b.token_logprobs, ref, atol=1e-4)
-        np.testing.assert_allclose(s.token_logprobs, ref, atol=1e-4)
-        assert abs(b.utility - s.utility) < 1e-4
-        assert abs(b.utility - ref.sum()) < 1e-4
-        assert b.tokens_computed == r.n_tokens
-        assert np.all(b.token_logprobs <= 0)
-
-
 def test_pad_positions_never_scored(model, chatml_tokenizer):
     reqs = requests(len(chatml_tokenizer), seed=3)
     a = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=8)
@@ -73,10 +58,8 @@ def test_without_logits_to_keep_gives_the_same_values(model, chatml_tokenizer):
         np.testing.assert_allclose(x.token_logprobs, y.token_logprobs, atol=1e-5)
 
 
-def test_too_long_and_bad_settings(model, chatml_tokenizer):
-    backend = HFBackend(model, chatml_tokenizer, model_id="tiny")
-    with pytest.raises(BatchFailed, match="context of 512"):
-        backend.score([ScoreRequest(prompt_ids=(5,) * 600, target_ids=(6,))])
+def test_bad_settings(model, chatml_tokenizer):
+    # a row longer than the context: tests/backends/test_contract.py (every backend)
     with pytest.raises(ConfigError):
         HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=0)
     with pytest.raises(ConfigError):

@@ -1,0 +1,317 @@
+"""A fake backend for tests: an analytic game in place of a model (httpx's ``MockTransport`` is the model).
+
+:class:`FakeBackend` is a full :class:`~coalescence.backends.base.ScoringBackend` that runs no
+model: a row's per-token log-probabilities are a function of its token ids that you give (a
+*game*), so the engine, the collator, the archive and the estimators can be exercised, and their
+values checked by hand, in milliseconds and without weights. It needs only a tokenizer with a
+chat template (the engine renders with it). Failures and delays can be injected: a row that
+poisons every batch it is in (the collator then scores each member alone and only that row
+fails), a failure on given calls, a delay per call, and a pause that holds calls at their start
+until :meth:`FakeBackend.resume` (to test what happens while a call is in flight).
+
+Two games come with it:
+
+- :func:`presence_game`: every target token's log-probability is ``base`` minus the weights of
+  the weighted token ids absent from the prompt. Its utility is additive in the weighted tokens,
+  so a player's exact Shapley value is ``n_target`` times the weights of the weighted tokens only
+  that player holds (tokens the template writes are always present).
+- :func:`hashed_game` (the default): a pseudo language model; the log-probability of each target
+  token is a hash of the sequence up to it, so it depends on every earlier token, like a causal LM.
+
+Example::
+
+    from coalescence.backends.testing import FakeBackend, presence_game
+
+    ids = tokenizer.encode(" 1889", add_special_tokens=False)
+    backend = FakeBackend(tokenizer, game=presence_game({i: 1.0 for i in ids}, base=-0.5))
+    explanation = await Engine(backend).explain(snapshot, ExactShapley(), DropPolicy())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import BatchFailed, ConfigError, EngineClosed
+from .base import (
+    DEFAULT_BATCH_SIZE,
+    BackendBase,
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    ScoreResult,
+    ScoringStatistics,
+    validate_generations,
+    validate_results,
+)
+
+__all__ = ("FakeBackend", "Game", "hashed_game", "presence_game")
+
+Game = Callable[[tuple[int, ...], tuple[int, ...]], Sequence[float]]
+"""``game(prompt_ids, target_ids) -> [n_target]`` log p(target_j | prompt, target_<j) in nats
+(finite, <= 0): what a fake backend's model would have said."""
+
+
+def presence_game(weights: Mapping[int, float], *, base: float = -1.0) -> Game:
+    """A game additive in the presence of token ids in the prompt.
+
+    Every target token's log-probability is ``base - sum(weights[t] for t in weights if t not in
+    prompt_ids)`` nats, so a row's utility is ``n_target * (base - absent weight)``.
+
+    Args:
+        weights: token id -> nats (>= 0, finite) lost by every target token when that id is
+            absent from the prompt.
+        base: the log-probability of each target token with every weighted id present (<= 0).
+
+    Raises:
+        ConfigError: a negative or non-finite weight (field ``weights``), a positive or
+            non-finite ``base`` (field ``base``).
+    """
+    table = {int(t): float(w) for t, w in weights.items()}
+    for t, w in table.items():
+        if not (math.isfinite(w) and w >= 0):
+            raise ConfigError(f"the weight of token {t} must be a finite number >= 0 (nats), got {w!r}", field="weights")
+    if not (math.isfinite(base) and base <= 0):
+        raise ConfigError(f"must be a finite log-probability <= 0 (nats), got {base!r}", field="base")
+
+    def game(prompt_ids: tuple[int, ...], target_ids: tuple[int, ...]) -> list[float]:
+        present = set(prompt_ids)
+        lp = base - sum(w for t, w in table.items() if t not in present)
+        return [lp] * len(target_ids)
+
+    return game
+
+
+def hashed_game(seed: int = 0) -> Game:
+    """A pseudo language model: log p(target_j | ...) = ``-(0.01 + 4 u)`` nats, with ``u`` in
+    ``[0, 1)`` from the BLAKE2b digest of ``seed`` and the token ids up to and including
+    ``target_j`` (so each value depends on every earlier token and on nothing else)."""
+
+    def game(prompt_ids: tuple[int, ...], target_ids: tuple[int, ...]) -> list[float]:
+        h = hashlib.blake2b(int(seed).to_bytes(8, "little", signed=True), digest_size=8)
+        h.update(np.asarray(prompt_ids, dtype=np.int64).tobytes())
+        out = []
+        for t in target_ids:
+            h.update(int(t).to_bytes(8, "little", signed=True))
+            u = int.from_bytes(h.copy().digest(), "little") / 2**64
+            out.append(-(0.01 + 4.0 * u))
+        return out
+
+    return game
+
+
+class FakeBackend(BackendBase):
+    """A scoring backend with an analytic game instead of a model (module docs).
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template (the engine renders with it;
+            the fake decodes and encodes only its ``replies``).
+        game: the per-token log-probabilities of a row (default: :func:`hashed_game`).
+        replies: the texts generation returns: a greedy request gets ``replies[0]``; sample ``s``
+            of a sampled request gets one drawn by a RNG seeded by the prompt and ``seeds[s]``.
+            Each is encoded, followed by the tokenizer's EOS, and cut at ``max_new_tokens``.
+        model_id, revision, dtype, fingerprint: the identity in coalition keys.
+        max_context: the longest sequence (tokens) accepted; longer rows are refused before the
+            game runs (nothing counted).
+        max_batch_size: rows per call the engine uses by default (>= 1).
+        poison: ``poison(prompt_ids) -> bool``: a row for which it is true fails every call it
+            is in (:class:`BatchFailed`), so its batch-mates succeed only when scored without it.
+        fail_calls: call numbers (1-based, ``score`` and ``generate_batch`` together) that fail
+            with :class:`BatchFailed`, whatever their rows.
+        delay: seconds every call sleeps before computing (>= 0).
+        shutdown_with_engine: whether the engine shuts this backend down when it closes.
+
+    Attributes:
+        calls: rows per call that reached the game, in call order (failed calls included).
+
+    Raises:
+        ConfigError: ``max_context`` or ``max_batch_size`` < 1, a negative ``delay``, no replies.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        game: Game | None = None,
+        replies: Sequence[str] = ("OK.",),
+        model_id: str = "fake",
+        revision: str = "",
+        dtype: str = "float32",
+        fingerprint: str = "",
+        max_context: int = 4096,
+        max_batch_size: int = DEFAULT_BATCH_SIZE,
+        poison: Callable[[tuple[int, ...]], bool] | None = None,
+        fail_calls: Collection[int] = (),
+        delay: float = 0.0,
+        shutdown_with_engine: bool = False,
+    ) -> None:
+        for name, value in (("max_context", max_context), ("max_batch_size", max_batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"must be an int >= 1, got {value!r}", field=name)
+        if not (isinstance(delay, int | float) and delay >= 0):
+            raise ConfigError(f"must be a number of seconds >= 0, got {delay!r}", field="delay")
+        if isinstance(replies, str) or not replies:
+            raise ConfigError(f"must be a sequence of at least one text, got {replies!r}", field="replies")
+        self.tokenizer = tokenizer
+        self.game: Game = game if game is not None else hashed_game()
+        eos = tokenizer.eos_token_id
+        self._replies = [
+            tuple(tokenizer.encode(text, add_special_tokens=False)) + ((int(eos),) if eos is not None else ())
+            for text in replies
+        ]
+        self.model_id = model_id
+        self.revision = revision
+        self.dtype = dtype
+        self.fingerprint = fingerprint
+        self.max_context = max_context
+        self.max_batch_size = max_batch_size
+        self.shutdown_with_engine = bool(shutdown_with_engine)
+        self.poison = poison
+        self.fail_calls = frozenset(int(n) for n in fail_calls)
+        self.delay = float(delay)
+        self.calls: list[int] = []
+        self._stats = ScoringStatistics()
+        self._lock = threading.Lock()
+        self._open = threading.Event()  # set: calls run; clear: calls wait at their start
+        self._open.set()
+        self._waiting = threading.Condition(self._lock)
+        self._in_call = 0
+        self._closed = False
+
+    # -- controls --------------------------------------------------------------------------------
+    def pause(self) -> None:
+        """Hold every call from now on at its start (after the context check) until :meth:`resume`."""
+        self._open.clear()
+
+    def resume(self) -> None:
+        """Let the held calls, and every later one, run."""
+        self._open.set()
+
+    def wait_for_call(self, timeout: float = 10.0) -> bool:
+        """Block until a call is in flight (held or running); whether one was, within ``timeout`` s."""
+        with self._waiting:
+            return self._waiting.wait_for(lambda: self._in_call > 0, timeout)
+
+    def statistics(self) -> ScoringStatistics:
+        """The counters over every call (see :class:`ScoringStatistics`): ``tokens_computed`` is
+        every row's ``n_tokens`` (the fake shares no prefix); refused rows count nothing."""
+        return self._stats
+
+    def shutdown(self) -> None:
+        """Refuse later calls (:class:`~coalescence.errors.EngineClosed`); a call in flight finishes."""
+        self._closed = True
+
+    # -- the protocol ----------------------------------------------------------------------------
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """The game's log-probabilities of each request's target (nats, float32), in order.
+
+        Raises:
+            BatchFailed: a row longer than ``max_context`` (before anything runs), a poisoned
+                row in the call, an injected failure, or a game value that is not finite.
+            EngineClosed: after :meth:`shutdown`.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
+        with self._call([r.prompt_ids for r in requests]):
+            results = []
+            for r in requests:
+                lp = np.asarray(self.game(r.prompt_ids, r.target_ids), dtype=np.float32)
+                results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens))
+            results = validate_results(requests, results)
+            with self._lock:
+                s = self._stats
+                n = sum(r.n_tokens for r in requests)
+                self._stats = dataclasses.replace(
+                    s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + n
+                )
+            return results
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """The replies (module docs), one result per request, in order.
+
+        Raises:
+            BatchFailed: a prompt plus ``max_new_tokens`` longer than ``max_context`` (before
+                anything runs), a poisoned row, or an injected failure.
+            EngineClosed: after :meth:`shutdown`.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(
+                    f"a prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
+                    f"the model's context of {self.max_context}"
+                )
+        with self._call([r.prompt_ids for r in requests]):
+            results, decodes, new, computed = [], 0, 0, 0
+            for r in requests:
+                runs = [self._reply(r, seed) for seed in (r.seeds[:1] if r.greedy else r.seeds)]
+                cost = sum(len(r.prompt_ids) + max(len(ids) - 1, 0) for ids in runs)
+                decodes, new, computed = decodes + len(runs), new + sum(map(len, runs)), computed + cost
+                samples = tuple(runs) * r.n_samples if r.greedy else tuple(runs)
+                results.append(GenerateResult(token_ids=samples, tokens_computed=cost))
+            results = validate_generations(requests, results)
+            with self._lock:
+                s = self._stats
+                self._stats = dataclasses.replace(
+                    s,
+                    decodes=s.decodes + decodes,
+                    generated_tokens=s.generated_tokens + new,
+                    generation_tokens_computed=s.generation_tokens_computed + computed,
+                )
+            return results
+
+    # -- inside --------------------------------------------------------------------------------------
+    def _reply(self, request: GenerateRequest, seed: int) -> tuple[int, ...]:
+        if request.greedy:
+            ids = self._replies[0]
+        else:
+            h = hashlib.blake2b(np.asarray(request.prompt_ids, dtype=np.int64).tobytes(), digest_size=8)
+            h.update(f"{seed}:{request.temperature!r}:{request.top_p!r}".encode())
+            ids = self._replies[random.Random(h.digest()).randrange(len(self._replies))]
+        return ids[: request.max_new_tokens]
+
+    def _call(self, prompts: list[tuple[int, ...]]) -> _InCall:
+        return _InCall(self, prompts)
+
+
+class _InCall:
+    """One call of a :class:`FakeBackend`: numbered, held while paused, delayed, failed as injected."""
+
+    def __init__(self, owner: FakeBackend, prompts: list[tuple[int, ...]]) -> None:
+        self.owner = owner
+        self.prompts = prompts
+
+    def __enter__(self) -> None:
+        o = self.owner
+        if o._closed:
+            raise EngineClosed("the fake backend was shut down")
+        with o._waiting:
+            o.calls.append(len(self.prompts))
+            number = len(o.calls)
+            o._in_call += 1
+            o._waiting.notify_all()
+        try:
+            o._open.wait()
+            if o.delay:
+                time.sleep(o.delay)
+            if number in o.fail_calls:
+                raise BatchFailed(f"injected failure on call {number} ({len(self.prompts)} rows)")
+            if o.poison is not None:
+                for i, ids in enumerate(self.prompts):
+                    if o.poison(ids):
+                        raise BatchFailed(f"row {i} poisons its batch of {len(self.prompts)} rows")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        with self.owner._waiting:
+            self.owner._in_call -= 1
