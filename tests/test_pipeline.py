@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import build_model
 
-from coalescence.backends.base import ScoreRequest, ScoreResult
+from coalescence.backends.base import BackendBase, ScoreRequest, ScoreResult, ScoringBackend
 from coalescence.backends.hf import HFBackend
 from coalescence.conversation import Conversation, ConversationSnapshot, Message
 from coalescence.errors import BatchFailed
@@ -100,11 +100,16 @@ async def test_a_known_evaluation_never_reaches_the_model(tiny_backend, anyio_ba
 
 
 def test_the_backend_call_numbers_times_and_validates_whole_batches(chatml_tokenizer):
-    class Short:  # a backend that returns one result too few: the whole batch is refused
-        model_id = "short"
+    class Short(BackendBase):  # a backend that returns one result too few: the whole batch is refused
+        model_id, revision, dtype, tokenizer, max_context = "short", "", "float32", chatml_tokenizer, 64
 
         def score(self, requests):
             return [ScoreResult(utility=-1.0, token_logprobs=tuple(-1.0 for _ in r.target_ids), tokens_computed=1) for r in requests[1:]]
+
+        def generate_batch(self, requests):
+            raise BatchFailed("this test backend only scores")
+
+    assert isinstance(Short(), ScoringBackend)
 
     ids = itertools.count(7)  # one engine's batch numbers, shared by its calls
     call = BackendCall(Short(), ids)

@@ -43,6 +43,7 @@ from coalescence.backends.base import (
     ScoreRequest,
     ScoringBackend,
     check_backend,
+    run_record_of,
 )
 from coalescence.backends.hf import HFBackend
 from coalescence.backends.testing import FakeBackend, presence_game
@@ -138,7 +139,9 @@ def fake_subject(family: str, *, max_batch_size: int = 4) -> Subject:
 
 
 SUBJECTS: dict[str, Callable[..., Subject]] = {"hf": hf_subject, "fake": fake_subject}
-"""Every backend under contract: ``name -> factory(family, *, max_batch_size) -> Subject``."""
+"""Every backend under contract: ``name -> factory(family, *, max_batch_size) -> Subject``; a
+model-backed backend runs :func:`model_for` ``(family)``'s weights with :func:`tokenizer_for`
+``(family)`` (a context of :data:`CONTEXT` tokens) and takes :func:`float64_reference` of them."""
 
 
 @pytest.fixture(params=list(SUBJECTS))
@@ -182,8 +185,10 @@ def test_every_backend_has_every_member_of_the_protocol(make):
     assert all(isinstance(getattr(backend, name), str) for name in ("model_id", "revision", "dtype", "fingerprint"))
     assert backend.max_context == CONTEXT and backend.max_batch_size == 4
     lane = backend.acquire_lane("snapshot")
-    assert lane is None and backend.lane(lane) is backend
-    assert backend.run_notes() == () and backend.run_record() == {}
+    assert isinstance(backend.lane(lane), ScoringBackend)
+    backend.release_lane(lane)
+    assert all(isinstance(note, str) for note in backend.run_notes())
+    assert not {"status", "statistics"} & set(run_record_of(backend))  # the run record's own keys stay its own
 
 
 def test_an_object_missing_members_is_refused_naming_them(chatml_tokenizer):

@@ -9,7 +9,7 @@ import anyio
 import numpy as np
 import pytest
 
-from coalescence.backends.base import ScoreRequest, ScoreResult
+from coalescence.backends.base import BackendBase, ScoreRequest, ScoreResult, ScoringBackend
 from coalescence.errors import BatchFailed, ConfigError, InputError
 from coalescence.scheduler.buckets import LengthBuckets, share_order
 from coalescence.scheduler.collator import Collator, CollatorBackend, scoring_backend
@@ -101,8 +101,10 @@ async def test_oversized_request_fails_alone_before_any_model_call(anyio_backend
     assert rec.calls == []
 
 
-class FakeScorer:
+class FakeScorer(BackendBase):
     """A scoring backend whose outputs can be malformed; counts calls and rows."""
+
+    model_id, revision, dtype, tokenizer, max_context = "malformed", "", "float32", None, 64
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -121,11 +123,15 @@ class FakeScorer:
             out.append(ScoreResult(token_logprobs=lp, utility=float(lp.sum()), tokens_computed=call))
         return out[:-1] if self.mode == "rows" else out
 
+    def generate_batch(self, requests):
+        raise BatchFailed("this test backend only scores")
+
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["nan", "rows", "width"])
 async def test_malformed_backend_output_fails_the_whole_batch(anyio_backend, mode):
     fake = FakeScorer(mode)
+    assert isinstance(fake, ScoringBackend)
     collator = Collator(scoring_backend(fake), max_batch_size=4)
     reqs = [ScoreRequest(prompt_ids=(p,), target_ids=(1, 2)) for p in (5, 99, 6)]
     outcomes: dict[int, object] = {}
