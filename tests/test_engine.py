@@ -178,3 +178,55 @@ async def test_explain_until_target_stderr_rounds(tiny_backend):
 
 # twins (symmetric players get exactly equal values) and context refusals are part of every
 # backend's contract: tests/backends/test_contract.py
+
+
+@pytest.mark.anyio
+async def test_the_engine_reads_lanes_notes_records_and_shutdown_from_the_backend(chatml_tokenizer, tmp_path, anyio_backend):
+    # what RayBackend does with workers, here with two fake backends as lanes: each conversation's
+    # calls go to its lane's backend whole, the notes reach the explanation, the record the manifest
+    import json
+
+    from coalescence.backends.testing import FakeBackend
+
+    class TwoLanes(FakeBackend):
+        def __init__(self, tokenizer):
+            super().__init__(tokenizer, shutdown_with_engine=True)
+            self.lanes = [FakeBackend(tokenizer), FakeBackend(tokenizer)]
+            self.taken: list[tuple[str, int]] = []
+            self.released: list[int] = []
+
+        def acquire_lane(self, snapshot_id):
+            known = dict(self.taken)
+            lane = known.get(snapshot_id, len(known) % 2)  # a new conversation takes the next lane
+            self.taken.append((snapshot_id, lane))
+            return lane
+
+        def lane(self, lane):
+            return self if lane is None else self.lanes[lane]
+
+        def release_lane(self, lane):
+            self.released.append(lane)
+
+        def run_notes(self):
+            return ("two fake lanes",)
+
+        def run_record(self):
+            return {"lanes": {"calls": [len(b.calls) for b in self.lanes]}}
+
+    backend = TwoLanes(chatml_tokenizer)
+    first = snapshot()
+    second = ConversationSnapshot.build(
+        Conversation(messages=(Message(role="user", content="Lisbon has sardines. Porto has wine."),), target="Sardines."), unit="sentence"
+    )
+    archive = RunArchive.create(tmp_path / "run", {"test": True})
+    engine = Engine(backend, archive=archive, batch_size=2)
+    one = await engine.explain(first, ExactShapley(), DropPolicy())
+    two = await engine.explain(second, ExactShapley(), DropPolicy())
+    assert [lane for _, lane in backend.taken] == [0, 1] and backend.released == [0, 1]
+    assert backend.calls == [] and sum(backend.lanes[0].calls) == 2**first.n_players and sum(backend.lanes[1].calls) == 2**second.n_players
+    assert "two fake lanes" in one.notes and "two fake lanes" in two.notes
+    engine.close()
+    run = json.loads((tmp_path / "run" / "manifest.json").read_text())["runs"][-1]
+    assert run["lanes"] == {"calls": [len(backend.lanes[0].calls), len(backend.lanes[1].calls)]} and run["status"] == "complete"
+    with pytest.raises(EngineClosed):  # shut down with the engine
+        backend.score([ScoreRequest(prompt_ids=(5,), target_ids=(6,))])
