@@ -172,6 +172,7 @@ class ChatRenderer:
         special_ids = {int(i) for i in tokenizer.all_special_ids}
         special_ids |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
         self._special_ids = frozenset(special_ids)
+        self._control_text = {i: str(tokenizer.convert_ids_to_tokens(i)) for i in special_ids}
         texts = {str(t) for t in tokenizer.all_special_tokens}
         texts |= {str(tok.content) for tok in added.values() if getattr(tok, "special", False)}
         texts = sorted((t for t in texts if t), key=lambda t: (-len(t), t))  # longest first
@@ -332,7 +333,11 @@ class ChatRenderer:
         enc = self.tokenizer(escaped, add_special_tokens=False, return_offsets_mapping=True)
         esc_ids = list(enc.input_ids)
         esc_offsets = [tuple(o) for o in enc.offset_mapping]
-        controls = [k for k, i in enumerate(esc_ids) if i in self._special_ids]
+        # the template's control tokens: special tokens spelled out in the text (not an <unk>)
+        controls = [
+            k for k, (i, (a, b)) in enumerate(zip(esc_ids, esc_offsets, strict=True))
+            if i in self._control_text and self._control_text[i] in escaped[a:b]
+        ]
         ids: list[int] = []
         offsets: list[tuple[int, int]] = []
         bounds = [-1, *controls, len(esc_ids)]
