@@ -151,7 +151,8 @@ class ChatRenderer:
 
     Attributes:
         injects_default_system: whether the template adds a system turn of its own to a
-            conversation that has none (SmolLM2's and Qwen2.5's do).
+            conversation that has none (SmolLM2's, Qwen2.5's and Llama-2-chat's original one do;
+            detected by rendering, see :meth:`_probe_default_system`).
 
     Raises:
         InputError: the tokenizer has no chat template (field ``--model``).
@@ -173,10 +174,10 @@ class ChatRenderer:
         special_ids |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
         self._special_ids = frozenset(special_ids)
         self._control_text = {i: str(tokenizer.convert_ids_to_tokens(i)) for i in special_ids}
-        texts = {str(t) for t in tokenizer.all_special_tokens}
-        texts |= {str(tok.content) for tok in added.values() if getattr(tok, "special", False)}
-        texts = sorted((t for t in texts if t), key=lambda t: (-len(t), t))  # longest first
-        self._special_re: re.Pattern[str] | None = re.compile("|".join(map(re.escape, texts))) if texts else None
+        names = {str(t) for t in tokenizer.all_special_tokens}
+        names |= {str(tok.content) for tok in added.values() if getattr(tok, "special", False)}
+        spelled = sorted((t for t in names if t), key=lambda t: (-len(t), t))  # longest first
+        self._special_re: re.Pattern[str] | None = re.compile("|".join(map(re.escape, spelled))) if spelled else None
         self.injects_default_system = self._probe_default_system()
 
     def special_text(self, texts: Iterable[str | None]) -> tuple[str, ...]:
@@ -205,9 +206,9 @@ class ChatRenderer:
         (ChatML: the user header; Llama-2: ``<s>[INST] ``; Llama-3.1: its date turn, written
         either way). Anything else in ``head`` (SmolLM2's "You are a helpful AI assistant...",
         Llama-2's ``<<SYS>>\\n{default}\\n<</SYS>>``) is text the template adds only when no
-        system message is given. A template that refuses or drops a system message is compared
-        with its rendering of the user probe after the system probe as it stands (``head`` must be
-        the text before ``P`` there, cut the same way); one that refuses it injects nothing.
+        system message is given. A template that drops a system message is held to the same rule
+        with the whole text before ``P`` as ``before``; one that refuses it (Gemma, Mistral)
+        injects nothing.
         """
         try:
             alone = self.render_prompt([Message(role="user", content=_PROBE)])
