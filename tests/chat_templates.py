@@ -15,6 +15,8 @@ behaviour. Nothing is downloaded.
 | llama2    | Llama-2 / Mistral ``[INST]``: roles must alternate user/assistant (raise_exception),    |
 |           | the system message folded into the first user turn in ``<<SYS>>``, content stripped,   |
 |           | the answer written as ``' ' + content + ' ' + eos``                                     |
+| llama2-   | the same, with Llama-2-chat's original default system prompt written in ``<<SYS>>``   |
+| default   | when the conversation has no system message                                           |
 | gemma     | Gemma: no system role (raise), ``model`` for assistant, alternation enforced, trimmed   |
 | phi3      | Phi-3: ``<|user|>``/``<|assistant|>``/``<|end|>``, eos after the last turn, tool role   |
 |           | not rendered                                                                          |
@@ -82,6 +84,24 @@ LLAMA2 = (
     "{% elif message['role'] == 'assistant' %}{{ ' ' + content.strip() + ' ' + eos_token }}{% endif %}"
     "{% endfor %}"
 )
+
+LLAMA2_DEFAULT = LLAMA2.replace(
+    "{% set system_message = false %}",
+    "{% set system_message = 'You are a helpful, respectful and honest assistant. Always answer as helpfully as possible.' %}",
+)
+"""Llama-2-chat as first published (``use_default_system_prompt``): the default system prompt
+in ``<<SYS>>`` when the conversation has no system message."""
+
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+"""Mistral-7B-Instruct v0.1: ``[INST]`` turns, no system role (a system message breaks the
+alternation and is refused), nothing injected. Used with the ``llama2`` family's tokenizer."""
 
 GEMMA = (
     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
@@ -187,6 +207,17 @@ FAMILIES = (
     Family(
         name="llama2",
         template=LLAMA2,
+        eos="</s>",
+        bos="<s>",
+        prepends_bos=True,
+        end_of_turn="</s>",
+        scored=" {answer} {eot}",
+        inserted=" ",
+        alternates=True,
+    ),
+    Family(
+        name="llama2-default",
+        template=LLAMA2_DEFAULT,
         eos="</s>",
         bos="<s>",
         prepends_bos=True,

@@ -571,6 +571,12 @@ class Engine:
                 f"the answer's first scored token starts with the template's {target.lead!r} (the "
                 "tokenizer joins them); the answer's first word is scored with it",
             )
+        found = self.renderer.special_text((*(m.content for m in snapshot.conversation.messages), snapshot.target))
+        if found:
+            notes += (
+                f"the conversation contains the special-token text {', '.join(map(repr, found))}; it is "
+                "encoded as text, never as the control token",
+            )
         return notes + self._default_system_notes(snapshot, policy)
 
     def _default_system_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:

@@ -724,6 +724,13 @@ class ExplainRun:
             "absence_policy": {"id": policy.id, "params": policy.params()},
             "run_config": config,
             "template_injects_default_system": engine.renderer.injects_default_system,
+            # special-token strings ("<|im_end|>"...) in the content: encoded as text, never as control tokens
+            "special_token_text": {
+                "handling": "encoded as text",
+                "found": list(engine.renderer.special_text(
+                    t for x in recorded for t in (*(m.content for m in x.conversation.messages), x.target)
+                )),
+            },
             "target_token_ids": {x.snapshot_id: list(engine.target_tokens(x, policy).ids) for x in recorded},
             # per target token, its characters in the answer: answer sub-spans replay without a tokenizer
             "target_token_offsets": {x.snapshot_id: [list(o) for o in engine.target_tokens(x, policy).offsets] for x in recorded},

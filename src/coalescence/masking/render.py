@@ -17,6 +17,18 @@ Generation (a target to generate, regenerate-and-compare utilities) uses the gen
 Exactly one BOS: when the tokenizer prepends a BOS token by default and the rendered text does not
 already start with it, one is prepended; the template's own BOS text is never doubled.
 
+Special-token text in content is text. A message (or the answer) whose content holds the text of
+one of the tokenizer's special tokens (``<|im_end|>``, ``<s>``...) would, tokenized whole with the
+rendering, become that control token: a forged turn, or an end-of-turn inside the answer. The
+conversation is then rendered a second time with those substrings replaced by private-use
+characters of the same length; every special token of that rendering is the template's. The text
+is encoded at those control tokens (their ids as they are) and each piece between them is
+tokenized with ``split_special_tokens=True`` (so content is ordinary text), offsets shifted. A piece
+is only trusted when, tokenized alone, it gives the tokens it gets inside the whole text (checked
+on the escaped rendering: a Metaspace ``prepend_scheme="first"`` tokenizer fails this), else the
+input is refused (:class:`~coalescence.errors.InputError`, field ``messages``). Text without such
+substrings is encoded exactly as before (one tokenizer call on the whole text).
+
 A template that raises on a conversation (Llama-2, Mistral and Gemma templates refuse roles that do
 not alternate user/assistant) raises :class:`~coalescence.errors.TemplateRefused` quoting the
 template's message; so does a template that does not render the answer verbatim.
@@ -24,7 +36,8 @@ template's message; so does a template that does not render the answer verbatim.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +47,50 @@ from ..conversation import ConversationSnapshot, Message
 from ..errors import InputError, TemplateRefused
 from .policies import AbsencePolicy
 
-__all__ = ("ChatRenderer", "TargetTokens")
+__all__ = ("ChatRenderer", "RenderedText", "TargetTokens")
 
 _PROBE = "\u2063coalescence-probe\u2063"
+_SYSTEM_PROBE = "\u2063coalescence-system-probe\u2063"
+_PRIVATE_USE = range(0xE000, 0xF900)
+
+
+class RenderedText(str):
+    """Rendered chat text that remembers where message content holds special-token text.
+
+    A plain :class:`str` in every other respect; :meth:`ChatRenderer.encode` reads
+    :attr:`content_specials` to encode those characters as text rather than as control tokens.
+
+    Attributes:
+        content_specials: ``(start, end)`` character spans (sorted, disjoint) of the text that
+            comes from message content and spells a special token.
+    """
+
+    content_specials: tuple[tuple[int, int], ...] = ()
+
+
+def _with_spans(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    """``text`` carrying ``spans`` (a plain ``str`` when there are none)."""
+    if not spans:
+        return str(text)
+    out = RenderedText(text)
+    out.content_specials = tuple(spans)
+    return out
+
+
+def _spans_of(text: str) -> tuple[tuple[int, int], ...]:
+    return getattr(text, "content_specials", ())
+
+
+def _slice(text: str, start: int, end: int) -> str:
+    """``text[start:end]``, keeping the content spans inside it (shifted)."""
+    spans = [(max(a, start) - start, min(b, end) - start) for a, b in _spans_of(text) if a < end and b > start]
+    return _with_spans(text[start:end], spans)
+
+
+def _sentinel(texts: Sequence[str]) -> str:
+    """A private-use character that occurs in none of ``texts``."""
+    used = set().union(*(set(t) for t in texts)) if texts else set()
+    return next(chr(c) for c in _PRIVATE_USE if chr(c) not in used)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,7 +151,8 @@ class ChatRenderer:
 
     Attributes:
         injects_default_system: whether the template adds a system turn of its own to a
-            conversation that has none (SmolLM2's and Qwen2.5's do).
+            conversation that has none (SmolLM2's, Qwen2.5's and Llama-2-chat's original one do;
+            detected by rendering, see :meth:`_probe_default_system`).
 
     Raises:
         InputError: the tokenizer has no chat template (field ``--model``).
@@ -114,24 +169,101 @@ class ChatRenderer:
         probe = tokenizer("a").input_ids
         self._bos_id: int | None = bos_id if (bos_id is not None and probe[:1] == [bos_id]) else None
         self._bos_text: str | None = tokenizer.bos_token if self._bos_id is not None else None
-        self._special_ids = frozenset(int(i) for i in tokenizer.all_special_ids)
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        special_ids = {int(i) for i in tokenizer.all_special_ids}
+        special_ids |= {int(i) for i, tok in added.items() if getattr(tok, "special", False)}
+        self._special_ids = frozenset(special_ids)
+        self._control_text = {i: str(tokenizer.convert_ids_to_tokens(i)) for i in special_ids}
+        names = {str(t) for t in tokenizer.all_special_tokens}
+        names |= {str(tok.content) for tok in added.values() if getattr(tok, "special", False)}
+        spelled = sorted((t for t in names if t), key=lambda t: (-len(t), t))  # longest first
+        self._special_re: re.Pattern[str] | None = re.compile("|".join(map(re.escape, spelled))) if spelled else None
         self.injects_default_system = self._probe_default_system()
 
-    def _probe_default_system(self) -> bool:
-        """Whether the template adds a system turn to a conversation that has none.
+    def special_text(self, texts: Iterable[str | None]) -> tuple[str, ...]:
+        """The special-token strings (``<|im_end|>``, ``<s>``...) that occur in ``texts``.
 
-        Detected by rendering a one-message user conversation and looking for text before the
-        user's content that is not the user header alone (a heuristic on the word "system").
+        Args:
+            texts: message contents and answers (``None`` entries are skipped).
+
+        Returns:
+            The distinct strings found, sorted; empty when none (their text is then encoded
+            exactly as before, see module docs).
+        """
+        if self._special_re is None:
+            return ()
+        found = {m.group(0) for t in texts if isinstance(t, str) for m in self._special_re.finditer(t)}
+        return tuple(sorted(found))
+
+    def _probe_default_system(self) -> bool:
+        """Whether the template writes text of its own (a default system prompt) before the first
+        user turn of a conversation that has no system message.
+
+        Detected by rendering: the user probe ``P`` alone gives ``head + P + ...``, and with a
+        system probe ``S`` first it gives ``before + S + between + P + ...``. A template that
+        injects nothing writes, without the system message, the text around the system slot with
+        the system turn cut out: ``head == before[:i] + between[j:]`` for some ``i``, ``j``
+        (ChatML: the user header; Llama-2: ``<s>[INST] ``; Llama-3.1: its date turn, written
+        either way). Anything else in ``head`` (SmolLM2's "You are a helpful AI assistant...",
+        Llama-2's ``<<SYS>>\\n{default}\\n<</SYS>>``) is text the template adds only when no
+        system message is given. A template that drops a system message is held to the same rule
+        with the whole text before ``P`` as ``before``; one that refuses it (Gemma, Mistral)
+        injects nothing.
         """
         try:
-            text = self.render_prompt([Message(role="user", content=_PROBE)])
+            alone = self.render_prompt([Message(role="user", content=_PROBE)])
         except TemplateRefused:
             return False
-        head = text.split(_PROBE, 1)[0]
-        return "system" in head.lower()
+        head = alone.split(_PROBE, 1)[0]
+        try:
+            both = self.render_prompt([Message(role="system", content=_SYSTEM_PROBE), Message(role="user", content=_PROBE)])
+        except TemplateRefused:
+            return False
+        around = both.split(_PROBE, 1)[0]
+        before, _, between = around.partition(_SYSTEM_PROBE)  # a dropped system message: between == ""
+        return not any(head.startswith(before[:i]) and between.endswith(head[i:]) for i in range(len(before) + 1))
 
-    def _apply(self, conversation: list[dict[str, str]], **options: Any) -> str:
-        """``apply_chat_template`` as text; a template that raises becomes :class:`TemplateRefused`."""
+    def _apply(self, conversation: list[dict[str, Any]], **options: Any) -> str:
+        """``apply_chat_template`` as text (a :class:`RenderedText` when content holds
+        special-token text); a template that raises becomes :class:`TemplateRefused`.
+
+        Raises:
+            TemplateRefused: the template raises on this conversation.
+            InputError: content holds special-token text and the template renders the escaped
+                conversation other than character for character (field ``messages``).
+        """
+        found = self.special_text(m.get("content") for m in conversation)
+        text = self._apply_raw(conversation, **options)
+        if not found:
+            return text
+        assert self._special_re is not None
+        mark = _sentinel([text, *(m.get("content") or "" for m in conversation if isinstance(m.get("content"), str))])
+        escaped_convo = [
+            m | {"content": self._special_re.sub(lambda x: mark * len(x.group(0)), m["content"])}
+            if isinstance(m.get("content"), str) else m
+            for m in conversation
+        ]
+        escaped = self._apply_raw(escaped_convo, **options)
+        spans = [(x.start(), x.end()) for x in re.finditer(re.escape(mark) + "+", escaped)]
+        rebuilt = list(escaped)
+        if len(escaped) == len(text):
+            for a, b in spans:
+                rebuilt[a:b] = text[a:b]
+        if len(escaped) != len(text) or "".join(rebuilt) != text or not all(self._only_specials(text[a:b]) for a, b in spans):
+            raise InputError(
+                f"the conversation contains the special-token text {', '.join(map(repr, found))}, and the "
+                "chat template does not render it in place, so it cannot be encoded as text; remove or "
+                "rewrite that text",
+                field="messages",
+            )
+        return _with_spans(text, spans)
+
+    def _only_specials(self, text: str) -> bool:
+        """Whether ``text`` is one or more special-token strings back to back."""
+        assert self._special_re is not None
+        return self._special_re.sub("", text) == "" and bool(text)
+
+    def _apply_raw(self, conversation: list[dict[str, Any]], **options: Any) -> str:
         try:
             return self.tokenizer.apply_chat_template(conversation, tokenize=False, **options)
         except Exception as exc:  # jinja2's TemplateError (raise_exception), or a template bug
@@ -152,7 +284,7 @@ class ChatRenderer:
         """
         if not messages:
             full = self.render_full([], _PROBE)
-            return full[: full.index(_PROBE)]
+            return _slice(full, 0, full.index(_PROBE))
         return self._apply([m.as_dict() for m in messages], add_generation_prompt=True)
 
     def render_full(self, messages: Sequence[Message], answer: str) -> str:
@@ -165,14 +297,76 @@ class ChatRenderer:
         return self._apply(convo)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of rendered text, with exactly one BOS where the tokenizer uses one."""
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        """Token ids of rendered text, with exactly one BOS where the tokenizer uses one.
+
+        Special-token text from message content (a :class:`RenderedText`) is encoded as text
+        (see module docs).
+
+        Raises:
+            InputError: content holds special-token text that this tokenizer cannot encode as
+                text exactly (field ``messages``).
+        """
+        if _spans_of(text):
+            ids, _ = self._tokenize(text)
+        else:
+            ids = self.tokenizer(str(text), add_special_tokens=False).input_ids
         if self._needs_bos(text):
             ids = [self._bos_id, *ids]
         return list(ids)
 
     def _needs_bos(self, text: str) -> bool:
-        return self._bos_id is not None and not (self._bos_text and text.startswith(self._bos_text))
+        if self._bos_id is None or not self._bos_text or not text.startswith(self._bos_text):
+            return self._bos_id is not None
+        return any(a == 0 for a, _ in _spans_of(text))  # the text's first "BOS" is content
+
+    def _tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and character offsets of ``text`` (no BOS added): one tokenizer call, or, where
+        content holds special-token text, the piecewise encoding of the module docs."""
+        spans = _spans_of(text)
+        if not spans:
+            enc = self.tokenizer(str(text), add_special_tokens=False, return_offsets_mapping=True)
+            return list(enc.input_ids), [tuple(o) for o in enc.offset_mapping]
+        mark = _sentinel([text])
+        chars = list(text)
+        for a, b in spans:
+            chars[a:b] = mark * (b - a)
+        escaped = "".join(chars)
+        enc = self.tokenizer(escaped, add_special_tokens=False, return_offsets_mapping=True)
+        esc_ids = list(enc.input_ids)
+        esc_offsets = [tuple(o) for o in enc.offset_mapping]
+        # the template's control tokens: special tokens spelled out in the text (not an <unk>)
+        controls = [
+            k for k, (i, (a, b)) in enumerate(zip(esc_ids, esc_offsets, strict=True))
+            if i in self._control_text and self._control_text[i] in escaped[a:b]
+        ]
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        bounds = [-1, *controls, len(esc_ids)]
+        for n, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            if n:  # the control token itself
+                ids.append(esc_ids[lo])
+                offsets.append(esc_offsets[lo])
+            start = esc_offsets[lo][1] if lo >= 0 else 0
+            end = esc_offsets[hi][0] if hi < len(esc_ids) else len(text)
+            if not any(a < end and b > start for a, b in spans):
+                ids += esc_ids[lo + 1 : hi]
+                offsets += esc_offsets[lo + 1 : hi]
+                continue
+            alone = self.tokenizer(escaped[start:end], add_special_tokens=False).input_ids
+            if list(alone) != esc_ids[lo + 1 : hi]:
+                found = ", ".join(repr(text[a:b]) for a, b in spans[:3])
+                raise InputError(
+                    f"the conversation contains the special-token text {found}, and this tokenizer "
+                    "encodes a piece of text alone differently from inside the whole text, so it "
+                    "cannot be encoded as text exactly; remove or rewrite that text",
+                    field="messages",
+                )
+            piece = self.tokenizer(
+                text[start:end], add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True
+            )
+            ids += list(piece.input_ids)
+            offsets += [(a + start, b + start) for a, b in piece.offset_mapping]
+        return ids, offsets
 
     def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
         """Generation prompt token ids (messages + assistant header)."""
@@ -204,7 +398,7 @@ class ChatRenderer:
                 f"conversation where the original has {target.lead!r}",
                 field="chat template",
             )
-        return full[:cut]
+        return _slice(full, 0, cut)
 
     def coalition_prompt(
         self,
@@ -263,9 +457,7 @@ class ChatRenderer:
                 field="chat template",
             )
         answer_end = answer_start + len(answer)
-        enc = self.tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
-        ids: list[int] = list(enc.input_ids)
-        offsets: list[tuple[int, int]] = [tuple(o) for o in enc.offset_mapping]
+        ids, offsets = self._tokenize(full_text)
         first = next((k for k, (s, e) in enumerate(offsets) if e > answer_start and e > s), len(ids))
         if first == len(ids):
             raise InputError("the target answer tokenizes to no tokens", field="target")
@@ -294,7 +486,7 @@ class ChatRenderer:
             includes_eot = True
         target_ids = ids[first:last]
         end_char = offsets[last - 1][1]
-        prompt_text = full_text[:prompt_end]
+        prompt_text = _slice(full_text, 0, prompt_end)
         prompt_ids = self.encode(prompt_text)
         bos = 1 if self._needs_bos(prompt_text) else 0  # a prepended BOS shifts the prompt by one
         if prompt_ids[bos:] != ids[:first]:
@@ -310,7 +502,7 @@ class ChatRenderer:
             ids=tuple(target_ids),
             text=full_text[prompt_end:end_char],
             full_prompt_ids=tuple(prompt_ids),
-            full_text=full_text,
+            full_text=str(full_text),
             includes_end_of_turn=includes_eot,
             offsets=tuple((s - answer_start, e - answer_start) for s, e in offsets[first:last]),
             answer=answer,
