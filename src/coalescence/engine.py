@@ -225,13 +225,17 @@ class Engine:
     def model(self) -> dict[str, str]:
         """The model identity that enters coalition keys: ``{"id", "revision", "dtype", "sha256"}``
         (``sha256``: the content fingerprint of the weight, tokenizer and template files, ``""``
-        for a model with no files)."""
-        return {
+        for a model with no files), and ``template_now``, the pinned instant, when the chat
+        template renders a date (the same model renders other prompts on another day)."""
+        model = {
             "id": self.backend.model_id,
             "revision": self.backend.revision,
             "dtype": self.backend.dtype,
             "sha256": str(getattr(self.backend, "fingerprint", "") or ""),
         }
+        if self.renderer.renders_date:
+            model["template_now"] = self.renderer.now.isoformat()
+        return model
 
     def resolved_utility(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> ResolvedUtility:
         """The engine's utility fixed for ``snapshot``'s target (cached).
@@ -644,6 +648,7 @@ def key_for(
         dtype=model["dtype"],
         utility=utility,
         model_sha256=model.get("sha256"),
+        template_now=model.get("template_now"),
     )
 
 

@@ -581,8 +581,10 @@ class ExplainRun:
             identity = {"id": source.model_id, "revision": source.revision, "dtype": s.dtype, "sha256": fingerprint}
             self._loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
         self.max_context = max_context
-        self._check_model_identity(identity)
         renderer = ChatRenderer(tokenizer, now=self.now)
+        if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
+            identity["template_now"] = renderer.now.isoformat()
+        self._check_model_identity(identity)
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             on_line(k, self.is_batch, self._check_game, renderer, conversation, unit)
 
