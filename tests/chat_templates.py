@@ -23,6 +23,16 @@ behaviour. Nothing is downloaded.
 | trim      | a zephyr-style template that strips whitespace from every message's content            |
 | tools     | Qwen2.5 with native ``tool_calls`` (Hermes ``<tool_call>`` blocks) and ``tool`` results |
 |           | rendered as ``<tool_response>`` inside a user turn                                     |
+
+Templates that write today's date (:data:`DATED_FAMILIES`, not in :data:`FAMILIES`: their text
+changes with the day):
+
+| family        | rules reproduced                                                                  |
+|---------------|-----------------------------------------------------------------------------------|
+| llama31_date  | Llama 3.1 headers with ``Today Date: {{ strftime_now("%d %b %Y") }}`` in the system |
+|               | turn                                                                              |
+| llama32_date  | Llama 3.2: ``date_string`` used when defined, else ``strftime_now("%d %b %Y")``,   |
+|               | else ``26 Jul 2024``                                                              |
 """
 
 from __future__ import annotations
@@ -69,6 +79,35 @@ LLAMA3 = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
+
+_LLAMA3_TURNS = (
+    "{{- system_message }}{{- '<|eot_id|>' }}"
+    "{%- for message in messages %}"
+    "{%- set role = 'ipython' if message['role'] == 'tool' else message['role'] %}"
+    "{{- '<|start_header_id|>' + role + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+_LLAMA3_SYSTEM = (
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content']|trim %}"
+    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+)
+
+LLAMA31_DATE = (
+    "{{- bos_token }}" + _LLAMA3_SYSTEM + "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: ' + strftime_now('%d %b %Y') + '\\n\\n' }}" + _LLAMA3_TURNS
+)
+"""Llama 3.1's shape, the date written by transformers' ``strftime_now`` helper."""
+
+LLAMA32_DATE = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+    "{%- set date_string = strftime_now('%d %b %Y') %}{%- else %}{%- set date_string = '26 Jul 2024' %}{%- endif %}{%- endif %}"
+    + _LLAMA3_SYSTEM
+    + "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: ' + date_string + '\\n\\n' }}" + _LLAMA3_TURNS
+)
+"""Llama 3.2's shape: the ``date_string`` variable when the caller defines it."""
 
 LLAMA2 = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
@@ -257,6 +296,19 @@ FAMILIES = (
     ),
 )
 """The corpus, by family."""
+
+_LLAMA3_TOKENS: dict[str, Any] = dict(
+    eos="<|eot_id|>",
+    bos="<|begin_of_text|>",
+    prepends_bos=True,
+    specials=("<|start_header_id|>", "<|end_header_id|>"),
+    end_of_turn="<|eot_id|>",
+)
+DATED_FAMILIES = (
+    Family(name="llama31_date", template=LLAMA31_DATE, **_LLAMA3_TOKENS),
+    Family(name="llama32_date", template=LLAMA32_DATE, **_LLAMA3_TOKENS),
+)
+"""Templates that write today's date (module docs)."""
 
 CORPUS = [
     "The Eiffel Tower was completed in 1889 for the World's Fair in Paris.",

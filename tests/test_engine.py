@@ -128,10 +128,13 @@ def test_prepare_generates_a_missing_target(tiny_backend):
         assert exc.field == "target"
         return
     prompt = engine.renderer.encode_prompt(convo.messages)
-    expected = tiny_backend.tokenizer.decode(
-        tiny_backend.generate(prompt, max_new_tokens=6), skip_special_tokens=True
-    ).strip()
-    assert snap.target == expected and snap.conversation.target_source == "generated"
+    generated = tiny_backend.generate(prompt, max_new_tokens=6)
+    if generated[-1] == tiny_backend.tokenizer.convert_tokens_to_ids("<|im_end|>"):  # the stop token is not the answer's
+        generated = generated[:-1]
+    # the ids as generated, shown as their decoding (not stripped, special tokens kept)
+    assert snap.conversation.target_ids == tuple(generated)
+    assert snap.target == tiny_backend.tokenizer.decode(generated, skip_special_tokens=False)
+    assert snap.conversation.target_source == "generated"
 
 
 @pytest.mark.anyio

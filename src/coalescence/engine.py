@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import fields, replace
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,9 @@ class Engine:
             and 8192-token buckets, a 16,384-token budget, capped at the model's context).
         utility: the utility v(S) (default: ``logprob``, the target's log-probability in nats;
             see :mod:`coalescence.utility`).
+        now: the instant chat templates that write the date render (default: pinned when the
+            engine is made, see :class:`~coalescence.masking.render.ChatRenderer`); a resumed or
+            replayed run passes the one its manifest records.
 
     Every model evaluation's measurement (per-token log-probabilities, or generated texts) is
     kept by its evaluation key (:attr:`measurements`, filled from an attached archive too), so a
@@ -101,6 +105,7 @@ class Engine:
         batch_size: int | None = None,
         buckets: LengthBuckets | None = None,
         utility: UtilitySpec | None = None,
+        now: datetime | None = None,
     ) -> None:
         check_backend(backend)
         self.backend = backend
@@ -114,7 +119,7 @@ class Engine:
         self.batch_size = batch_size or int(backend.max_batch_size)
         if self.batch_size < 1:
             raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
-        self.renderer = ChatRenderer(backend.tokenizer)
+        self.renderer = ChatRenderer(backend.tokenizer, now=now)
         if archive is not None:
             fill_store(self.store, archive.loaded)
             fill_measurements(self.measurements, archive.loaded)
@@ -142,7 +147,10 @@ class Engine:
         """Segment a conversation into a snapshot, generating its target first if it has none.
 
         The target is generated once, greedily, from the full prompt (at most ``max_new_tokens``
-        tokens), decoded without special tokens and stripped.
+        tokens). Its ids are the target (:attr:`~coalescence.conversation.Conversation.target_ids`,
+        the stop token the model ended with excluded: the template's end-of-turn is scored after
+        them, see :mod:`coalescence.masking.render`); its text is their decoding, special tokens
+        kept, not stripped (shown, never encoded again).
 
         Raises:
             InputError: bad unit/roles, no players, or an empty generated answer.
@@ -157,15 +165,17 @@ class Engine:
                 raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="max_new_tokens")
             prompt = self.renderer.encode_prompt(conversation.messages)
             self._check_room(len(prompt), max_new_tokens)
-            new_ids = self.backend.generate(prompt, max_new_tokens=max_new_tokens)
-            text = self.backend.tokenizer.decode(new_ids, skip_special_tokens=True).strip()
-            if not text:
+            new_ids = [int(i) for i in self.backend.generate(prompt, max_new_tokens=max_new_tokens)]
+            stopped = bool(new_ids) and new_ids[-1] in self.renderer.special_ids
+            content = new_ids[:-1] if stopped else new_ids
+            text = self.backend.tokenizer.decode(content, skip_special_tokens=False)
+            if not text.strip():
                 raise InputError(
                     "the model generated an empty answer; give the answer as a last assistant "
                     'message or a "target" string',
                     field="target",
                 )
-            conversation = conversation.with_target(text, source="generated")
+            conversation = conversation.with_target(text, source="generated", ids=content)
         return ConversationSnapshot.build(conversation, unit=unit, roles=roles)
 
     def target_tokens(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> TargetTokens:
@@ -217,13 +227,17 @@ class Engine:
     def model(self) -> dict[str, str]:
         """The model identity that enters coalition keys: ``{"id", "revision", "dtype", "sha256"}``
         (``sha256``: the content fingerprint of the weight, tokenizer and template files, ``""``
-        for a model with no files)."""
-        return {
+        for a model with no files), and ``template_now``, the pinned instant, when the chat
+        template renders a date (the same model renders other prompts on another day)."""
+        model = {
             "id": self.backend.model_id,
             "revision": self.backend.revision,
             "dtype": self.backend.dtype,
             "sha256": str(self.backend.fingerprint or ""),
         }
+        if self.renderer.renders_date:
+            model["template_now"] = self.renderer.now.isoformat()
+        return model
 
     def resolved_utility(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> ResolvedUtility:
         """The engine's utility fixed for ``snapshot``'s target (cached).
@@ -560,7 +574,9 @@ class Engine:
 
     def _template_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
         target = self.target_tokens(snapshot, policy)
-        notes: tuple[str, ...] = ()
+        notes: tuple[str, ...] = target.notes()
+        if self.renderer.renders_date:
+            notes += (f"the template renders a date: pinned to {self.renderer.now:%Y-%m-%d}",)
         if target.inserted:
             notes += (
                 f"the chat template writes {target.inserted!r} between the assistant header and the answer; "
@@ -646,6 +662,7 @@ def key_for(
         dtype=model["dtype"],
         utility=utility,
         model_sha256=model.get("sha256"),
+        template_now=model.get("template_now"),
     )
 
 

@@ -486,6 +486,26 @@ class ExplainRun:
                 check_parts(run_dir, skip_corrupt=s.skip_corrupt)  # so is a part that fails its digest or schema
             _writable_parent(run_dir, "archive")
             self.run_dir = run_dir
+        self.now = self.pinned_now()
+
+    def pinned_now(self) -> datetime:
+        """The instant chat templates that write the date render in this run: the one the archive's
+        last run recorded (``template_now``) when the archive is resumed (no ``new_run``), else
+        :func:`~coalescence.masking.render.template_now` (the clock, or ``COALESCENCE_TODAY``).
+
+        Raises:
+            ArchiveError: the recorded instant is not an ISO datetime (an edited manifest).
+            ConfigError: ``COALESCENCE_TODAY`` is not an ISO date.
+        """
+        from .archive.reader import read_manifest
+        from .masking.render import template_now
+
+        if self.run_dir is not None and not self.settings.new_run and (self.run_dir / "manifest.json").is_file():
+            runs = read_manifest(self.run_dir).get("runs") or []
+            recorded = [r.get("template_now") for r in runs if r.get("template_now") is not None]
+            if recorded:
+                return _recorded_now(self.run_dir, recorded[-1])
+        return template_now()
 
     # the parts a run of another kind (a sweep, :mod:`coalescence.sweeps`) changes -------------------
     def player_limit(self) -> int | None:
@@ -561,8 +581,10 @@ class ExplainRun:
             identity = {"id": source.model_id, "revision": source.revision, "dtype": s.dtype, "sha256": fingerprint}
             self._loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
         self.max_context = max_context
+        renderer = ChatRenderer(tokenizer, now=self.now)
+        if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
+            identity["template_now"] = renderer.now.isoformat()
         self._check_model_identity(identity)
-        renderer = ChatRenderer(tokenizer)
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             on_line(k, self.is_batch, self._check_game, renderer, conversation, unit)
 
@@ -647,7 +669,7 @@ class ExplainRun:
                 fingerprint=self._loaded["fingerprint"],
             )
         try:
-            self.engine = Engine(self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility)
+            self.engine = Engine(self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility, now=self.now)
             self._snapshots()
         except BaseException:
             if owned and self.backend.shutdown_with_engine:  # e.g. the Ray workers this run started
@@ -731,6 +753,11 @@ class ExplainRun:
                     t for x in recorded for t in (*(m.content for m in x.conversation.messages), x.target)
                 )),
             },
+            # one date per run: what templates that write today's date render, in every session and replay
+            "template_now": engine.renderer.now.isoformat(),
+            "template_renders_date": engine.renderer.renders_date,
+            # what a user must know of a generated answer's tokens (cut inside a character, no round trip)
+            "target_notes": {x.snapshot_id: list(engine.target_tokens(x, policy).notes()) for x in recorded},
             "target_token_ids": {x.snapshot_id: list(engine.target_tokens(x, policy).ids) for x in recorded},
             # per target token, its characters in the answer: answer sub-spans replay without a tokenizer
             "target_token_offsets": {x.snapshot_id: [list(o) for o in engine.target_tokens(x, policy).offsets] for x in recorded},
@@ -771,10 +798,12 @@ class ExplainRun:
         if self.run_dir is None:
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
             self.run_dir = Path("runs") / f"{stamp}-{self.snapshots[0].snapshot_id[:12]}"
+        description = self.description()
+        self._check_same_date(description)
         try:
             archive = RunArchive.open(
                 self.run_dir,
-                self.description(),
+                description,
                 new_run=s.new_run,
                 skip_corrupt=s.skip_corrupt,
                 flush_rows=s.flush_rows,
@@ -794,6 +823,25 @@ class ExplainRun:
         if not archive.resumed:
             self.engine.attach_archive(archive)
         return archive
+
+    def _check_same_date(self, description: dict[str, Any]) -> None:
+        """Refuse to resume a run whose recorded date is not the one this session rendered with
+        (an archive of several runs, resuming an earlier one than the last)."""
+        from .archive.reader import read_manifest
+        from .archive.writer import IDENTITY_FIELDS
+
+        if self.run_dir is None or not (self.run_dir / "manifest.json").is_file() or not description.get("template_renders_date"):
+            return
+        for run in read_manifest(self.run_dir).get("runs") or []:
+            if all(run.get(k) == description.get(k) for k in IDENTITY_FIELDS):
+                recorded = run.get("template_now")
+                if recorded is not None and _recorded_now(self.run_dir, recorded) != self.now:
+                    raise ArchiveError(
+                        f"the run was rendered with the date pinned to {recorded}, this session to "
+                        f"{self.now.isoformat()}; resume it with COALESCENCE_TODAY={recorded}",
+                        field="archive",
+                    )
+                return
 
     def _same_measurement(self) -> bool:
         """Whether the archive's last run measured what this utility needs (so replay can reduce it)."""
@@ -944,6 +992,24 @@ class ExplainRun:
             document=payload,
             resumed_coalitions=self.resumed_coalitions,
         )
+
+
+def _recorded_now(run_dir: Path, value: Any) -> datetime:
+    """A run's recorded ``template_now`` as a datetime.
+
+    Raises:
+        ArchiveError: not an ISO datetime string (naming the manifest).
+    """
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ArchiveError(
+            f"{run_dir / 'manifest.json'}: template_now must be an ISO datetime, got {str(value)[:40]!r}; the "
+            "manifest was edited or damaged: restore it, or choose another archive",
+            field="RUN_DIR",
+        ) from None
 
 
 def _first_error(group: BaseExceptionGroup) -> BaseException:
@@ -1248,6 +1314,12 @@ class ArchiveFit:
         when = record.get("default_system_in_play")
         if isinstance(when, str) and when != "never":
             notes += (f"the chat template injects its own default system prompt ({when})",)
+        target_notes = (self.run.get("target_notes") or {}).get(snap.snapshot_id)
+        if isinstance(target_notes, list):
+            notes += tuple(str(n) for n in target_notes)
+        now = self.run.get("template_now")
+        if self.run.get("template_renders_date") is True and isinstance(now, str):
+            notes += (f"the template renders a date: pinned to {now[:10]}",)
         executed = (self.run.get("statistics") or {}).get("executed")
         run_note = f"replayed from run {self.run['run_id']} of the archive: no model call"
         if isinstance(executed, int) and not isinstance(executed, bool):
@@ -1631,7 +1703,9 @@ class ReplayRun:
             backend = load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size)
         else:
             backend = loader(source)
-        engine = Engine(backend, store=self.fit_.store, progress=progress, batch_size=s.batch_size, utility=self.utility)
+        recorded_now = self.run.get("template_now")  # one date per run: a replay renders the run's
+        now = _recorded_now(self.run_dir, recorded_now) if recorded_now is not None else None
+        engine = Engine(backend, store=self.fit_.store, progress=progress, batch_size=s.batch_size, utility=self.utility, now=now)
         engine.measurements.update(self.fit_.measurements)
         if engine.model != self.run["model"]:
             if backend.shutdown_with_engine:

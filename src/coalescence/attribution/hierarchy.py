@@ -91,6 +91,7 @@ def fine_snapshot(coarse: ConversationSnapshot, fine_unit: str) -> tuple[Convers
         messages=coarse.conversation.messages,
         target=coarse.conversation.target,
         target_source=coarse.conversation.target_source,
+        target_ids=coarse.conversation.target_ids,
         declared=declared,
     )
     players = segment_players(conversation, unit=fine_unit)

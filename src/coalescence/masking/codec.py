@@ -148,6 +148,7 @@ def coalition_key(
     utility: Mapping[str, Any],
     generation: Mapping[str, Any] | None = None,
     model_sha256: str | None = None,
+    template_now: str | None = None,
 ) -> str:
     """The identity of one coalition's utility value.
 
@@ -161,6 +162,8 @@ def coalition_key(
             of schema :data:`KEY_SCHEMA` (the rendering rules of this version: structure-keeping
             removal, answers located in each coalition's full rendering); ``None`` computes a
             schema-1 key, as archives written before fingerprints recorded them (replay only).
+        template_now: the instant (ISO) a chat template that renders the date was pinned to, or
+            ``None`` for a template that writes no date (the key is then unchanged).
 
     Raises:
         MaskError: ``mask`` is not a :class:`PackedMask`.
@@ -170,6 +173,8 @@ def coalition_key(
     model: dict[str, Any] = {"id": model_id, "revision": model_revision, "dtype": dtype}
     if model_sha256 is not None:
         model["sha256"] = model_sha256
+    if template_now is not None:
+        model["template_now"] = template_now
     payload = {
         "schema": KEY_SCHEMA if model_sha256 is not None else 1,
         "snapshot_id": snapshot_id,

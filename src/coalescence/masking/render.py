@@ -14,6 +14,28 @@ treats each coalition as it treats the original, and every coalition is scored o
 Generation (a target to generate, regenerate-and-compare utilities) uses the generation prompt
 (the messages and the assistant header, ``add_generation_prompt=True``).
 
+A generated answer (the snapshot's :attr:`~coalescence.conversation.Conversation.target_ids`) is
+scored as the ids the model produced, never decoded and encoded again (decode-then-encode is not
+the identity: a byte-level token cut inside a UTF-8 character decodes to U+FFFD, a leading-space
+token is merged or stripped). The rule: every coalition's prompt is its *generation prompt*
+(what the model generated the answer after), and the target is the generated ids (the stop token
+the model ended with excluded) followed by the template's end-of-turn, the tokens the template
+writes after an answer's content up to and including its first special token (whitespace before
+it included, as for a text answer). The assistant turn's content in the full rendering is the
+ids' decoded text (special tokens kept), which is what is shown and what answer sub-spans count
+characters in; nothing is located by it. Nothing the template writes between the assistant header
+and an answer's content in a full rendering (Qwen3's empty reasoning block) is then in the
+prompt: the model generated after the header.
+
+Dates. Templates that write today's date (Llama 3.1/3.2's ``Today Date``, through the
+``strftime_now`` helper or the ``date_string`` variable) render under one pinned instant per
+renderer (:attr:`ChatRenderer.now`): transformers passes extra ``apply_chat_template`` keyword
+arguments to the template as variables, after converting them to plain data (a callable becomes
+the text ``"<function>"``), so ``date_string`` is passed as a variable, and ``strftime_now`` is
+shadowed by a Jinja macro put in front of the template (only of a template that names it) that
+formats the pinned instant's fields, passed as a variable. :attr:`ChatRenderer.renders_date` says
+whether the template's text changes with the date (rendered under two pinned dates, compared).
+
 Exactly one BOS: when the tokenizer prepends a BOS token by default and the rendered text does not
 already start with it, one is prepended; the template's own BOS text is never doubled.
 
@@ -36,9 +58,11 @@ template's message; so does a template that does not render the answer verbatim.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -47,7 +71,7 @@ from ..conversation import ConversationSnapshot, Message
 from ..errors import InputError, TemplateRefused
 from .policies import AbsencePolicy
 
-__all__ = ("ChatRenderer", "RenderedText", "TargetTokens")
+__all__ = ("TODAY_ENV", "ChatRenderer", "RenderedText", "TargetTokens", "template_now")
 
 _PROBE = "\u2063coalescence-probe\u2063"
 _SYSTEM_PROBE = "\u2063coalescence-system-probe\u2063"
@@ -92,6 +116,47 @@ def _sentinel(texts: Sequence[str]) -> str:
     used = set().union(*(set(t) for t in texts)) if texts else set()
     return next(chr(c) for c in _PRIVATE_USE if chr(c) not in used)
 
+TODAY_ENV = "COALESCENCE_TODAY"
+"""The environment variable that fixes "now" for chat templates that write the date: an ISO
+date (``2024-07-26``, midnight) or date and time (``2024-07-26T09:30:00``). Unset: the clock."""
+
+# strftime directives the pinned instant is formatted with (platform-independent ones)
+_DIRECTIVES = "aAbBcdfGHIjmMpSuUVwWxXyYzZ%"
+
+_STRFTIME_MACRO = (
+    "{%- macro strftime_now(format) -%}"
+    "{%- set ns = namespace(out='', pct=false) -%}"
+    "{%- for ch in format -%}"
+    "{%- if ns.pct -%}{%- set ns.out = ns.out + (coalescence_now[ch] if ch in coalescence_now else '%' + ch) -%}"
+    "{%- set ns.pct = false -%}"
+    "{%- elif ch == '%' -%}{%- set ns.pct = true -%}"
+    "{%- else -%}{%- set ns.out = ns.out + ch -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{{- ns.out -}}"
+    "{%- endmacro %}"
+)
+"""Shadows transformers' ``strftime_now`` global: the same formatting, of the pinned instant."""
+
+_DATE_PROBES = (datetime(2001, 2, 3, 4, 5, 6), datetime(2002, 11, 12, 13, 14, 15))
+
+
+def template_now() -> datetime:
+    """The instant a new renderer pins: :data:`TODAY_ENV` when set, else the local clock (naive,
+    as transformers' ``strftime_now``), to the second.
+
+    Raises:
+        ConfigError: :data:`TODAY_ENV` is set to something that is not an ISO date or datetime.
+    """
+    from ..errors import ConfigError
+
+    raw = os.environ.get(TODAY_ENV)
+    if raw is None or not raw.strip():
+        return datetime.now().replace(microsecond=0)
+    try:
+        return datetime.fromisoformat(raw.strip()).replace(microsecond=0, tzinfo=None)
+    except ValueError:
+        raise ConfigError(f"must be an ISO date (2024-07-26) or datetime, got {raw!r}", field=TODAY_ENV) from None
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TargetTokens:
@@ -119,6 +184,10 @@ class TargetTokens:
         inserted: the template text between the generation prompt (``add_generation_prompt``)
             and the answer's content: empty for most templates, Qwen3's empty reasoning block for
             Qwen3; ``None`` when the full rendering does not start with the generation prompt.
+        generated: True when the ids are a generated answer's own ids (module docs): every
+            coalition is scored after its generation prompt.
+        round_trips: for a generated answer, whether its decoded text encodes back to its ids
+            (always True for a text answer).
     """
 
     ids: tuple[int, ...]
@@ -132,10 +201,33 @@ class TargetTokens:
     lead: str = ""
     tail: str = ""
     inserted: str | None = ""
+    generated: bool = False
+    round_trips: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """What the run manifest records of the rendering around the answer (JSON-ready)."""
-        return {"inserted": self.inserted, "lead": self.lead, "tail": self.tail}
+        out: dict[str, Any] = {"inserted": self.inserted, "lead": self.lead, "tail": self.tail}
+        if self.generated:
+            out["generated_ids"] = True
+        return out
+
+    def notes(self) -> tuple[str, ...]:
+        """What a user must know of a generated answer's tokens (empty for a text answer): a
+        generation cut inside a UTF-8 character, ids that do not round-trip through their text."""
+        if not self.generated:
+            return ()
+        notes: tuple[str, ...] = ()
+        if self.answer.endswith("\ufffd"):
+            notes += (
+                "the generated answer was cut inside a UTF-8 character (its text ends in U+FFFD); "
+                "the generated token ids are scored as they are",
+            )
+        if not self.round_trips:
+            notes += (
+                "the generated answer's text does not encode back to its token ids; the generated ids "
+                "are scored, its text is shown as decoded",
+            )
+        return notes
 
 
 def _first_line(exc: BaseException) -> str:
@@ -148,23 +240,36 @@ class ChatRenderer:
 
     Args:
         tokenizer: a transformers fast tokenizer with a ``chat_template`` (offsets are needed).
+        now: the instant templates that write the date render (default :func:`template_now`,
+            read once here): every rendering of this renderer uses it (module docs).
 
     Attributes:
         injects_default_system: whether the template adds a system turn of its own to a
             conversation that has none (SmolLM2's, Qwen2.5's and Llama-2-chat's original one do;
             detected by rendering, see :meth:`_probe_default_system`).
+        now: the pinned instant (naive datetime, seconds).
+        renders_date: whether the template's text depends on the date (a one-message
+            conversation rendered under two pinned dates differs).
 
     Raises:
         InputError: the tokenizer has no chat template (field ``--model``).
+        ConfigError: :data:`TODAY_ENV` is not an ISO date (when ``now`` is not given).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, now: datetime | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise InputError(
                 "the model's tokenizer has no chat template; use an instruction-tuned (chat) model",
                 field="model",
             )
         self.tokenizer = tokenizer
+        self.now = (now if now is not None else template_now()).replace(microsecond=0)
+        source = tokenizer.get_chat_template()
+        self._names_strftime = "strftime_now" in source
+        self._names_date_string = "date_string" in source
+        # trim_blocks drops one newline after the macro's tag: a template's own first newline is kept
+        self._source = (_STRFTIME_MACRO + ("\n" if source.startswith("\n") else "") + source) if self._names_strftime else None
+        self._date_options = self._options_at(self.now)
         bos_id = tokenizer.bos_token_id
         probe = tokenizer("a").input_ids
         self._bos_id: int | None = bos_id if (bos_id is not None and probe[:1] == [bos_id]) else None
@@ -178,6 +283,9 @@ class ChatRenderer:
         names |= {str(tok.content) for tok in added.values() if getattr(tok, "special", False)}
         spelled = sorted((t for t in names if t), key=lambda t: (-len(t), t))  # longest first
         self._special_re: re.Pattern[str] | None = re.compile("|".join(map(re.escape, spelled))) if spelled else None
+        self.special_ids: frozenset[int] = self._special_ids
+        """The tokenizer's special token ids (a generation's trailing one is its stop token)."""
+        self.renders_date = self._probe_date()
         self.injects_default_system = self._probe_default_system()
 
     def special_text(self, texts: Iterable[str | None]) -> tuple[str, ...]:
@@ -263,9 +371,35 @@ class ChatRenderer:
         assert self._special_re is not None
         return self._special_re.sub("", text) == "" and bool(text)
 
-    def _apply_raw(self, conversation: list[dict[str, Any]], **options: Any) -> str:
+    def _options_at(self, now: datetime) -> dict[str, Any]:
+        """The ``apply_chat_template`` options that render the date as ``now`` (module docs)."""
+        options: dict[str, Any] = {}
+        if self._names_date_string:
+            options["date_string"] = now.strftime("%d %b %Y")  # Llama 3.1's variable and format
+        if self._source is not None:
+            options["chat_template"] = self._source
+            options["coalescence_now"] = {c: now.strftime("%" + c) for c in _DIRECTIVES}
+        return options
+
+    def _probe_date(self) -> bool:
+        """Whether a one-message conversation renders differently under two pinned dates."""
+        if not (self._names_strftime or self._names_date_string):
+            return False
+        convo = [{"role": "user", "content": _PROBE}]
         try:
-            return self.tokenizer.apply_chat_template(conversation, tokenize=False, **options)
+            texts = {
+                self.tokenizer.apply_chat_template(convo, tokenize=False, add_generation_prompt=True, **self._options_at(t))
+                for t in _DATE_PROBES
+            }
+        except Exception:  # a template that refuses the probe: rendered conversations say the rest
+            return False
+        return len(texts) > 1
+
+    def _apply_raw(self, conversation: list[dict[str, Any]], **options: Any) -> str:
+        """``apply_chat_template`` as text, under the pinned date; a template that raises becomes
+        :class:`TemplateRefused`."""
+        try:
+            return self.tokenizer.apply_chat_template(conversation, tokenize=False, **self._date_options, **options)
         except Exception as exc:  # jinja2's TemplateError (raise_exception), or a template bug
             reason = _first_line(exc)
             raise TemplateRefused(
@@ -380,6 +514,8 @@ class ChatRenderer:
             TemplateRefused: the template raises on this conversation, or renders the answer other
                 than verbatim, or with other template text inside its first token.
         """
+        if target.generated:  # scored after the prompt the answer was generated from (module docs)
+            return self.render_prompt(messages)
         full = self.render_full(messages, target.answer)
         if full.endswith(target.answer + target.tail):
             pos = len(full) - len(target.tail) - len(target.answer)
@@ -441,6 +577,8 @@ class ChatRenderer:
             messages = policy.render(snapshot, np.ones(snapshot.n_players, dtype=bool))
         else:
             messages = list(snapshot.conversation.messages)
+        if snapshot.conversation.target_ids is not None:
+            return self._generated_target(messages, snapshot.target, snapshot.conversation.target_ids)
         answer = snapshot.target
         full_text = self.render_full(messages, answer)
         try:
@@ -510,4 +648,75 @@ class ChatRenderer:
             lead=lead,
             tail=full_text[answer_end:],
             inserted=inserted,
+        )
+
+    def end_of_turn(self, messages: Sequence[Message]) -> tuple[list[int], str]:
+        """The template's end-of-turn after an answer to ``messages``: the ids (and their text) of
+        what the template writes after an answer's content up to and including its first special
+        token, whitespace before it included; empty when template text that is not whitespace
+        comes first or there is no special token (nothing of the template is then scored, as for
+        a text answer).
+
+        Raises:
+            TemplateRefused: the template raises on the conversation with an answer.
+        """
+        full = self.render_full(messages, _PROBE)
+        tail = full[full.rindex(_PROBE) + len(_PROBE) :]
+        enc = self.tokenizer(tail, add_special_tokens=False, return_offsets_mapping=True)
+        for k, (tid, (s, e)) in enumerate(zip(enc.input_ids, enc.offset_mapping, strict=True)):
+            if tid in self._special_ids:
+                return list(enc.input_ids[: k + 1]), tail[:e]
+            if tail[s:e].strip():
+                break
+        return [], ""
+
+    def _generated_target(self, messages: Sequence[Message], answer: str, content: Sequence[int]) -> TargetTokens:
+        """The target of a generated answer: its ids, then the template's end-of-turn (module docs)."""
+        tokenizer = self.tokenizer
+        content = [int(i) for i in content]
+        decoded = tokenizer.decode(content, skip_special_tokens=False)
+        if decoded != answer:
+            raise InputError(
+                "the generated answer's text is not the decoding of its token ids; the record was "
+                "altered: restore it, or give the answer as text",
+                field="target_ids",
+            )
+        prompt_text = self.render_prompt(messages)
+        eot_ids, eot_text = self.end_of_turn(messages)
+        # per token, the characters of the answer it completes: the stable prefix of the decoded
+        # text grows with each token; a token ending inside a character overlaps that character
+        offsets: list[tuple[int, int]] = []
+        stable = 0
+        for k in range(len(content)):
+            partial = tokenizer.decode(content[: k + 1], skip_special_tokens=False)
+            common = 0
+            for a, b in zip(partial, answer):
+                if a != b:
+                    break
+                common += 1
+            end = max(common, stable)
+            pending = len(partial) > common and end < len(answer)
+            offsets.append((stable, end + 1 if pending else end))
+            stable = end
+        n = len(answer)
+        at = 0
+        for tid in eot_ids:
+            piece = tokenizer.decode([tid], skip_special_tokens=False)
+            offsets.append((n + at, n + at + len(piece)))
+            at += len(piece)
+        again = tokenizer(answer, add_special_tokens=False).input_ids
+        return TargetTokens(
+            ids=tuple(content + eot_ids),
+            text=answer + eot_text,
+            full_prompt_ids=tuple(self.encode(prompt_text)),
+            full_text=prompt_text + answer + eot_text,
+            includes_end_of_turn=bool(eot_ids),
+            offsets=tuple(offsets),
+            answer=answer,
+            answer_start=len(prompt_text),
+            lead="",
+            tail=eot_text,
+            inserted="",
+            generated=True,
+            round_trips=list(again) == content,
         )
