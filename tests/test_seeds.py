@@ -33,7 +33,10 @@ BIG_SEEDS = (4294967296, 2**70)
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's refusals exit from the parser
+            code = exc.code
     return code, out.getvalue(), err.getvalue()
 
 
