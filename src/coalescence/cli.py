@@ -946,19 +946,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     Args:
         argv: the arguments; ``None`` (the console script, ``python -m coalescence``) reads
             ``sys.argv`` and keeps the signal handlers until the process exits, so that a late
-            signal during the interpreter's shutdown cannot raise either; a caller passing
+            signal during the interpreter's shutdown cannot raise either, and after a signal
+            stopped the command it ends the process with that code itself (outputs flushed,
+            ``os._exit``), so a further signal cannot change the exit status; a caller passing
             ``argv`` gets its own handlers back on return.
     """
     interrupts = Interrupts()
     interrupts.install()
     _STATE["interrupts"] = interrupts
     try:
-        return _main(argv, interrupts)
+        code = _main(argv, interrupts)
     finally:
         if argv is None:
             interrupts.finish()
         else:
             interrupts.restore()
+    if argv is None and interrupts.signum is not None:
+        # the orderly stop is over and its line printed: end here, so that a further signal
+        # cannot reach the default handlers the interpreter's shutdown puts back (a death by
+        # that signal instead of this exit status)
+        interrupts.exit_stopped(code)
+    return code
 
 
 def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
