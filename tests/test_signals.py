@@ -549,3 +549,43 @@ def test_random_kills_and_signal_pairs_then_resume_equal_an_uninterrupted_run(tm
         f"checked, largest difference from the uninterrupted run {worst_seen:.2e} nats"
     )
     print("\n".join(map(str, history)))
+
+
+# -- two quick signals: the first one's exit status, whatever the gap (issue 24, item 10) ----------
+@pytest.mark.parametrize(
+    "pair", [(signal.SIGINT, signal.SIGTERM), (signal.SIGINT, signal.SIGINT)], ids=["INT,TERM", "INT,INT"]
+)
+def test_two_quick_signals_exit_with_the_first_signals_code(pair, tmp_path, conversation, tiny_model_dir):
+    """Once the orderly stop has started, a second signal may shorten it (README: 5 s more) but never
+    changes the exit status: 130 for a first SIGINT, 143 for a first SIGTERM (128 + the first
+    signal), never a death by the second signal's default action, and one stop line."""
+    first, second = pair
+    want = 128 + int(first)
+    for attempt, gap in enumerate((0.0, 0.05, 0.15)):  # before, during and after the stop's end
+        run_dir = tmp_path / f"run{attempt}"
+        read_marks, write_marks = os.pipe()
+        child = child_script(marks=str(write_marks), delay=0.02)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", child, *explain_args(conversation, tiny_model_dir, run_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, pass_fds=(write_marks,),
+        )  # fmt: skip
+        os.close(write_marks)
+        with os.fdopen(read_marks) as marks:
+            for line in marks:
+                if line.split()[1] == "scored":
+                    break
+            else:
+                pytest.fail(f"the child ended early: {proc.stderr.read().decode()}")
+            proc.send_signal(first)
+            time.sleep(gap)
+            proc.send_signal(second)
+            try:
+                _, err = proc.communicate(timeout=BOUND + 5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                pytest.fail(f"still running: {proc.communicate()[1].decode()}")
+        err = err.decode()
+        assert proc.returncode == want, f"gap {gap} s: exit {proc.returncode}\n{err}"
+        stops = [ln for ln in err.splitlines() if ln.startswith(("coalescence: interrupted", "coalescence: terminated"))]
+        assert len(stops) <= 1 and "Traceback" not in err, err
+        assert lock_is_free(run_dir)

@@ -19,7 +19,9 @@ while the event loop runs, and while the archive is being closed, no signal rais
   the process with ``os._exit`` and the same exit code. The archive is then as after ``kill -9``:
   its renamed parts are intact, buffered rows are lost, the ``flock`` lock dies with the process,
   and a resume recomputes the rest;
-- a third signal ends the process at once, the same way.
+- a third signal ends the process at once, the same way;
+- after the orderly stop, the CLI's ``main()`` ends the process itself with the first signal's
+  code (:meth:`Interrupts.exit_stopped`): further signals change nothing.
 
 Signals reach the watchdog thread as bytes on the interpreter's wake-up file descriptor, so the
 escalation works even while the main thread sleeps in ``select`` (a stuck model call) or is
@@ -271,6 +273,15 @@ class Interrupts:
     def finish(self) -> None:
         """Keep the handlers until the process exits, never raising again (the command is done)."""
         self._deferred += 1
+
+    def exit_stopped(self, code: int) -> None:
+        """End the process with ``code`` after the orderly stop (standard output and error flushed,
+        then ``os._exit``): the interpreter's shutdown would put the default signal handlers back,
+        and a further signal arriving then would end the process by that signal instead."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
     def raise_if_stopped(self) -> None:
         """Raise :class:`Stopped` if a signal arrived (outside :meth:`deferred`)."""

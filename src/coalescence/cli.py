@@ -24,6 +24,9 @@ Exit codes, the same for every command (every error is one line on stderr)::
     3    the archive or an output file could not be written after the run started (disk
          full, I/O error): what was flushed stays, the manifest says what happened, and
          the same command resumes once the cause is fixed
+    4    the HTML report could not be drawn or written after the run's results were
+         (the archive and --out are complete and kept; coalescence report RUN_DIR -o PATH
+         makes it again)
     130  interrupted (SIGINT)
     141  standard output closed (e.g. piped into head)
     143  terminated (SIGTERM)
@@ -66,7 +69,7 @@ from ._interrupts import (
     write_stderr,
 )
 from .backends.base import DEFAULT_BATCH_SIZE
-from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError
+from .errors import ArchiveError, ArchiveWriteError, BatchFailed, CoalescenceError, ConfigError, ReportError
 
 __all__ = ("build_parser", "main")
 
@@ -120,6 +123,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """A seed: a non-negative integer of any size (the rule of every method)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer (any size), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer (any size), got {value}")
     return value
 
 
@@ -376,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="sampling methods (permutation, kernelshap, regression-msr, banzhaf, lasso, shapiq:NAME): the most distinct "
         "model evaluations (default: 32 x players)",
     )
-    ex.add_argument("--seed", type=int, default=0, help="seed of the sampling plan (default: %(default)s)")
+    ex.add_argument("--seed", type=_seed, default=0, help="seed of the sampling plan (default: %(default)s)")
     ex.add_argument(
         "--target-stderr",
         type=_positive_float,
@@ -426,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", type=_positive_int, default=None,
         help="sampling methods: distinct evaluations (default: the run's, for the run's method in a one-input run; else 32 x players)",
     )  # fmt: skip
-    rp.add_argument("--seed", type=int, default=None, help="seed of the sampling plans (default: the run's)")
+    rp.add_argument("--seed", type=_seed, default=None, help="seed of the sampling plans (default: the run's)")
     rp.add_argument("--interactions", type=_positive_int, default=None, metavar="ORDER", help=interactions_help + " (default: the run's, for its method)")
     rp.add_argument("--index", default=None, choices=("SII", "k-SII", "FSII", "STII"), help=index_help)
     rp.add_argument("--run", default=None, help="run id in the archive (default: the last run)")
@@ -545,7 +559,7 @@ def _add_report_parser(sub: Any) -> None:
         default=None,
         help="run archive: sampling budget (default: the run's for a one-input run, else 32 x players)",
     )
-    rep.add_argument("--seed", type=int, default=None, help="run archive: seed of the sampling plans (default: the run's)")
+    rep.add_argument("--seed", type=_seed, default=None, help="run archive: seed of the sampling plans (default: the run's)")
     rep.add_argument("--run", default=None, help="run archive: run id (default: the last run)")
 
 
@@ -559,7 +573,14 @@ def _report(args: argparse.Namespace) -> int:
     if methods is not None and not methods:
         raise ConfigError("give at least one method, e.g. --method exact", field="method")
     report = load_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
-    write_report(out, render_report(report), field="output")
+    try:
+        page = render_report(report)
+    except CoalescenceError:
+        raise
+    except Exception as exc:  # a drawing library's failure: exit 4, one line, not a model failure
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ReportError(f"the report could not be drawn ({type(exc).__name__}: {first})", field="output") from exc
+    write_report(out, page, field="output")
     print(f"report: {out}")
     return 0
 
@@ -755,18 +776,27 @@ def _explain(args: argparse.Namespace) -> int:
     # 5. the run, closed with its status; 6. the documents
     explanations = _finish(run.engine, run.evaluate)
     try:
-        run.write(explanations)
+        payload = run.write_out(explanations)
     except (ArchiveError, OSError) as exc:
         error = exc if isinstance(exc, ArchiveError) else ArchiveError(f"cannot write {run.out_path}: {exc}", field="out")
         raise _RunFailed(error) from exc
+    # the results are written (archive, --out): a report that fails now is exit 4, after the table
+    report_failed = None
+    try:
+        run.write_html(payload)
+    except ReportError as exc:
+        report_failed = exc
     for k, explanation in enumerate(explanations):
         if run.is_batch:
             print(f"== input {k + 1} of {len(explanations)} (snapshot {run.snapshots[k].snapshot_id[:12]}) ==")
         print(explanation.format_table())
         if run.is_batch:
             print()
-    out_path, html = run.out_path, run.html_path
+    out_path, html = run.out_path, run.html_path if report_failed is None else None
     print(f"archive: {run.run_dir}" + (f"   json: {out_path}" if out_path else "") + (f"   html: {html}" if html else ""))
+    if report_failed is not None:
+        sys.stdout.flush()
+        return _fail(report_failed, 4)
     return 0
 
 
@@ -916,19 +946,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     Args:
         argv: the arguments; ``None`` (the console script, ``python -m coalescence``) reads
             ``sys.argv`` and keeps the signal handlers until the process exits, so that a late
-            signal during the interpreter's shutdown cannot raise either; a caller passing
+            signal during the interpreter's shutdown cannot raise either, and after a signal
+            stopped the command it ends the process with that code itself (outputs flushed,
+            ``os._exit``), so a further signal cannot change the exit status; a caller passing
             ``argv`` gets its own handlers back on return.
     """
     interrupts = Interrupts()
     interrupts.install()
     _STATE["interrupts"] = interrupts
     try:
-        return _main(argv, interrupts)
+        code = _main(argv, interrupts)
     finally:
         if argv is None:
             interrupts.finish()
         else:
             interrupts.restore()
+    if argv is None and interrupts.signum is not None:
+        # the orderly stop is over and its line printed: end here, so that a further signal
+        # cannot reach the default handlers the interpreter's shutdown puts back (a death by
+        # that signal instead of this exit status)
+        interrupts.exit_stopped(code)
+    return code
 
 
 def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
@@ -995,6 +1033,8 @@ def _command(argv: Sequence[str] | None) -> int:
         return _fail(exc, 1)
     except ArchiveWriteError as exc:
         return _fail(exc, 3)
+    except ReportError as exc:
+        return _fail(exc, 4)
     except CoalescenceError as exc:
         return _fail(exc, 2)
     except KeyboardInterrupt as exc:

@@ -14,11 +14,12 @@ errors are translated at the boundary with ``raise ... from exc``::
     │   └── BatchFailed                       a model call failed or returned invalid outputs
     ├── ArchiveError                          the run archive cannot be read, or is not a place to write one
     │   └── ArchiveWriteError                 a write failed: disk full, I/O error (what was flushed stays)
+    ├── ReportError                           the HTML report could not be drawn or written (the results stay)
     └── EngineClosed                          work was submitted to a closed engine
 
 Errors that come from user input carry a ``field`` (the input field or CLI option at fault) so the
 CLI can print one line naming the field and the fix, and exit with code 2 (3 for an
-:class:`ArchiveWriteError`, 1 for a :class:`BatchFailed`; the CLI's module docstring has the table).
+:class:`ArchiveWriteError`, 1 for a :class:`BatchFailed`, 4 for a :class:`ReportError`; the CLI's module docstring has the table).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = (
     "EstimatorError",
     "InputError",
     "MaskError",
+    "ReportError",
     "TemplateRefused",
 )
 
@@ -109,6 +111,11 @@ class ArchiveWriteError(ArchiveError):
     """Writing the archive or an output file failed (disk full, I/O error). Parts already flushed
     stay intact and the manifest records the failure when it can be written at all; a resume after
     the cause is fixed completes the run."""
+
+
+class ReportError(CoalescenceError):
+    """The HTML report could not be drawn or written after the run's results were (the archive and
+    the ``--out`` document are complete); ``coalescence report RUN_DIR -o PATH`` makes it again."""
 
 
 class EngineClosed(CoalescenceError):

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .backends.base import DEFAULT_BATCH_SIZE
-from .errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
+from .errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
 
 __all__ = (
     "ArchiveFit",
@@ -242,6 +242,9 @@ class RunSettings:
     def __post_init__(self) -> None:
         from .attribution.estimators import estimator_class, methods_with
         from .attribution.hierarchy import parse_hierarchy
+        from .attribution.estimators.base import check_seed
+
+        check_seed(self.seed)
 
         if self.roles is not None:
             roles = tuple(r.strip() for r in ((self.roles.split(",")) if isinstance(self.roles, str) else self.roles) if r.strip())
@@ -971,16 +974,45 @@ class ExplainRun:
         Raises:
             ArchiveWriteError, ArchiveError: a file cannot be written.
         """
+        payload = self.write_out(explanations)
+        self.write_html(payload)
+        return payload
+
+    def write_out(self, explanations: Sequence[Any]) -> dict[str, Any]:
+        """Write the ``out`` document (atomically) when asked for; returns it.
+
+        Raises:
+            ArchiveWriteError, ArchiveError: the file cannot be written.
+        """
         from .archive.writer import write_json_atomic
 
         payload = self.document(explanations)
         if self.out_path is not None:
             write_json_atomic(self.out_path, payload, field="out")
-        if self.html_path is not None:
-            from .report import render_report, write_report
-
-            write_report(self.html_path, render_report(payload), field="html")
         return payload
+
+    def write_html(self, payload: dict[str, Any]) -> None:
+        """Draw and write the ``html`` report of ``payload`` (the ``--out`` document) when asked for.
+
+        The run's results are written by then: any failure here, drawing or writing, is a
+        :class:`~coalescence.errors.ReportError`, never taken for a failure of the run.
+
+        Raises:
+            ReportError: the page cannot be drawn or written (the message says why and how to make
+                it again from the archive).
+        """
+        if self.html_path is None:
+            return
+        from .report import render_report, write_report
+
+        again = f"; the results are kept: make it again with `coalescence report {self.run_dir} -o PATH`" if self.archive is not None else ""
+        try:
+            write_report(self.html_path, render_report(payload), field="html")
+        except CoalescenceError as exc:
+            raise ReportError(f"the HTML report was not written: {exc.message}{again}", field="html") from exc
+        except Exception as exc:  # a drawing library's failure must not read as the run's
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ReportError(f"the HTML report could not be drawn ({type(exc).__name__}: {first}){again}", field="html") from exc
 
     def result(self, explanations: Sequence[Any], payload: dict[str, Any]) -> RunResult:
         """The run's :class:`RunResult`."""
@@ -1148,8 +1180,11 @@ class ReplaySettings:
 
     def __post_init__(self) -> None:
         from .attribution.estimators import ESTIMATORS, estimator_class, is_method
+        from .attribution.estimators.base import check_seed
 
         _check_ray(self)
+        if self.seed is not None:
+            check_seed(self.seed)
 
         methods = tuple(m.strip() for m in ((self.methods.split(",")) if isinstance(self.methods, str) else self.methods) if m.strip())
         unknown = [m for m in methods if not is_method(m)]

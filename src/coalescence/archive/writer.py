@@ -463,7 +463,9 @@ class RunArchive:
         try:
             write_json_atomic(self.run_dir / MANIFEST_NAME, self.manifest)
         except ArchiveError as exc:
-            logger.warning("the manifest could not record the failure either: %s", exc.message)
+            # the failure itself is what the caller raises and the CLI prints (one line); that the
+            # manifest could not say so too is a detail (the run reads as unfinished: it resumes)
+            logger.info("the manifest could not record the failure either: %s", exc.message)
 
     # -- writing -----------------------------------------------------------------------------
     def __contains__(self, coalition_key: object) -> bool:

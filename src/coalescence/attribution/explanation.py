@@ -371,7 +371,8 @@ class Explanation:
 
     def plot(self, ax: Any = None, *, top: int | None = None) -> Any:
         """The ranked bar chart of the values (largest at the top), with standard errors as error
-        bars where the method has them, on a matplotlib Axes.
+        bars where the method has them, on a matplotlib Axes. Labels are drawn as plain text
+        (``parse_math=False``: a ``$`` in a label is a dollar sign, not mathtext).
 
         Args:
             ax: the Axes to draw on (default: a new figure's).
@@ -392,11 +393,13 @@ class Explanation:
         if ax is None:
             _, ax = plt.subplots(figsize=(7, 0.35 * len(order) + 1.2))
         ax.barh(range(len(order)), values, xerr=errors, color=["#2166ac" if v >= 0 else "#b2182b" for v in values], capsize=3)
-        ax.set_yticks(range(len(order)), labels)
+        # labels are text, never mathtext: "lunch $5 vs taxi $60" stays as written
+        ax.set_yticks(range(len(order)), labels, parse_math=False)
         ax.invert_yaxis()
         ax.axvline(0.0, color="black", linewidth=0.8)
-        ax.set_xlabel(f"{est.method} value ({self.utility_unit})")
-        ax.set_title(f"{self.utility_description or self.utility}: v(full) - v(empty) = {est.v_full - est.v_empty:+.3f}")
+        ax.set_xlabel(f"{est.method} value ({self.utility_unit})", parse_math=False)
+        title = f"{self.utility_description or self.utility}: v(full) - v(empty) = {est.v_full - est.v_empty:+.3f}"
+        ax.set_title(title, parse_math=False)
         return ax
 
     def format_table(self, *, snippet: int = 60) -> str:

@@ -5,7 +5,8 @@ image. Text is kept as ``<text>`` (``svg.fonttype: none``) rather than one path 
 keeps the chart of a 100-player run near 100 kB. The XML prolog, DOCTYPE, metadata block and
 namespace declarations are dropped: inside HTML the parser puts ``<svg>`` in the SVG namespace by
 itself, so the page holds no URL at all. ``svg.hashsalt`` makes the element ids depend on the chart
-(two charts on one page never share a clip-path id) and the output deterministic.
+(two charts on one page never share a clip-path id) and the output deterministic. Labels are
+plain text: matplotlib's mathtext (``$...$``) is off for every text of the chart.
 """
 
 from __future__ import annotations
@@ -63,7 +64,16 @@ def bar_chart_svg(
     if stderr is not None:
         errors = [float(s) if s is not None and math.isfinite(float(s)) else 0.0 for s in (stderr[i] for i in order)]
     row = 0.22 if n <= 40 else 0.16
-    rc = {"svg.fonttype": "none", "svg.hashsalt": chart_id, "font.size": 9 if n <= 40 else 7, "axes.titlesize": 10}
+    # labels are text: "text.parse_math" off for every Text made here (tick labels are made while the
+    # figure is drawn, inside this context), so "lunch $5 vs taxi $60" is not drawn as mathtext and
+    # "cost_$x^$" does not fail to parse
+    rc = {
+        "svg.fonttype": "none",
+        "svg.hashsalt": chart_id,
+        "font.size": 9 if n <= 40 else 7,
+        "axes.titlesize": 10,
+        "text.parse_math": False,
+    }
     with mpl.rc_context(rc):
         fig = Figure(figsize=(6.4, 0.9 + row * n), layout="constrained")
         ax = fig.add_subplot()
@@ -76,10 +86,10 @@ def bar_chart_svg(
             linewidth=0.5,
             error_kw={"ecolor": "#000000", "elinewidth": 0.9, "capsize": 2},
         )
-        ax.set_yticks(range(n), [labels[i] for i in order])
+        ax.set_yticks(range(n), [labels[i] for i in order], parse_math=False)
         ax.invert_yaxis()
         ax.axvline(0.0, color="#000000", linewidth=0.8)
-        ax.set_xlabel(f"value ({unit})" + ("; bars: ±1 standard error" if errors is not None else ""))
+        ax.set_xlabel(f"value ({unit})" + ("; bars: ±1 standard error" if errors is not None else ""), parse_math=False)
         ax.set_ylim(n - 0.5, -0.5)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)

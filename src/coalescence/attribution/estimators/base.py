@@ -33,6 +33,8 @@ __all__ = (
     "pool_lookup",
     "check_budget_seed",
     "check_interactions",
+    "check_seed",
+    "library_seed",
     "row_keys",
     "student_t_factor",
 )
@@ -367,8 +369,43 @@ def check_budget_seed(budget: object, seed: object) -> None:
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ConfigError(f"--budget must be a positive integer, got {budget!r}", field="budget")
+    check_seed(seed)
+
+
+def check_seed(seed: object) -> None:
+    """Check a seed against the one rule of every method: a non-negative int of any size (numpy's
+    ``Generator`` seeds; libraries with narrower seeds get :func:`library_seed`).
+
+    Raises:
+        ConfigError: a negative seed, or one that is not an int (``field="seed"``), quoting it.
+    """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"must be a non-negative integer, got {seed!r}", field="seed")
+        raise ConfigError(f"must be a non-negative integer (any size), got {seed!r}", field="seed")
+
+
+LIBRARY_SEED_BOUND = 2**32
+"""Seeds at and above this are derived before they reach a library with a seed limit (sklearn's
+``random_state`` takes ``[0, 2**32)``; XGBoost's ``seed`` is a signed 64-bit int)."""
+
+
+def library_seed(seed: int) -> int:
+    """The seed handed to a library whose seeds are bounded (sklearn, shapiq's approximators and
+    the XGBoost/sklearn models inside them), derived deterministically from a run's seed.
+
+    The run's seed rule is numpy's: any non-negative integer (``numpy.random.default_rng`` takes
+    them all). A seed below ``2**32`` is passed as it is (the plans of every seed that worked
+    before stay the same); a larger one becomes the first 32-bit word of
+    ``numpy.random.SeedSequence(seed).generate_state(1)``, a pure function of the seed.
+
+    Args:
+        seed: a non-negative int (checked by :func:`check_budget_seed`).
+
+    Returns:
+        An int in ``[0, 2**32)``.
+    """
+    if seed < LIBRARY_SEED_BOUND:
+        return int(seed)
+    return int(np.random.SeedSequence(int(seed)).generate_state(1, dtype=np.uint32)[0])
 
 
 def check_interactions(

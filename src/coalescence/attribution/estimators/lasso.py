@@ -35,7 +35,7 @@ import numpy as np
 
 from ...errors import ConfigError, EstimatorError
 from .banzhaf import uniform_plan
-from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, gather, pool_lookup
+from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, gather, library_seed, pool_lookup
 
 __all__ = ("HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate")
 
@@ -194,7 +194,7 @@ class LassoSurrogate:
         n_held = max(1, round(HOLDOUT_FRACTION * m))
         held, train = order[:n_held], order[n_held:]
         if self.alpha is None:
-            folds = KFold(n_splits=min(_CV_FOLDS, train.size), shuffle=True, random_state=self.seed)
+            folds = KFold(n_splits=min(_CV_FOLDS, train.size), shuffle=True, random_state=library_seed(self.seed))
             model = LassoCV(cv=folds, max_iter=10_000).fit(x[train], u[train])
             alpha = float(model.alpha_)
         else:

@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...errors import BackendUnavailable, ConfigError, EstimatorError
-from .base import Capabilities, Estimate, check_budget_seed, check_interactions, check_n_players, check_pool, pool_lookup, row_keys
+from .base import Capabilities, Estimate, check_budget_seed, check_interactions, check_n_players, check_pool, library_seed, pool_lookup, row_keys
 
 __all__ = (
     "INTERACTION_INDICES",
@@ -238,7 +238,7 @@ def _pristine(name: str, n: int, seed: int, options: tuple[tuple[str, Any], ...]
     cls = getattr(_shapiq().approximator, name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return cls(n=n, random_state=seed, **dict(options))
+        return cls(n=n, random_state=library_seed(seed), **dict(options))
 
 
 def _standin_values(rows: np.ndarray) -> np.ndarray:
@@ -499,7 +499,7 @@ class ExternalShapiq:
                 "op": "run",
                 "name": est.approximator,
                 "n": n,
-                "seed": est.seed,
+                "seed": library_seed(est.seed),
                 "options": est._options(n),
                 "budget": budget,
                 "order": est.interactions,
