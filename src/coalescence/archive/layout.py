@@ -310,7 +310,8 @@ def recover(run_dir: Path) -> None:
 
     Finishes a switch whose link was made but whose rename did not happen only when ``parts`` is
     absent (the legacy case: the rename away happened); otherwise drops the link. Then removes every
-    generation that is not live, a leftover legacy directory, temporary parts in the live generation
+    generation that is not live (a generation a compaction replaced only once it has been retired
+    for :data:`RETIRED_SECONDS`), a leftover legacy directory, temporary parts in the live generation
     and temporary manifests.
 
     Raises:
