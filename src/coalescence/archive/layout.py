@@ -9,8 +9,10 @@ permission, a read-only file system; exit 2) or :class:`~coalescence.errors.Arch
 
 Generations: ``RUN_DIR/parts`` is a symbolic link to ``.parts-NNNNNN``. A compaction writes the
 merged part into a new generation, makes the link ``.parts.next`` to it and renames that link over
-``parts``: readers see the old generation or the new one, never both. The old generation is then
-removed; a crash at any step leaves debris that :func:`recover` clears (finishing a switch whose
+``parts``: readers see the old generation or the new one, never both. The old generation is kept
+for :data:`RETIRED_SECONDS` after the switch (its mtime records when), so that a read that resolved
+the link before the switch can still open the files it listed; the next writer or compaction after
+that removes it. A crash at any step leaves debris that :func:`recover` clears (finishing a switch whose
 rename happened, undoing one whose rename did not). An archive of schema version 2 or older has a
 real ``parts/`` directory: a link cannot replace a directory in one rename, so its one-time switch
 renames the directory away and the link into place, two renames in a row, between which
@@ -25,6 +27,7 @@ import logging
 import os
 import stat
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -43,6 +46,7 @@ from .schema import (
 
 __all__ = (
     "LEGACY_OLD",
+    "RETIRED_SECONDS",
     "PartFile",
     "discard",
     "fsync_dir",
@@ -65,6 +69,9 @@ __all__ = (
 )
 
 logger = logging.getLogger(__name__)
+
+RETIRED_SECONDS = 600.0
+"""How long a generation replaced by a compaction is kept (seconds) for reads still using it."""
 
 LEGACY_OLD = ".parts-legacy"
 """Where a legacy ``parts/`` directory goes during its switch to a link (removed right after)."""
@@ -289,8 +296,13 @@ def switch(run_dir: Path, generation: Path) -> None:
         # else (legacy) the new generation is complete: readers and recover() take it from .parts.next
         raise
     fsync_dir(run_dir)
-    if old is not None and old != generation.name:
+    if old == LEGACY_OLD:
         remove_tree(run_dir / old)
+    elif old is not None and old != generation.name:
+        try:
+            os.utime(run_dir / old)  # retired now: kept RETIRED_SECONDS for reads listing it
+        except OSError:
+            pass
 
 
 def recover(run_dir: Path) -> None:
@@ -298,7 +310,8 @@ def recover(run_dir: Path) -> None:
 
     Finishes a switch whose link was made but whose rename did not happen only when ``parts`` is
     absent (the legacy case: the rename away happened); otherwise drops the link. Then removes every
-    generation that is not live, a leftover legacy directory, temporary parts in the live generation
+    generation that is not live (a generation a compaction replaced only once it has been retired
+    for :data:`RETIRED_SECONDS`), a leftover legacy directory, temporary parts in the live generation
     and temporary manifests.
 
     Raises:
@@ -313,10 +326,17 @@ def recover(run_dir: Path) -> None:
         else:
             os.unlink(nxt)
     live = live_dir(run_dir)
+    match = GENERATION_PATTERN.match(live.name) if live is not None else None
+    live_number = int(match.group(1)) if match else None
     for name in os.listdir(run_dir):
         path = run_dir / name
-        if (GENERATION_PATTERN.match(name) or name == LEGACY_OLD) and path != live:
+        generation = GENERATION_PATTERN.match(name)
+        if generation and path != live and live_number is not None and int(generation.group(1)) < live_number:
+            if _retired_for(path) < RETIRED_SECONDS:
+                continue  # replaced by a compaction a moment ago: a read may still be listing it
             remove_tree(path)
+        elif (generation or name == LEGACY_OLD) and path != live:
+            remove_tree(path)  # never live (a compaction's unfinished generation) or legacy debris
         elif name.startswith(".manifest.json.") and name.endswith(".tmp"):
             discard(path)
     if live is not None:
@@ -324,6 +344,14 @@ def recover(run_dir: Path) -> None:
             if name.startswith(".part-") and name.endswith(".tmp"):
                 logger.warning("discarding %s, a part left half-written by a crash; its rows are recomputed", name)
                 discard(live / name)
+
+
+def _retired_for(path: Path) -> float:
+    """Seconds since a replaced generation was retired (its mtime; infinite if unreadable)."""
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return float("inf")
 
 
 def temporary_name(path: Path) -> Path:

@@ -3,10 +3,18 @@
 A manifest that is valid JSON but lacks a field or holds one of the wrong type (an edit, a foreign
 file, damage that kept the JSON well formed) is refused with one line naming the file and the
 field, before anything is written, instead of failing somewhere later with a ``KeyError``.
+
+Snapshot records carry ``digests``: a SHA-256 of every field of the record (a list of objects, such
+as ``players``, one digest per field of its objects: ``players[].label``, ``players[].start``...),
+written with the record and checked on every read, so that an edit of any field (a player's label or
+role, which the snapshot id does not cover) is refused naming the field. A record without
+``digests`` (written before they existed) is accepted as it is: its content is still checked
+through its snapshot id, its labels and roles cannot be.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +24,7 @@ from ..errors import ArchiveError
 from .layout import one_line
 from .schema import MANIFEST_NAME, SCHEMA_VERSION
 
-__all__ = ("check_replayable", "read_manifest")
+__all__ = ("check_replayable", "read_manifest", "record_digests", "with_digests")
 
 _FIX = "the manifest was edited or damaged: restore it, or choose another archive"
 
@@ -92,9 +100,74 @@ def _check(path: Path, where: str, data: dict[str, Any], fields: tuple[Any, ...]
             raise ArchiveError(f"{path}: {where}{name} must be {what}, got {shown}; {_FIX}", field="RUN_DIR")
 
 
+DIGESTS = "digests"
+"""The key of a snapshot record's field digests (see :func:`record_digests`)."""
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("ascii")).hexdigest()
+
+
+def _fields(record: dict[str, Any]) -> dict[str, Any]:
+    """The record's fields by path: ``name`` for a value, ``name[].key`` for a key of a list of
+    objects (the values of that key in every object, ``None`` where one lacks it)."""
+    out: dict[str, Any] = {}
+    for name, value in record.items():
+        if name == DIGESTS:
+            continue
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            out[f"{name}[]"] = len(value)
+            for key in sorted({k for v in value for k in v}):
+                out[f"{name}[].{key}"] = [v.get(key) for v in value]
+        else:
+            out[name] = value
+    return out
+
+
+def record_digests(record: dict[str, Any]) -> dict[str, str]:
+    """The digest of every field of a snapshot record (what a writer stores under ``digests``).
+
+    Args:
+        record: a JSON-ready snapshot record (``ConversationSnapshot.to_dict()`` and whatever the
+            run adds to it); a ``digests`` entry in it is ignored.
+
+    Returns:
+        ``{field path: SHA-256 hex}``: one entry per top-level field; a list of objects gets one
+        entry for its length (``players[]``) and one per key of its objects (``players[].label``:
+        the labels of all players in order), so that an edit is named by field.
+    """
+    return {name: _digest(value) for name, value in _fields(record).items()}
+
+
+def with_digests(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with its ``digests`` (computed afresh) added."""
+    return {**{k: v for k, v in record.items() if k != DIGESTS}, DIGESTS: record_digests(record)}
+
+
+def _check_digests(path: Path, i: int, record: dict[str, Any]) -> None:
+    recorded = record.get(DIGESTS)
+    if recorded is None:
+        return  # written before digests: accepted as it is
+    if not _is_map_of(_is_str)(recorded):
+        raise ArchiveError(f"{path}: snapshots[{i}].{DIGESTS} must be an object of strings; {_FIX}", field="RUN_DIR")
+    actual = record_digests(record)
+    for name in list(actual) + [n for n in recorded if n not in actual]:
+        if name not in recorded:
+            problem = "is not covered by the record's digests (a field was added)"
+        elif name not in actual:
+            problem = "is missing (its digest is recorded)"
+        elif recorded[name] != actual[name]:
+            problem = "was edited (it does not match its recorded digest)"
+        else:
+            continue
+        raise ArchiveError(f"{path}: snapshots[{i}].{name} {problem}; {_FIX}", field="RUN_DIR")
+
+
 def _check_snapshot(path: Path, i: int, record: dict[str, Any]) -> None:
-    """A snapshot record rebuilds into its snapshot, whose id is the recorded one (an edited
-    message, target or player list changes the id; a missing field breaks the rebuild)."""
+    """A snapshot record matches its digests, and rebuilds into its snapshot, whose id is the
+    recorded one (an edited message, target or player list changes the id; a missing field
+    breaks the rebuild)."""
+    _check_digests(path, i, record)
     if "messages" not in record:
         return  # a record of the Python API's own making, with the id alone
     from ..conversation import ConversationSnapshot

@@ -56,7 +56,7 @@ from .layout import (
     write_file,
     write_output,
 )
-from .manifest import read_manifest
+from .manifest import read_manifest, with_digests
 from .reader import BadPart, dedupe_rows, load_rows, parts_of
 from .schema import LOCK_NAME, MANIFEST_NAME, PARTS_DIR, RESULTS_NAME, ROW_SCHEMA, SCHEMA_VERSION, part_name
 
@@ -416,7 +416,7 @@ class RunArchive:
             match.update({**run, "run_id": match["run_id"], "status": "running", "resumed_at": now})
             match.pop("error", None)
         known = {s.get("snapshot_id") for s in manifest["snapshots"]}
-        manifest["snapshots"].extend(s for s in snapshots if s.get("snapshot_id") not in known)
+        manifest["snapshots"].extend(with_digests(s) for s in snapshots if s.get("snapshot_id") not in known)
         if bad:
             manifest["quarantine"] = (manifest.get("quarantine") or []) + _quarantine_records(bad, now, match["run_id"])
         manifest["updated_at"] = now
