@@ -149,3 +149,42 @@ def test_a_list_of_inputs_in_python_is_the_jsonl_dataset(tmp_path, jsonl, tiny_m
     with pytest.raises(coalescence.InputError) as bad:
         coalescence.explain([conversations(1)[0], {"messages": [{"role": "robot", "content": "Hi."}]}], model=str(tiny_model_dir))
     assert bad.value.field == "input 1: messages[0].role"
+
+
+class RecordingProgress:
+    """The progress protocol's calls, recorded as they come."""
+
+    def __init__(self) -> None:
+        self.planned: list[int] = []
+        self.finished: list[tuple[int, int]] = []
+
+    def on_planned(self, total: int) -> None:
+        self.planned.append(total)
+
+    def on_finished(self, done: int, total: int) -> None:
+        self.finished.append((done, total))
+
+
+def test_progress_of_conversations_in_flight_is_one_monotone_count_over_the_dataset(tmp_path, jsonl, tiny_model_dir):
+    """Issue 24 item 11: with several conversations in flight, the bar's total was one conversation's
+    and its count jumped back at every conversation. The rule: one total, the sum over the dataset
+    of each conversation's leave-one-out plan (n players + the empty and full coalitions, computed
+    here from the output), counts that never decrease, and a last count equal to that total."""
+    from coalescence.runs import RunSettings, explain_run
+
+    progress = RecordingProgress()
+    settings = RunSettings(
+        model=str(tiny_model_dir), unit="sentence", method="loo", archive=str(tmp_path / "run"),
+        max_conversations_in_flight=4, batch_size=8,
+    )
+    result = explain_run(str(jsonl), settings, progress=progress)
+    explanations = result.explanations
+    expected = sum(len(e.snapshot.players) + 2 for e in explanations)
+    assert len(explanations) == 8 and expected > 2 * (3 + 2)  # more than one conversation's worth
+    assert progress.planned and progress.planned[-1] == expected
+    assert progress.planned == sorted(progress.planned)
+    dones = [d for d, _ in progress.finished]
+    totals = [t for _, t in progress.finished]
+    assert dones == list(range(1, expected + 1))  # one step per coalition, never back
+    assert totals == sorted(totals) and all(d <= t for d, t in progress.finished)
+    assert progress.finished[-1] == (expected, expected)

@@ -38,7 +38,7 @@ from .masking.render import ChatRenderer, TargetTokens
 from .pipeline import BackendCall, CoalitionRequest, Measurement, ScoringPipeline
 from .scheduler.buckets import LengthBuckets, share_order
 from .scheduler.collator import Collator, CollatorBackend
-from .scheduler.progress import NullProgress, Progress
+from .scheduler.progress import NullProgress, Progress, ProgressTally
 from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, SchedulerStatistics
 from .scheduler.store import ResultStore
 from .utility import ResolvedUtility, UtilitySpec
@@ -116,6 +116,8 @@ class Engine:
         self.archive = archive
         self.store = store if store is not None else ResultStore()
         self.progress: Progress = progress if progress is not None else NullProgress()
+        # one monotone count over every evaluation of this engine (conversations in flight at once)
+        self._progress_tally = ProgressTally(self.progress)
         self.batch_size = batch_size or int(backend.max_batch_size)
         if self.batch_size < 1:
             raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
@@ -413,7 +415,7 @@ class Engine:
             )
         lane, pipeline = self._acquire(snapshot.snapshot_id)
         scheduler = CoalitionScheduler(
-            pipeline, store=self.store, archive=self.archive, progress=self.progress, max_inflight=2 * self.batch_size
+            pipeline, store=self.store, archive=self.archive, progress=self._progress_tally, max_inflight=2 * self.batch_size
         )
         try:
             results = await scheduler.run(jobs) if jobs else []

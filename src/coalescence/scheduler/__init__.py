@@ -3,7 +3,7 @@ the lock-leader collator that batches concurrent requests into backend calls, an
 
 from .collator import Collator, CollatorBackend, CollatorRecord, CollatorStatistics, batch_key, scoring_backend
 from .dedup import SingleFlight
-from .progress import NullProgress, Progress, TqdmProgress
+from .progress import NullProgress, Progress, ProgressTally, TqdmProgress
 from .scheduler import CoalitionJob, CoalitionScheduler, EvalOutcome, JobResult, SchedulerStatistics
 from .store import ResultStore
 
@@ -18,6 +18,7 @@ __all__ = (
     "JobResult",
     "NullProgress",
     "Progress",
+    "ProgressTally",
     "ResultStore",
     "SchedulerStatistics",
     "SingleFlight",

@@ -40,7 +40,7 @@ import anyio.lowlevel
 from ..errors import ConfigError, MaskError
 from ..masking.codec import PackedMask
 from .dedup import SingleFlight
-from .progress import NullProgress, Progress
+from .progress import NullProgress, Progress, ProgressTally
 from .store import ResultStore
 
 __all__ = (
@@ -246,7 +246,9 @@ class CoalitionScheduler:
         store: the hot result store, or ``None`` for none (dedup still applies in flight).
         archive: an object with ``append(row: dict)`` (e.g. a
             :class:`~coalescence.archive.writer.RunArchive`), or ``None``.
-        progress: progress callbacks (no-op by default); called once per finished job.
+        progress: progress callbacks (no-op by default); called once per finished job, with the
+            counts summed over this scheduler's runs, or a :class:`ProgressTally` shared with other
+            schedulers (an engine's: one count over all its evaluations).
         max_inflight: the most ``evaluate`` calls running at once (>= 1).
         pending_limit: the most jobs alive at once per run, i.e. worker tasks (default
             ``4 * max_inflight``; >= ``max_inflight``).
@@ -261,7 +263,7 @@ class CoalitionScheduler:
         *,
         store: ResultStore | None = None,
         archive: Any = None,
-        progress: Progress | None = None,
+        progress: Progress | ProgressTally | None = None,
         max_inflight: int = 8,
         pending_limit: int | None = None,
     ) -> None:
@@ -279,7 +281,10 @@ class CoalitionScheduler:
         self.evaluate = evaluate
         self.store = store
         self.archive = archive
-        self.progress: Progress = progress if progress is not None else NullProgress()
+        self.progress: Progress | ProgressTally = progress if progress is not None else NullProgress()
+        # one count for every run of this scheduler; an engine passes its own tally, shared by the
+        # schedulers of all its evaluations (conversations in flight at once)
+        self._tally = progress if isinstance(progress, ProgressTally) else ProgressTally(self.progress)
         self.max_inflight = max_inflight
         self.pending_limit = pending_limit
         self._limiter = anyio.Semaphore(max_inflight)
@@ -451,7 +456,7 @@ class CoalitionScheduler:
         n_workers: int,
     ) -> None:
         if state.total is not None:
-            self.progress.on_planned(state.total)
+            self._tally.plan(state.total)
         async with anyio.create_task_group() as tg:
             for _ in range(n_workers):
                 tg.start_soon(self._worker, take, deliver, state)
@@ -485,7 +490,7 @@ class CoalitionScheduler:
             finally:
                 self._live -= 1
             state.done += 1
-            self.progress.on_finished(state.done, state.total if state.total is not None else state.done)
+            self._tally.advance()
             try:
                 await deliver(item, result)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
