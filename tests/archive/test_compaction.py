@@ -10,9 +10,11 @@ one that a reader could have met.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -20,6 +22,7 @@ import pytest
 from test_archive import make_legacy, make_row
 
 from coalescence.archive import RunArchive, compact, list_parts, read_manifest, read_rows
+from coalescence.archive.layout import RETIRED_SECONDS
 from coalescence.archive.reader import parts_of
 
 RUN = {"snapshot_ids": ["a" * 64], "model": {"id": "m"}, "utility": {"kind": "logprob"}, "absence_policy": {"id": "drop"}}
@@ -101,7 +104,11 @@ def kill_at_every_step(template: Path, tmp_path: Path, *, legacy: bool) -> int:
         compact(run_dir)
         assert len(list_parts(run_dir)) == 1
         assert plain_read(run_dir) == WANT
-        assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".parts")) == [os.readlink(run_dir / "parts")]
+        live = os.readlink(run_dir / "parts")
+        # debris (a generation never switched to, .parts.next, the legacy directory) is gone; what
+        # remains besides the live generation are generations it replaced, kept for readers
+        left = sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".parts") and p.name != live)
+        assert all(re.fullmatch(r"\.parts-\d{6}", n) and n < live for n in left), (left, live)
         shutil.rmtree(run_dir)
     assert steps > 5
     assert len(windows) == (1 if legacy else 0)  # the legacy switch's one state without parts
@@ -131,11 +138,16 @@ def test_compaction_merges_into_one_part_of_a_new_generation(tmp_path: Path) -> 
     build(run_dir)
     before = os.readlink(run_dir / "parts")
     assert compact(run_dir) == (4, 10)
-    assert os.readlink(run_dir / "parts") != before and not (run_dir / before).exists()
+    assert os.readlink(run_dir / "parts") != before
+    # the replaced generation stays RETIRED_SECONDS for reads that listed it, then goes
+    assert sorted(p.name for p in (run_dir / before).iterdir()) != []
+    retired = time.time() - RETIRED_SECONDS - 1
+    os.utime(run_dir / before, (retired, retired))
     [part] = parts_of(run_dir)
     assert part.index == 4  # indices go on: a part name is never reused for other rows
     assert read_rows(run_dir).to_pylist() == sorted(read_rows(run_dir).to_pylist(), key=lambda r: list(WANT).index(r["coalition_key"]))
     # one part already: nothing to do, nothing changed
     assert compact(run_dir) == (1, 10)
     assert parts_of(run_dir)[0].path == part.path
+    assert not (run_dir / before).exists()
     assert read_manifest(run_dir)["runs"][0]["status"] == "complete"
