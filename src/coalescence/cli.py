@@ -146,7 +146,7 @@ def _add_model_options(p: argparse.ArgumentParser, *, default: str | None) -> No
         "--backend",
         choices=sorted(BACKENDS),
         default="hf",
-        help="the model backend by name: hf (transformers, CPU or GPU) (default: %(default)s)",
+        help="the model backend by name: hf (transformers, CPU or GPU), vllm (vLLM's engine in this process: pip install 'coalescence[vllm]'; float32 on the CPU) (default: %(default)s)",
     )
     p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     p.add_argument(
