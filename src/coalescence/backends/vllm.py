@@ -44,7 +44,7 @@ from .base import (
     validate_results,
 )
 
-__all__ = ("INSTALL_HINT", "VLLMBackend", "import_vllm")
+__all__ = ("INSTALL_HINT", "VLLMBackend", "VLLMServerBackend", "import_vllm")
 
 logger = logging.getLogger(__name__)
 
@@ -317,3 +317,177 @@ class VLLMBackend(BackendBase):
             llm.llm_engine.engine_core.shutdown()
         except Exception as exc:  # noqa: BLE001 - best effort at exit
             logger.debug("vLLM shutdown: %s", exc)
+
+
+class VLLMServerBackend(BackendBase):
+    """Scores teacher-forced targets against a running ``vllm serve`` (OpenAI-compatible HTTP).
+
+    Each :meth:`score` call is one ``POST /v1/completions`` with the token-id prompts
+    ``prompt_ids + target_ids`` (the engine's tokenisation, as for every backend),
+    ``max_tokens=1`` and ``prompt_logprobs=0``; ``choices[i].prompt_logprobs[p + j]`` is target
+    token ``j``'s log-probability. vLLM's server skips its prefix cache for requests that ask for
+    prompt log-probabilities, so no value is ever read from a cached block (``tokens_reused`` 0).
+
+    Before anything is scored, :meth:`__init__` checks that the server serves this model: its
+    ``/v1/models`` entry (its context must equal the local configuration's) and its tokenizer and
+    chat template (``/tokenize`` of a probe text and of a probe conversation through the template
+    must give the local tokenizer's ids).
+
+    Args:
+        url: ``http://HOST:PORT`` of the server.
+        tokenizer: the local transformers tokenizer of the model.
+        model_id: name recorded in coalition keys and the archive.
+        revision: weights revision recorded in coalition keys.
+        fingerprint: SHA-256 of the local model files.
+        max_context: the local configuration's context (tokens); ``None``: the server's.
+        max_batch_size: rows per request.
+        timeout: seconds per HTTP request.
+
+    Raises:
+        BackendUnavailable: the server cannot be reached, serves no model, or serves another model
+            (a different context, tokenizer or chat template), with what differs.
+    """
+
+    dtype = "server"
+
+    def __init__(
+        self,
+        url: str,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        revision: str = "",
+        fingerprint: str = "",
+        max_context: int | None = None,
+        max_batch_size: int = DEFAULT_BATCH_SIZE,
+        timeout: float = 600.0,
+    ) -> None:
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="batch_size")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"must be http://HOST:PORT, got {url!r}", field="vllm_url")
+        self.url = url.rstrip("/")
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.revision = revision
+        self.fingerprint = fingerprint
+        self.max_batch_size = max_batch_size
+        self._stats = ScoringStatistics()
+        self.timeout = float(timeout)
+        try:
+            models = self._request("/v1/models", None)["data"]
+        except Exception as exc:  # noqa: BLE001 - unreachable, not a vLLM server
+            raise BackendUnavailable(f"cannot reach a vLLM server at {self.url}: {exc}", field="vllm_url") from exc
+        if not models:
+            raise BackendUnavailable(f"the vLLM server at {self.url} serves no model", field="vllm_url")
+        served = models[0]
+        self.served_model = str(served["id"])
+        server_context = int(served.get("max_model_len") or 0)
+        self.max_context = int(max_context or server_context)
+        if max_context is not None and server_context and server_context != max_context:
+            raise BackendUnavailable(
+                f"the server at {self.url} serves {self.served_model!r} with a context of {server_context} tokens, "
+                f"the local model {model_id!r} has {max_context}: not the same model",
+                field="vllm_url",
+            )
+        self._check_tokenizer()
+
+    def _request(self, path: str, body: dict[str, Any] | None) -> Any:
+        """GET (``body`` None) or POST JSON to the server; the decoded JSON answer."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - the user's server
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise BatchFailed(f"the vLLM server answered {exc.code} on {path}: {exc.read()[:300].decode(errors='replace')}") from exc
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._request(path, {"model": self.served_model, **body})
+
+    def _check_tokenizer(self) -> None:
+        """The server's tokenizer and chat template give the local ids (else BackendUnavailable)."""
+        text = "The Eiffel Tower was completed in 1889.\n- It is 330 m tall."
+        messages = [{"role": "user", "content": "When was it completed?"}, {"role": "assistant", "content": "In 1889."}]
+        local_text = list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        local_chat = list(self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
+        if local_chat and isinstance(local_chat[0], list):
+            local_chat = local_chat[0]
+        try:
+            remote_text = self._post("/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+            remote_chat = self._post("/tokenize", {"messages": messages, "add_generation_prompt": False})["tokens"]
+        except Exception as exc:  # noqa: BLE001 - an old server, or no tokenizer on it
+            raise BackendUnavailable(f"cannot check the tokenizer of the vLLM server at {self.url}: {exc}", field="vllm_url") from exc
+        for what, local, remote in (("tokenizer", local_text, remote_text), ("chat template", local_chat, remote_chat)):
+            if list(local) != list(remote):
+                raise BackendUnavailable(
+                    f"the server at {self.url} serves {self.served_model!r}, whose {what} differs from the local model "
+                    f"{self.model_id!r} (a probe gives {len(remote)} tokens there, {len(local)} here): "
+                    "point --model at the model the server runs",
+                    field="vllm_url",
+                )
+
+    def statistics(self) -> ScoringStatistics:
+        """A snapshot of the counters over every :meth:`score` call."""
+        return self._stats
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Teacher-forced log-probabilities of each request's target, in nats (one HTTP request).
+
+        Raises:
+            BatchFailed: a row is longer than ``max_context`` (before the server is asked), the
+                server failed or answered without a log-probability for a target token.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
+        if not requests:
+            return []
+        body = {
+            "prompt": [list(r.prompt_ids + r.target_ids) for r in requests],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+        }
+        try:
+            choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
+            results = []
+            for r, choice in zip(requests, choices, strict=True):
+                entries = choice.get("prompt_logprobs") or []
+                p = len(r.prompt_ids)
+                values = []
+                for j, token in enumerate(r.target_ids):
+                    entry = entries[p + j] if p + j < len(entries) else None
+                    if not entry or str(token) not in entry:
+                        raise BatchFailed(f"the vLLM server returned no log-probability for target token {j}")
+                    values.append(entry[str(token)]["logprob"])
+                lp = np.asarray(values, dtype=np.float32)
+                results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens))
+        except BatchFailed:
+            raise
+        except Exception as exc:  # transport errors, a malformed answer
+            raise BatchFailed(f"the vLLM server failed on a batch of {len(requests)} rows: {exc}") from exc
+        results = validate_results(requests, results)
+        s = self._stats
+        n = sum(r.n_tokens for r in requests)
+        self._stats = dataclasses.replace(s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + n)
+        return results
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Not offered against a server here.
+
+        Raises:
+            BatchFailed: always (use the in-process ``--backend vllm`` or ``hf`` to generate).
+        """
+        raise BatchFailed("generation through --vllm-url is not supported; use --backend vllm or hf")
+
+    def run_record(self) -> dict[str, Any]:
+        """The server and the model it serves (recorded in the run's manifest)."""
+        return {"vllm_url": self.url, "served_model": self.served_model}
+
+    def shutdown(self) -> None:
+        """Nothing held: each call is one HTTP request (the server keeps running)."""
