@@ -53,5 +53,8 @@ def vllm_backend(family: str, model: Any, tokenizer: Any) -> Any:
 
 @atexit.register
 def _shutdown() -> None:
+    import logging
+
+    logging.disable(logging.CRITICAL)  # vLLM logs its shutdown; the streams may be closed by now
     for backend in _ENGINES.values():
         backend.shutdown()
