@@ -85,14 +85,15 @@ def test_values_equal_a_float64_forward_with_the_prefix_cache_on(subject):
 
 
 def test_no_target_position_is_read_from_a_cached_block(subject):
-    # B's prompt is A's first 70 tokens: once A is cached, vLLM would serve B's first 64 positions
-    # (two whole blocks) from the cache, target positions 66.. included, whose prompt log-probs it
-    # does not compute. B must be scored again without the cache, and equal the reference.
+    # B (72 tokens, a prompt of 60) is A's first 72 tokens: once A is cached, vLLM serves B's first
+    # 64 positions (two whole blocks, all but B's last token rounded down) from the cache, B's
+    # target positions 60-63 included, whose prompt log-probs it does not compute. B must be scored
+    # again without the cache, and equal the reference.
     fam, tok, model, backend = subject
     rng = np.random.default_rng(3)
     seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
     a = ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:])
-    b = ScoreRequest(prompt_ids=seq[:66], target_ids=seq[66:72])
+    b = ScoreRequest(prompt_ids=seq[:60], target_ids=seq[60:72])
     backend.score([a])
     before = backend.rescored
     [res] = backend.score([b])

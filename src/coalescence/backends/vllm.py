@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,12 +138,16 @@ class VLLMBackend(BackendBase):
         self.prefix_caching = bool(prefix_caching)
         self.rescored = 0
         self._stats = ScoringStatistics()
+        # vLLM counts the one token it samples against its context: a sequence of exactly
+        # max_context tokens (the longest this backend accepts) needs one more; that position is
+        # sampled, never run, so no position past the model's own context is computed
+        os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
         kwargs: dict[str, Any] = {
             "model": str(model_dir),
             "tokenizer": str(model_dir),
             "skip_tokenizer_init": True,
             "dtype": dtype,
-            "max_model_len": self.max_context,
+            "max_model_len": self.max_context + 1,
             "enable_prefix_caching": self.prefix_caching,
             "gpu_memory_utilization": memory_fraction,
             "seed": seed,
