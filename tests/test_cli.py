@@ -769,3 +769,17 @@ def test_an_infinite_target_stderr_is_refused(tmp_path: Path, capsys: pytest.Cap
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--target-stderr" in err and "expected a positive finite number" in err, err
         assert "Traceback" not in err and not run_dir.exists()
+
+
+def test_an_unreachable_vllm_server_is_refused_before_any_coalition(
+    tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = write_input(tmp_path, {"messages": [{"role": "user", "content": "Hi. Bye."}, {"role": "assistant", "content": "Yo."}]})
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--vllm-url", f"http://127.0.0.1:{port}"]
+    line = assert_refused(argv, "--vllm-url", tmp_path, cwd, capsys)
+    assert "cannot reach a vLLM server" in line

@@ -160,7 +160,15 @@ def _add_model_options(p: argparse.ArgumentParser, *, default: str | None) -> No
         "--backend",
         choices=sorted(BACKENDS),
         default="hf",
-        help="the model backend by name: hf (transformers, CPU or GPU) (default: %(default)s)",
+        help="the model backend by name: hf (transformers, CPU or GPU), vllm (vLLM's engine in this process: pip install 'coalescence[vllm]'; float32 on the CPU) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--vllm-url",
+        default=None,
+        metavar="URL",
+        help="score against a running `vllm serve` at http://HOST:PORT (its OpenAI-compatible completions "
+        "endpoint) instead of loading the weights here; --model names the same model, whose tokenizer, "
+        "chat template and context the server must match (checked before any coalition is scored)",
     )
     p.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     p.add_argument(
@@ -651,6 +659,22 @@ def _load_backend(args: argparse.Namespace, source: Any, **loaded: Any) -> Any:
     from .backends.registry import load_backend
 
     _quiet_transformers(args)
+    if getattr(args, "vllm_url", None):
+        from .backends.registry import load_config, load_tokenizer, model_context, model_fingerprint
+        from .backends.vllm import VLLMServerBackend
+
+        tokenizer = loaded.get("tokenizer") or load_tokenizer(source)
+        config = loaded.get("config") or load_config(source)
+        fingerprint = loaded.get("fingerprint")
+        return VLLMServerBackend(
+            args.vllm_url,
+            tokenizer,
+            model_id=source.model_id,
+            revision=source.revision,
+            fingerprint=fingerprint if fingerprint is not None else model_fingerprint(source),
+            max_context=model_context(config, tokenizer),
+            max_batch_size=args.batch_size,
+        )
     if not args.no_progress:
         print(f"coalescence: loading {source.model_id} ...", file=sys.stderr, flush=True)
     return load_backend(

@@ -34,6 +34,7 @@ import pytest
 import torch
 from anyio import wait_all_tasks_blocked
 from chat_templates import FAMILIES, Family, build_family_tokenizer, conversation
+from vllm_engines import vllm_backend
 
 from coalescence.archive import RunArchive, read_rows
 from coalescence.attribution.estimators import ExactShapley
@@ -138,7 +139,16 @@ def fake_subject(family: str, *, max_batch_size: int = 4) -> Subject:
     return Subject(backend, reference)
 
 
-SUBJECTS: dict[str, Callable[..., Subject]] = {"hf": hf_subject, "fake": fake_subject}
+def vllm_subject(family: str, *, max_batch_size: int = 4) -> Subject:
+    """The in-process vLLM backend on :func:`model_for`'s weights (one engine per family for the
+    session; skipped without vLLM or for a family without an engine, see ``vllm_engines``)."""
+    model = model_for(family)
+    backend = vllm_backend(family, model, tokenizer_for(family))
+    backend.max_batch_size = max_batch_size
+    return Subject(backend, float64_reference(model))
+
+
+SUBJECTS: dict[str, Callable[..., Subject]] = {"hf": hf_subject, "fake": fake_subject, "vllm": vllm_subject}
 """Every backend under contract: ``name -> factory(family, *, max_batch_size) -> Subject``; a
 model-backed backend runs :func:`model_for` ``(family)``'s weights with :func:`tokenizer_for`
 ``(family)`` (a context of :data:`CONTEXT` tokens) and takes :func:`float64_reference` of them."""

