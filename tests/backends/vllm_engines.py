@@ -21,7 +21,7 @@ VLLM_FAMILIES = ("chatml", "llama3")
 BLOCK = 32
 """vLLM's KV-cache block on the CPU (its attention takes multiples of 32)."""
 
-SKIP_REASON = "vLLM is not installed: make install (or pip install 'coalescence[vllm]')"
+SKIP_REASON = "vLLM is not installed: make vllm (or pip install 'coalescence[vllm]')"
 
 _ENGINES: dict[str, Any] = {}
 
