@@ -460,7 +460,7 @@ def test_the_exit_code_table_is_one_and_the_same_in_the_readme_and_every_help():
     section = readme.split("### Exit codes", 1)[1].split("\n#", 1)[0]
     readme_codes = [int(c) for c in re.findall(r"^\| (\d+) \|", section, re.M)]
     help_codes = [int(c) for c in re.findall(r"^    (\d+) ", cli.EXIT_CODES, re.M)]
-    assert readme_codes == help_codes == [0, 1, 2, 3, 130, 141, 143]
+    assert readme_codes == help_codes == [0, 1, 2, 3, 4, 130, 141, 143]
     parser = cli.build_parser()
     assert parser.format_help().rstrip().endswith(cli.EXIT_CODES.splitlines()[-1].rstrip())
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
