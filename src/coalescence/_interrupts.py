@@ -245,7 +245,7 @@ class Interrupts:
             return deadline
         if self.count == 2:
             _raw_stderr(
-                f"coalescence: {signal.Signals(signum).name} again: stopping; the process exits in "
+                f"coalescence: a second signal ({signal.Signals(signum).name}): still stopping; the process exits in "
                 f"{self.grace_seconds:g} s at most (a third signal exits at once)\n"
             )
             return time.monotonic() + self.grace_seconds
