@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -585,7 +586,16 @@ def test_two_quick_signals_exit_with_the_first_signals_code(pair, tmp_path, conv
                 proc.kill()
                 pytest.fail(f"still running: {proc.communicate()[1].decode()}")
         err = err.decode()
-        assert proc.returncode == want, f"gap {gap} s: exit {proc.returncode}\n{err}"
+        expected = want
+        if gap == 0.0 and first != second:
+            # Sent back to back, the two signals are pending together: the kernel may hand them to two
+            # threads, whose C handlers then set Python's flags in either order, so the process may
+            # see the second one sent first. Its exit status must then follow what it saw first, which
+            # its 'a second signal (NAME)' line names.
+            seen_second = re.search(r"a second signal \((SIG\w+)\)", err)
+            if seen_second and seen_second.group(1) == first.name:
+                expected = 128 + int(second)
+        assert proc.returncode == expected, f"gap {gap} s: exit {proc.returncode}\n{err}"
         stops = [ln for ln in err.splitlines() if ln.startswith(("coalescence: interrupted", "coalescence: terminated"))]
         assert len(stops) <= 1 and "Traceback" not in err, err
         assert lock_is_free(run_dir)
