@@ -57,7 +57,7 @@ demo: install
 		--html runs/eiffel.html
 	@echo "report: runs/eiffel.html (open it in a browser: it needs no network)"
 
-test: install
+test: install vllm
 	$(PY) -m pytest
 
 clean:

@@ -247,3 +247,7 @@ def test_run_settings_validate_the_ray_settings():
     with pytest.raises(ConfigError, match="applies to Ray workers"):
         RunSettings(threads_per_worker=2)
     assert RunSettings(ray_address="auto").distributed and not RunSettings().distributed
+    # GPUs for workers that compute on the CPU are refused; vLLM picks its device itself
+    with pytest.raises(ConfigError, match="add --device cuda"):
+        RunSettings(workers=2, gpus_per_worker=1)
+    assert RunSettings(workers=2, gpus_per_worker=1, backend="vllm").gpus_per_worker == 1

@@ -130,8 +130,12 @@ def _check_ray(s: Any) -> None:
         for name in ("gpus_per_worker", "threads_per_worker"):
             if getattr(s, name):
                 raise ConfigError("applies to Ray workers; add --workers N or --ray-address ADDR", field=name)
-    elif g > 0 and s.device == "cpu":
-        raise ConfigError("reserves accelerators for workers that would compute on --device cpu; add --device cuda", field="gpus_per_worker")
+    elif g > 0 and s.device == "cpu" and s.backend != "vllm":
+        raise ConfigError(
+            "reserves accelerators for workers that would compute on --device cpu; add --device cuda (or --backend vllm, "
+            "which uses the GPUs it sees)",
+            field="gpus_per_worker",
+        )
 
 
 def _ray_backend(s: Any, source: Any, **preloaded: Any) -> Any:

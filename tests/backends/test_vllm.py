@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -169,6 +170,38 @@ def _values(doc) -> list[float]:
     return out
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (make install)")
+def test_ray_workers_on_vllm_give_the_transformers_values(tmp_path):
+    """``--workers 2 --backend vllm``: one vLLM engine per Ray actor of a local cluster,
+    conversations routed whole; the values equal the in-process transformers run's."""
+    from test_datasets import conversations
+
+    tok, model = tokenizer_for("chatml"), model_for("chatml")
+    path = tmp_path / "tiny-chatml"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in conversations(4)), encoding="utf-8")
+    # TMPDIR stays: Ray keeps its sockets there, and a pytest path would pass their 107-byte limit
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    docs = {}
+    for name, options in (("hf", ()), ("ray-vllm", ("--backend", "vllm", "--workers", "2"))):
+        out = tmp_path / f"{name}.json"
+        proc = _cli("explain", str(data), "--model", str(path), "--unit", "sentence", "--method", "loo",
+                    "--archive", str(tmp_path / name), "--out", str(out), "--no-progress", *options, env=env)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        docs[name] = json.loads(out.read_text())["explanations"]
+    assert len(docs["hf"]) == len(docs["ray-vllm"]) == 5
+    for got, want in zip(docs["ray-vllm"], docs["hf"], strict=True):
+        np.testing.assert_allclose([p["value"] for p in got["players"]], [p["value"] for p in want["players"]], atol=TOLERANCE)
+        assert got["v_full"] == pytest.approx(want["v_full"], abs=TOLERANCE)
+    record = json.loads((tmp_path / "ray-vllm" / "manifest.json").read_text())["runs"][-1]
+    assert record["ray"]["workers"] == 2 and all(c > 0 for c in record["ray"]["calls_per_worker"])
+    # on the CPU each engine computes in its actor's process with the torch threads it was given:
+    # the node's CPUs divided among its two workers
+    assert record["ray"]["threads_per_worker"] == [max(1, (os.cpu_count() or 1) // 2)] * 2
+
+
 # ---- a running `vllm serve` ------------------------------------------------------------------------
 
 
@@ -191,7 +224,7 @@ def server(tmp_path_factory):
     # the API server `vllm serve` runs (its CLI wrapper reads the version of a distribution named vllm,
     # which vllm-cpu is not)
     cmd = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--block-size", "32", "--gpu-memory-utilization", "0.08", "--enforce-eager", "--max-model-len", str(CONTEXT)]
+           "--dtype", "float32", "--block-size", "32", "--kv-cache-memory-bytes", str(2**28), "--enforce-eager", "--max-model-len", str(CONTEXT)]
     log = open(run / "serve.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -236,5 +269,22 @@ def test_a_server_of_another_model_is_refused_before_scoring(server):
     other = tokenizer_for("llama3")  # another vocabulary and template
     with pytest.raises(BackendUnavailable, match="tokenizer differs"):
         VLLMServerBackend(url, other, model_id="tiny-llama3", max_context=CONTEXT)
-    with pytest.raises(BackendUnavailable, match="context of 512 tokens"):
-        VLLMServerBackend(url, tokenizer_for("chatml"), model_id="tiny-chatml", max_context=1024)
+    with pytest.raises(BackendUnavailable, match="context of 512 tokens, longer than"):
+        VLLMServerBackend(url, tokenizer_for("chatml"), model_id="tiny-chatml", max_context=256)
+
+
+def test_a_server_with_a_shorter_context_scores_up_to_it_and_refuses_longer_rows_before_sending(server):
+    """A server started with --max-model-len 512 scores sequences of 511 tokens at most (vLLM counts
+    the sampled token): a longer row is refused before any request, and rows that fit are scored."""
+    from coalescence.backends.vllm import VLLMServerBackend
+    from coalescence.errors import BatchFailed
+
+    url, tok, _ = server
+    backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=1024)
+    assert backend.max_context == CONTEXT - 1
+    fits = ScoreRequest(prompt_ids=tuple(range(5, 5 + CONTEXT - 3)), target_ids=(7, 8))
+    assert len(backend.score([fits])[0].token_logprobs) == 2
+    before = backend.statistics().rows
+    with pytest.raises(BatchFailed, match="exceeds the model's context of 511"):
+        backend.score([ScoreRequest(prompt_ids=tuple(range(5, 5 + CONTEXT - 2)), target_ids=(7, 8))])
+    assert backend.statistics().rows == before

