@@ -282,9 +282,10 @@ def test_a_server_with_a_shorter_context_scores_up_to_it_and_refuses_longer_rows
     url, tok, _ = server
     backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=1024)
     assert backend.max_context == CONTEXT - 1
-    fits = ScoreRequest(prompt_ids=tuple(range(5, 5 + CONTEXT - 3)), target_ids=(7, 8))
+    ids = [5 + i % 200 for i in range(CONTEXT)]  # in the tiny vocabulary
+    fits = ScoreRequest(prompt_ids=tuple(ids[: CONTEXT - 3]), target_ids=(7, 8))
     assert len(backend.score([fits])[0].token_logprobs) == 2
     before = backend.statistics().rows
     with pytest.raises(BatchFailed, match="exceeds the model's context of 511"):
-        backend.score([ScoreRequest(prompt_ids=tuple(range(5, 5 + CONTEXT - 2)), target_ids=(7, 8))])
+        backend.score([ScoreRequest(prompt_ids=tuple(ids[: CONTEXT - 2]), target_ids=(7, 8))])
     assert backend.statistics().rows == before
