@@ -208,7 +208,22 @@ class VLLMBackend(BackendBase):
         try:
             if in_process:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            self.llm = vllm.LLM(**kwargs)
+                try:
+                    self.llm = vllm.LLM(**kwargs)
+                except Exception as exc:  # noqa: BLE001 - retried in a process of its own below
+                    # vLLM's CPU start-up scans every module this process has imported (its
+                    # Triton kernel overrides) and fails on some objects of other libraries
+                    # (seen: shapiq's imports); a worker process of its own starts clean
+                    logger.warning("vLLM could not start in this process (%s); starting it in a worker process", exc)
+                    in_process = False
+                    if saved is None:
+                        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+                    else:
+                        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+                    kwargs["distributed_executor_backend"] = "mp"
+                    self.llm = vllm.LLM(**kwargs)
+            else:
+                self.llm = vllm.LLM(**kwargs)
         except Exception as exc:  # the engine's start-up errors, translated at the boundary
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise BackendUnavailable(f"vLLM could not start on {model_id!r}: {first}", field="backend") from exc
@@ -216,7 +231,7 @@ class VLLMBackend(BackendBase):
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op in the process it
             # starts in; in this process that would silently pin every later caller's threads
             torch.set_num_threads = set_num_threads
-            if in_process:
+            if kwargs.get("distributed_executor_backend") in ("uni", "mp") and on_cpu:
                 if saved is None:
                     os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
                 else:
