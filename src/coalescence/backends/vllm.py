@@ -79,6 +79,22 @@ def _kv_cache_kwargs(kv_cache_gib: float | None) -> dict[str, Any]:
     return {"kv_cache_memory_bytes": int(kv_cache_gib * 2**30)}
 
 
+def _start_engine(vllm: Any, kwargs: dict[str, Any]) -> Any:
+    """``vllm.LLM(**kwargs)``; with the ``uni`` executor, its engine core in this process too
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while it starts, the variable restored after)."""
+    if kwargs.get("distributed_executor_backend") != "uni":
+        return vllm.LLM(**kwargs)
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        return vllm.LLM(**kwargs)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+
+
 def import_vllm() -> Any:
     """Import ``vllm``.
 
@@ -132,6 +148,8 @@ class VLLMBackend(BackendBase):
     Attributes:
         rescored: requests scored again with the prefix cache skipped because their cached
             prefix reached a target position.
+        in_process: the engine runs in this process (vLLM's ``uni`` executor: the CPU default,
+            unless that start failed and a worker process was started instead).
 
     Raises:
         BackendUnavailable: vLLM is not installed, or its engine cannot start on this model.
@@ -200,30 +218,21 @@ class VLLMBackend(BackendBase):
             kwargs["enforce_eager"] = True
             kwargs["distributed_executor_backend"] = "uni"
         kwargs.update(engine_kwargs or {})
-        in_process = kwargs.get("distributed_executor_backend") == "uni"
         import torch
 
         set_num_threads = torch.set_num_threads
-        saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
         try:
-            if in_process:
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-                try:
-                    self.llm = vllm.LLM(**kwargs)
-                except Exception as exc:  # noqa: BLE001 - retried in a process of its own below
-                    # vLLM's CPU start-up scans every module this process has imported (its
-                    # Triton kernel overrides) and fails on some objects of other libraries
-                    # (seen: shapiq's imports); a worker process of its own starts clean
-                    logger.warning("vLLM could not start in this process (%s); starting it in a worker process", exc)
-                    in_process = False
-                    if saved is None:
-                        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-                    else:
-                        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
-                    kwargs["distributed_executor_backend"] = "mp"
-                    self.llm = vllm.LLM(**kwargs)
-            else:
-                self.llm = vllm.LLM(**kwargs)
+            try:
+                self.llm = _start_engine(vllm, kwargs)
+            except Exception as exc:
+                if not (on_cpu and kwargs.get("distributed_executor_backend") == "uni"):
+                    raise
+                # vLLM's CPU start-up scans every module this process has imported (its Triton
+                # kernel overrides) and fails on some objects of other libraries (seen: after
+                # shapiq's imports); a worker process of its own starts clean
+                logger.warning("vLLM could not start in this process (%s); starting it in a worker process", exc)
+                kwargs["distributed_executor_backend"] = "mp"
+                self.llm = _start_engine(vllm, kwargs)
         except Exception as exc:  # the engine's start-up errors, translated at the boundary
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise BackendUnavailable(f"vLLM could not start on {model_id!r}: {first}", field="backend") from exc
@@ -231,12 +240,7 @@ class VLLMBackend(BackendBase):
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op in the process it
             # starts in; in this process that would silently pin every later caller's threads
             torch.set_num_threads = set_num_threads
-            if kwargs.get("distributed_executor_backend") in ("uni", "mp") and on_cpu:
-                if saved is None:
-                    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-                else:
-                    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
-        self.in_process = in_process
+        self.in_process = kwargs.get("distributed_executor_backend") == "uni"
         self._vllm = vllm
 
     def statistics(self) -> ScoringStatistics:
@@ -477,8 +481,8 @@ class VLLMServerBackend(BackendBase):
         # vLLM counts the one token a request samples against its context: a server started with
         # --max-model-len L scores sequences of at most L - 1 tokens (start it with the model's
         # context + 1 to score full-length ones); a shorter --max-model-len is the server's choice
-        usable = server_context - 1 if server_context else None
-        self.max_context = int(min(c for c in (max_context, usable) if c is not None)) if (max_context or usable) else 2048
+        limits = [c for c in (max_context, server_context - 1) if c and c > 0]
+        self.max_context = int(min(limits)) if limits else 2048
         if max_context is not None and self.max_context < max_context:
             logger.info("the vLLM server scores sequences of up to %d tokens (the model's context is %d)", self.max_context, max_context)
         self._check_tokenizer()
