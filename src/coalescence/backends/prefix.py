@@ -125,6 +125,15 @@ class PrefixCache:
             self._misses += 1
         return best
 
+    def peek(self, tokens: Sequence[int]) -> int:
+        """The longest prefix of ``tokens`` some entry holds, in tokens (0: none), without
+        counting a hit or a miss or changing the eviction order."""
+        best = 0
+        for key in self._entries:
+            if len(key) > best:
+                best = max(best, common_prefix_length(key, tokens))
+        return best
+
     def put(self, tokens: Sequence[int], state: Any, nbytes: int) -> bool:
         """Store ``state`` for the prefix ``tokens``, evicting least recently used entries.
 
