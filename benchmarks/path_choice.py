@@ -61,6 +61,7 @@ def run(backend, snap, policy, masks, batch_size: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--data", default="benchmarks/data/rag12_stdlib.json", help="the conversation (relative to the repository)")
     ap.add_argument("--unit", default="document", help="document or sentence")
     ap.add_argument("--coalitions", type=int, default=32, help="random keep-half coalitions")
     ap.add_argument("--batch-size", type=int, default=8)
@@ -70,7 +71,7 @@ def main() -> None:
     backend = load_backend(args.model, max_batch_size=args.batch_size)
     policy = get_policy("drop")
     engine = Engine(backend)
-    snap = engine.prepare(load_conversation(ROOT / "benchmarks/data/rag12_stdlib.json"), unit=args.unit)
+    snap = engine.prepare(load_conversation(ROOT / args.data), unit=args.unit)
     t0 = time.perf_counter()
     rates = backend.calibrate(force=True)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; calibration {time.perf_counter() - t0:.2f} s: "
@@ -91,7 +92,7 @@ def main() -> None:
                 r = run(backend, snap, policy, masks, args.batch_size)
                 if variant not in best or r["wall"] < best[variant]["wall"]:
                     best[variant] = r
-        print(f"\n## rag12 by {args.unit}: {snap.n_players} players, {title}, {len(masks)} coalitions, "
+        print(f"\n## {Path(args.data).stem} by {args.unit}: {snap.n_players} players, {title}, {len(masks)} coalitions, "
               f"batches of {args.batch_size}")
         print(f"{'path':<8} {'wall s':>7} {'positions run':>13} {'padded':>7} {'speed vs plain':>14} "
               f"{'max|du| vs plain':>16} {'groups shared/plain':>19}")
@@ -99,7 +100,7 @@ def main() -> None:
         for variant in VARIANTS:
             r = best[variant]
             du = float(np.abs(r["utilities"] - ref["utilities"]).max())
-            print(f"{variant:<8} {r['wall']:>7.1f} {r['run']:>13} {r['padded']:>7} {ref['wall'] / r['wall']:>14.2f} "
+            print(f"{variant:<8} {r["wall"]:>7.2f} {r['run']:>13} {r['padded']:>7} {ref['wall'] / r['wall']:>14.2f} "
                   f"{du:>16.2e} {r['shared']:>9}/{r['plain']}")
 
 

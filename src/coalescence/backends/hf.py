@@ -247,10 +247,14 @@ class HFBackend(BackendBase):
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """Teacher-forced log-probabilities of each request's target, in nats.
 
-        Runs ``ceil(len(requests) / max_batch_size)`` batches. With prefix sharing each batch
-        first runs (or resumes from the prefix cache) the longest token prefix common to all its
-        rows, then its rows' suffixes on top of that state; on a model with sliding-window
-        attention only while every row of the batch is shorter than the window (else plain).
+        Runs ``ceil(len(requests) / max_batch_size)`` batches, each prefix group of a batch on
+        the sharing path or the plain path (``path``; ``"auto"`` chooses by estimated time, see
+        :meth:`_choose` and :mod:`coalescence.backends.cost`, the first choice calibrating the
+        rates). The sharing path first runs (or resumes from the prefix cache) the longest token
+        prefix common to all the group's rows, then their suffixes on top of that state; on a
+        model with sliding-window attention only while every row of the batch is shorter than
+        the window (else plain). The plain path runs the rows right-padded in one forward.
+        :meth:`statistics` counts the groups of each path (``groups_shared``, ``groups_plain``).
 
         Returns:
             One :class:`ScoreResult` per request, in order (validated as a whole batch).
