@@ -100,7 +100,7 @@ def main() -> None:
         for variant in VARIANTS:
             r = best[variant]
             du = float(np.abs(r["utilities"] - ref["utilities"]).max())
-            print(f"{variant:<8} {r["wall"]:>7.2f} {r['run']:>13} {r['padded']:>7} {ref['wall'] / r['wall']:>14.2f} "
+            print(f"{variant:<8} {r['wall']:>7.2f} {r['run']:>13} {r['padded']:>7} {ref['wall'] / r['wall']:>14.2f} "
                   f"{du:>16.2e} {r['shared']:>9}/{r['plain']}")
 
 
