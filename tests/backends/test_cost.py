@@ -205,3 +205,28 @@ def test_rates_interpolate_in_log_flops_and_clamp_outside():
     assert rates.seconds((1e5, 0.0), [("causal", 10, 0), ("tree", 10, 0)]) == pytest.approx(1e6 / 1e9 + 1e6 / 2e9)
     with pytest.raises(ConfigError):
         rates.rate("padded", 1.0)
+
+
+def test_a_sliding_window_model_calibrates_within_its_window(chatml_tokenizer):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(5)
+    config = MistralConfig(vocab_size=len(chatml_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                           pad_token_id=chatml_tokenizer.pad_token_id, sliding_window=8)  # fmt: skip
+    model = MistralForCausalLM(config).eval()
+    backend = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=8)
+    rng = np.random.default_rng(2)
+    base = ids(rng, 3)
+    # 5 tokens each, their tree (3 prefix + 4 nodes) within the window too: a tree of rows shorter
+    # than the window whose prefix and nodes are not fails in the cache gather (as before this change)
+    rows = [ScoreRequest(prompt_ids=base + ids(rng, 1), target_ids=ids(rng, 1)) for _ in range(2)]
+    got = backend.score(rows)
+    with torch.no_grad():
+        for r, x in zip(rows, got, strict=True):
+            logits = model(input_ids=torch.tensor([r.prompt_ids + r.target_ids])).logits[0].double()
+            want = torch.log_softmax(logits[len(r.prompt_ids) - 1 : -1], dim=-1).gather(1, torch.tensor(r.target_ids)[:, None])
+            np.testing.assert_allclose(x.token_logprobs, want[:, 0].numpy(), atol=1e-4)
+    rates = backend.path_rates  # measured for the choice, within the 8-token window: the plain batch only
+    assert rates is not None and rates.tree == rates.causal and all(r > 0 for _, r in rates.causal)
+    assert backend.statistics().groups_shared + backend.statistics().groups_plain == 1

@@ -425,12 +425,13 @@ class HFBackend(BackendBase):
         Returns :attr:`path_rates` when set (given, or measured earlier), else the rates stored
         under :attr:`calibration_dir` for this model and machine, else measures them: on
         synthetic token ids (seeded), after one warm-up forward, the wall time of a plain padded
-        batch (4 rows of about 32 tokens), a single row of about 170 tokens, and two suffix
-        batches on that row's cached prefix of about 160 tokens (4 rows x 16 and 8 rows x 32
-        suffix tokens, as tree rows, or padded suffixes with ``tree_mask_limit=0``); each gives
+        batch (4 rows of 24-32 tokens), a single row of 170 tokens, and two suffix batches on
+        that row's cached prefix of 160 tokens (4 rows x 16 and 8 rows x 32 suffix tokens, as
+        tree rows, or padded suffixes with ``tree_mask_limit=0``); each gives
         ``(flops, flops / seconds)`` (:func:`~coalescence.backends.cost.forward_flops`). Lengths
-        shrink to fit a shorter context or sliding window. The run's prefix cache and statistics
-        are left untouched. About 750 token positions: under 2 s on SmolLM2-135M on a CPU.
+        shrink to fit a context or sliding window under 200 tokens; under 40 only the plain
+        batch is measured and its rate serves both kinds. The run's prefix cache and statistics
+        are left untouched. About 750 token positions.
 
         Args:
             force: measure again even when rates are known (and store them).
@@ -472,8 +473,8 @@ class HFBackend(BackendBase):
             cap = min(cap, self.sliding_window - 1)
         scale = min(1.0, cap / 200)
 
-        def size(n: int) -> int:
-            return max(2, int(n * scale))
+        def size(n: int, least: int = 1) -> int:
+            return max(least, int(n * scale))
 
         def ids(n: int, first: int | None = None) -> tuple[int, ...]:
             out = tuple(int(x) for x in rng.integers(low, high, n))
@@ -491,13 +492,14 @@ class HFBackend(BackendBase):
             return max(time.perf_counter() - t0, 1e-9)
 
         shape = self._model_shape
-        plain = [ScoreRequest(prompt_ids=ids(max(2, size(n) - 4)), target_ids=ids(4)) for n in (32, 28, 24, 30)]
+        plain = [ScoreRequest(prompt_ids=ids(size(n)), target_ids=ids(size(4))) for n in (28, 24, 20, 26)]
         prefix = ids(size(160))
         row = ScoreRequest(prompt_ids=prefix, target_ids=ids(size(10)))
         trees = [
-            [ScoreRequest(prompt_ids=prefix + ids(max(2, size(s) - 4), first=k * 16 + b), target_ids=ids(4)) for b in range(rows)]
-            for k, (rows, s) in enumerate(((4, 16), (8, 32)))
+            [ScoreRequest(prompt_ids=prefix + ids(size(s, 2), first=k * 16 + b), target_ids=ids(size(4))) for b in range(rows)]
+            for k, (rows, s) in enumerate(((4, 12), (8, 28)))
         ]
+        longest = max(r.n_tokens for batch in trees for r in batch)
         saved = (self.prefix_cache, self.tree_mask_limit, self._last_prefix_forwards)
         self.prefix_cache = PrefixCache(2**30)
         if self.tree_mask_limit:
@@ -506,18 +508,20 @@ class HFBackend(BackendBase):
         tree: list[tuple[float, float]] = []
         try:
             self._score_plain(plain)  # warm-up
-            for batch in (plain, [row]):
+            for batch in (plain, [row]) if longest <= cap else (plain,):
                 forwards = self._plain_forwards(batch) if len(batch) > 1 else self._shared_forwards(batch, [])
                 seconds = timed(self._score_plain if len(batch) > 1 else self._score_shared, batch)
                 flops = sum(forward_flops(shape, t, p) for _, t, p in forwards)
                 causal.append((flops, flops / seconds))
-            for batch in trees:
+            for batch in trees if longest <= cap else ():
                 forwards = self._shared_forwards(batch, [])
                 seconds = timed(self._score_shared, batch)
                 flops = sum(forward_flops(shape, t, p) for _, t, p in forwards)
                 tree.append((flops, flops / seconds))
         finally:
             self.prefix_cache, self.tree_mask_limit, self._last_prefix_forwards = saved
+        if not tree:  # a context or window too short for the prefix batches: one rate for both
+            tree = causal
         return PathRates(causal=causal, tree=tree)
 
     def _row_results(
