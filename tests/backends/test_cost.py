@@ -230,3 +230,30 @@ def test_a_sliding_window_model_calibrates_within_its_window(chatml_tokenizer):
     rates = backend.path_rates  # measured for the choice, within the 8-token window: the plain batch only
     assert rates is not None and rates.tree == rates.causal and all(r > 0 for _, r in rates.causal)
     assert backend.statistics().groups_shared + backend.statistics().groups_plain == 1
+
+
+@pytest.mark.parametrize("tree_mask_limit", [2**22, 4000, 0], ids=["tree", "halves", "padded"])
+@pytest.mark.parametrize("cache", [0, 2**24], ids=["no cache", "cache"])
+def test_the_estimated_forwards_are_the_positions_the_sharing_path_runs(model, chatml_tokenizer, tree_mask_limit, cache):
+    reqs = leave_one_out(seed=4) + keep_half(seed=4, rows=5)
+    backend = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=len(reqs), path="shared",
+                        prefix_cache_bytes=cache, tree_mask_limit=tree_mask_limit)  # fmt: skip
+    for batch in (reqs, reqs[::-1]):  # the second time on a warm cache
+        estimated = sum(t for _, t, _ in backend._shared_forwards(batch, []))
+        before = backend.statistics()
+        backend.score(batch)
+        after = backend.statistics()
+        ran = after.tokens_computed + after.padded_positions - before.tokens_computed - before.padded_positions
+        assert ran == estimated
+
+
+def test_peek_finds_what_longest_finds_and_counts_nothing():
+    from coalescence.backends.prefix import PrefixCache
+
+    cache = PrefixCache(100)
+    cache.put((1, 2, 3), "abc", 10)
+    cache.put((1, 2, 9, 9), "ab99", 10)
+    assert cache.peek((1, 2, 9, 4)) == ((1, 2, 9, 9), 3) and cache.peek((7,)) == ((), 0)
+    s = cache.statistics()
+    assert s.hits == 0 and s.misses == 0
+    assert cache.longest((1, 2, 9, 4))[::2] == cache.peek((1, 2, 9, 4))

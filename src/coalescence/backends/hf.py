@@ -369,24 +369,29 @@ class HFBackend(BackendBase):
         It follows :meth:`_score_prefix_then_suffixes`: the common prefix (capped before the
         shortest prompt's last token), of which the part not in the prefix cache runs as a
         causal forward (``P - C`` tokens, ``(P - C) x P`` pairs); then the suffix trie as one
-        tree row (``N`` nodes, ``N x (P + N)`` pairs) or, over ``tree_mask_limit``, the halves
-        in turn (single rows: ``n - C`` tokens, ``(n - C) x n`` pairs); or with
+        tree row (``N`` new nodes on ``P`` prefix and ``K`` chain positions followed from a
+        cached entry: ``N x (P + K + N)`` pairs) or, over ``tree_mask_limit``, the halves in
+        turn (single rows: ``n - C`` tokens, ``(n - C) x n`` pairs); or with
         ``tree_mask_limit=0`` right-padded suffixes (``rows x S`` tokens, ``rows x S x (P + S)``
         pairs). ``virtual`` collects the prefixes the earlier forwards of the same batch would
-        put in the prefix cache. Chain reuse from a cached entry is not counted (an upper bound).
+        put in the prefix cache (an entry those forwards evict, or an equally long match the
+        cache's recency order picks otherwise, can make the estimate differ from the run).
         """
         cached = self.prefix_cache.max_bytes > 0
 
-        def resumable(tokens: Sequence[int]) -> int:
+        def resumable(tokens: Sequence[int]) -> tuple[tuple[int, ...], int]:
             best = self.prefix_cache.peek(tokens)
             for v in virtual:
-                best = max(best, common_prefix_length(v, tokens))
+                if len(v) > best[1]:
+                    match = common_prefix_length(v, tokens)
+                    if match > best[1]:
+                        best = (v, match)
             return best
 
         if len(batch) == 1:
             r = batch[0]
             seq = r.prompt_ids + r.target_ids
-            c = resumable(seq[: len(r.prompt_ids) - 1])
+            c = resumable(seq[: len(r.prompt_ids) - 1])[1]
             n = len(seq)
             if cached:
                 virtual.append(r.prompt_ids)
@@ -398,11 +403,17 @@ class HFBackend(BackendBase):
             shared = min(shared, common_prefix_length(first, seq[:shared]))
         if shared < 1:
             return self._plain_forwards(batch)
-        resumed = min(resumable(first[: len(batch[0].prompt_ids) - 1]), shared)
+        entry, match = resumable(first[: len(batch[0].prompt_ids) - 1])
+        resumed = min(match, shared)
         rows = len(batch)
+        chain: tuple[int, ...] = ()
         if self.tree_mask_limit:
-            n = len(self._suffix_trie(seqs, shared, (), [len(r.prompt_ids) for r in batch])[0])
-            if n * (shared + n) > self.tree_mask_limit:
+            if match >= shared:
+                tail = entry[shared:]
+                depth = max(common_prefix_length(tail, seq[shared : len(r.prompt_ids) - 1]) for r, seq in zip(batch, seqs))
+                chain = tail[:depth]
+            n = len(self._suffix_trie(seqs, shared, chain, [len(r.prompt_ids) for r in batch])[0])
+            if n * (shared + len(chain) + n) > self.tree_mask_limit:
                 half = rows // 2
                 return self._shared_forwards(batch[:half], virtual) + self._shared_forwards(batch[half:], virtual)
         out: list[Forward] = []
@@ -411,7 +422,7 @@ class HFBackend(BackendBase):
             if cached:
                 virtual.append(first[:shared])
         if self.tree_mask_limit:
-            out.append(("tree", n, n * (shared + n)))
+            out.append(("tree", n, n * (shared + len(chain) + n)))
             if cached:
                 virtual.append(batch[-1].prompt_ids)
         else:
