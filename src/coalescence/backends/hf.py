@@ -435,14 +435,16 @@ class HFBackend(BackendBase):
 
         Returns :attr:`path_rates` when set (given, or measured earlier), else the rates stored
         under :attr:`calibration_dir` for this model and machine, else measures them: on
-        synthetic token ids (seeded), after one warm-up forward, the wall time of a plain padded
-        batch (4 rows of 24-32 tokens), a single row of 170 tokens, and two suffix batches on
-        that row's cached prefix of 160 tokens (4 rows x 16 and 8 rows x 32 suffix tokens, as
-        tree rows, or padded suffixes with ``tree_mask_limit=0``); each gives
-        ``(flops, flops / seconds)`` (:func:`~coalescence.backends.cost.forward_flops`). Lengths
-        shrink to fit a context or sliding window under 200 tokens; under 40 only the plain
-        batch is measured and its rate serves both kinds. The run's prefix cache and statistics
-        are left untouched. About 750 token positions.
+        synthetic token ids (seeded), after warm-up forwards of 2 rows of 8 tokens (plain, then
+        shared), the wall time of a plain padded batch (4 rows of 24-32 tokens), a single row of
+        138 tokens, and two suffix batches on that row's cached prefix of 128 tokens (4 rows x 16
+        and 8 rows x 20 suffix tokens, as tree rows, or padded suffixes with
+        ``tree_mask_limit=0``); each gives ``(flops, flops / seconds)``
+        (:func:`~coalescence.backends.cost.forward_flops`). Lengths shrink to fit a context or
+        sliding window under 160 tokens; where the suffix batches do not fit (a context under
+        about 32 tokens, or a sliding window under 290, which a tree's prefix and nodes must fit
+        in) only the plain batch is measured and its rate serves both kinds. The run's prefix cache and statistics are left untouched. About
+        520 token positions, about 110 GFLOP on SmolLM2-135M.
 
         Args:
             force: measure again even when rates are known (and store them).
@@ -482,7 +484,7 @@ class HFBackend(BackendBase):
         cap = self.max_context - 1
         if self.sliding_window is not None:
             cap = min(cap, self.sliding_window - 1)
-        scale = min(1.0, cap / 200)
+        scale = min(1.0, cap / 160)
 
         def size(n: int, least: int = 1) -> int:
             return max(least, int(n * scale))
@@ -504,13 +506,17 @@ class HFBackend(BackendBase):
 
         shape = self._model_shape
         plain = [ScoreRequest(prompt_ids=ids(size(n)), target_ids=ids(size(4))) for n in (28, 24, 20, 26)]
-        prefix = ids(size(160))
+        prefix = ids(size(128))
         row = ScoreRequest(prompt_ids=prefix, target_ids=ids(size(10)))
         trees = [
             [ScoreRequest(prompt_ids=prefix + ids(size(s, 2), first=k * 16 + b), target_ids=ids(size(4))) for b in range(rows)]
-            for k, (rows, s) in enumerate(((4, 12), (8, 28)))
+            for k, (rows, s) in enumerate(((4, 12), (8, 16)))
         ]
         longest = max(r.n_tokens for batch in trees for r in batch)
+        if self.sliding_window is not None:  # a tree's prefix and nodes within the window, too
+            longest = max(longest, len(prefix) + max(sum(r.n_tokens - len(prefix) for r in b) for b in trees))
+        warm = ids(4)
+        warm_up = [ScoreRequest(prompt_ids=warm + ids(2, first=b), target_ids=ids(2)) for b in range(2)]  # 8 tokens each
         saved = (self.prefix_cache, self.tree_mask_limit, self._last_prefix_forwards)
         self.prefix_cache = PrefixCache(2**30)
         if self.tree_mask_limit:
@@ -518,7 +524,9 @@ class HFBackend(BackendBase):
         causal: list[tuple[float, float]] = []
         tree: list[tuple[float, float]] = []
         try:
-            self._score_plain(plain)  # warm-up
+            self._score_plain(warm_up if cap >= 12 else plain)  # warm-up: a plain batch, a prefix forward, a tree row
+            if cap >= 12:
+                self._score_shared(warm_up)
             for batch in (plain, [row]) if longest <= cap else (plain,):
                 forwards = self._plain_forwards(batch) if len(batch) > 1 else self._shared_forwards(batch, [])
                 seconds = timed(self._score_plain if len(batch) > 1 else self._score_shared, batch)
