@@ -124,7 +124,10 @@ def bos_tokenizer():
 def tiny_backend(chatml_tokenizer):
     from coalescence.backends.hf import HFBackend
 
-    return HFBackend(build_model(chatml_tokenizer), chatml_tokenizer, model_id="tiny-llama", revision="seed0", max_batch_size=4)
+    # the sharing path always (the tests using it count reused tokens); "auto" has its own tests
+    return HFBackend(
+        build_model(chatml_tokenizer), chatml_tokenizer, model_id="tiny-llama", revision="seed0", max_batch_size=4, path="shared"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -123,7 +123,7 @@ def test_scoring_with_the_split_equals_the_plain_path(chatml_tokenizer, arch, tr
     model = build_model(chatml_tokenizer, seed=4) if arch == "llama" else tiny_qwen2(chatml_tokenizer)
     plain = HFBackend(model, chatml_tokenizer, model_id="tiny", prefix_sharing=False)
     want = [plain.score([r])[0] for r in requests(1) + requests(2)]  # one row at a time, no cache
-    shared = HFBackend(model, chatml_tokenizer, model_id="tiny", tree_mask_limit=tree_mask_limit)
+    shared = HFBackend(model, chatml_tokenizer, model_id="tiny", tree_mask_limit=tree_mask_limit, path="shared")
     assert shared.split_attention and model.config._attn_implementation == attention.NAME
     before = attention.split_calls
     got = shared.score(requests(1)) + shared.score(requests(2)[:3]) + shared.score(requests(2)[3:])
@@ -132,7 +132,7 @@ def test_scoring_with_the_split_equals_the_plain_path(chatml_tokenizer, arch, tr
         np.testing.assert_allclose(x.token_logprobs, y.token_logprobs, atol=1e-4)
     # rows one at a time (what long rows' batches are split into): each one forward on its
     # longest cached prefix, the split on that prefix
-    alone = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=1, tree_mask_limit=tree_mask_limit)
+    alone = HFBackend(model, chatml_tokenizer, model_id="tiny", max_batch_size=1, tree_mask_limit=tree_mask_limit, path="shared")
     before = attention.split_calls
     got = alone.score(requests(1) + requests(2))
     assert attention.split_calls > before and alone.statistics().tokens_reused > 0
@@ -182,7 +182,7 @@ def test_a_sliding_window_model_scores_its_own_game(chatml_tokenizer, arch, tree
     long_rows = [ScoreRequest(prompt_ids=base + ids(t), target_ids=ids(3)) for t in (2, 5, 9)]
     short = ids(3)
     short_rows = [ScoreRequest(prompt_ids=short + ids(t), target_ids=ids(1)) for t in (1, 2)]  # 5 and 6 tokens
-    backend = HFBackend(model, chatml_tokenizer, model_id="tiny", tree_mask_limit=tree_mask_limit)
+    backend = HFBackend(model, chatml_tokenizer, model_id="tiny", tree_mask_limit=tree_mask_limit, path="shared")
     assert backend.sliding_window == 8
     with torch.no_grad():
         for r, got in zip(long_rows + short_rows, backend.score(long_rows) + backend.score(short_rows), strict=True):

@@ -29,7 +29,7 @@ def plain(model, tok, **kw) -> HFBackend:
 
 
 def shared(model, tok, **kw) -> HFBackend:
-    return HFBackend(model, tok, model_id="tiny", prefix_sharing=True, **kw)
+    return HFBackend(model, tok, model_id="tiny", prefix_sharing=True, path="shared", **kw)
 
 
 TREE = {"padded": 0, "tree": 2**22}

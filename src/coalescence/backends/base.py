@@ -211,6 +211,11 @@ class ScoringStatistics:
         redone_alone: rows of a batched decode decoded again alone because a decision came
             close to another (a greedy top-2 margin or a sampled draw's distance to a CDF
             boundary below the backend's guard).
+        groups_shared: prefix groups (per batch, its rows of one
+            :attr:`ScoreRequest.prefix_group`: one per batch of a single conversation) scored
+            on the prefix-sharing path.
+        groups_plain: prefix groups scored on the plain path (one right-padded forward of
+            whole rows); a batch scored plainly as a whole counts each of its groups.
     """
 
     batches: int = 0
@@ -224,6 +229,8 @@ class ScoringStatistics:
     generated_tokens: int = 0
     generation_tokens_computed: int = 0
     redone_alone: int = 0
+    groups_shared: int = 0
+    groups_plain: int = 0
 
 
 def _check_batch(requests: Sequence[Any], results: Any, kind: type, item: str) -> None:

@@ -125,6 +125,22 @@ class PrefixCache:
             self._misses += 1
         return best
 
+    def peek(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], int]:
+        """What :meth:`longest` would find, without counting a hit or a miss or changing the
+        eviction order.
+
+        Returns:
+            ``(entry_tokens, shared)``: the entry and the leading tokens it shares with
+            ``tokens``; ``((), 0)`` when no entry shares a token.
+        """
+        best: tuple[tuple[int, ...], int] = ((), 0)
+        for key in self._entries:
+            if len(key) > best[1]:
+                shared = common_prefix_length(key, tokens)
+                if shared > best[1]:
+                    best = (key, shared)
+        return best
+
     def put(self, tokens: Sequence[int], state: Any, nbytes: int) -> bool:
         """Store ``state`` for the prefix ``tokens``, evicting least recently used entries.
 

@@ -300,6 +300,7 @@ def _load_hf(
         revision=source.revision,
         max_batch_size=max_batch_size,
         fingerprint=fingerprint,
+        calibration_dir=cache_root() / "calibration",
     )
 
 
