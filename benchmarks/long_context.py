@@ -1,0 +1,206 @@
+"""Long contexts with many players: every method at budgets 32-256 against ContextCite, judged alike.
+
+Usage::
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/long_context.py \\
+        [--games long_unicode,long_design,long_glossary] [--budgets 32,64,128,256] [--seeds 0] \\
+        [--methods lasso,banzhaf,kernelshap,regression-msr,loo,contextcite] [--record]
+
+On each recorded long game (``benchmarks/data/long_*.json``, 67-73 sentence players of real
+documentation prose; ``benchmarks/record_long_game.py`` recorded their pools) every method is fitted
+at every budget from the game's pool, with no model, and ContextCite 0.0.4 is refitted at the same
+number of ablations from its own recorded run (its masks and its per-ablation outputs: its first b
+ablations are its run at b). Every explanation is judged by the same rules, computed here:
+
+- **gold rank**: the rank (1 = highest value) of the sentence that holds the answer;
+- **drop@k** (k = 1, 3, 5): ``v(N) - v(N minus the top-k players)``, nats (higher: the top-k
+  sentences matter more);
+- **LDS**: the Spearman rank correlation between ``sum_{i in S} value_i`` and ``v(S)`` over the
+  game's 32 held-out coalitions (each player kept with probability 1/2, drawn by a generator no
+  method uses). Spearman is unchanged by a monotone map of ``v``, so ContextCite's surrogate of the
+  logit of p and ours of log p are judged alike.
+
+``v`` is coalescence's utility (log p of the answer, nats) on coalescence's rendering of each
+coalition. The top-k removal coalitions depend on the explanations: ``--record`` scores the
+missing ones with the model into the pool (otherwise those cells print ``-``). Times: a method's
+``model s`` is the recorded model seconds of the distinct coalitions of its plan (each coalition's
+share of its recording chunk) plus its fit; ContextCite's is its recorded wall time scaled to b
+ablations plus its fit. The wall-clock race, both tools on one model side by side, is
+``--wall BUDGET``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from scipy.stats import spearmanr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from long_games import DATA, GAMES, Pool, held_out, load_game  # noqa: E402
+
+KS = (1, 3, 5)
+METHODS = ("lasso", "banzhaf", "kernelshap", "regression-msr", "loo", "contextcite")
+
+
+def estimator(method: str, budget: int, seed: int):
+    from coalescence import make_estimator
+
+    if method == "lasso-logit":
+        from coalescence.attribution.estimators.lasso import LassoSurrogate
+
+        return LassoSurrogate(budget=budget, seed=seed, utility="logit")
+    return make_estimator(method, budget=budget, seed=seed)
+
+
+def contextcite_values(game, budget: int) -> tuple[np.ndarray, float] | None:
+    """ContextCite's attributions at ``budget`` ablations, refitted by its own solver from its
+    recorded run, and its time (recorded wall scaled to ``budget`` ablations, plus the fit)."""
+    path = DATA / f"{game.name}_contextcite.parquet"
+    if not path.exists():
+        return None
+    from context_cite.solver import LassoRegression
+
+    from long_games import unpack
+
+    t = pq.read_table(path)
+    meta = {k.decode(): v.decode() for k, v in t.schema.metadata.items()}
+    ablations = int(meta["ablations"])
+    if budget > ablations:
+        return None
+    masks = unpack(t["mask"].to_pylist(), game.n)[:budget]
+    outputs = np.asarray(t["logit_prob"].to_pylist(), dtype=np.float32)[:budget]
+    t0 = time.perf_counter()
+    weight, _ = LassoRegression().fit(masks, outputs, int(meta["response_tokens"]))
+    fit = time.perf_counter() - t0
+    return np.asarray(weight, dtype=np.float64), float(meta["wall_seconds"]) * budget / ablations + fit
+
+
+def removal(n: int, values: np.ndarray, k: int) -> np.ndarray:
+    order = np.lexsort((np.arange(n), -values))  # highest value first, ties by player index
+    row = np.ones(n, dtype=bool)
+    row[order[:k]] = False
+    return row
+
+
+def judge(game, pool: Pool, values: np.ndarray, held: np.ndarray, held_u: np.ndarray) -> dict:
+    order = np.lexsort((np.arange(game.n), -values))
+    rank = int(np.where(order == game.gold)[0][0]) + 1
+    full = np.ones((1, game.n), dtype=bool)
+    v_full = pool.lookup(full)[0][0]
+    out = {"gold_rank": rank, "lds": float(spearmanr(held.astype(float) @ values, held_u).statistic)}
+    for k in KS:
+        row = removal(game.n, values, k)[None]
+        try:
+            out[f"drop@{k}"] = float(v_full - pool.lookup(row)[0][0])
+        except KeyError:
+            out[f"drop@{k}"] = None
+    return out
+
+
+def evaluate(game, pool: Pool, methods, budgets, seeds) -> list[dict]:
+    held = held_out(game.n)
+    held_u = pool.lookup(held)[0]
+    masks = None
+    rows = []
+    for method in methods:
+        for budget in [None] if method == "loo" else budgets:
+            for seed in [0] if method in ("loo", "contextcite") else seeds:
+                if method == "contextcite":
+                    got = contextcite_values(game, budget)
+                    if got is None:
+                        continue
+                    values, seconds = got
+                    evaluations = budget
+                else:
+                    est = estimator(method, budget or 0, seed)
+                    plan = np.array(list(est.plan(game.n)), dtype=bool)
+                    try:
+                        utilities, model_seconds = pool.lookup(plan)
+                    except KeyError as exc:
+                        print(f"  {game.name} {method} {budget}: {exc}; record the game's pool", file=sys.stderr)
+                        continue
+                    t0 = time.perf_counter()
+                    values = np.asarray(est.fit(plan, utilities).values, dtype=np.float64)
+                    seconds = float(model_seconds.sum()) + time.perf_counter() - t0
+                    evaluations = len(plan)
+                row = {"game": game.name, "method": method, "budget": budget, "seed": seed, "evaluations": evaluations,
+                       "seconds": seconds, "values": values}
+                row.update(judge(game, pool, values, held, held_u))
+                rows.append(row)
+    return rows
+
+
+def record_removals(game, pool: Pool, rows: list[dict], backend: str) -> int:
+    wanted = np.array([removal(game.n, r["values"], k) for r in rows for k in KS], dtype=bool)
+    missing = pool.missing(wanted)
+    if len(missing):
+        from long_games import Scorer
+
+        scorer = Scorer(game, backend=backend)
+        pool.add(*scorer.score(missing))
+        scorer.close()
+    return len(missing)
+
+
+def fmt(x, digits=3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| game | method | budget | evaluations | gold rank | drop@1 | drop@3 | drop@5 | LDS | model s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["game"], r["method"], r["budget"]), []).append(r)
+    for (game, method, budget), rs in groups.items():
+        def mean(key):
+            xs = [r[key] for r in rs if r[key] is not None]
+            return float(np.mean(xs)) if xs else None
+
+        lines.append(
+            f"| {game} | {method} | {budget or '-'} | {mean('evaluations'):.0f} | {mean('gold_rank'):.1f} | "
+            f"{fmt(mean('drop@1'), 2)} | {fmt(mean('drop@3'), 2)} | {fmt(mean('drop@5'), 2)} | {fmt(mean('lds'))} | "
+            f"{fmt(mean('seconds'), 1)} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--games", default=",".join(GAMES))
+    ap.add_argument("--budgets", default="32,64,128,256")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--record", action="store_true", help="score missing top-k removal coalitions with the model")
+    ap.add_argument("--backend", default="hf", choices=("hf", "vllm"), help="backend of --record")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    budgets = [int(b) for b in args.budgets.split(",") if b]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    methods = [m for m in args.methods.split(",") if m]
+    rows: list[dict] = []
+    for name in args.games.split(","):
+        game = load_game(name)
+        pool = Pool.open(game)
+        got = evaluate(game, pool, methods, budgets, seeds)
+        if args.record:
+            scored = record_removals(game, pool, got, args.backend)
+            if scored:
+                print(f"{name}: scored {scored} top-k removal coalitions", file=sys.stderr)
+                got = evaluate(game, pool, methods, budgets, seeds)
+        print(f"{name}: {game.n} players, gold sentence {game.gold}, pool {len(pool)} coalitions", file=sys.stderr)
+        rows += got
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
