@@ -548,6 +548,26 @@ def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_m
         assert "lds" in doc["diagnostics"] and "diagnostics:" in stdout
 
 
+@pytest.mark.parametrize(("budget", "chosen"), [(40, "lasso"), (100, "regression-msr")])
+def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+    # 18 sentence players (the system prompt and 17 user sentences): auto takes the sparse surrogate
+    # below 5 evaluations per player (90) and regression-msr from there (its docstring's rule)
+    conversation = {"messages": [CONVERSATION["messages"][0], {"role": "user", "content": SEVENTEEN}, CONVERSATION["messages"][2]]}
+    code, stdout, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "auto", "--budget", str(budget), conversation=conversation)
+    assert code == 0, stderr
+    assert len(doc["players"]) == 18
+    assert doc["method"] == f"auto:{chosen}"
+    assert any(note.startswith(f"method auto ran {chosen}: {budget} evaluations for 18 players") for note in doc["notes"])
+    assert f"method auto ran {chosen}" in stdout
+    assert 2 <= doc["n_evaluations"] <= budget
+    # a replay with no model fits the same method from the archive
+    code, out, err = run_cli(["replay", str(run_dir), "--method", "auto", "--out", str(tmp_path / "replayed.json")])
+    assert code == 0, err
+    [replayed] = json.loads((tmp_path / "replayed.json").read_text())["explanations"]
+    assert replayed["method"] == f"auto:{chosen}"
+    np.testing.assert_allclose([p["value"] for p in replayed["players"]], [p["value"] for p in doc["players"]], rtol=0, atol=1e-12)
+
+
 def test_target_stderr_stops_and_says_why(tmp_path: Path, tiny_model_dir: Path) -> None:
     code, stdout, stderr, doc, run_dir = explain(
         tmp_path, tiny_model_dir, "rounds", "--method", "kernelshap", "--budget", "12", "--target-stderr", "1e-9"

@@ -76,7 +76,7 @@ class Explainer:
         source: str | Path | dict[str, Any] | list[dict[str, Any]],
         *,
         unit: str | None = None,
-        method: str = "exact",
+        method: str | None = None,
         budget: int | None = None,
         utility: str = "logprob",
         archive: str | Path | None = None,
@@ -95,7 +95,7 @@ class Explainer:
         source: str | Path | dict[str, Any] | list[dict[str, Any]],
         *,
         unit: str | None = None,
-        method: str = "exact",
+        method: str | None = None,
         budget: int | None = None,
         utility: str = "logprob",
         archive: str | Path | None = None,
@@ -115,7 +115,7 @@ def explain(
     *,
     model: str = DEFAULT_MODEL,
     unit: str | None = None,
-    method: str = "exact",
+    method: str | None = None,
     budget: int | None = None,
     utility: str = "logprob",
     archive: str | Path | None = None,
@@ -132,8 +132,10 @@ def explain(
         unit: player unit (``turn``, ``paragraph``, ``sentence``, ``word``, ``tool``,
             ``exchange``, ``document``; default ``document`` with declared players, else ``turn``).
         method: ``exact``, ``permutation``, ``kernelshap``, ``regression-msr``, ``banzhaf``,
-            ``lasso``, ``loo``, or
+            ``lasso``, ``loo``, ``auto`` (chosen by players and budget; the explanation's notes say
+            which ran and why), or
             ``shapiq:<Approximator>`` (a shapiq approximator through this engine; the shapiq extra).
+            Default: ``exact``, or ``auto`` when a budget is given.
         budget: sampling methods: the most distinct model evaluations (default 32 x players).
         utility: what v(S) measures (default ``logprob``: log p of the answer, nats).
         archive: a run directory to record the run in (created, or resumed), as the command's
@@ -165,7 +167,7 @@ async def explain_async(
     *,
     model: str = DEFAULT_MODEL,
     unit: str | None = None,
-    method: str = "exact",
+    method: str | None = None,
     budget: int | None = None,
     utility: str = "logprob",
     archive: str | Path | None = None,

@@ -351,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
         "efficiency imposed, standard errors); regression-msr: regression-adjusted KernelSHAP (Witter, "
         "Liu & Musco 2025: KernelSHAP's coalitions and fit, its residuals corrected by stratified Monte "
         "Carlo; the lowest error of the sampling methods on real games, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
-        "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out; shapiq:NAME: "
+        "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out; auto: chosen by players and "
+        "budget (the output says which ran and why); shapiq:NAME: "
         "a shapiq approximator through this engine (e.g. shapiq:SVARM, shapiq:KernelSHAPIQ, "
         "shapiq:ProxySPEX; needs the shapiq extra; shapiq:RegressionMSR and the other approximators of "
         "shapiq 1.5+ run in the external shapiq that make install sets up, or COALESCENCE_SHAPIQ_PYTHON names)"
@@ -388,7 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
         "at FINE with the rest held present (e.g. document,sentence)",
     )
     ex.add_argument("--top-k", type=_positive_int, default=None, help="--hierarchy: coarse players refined (default: 3)")
-    ex.add_argument("--method", default="exact", metavar="METHOD", help=f"{', '.join(METHODS)} or shapiq:NAME. " + methods_help + " (default: %(default)s)")
+    ex.add_argument(
+        "--method", default=None, metavar="METHOD",
+        help=f"{', '.join(METHODS)} or shapiq:NAME. " + methods_help + " (default: exact; auto when --budget is given: "
+        "lasso's sparse surrogate for many players on a budget under 5 per player, else regression-msr)",
+    )  # fmt: skip
     ex.add_argument("--interactions", type=_positive_int, default=None, metavar="ORDER", help=interactions_help)
     ex.add_argument("--index", default=None, choices=("SII", "k-SII", "FSII", "STII"), help=index_help)
     ex.add_argument(

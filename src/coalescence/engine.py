@@ -565,7 +565,7 @@ class Engine:
             target_token_count=len(self.target_tokens(snapshot, policy).ids),
             n_evaluations=executed,
             wall_seconds=time.perf_counter() - t0,
-            notes=self._notes(snapshot, policy),
+            notes=self._notes(snapshot, policy) + tuple(estimate.notes),
             stopping=stopping,
             answer_tokens=self.answer_tokens(snapshot, policy),
         )

@@ -167,7 +167,9 @@ class RunSettings:
         backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`).
         unit: player unit (default: ``document`` for an input with declared players, else ``turn``).
         roles: the roles whose messages are players (default: every role).
-        method: the estimator (:data:`~coalescence.attribution.estimators.ESTIMATORS`).
+        method: the estimator (:data:`~coalescence.attribution.estimators.ESTIMATORS`); ``None``
+            (default): ``exact``, or ``auto`` (chosen by players and budget,
+            :class:`~coalescence.attribution.estimators.auto.AutoMethod`) when a budget is given.
         budget: sampling methods: the most distinct model evaluations (default 32 x players).
         seed: seed of the sampling plan (and of sampled regenerations).
         interactions: also compute interactions of sets of 2 .. this many players (``--method
@@ -206,7 +208,7 @@ class RunSettings:
     backend: str = "hf"
     unit: str | None = None
     roles: tuple[str, ...] | None = None
-    method: str = "exact"
+    method: str | None = None
     budget: int | None = None
     seed: int = 0
     interactions: int | None = None
@@ -249,6 +251,8 @@ class RunSettings:
         from .attribution.estimators.base import check_seed
 
         check_seed(self.seed)
+        if self.method is None:  # a budget asks for a sampling method: auto chooses it
+            object.__setattr__(self, "method", "exact" if self.budget is None else "auto")
 
         if self.roles is not None:
             roles = tuple(r.strip() for r in ((self.roles.split(",")) if isinstance(self.roles, str) else self.roles) if r.strip())
@@ -1403,7 +1407,7 @@ class ArchiveFit:
             target_token_count=len((self.run.get("target_token_ids") or {}).get(snap.snapshot_id, [])),
             n_evaluations=0,
             wall_seconds=time.perf_counter() - t0,
-            notes=notes,
+            notes=(*notes, *estimate.notes),
             answer_tokens=tokens,
         )
 

@@ -151,6 +151,8 @@ class Estimate:
             unless interactions were asked for.
         interaction_index: the index of ``interactions`` (``"SII"``, ``"k-SII"``, ``"FSII"``,
             ``"STII"``), or ``None``.
+        notes: sentences for the reader about how the values were obtained (e.g. which method
+            ``auto`` ran and why); shown with the explanation's notes. Empty by default.
 
     Raises:
         EstimatorError: an empty method name, ``values`` not 1-D, ``stderr`` of another shape, a
@@ -167,8 +169,10 @@ class Estimate:
     diagnostics: Mapping[str, float] = field(default_factory=dict)
     interactions: tuple[tuple[tuple[int, ...], float], ...] = ()
     interaction_index: str | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
         if not isinstance(self.method, str) or not self.method:
             raise EstimatorError(f"Estimate.method must be a non-empty str, got {self.method!r}")
         values = np.array(self.values, dtype=np.float64)

@@ -13,7 +13,8 @@ over the m training coalitions, with ``alpha`` given or chosen by 5-fold
 The coalitions are those of :func:`~coalescence.attribution.estimators.banzhaf.uniform_plan` (the
 same ``(n, budget, seed)`` plans the same coalitions as :class:`Banzhaf`, so one pool serves both).
 Every distinct planned coalition (the empty and grand ones included) is one regression row. A
-seeded 20% of them is held out; the surrogate is fitted on the rest, and its linear datamodeling
+seeded share of them (``holdout``, 20% by default; 0 fits on every row, as ContextCite does) is held
+out; the surrogate is fitted on the rest, and its linear datamodeling
 score (LDS, Ilyas et al. 2022, "Datamodels"; used by ContextCite) is the Spearman rank correlation
 (:func:`scipy.stats.spearmanr`) between its predictions and the true utilities on the held-out
 coalitions. The values are the coefficients of that same fitted surrogate.
@@ -76,6 +77,8 @@ class LassoSurrogate:
             cross-validation (:class:`sklearn.linear_model.LassoCV`).
         utility: the regression target: ``"logprob"`` (the utility as given, nats) or
             ``"logit"`` (logit of the probability).
+        holdout: the share of the distinct planned coalitions held out to score the surrogate (its
+            LDS), in ``[0, 0.5]``; 0 fits on every coalition (no LDS: NaN), as ContextCite does.
 
     Attributes:
         name: ``"lasso"``.
@@ -89,6 +92,7 @@ class LassoSurrogate:
     seed: int = 0
     alpha: float | None = None
     utility: str = "logprob"
+    holdout: float = HOLDOUT_FRACTION
     name: str = field(default="lasso", init=False)
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
 
@@ -101,6 +105,10 @@ class LassoSurrogate:
                     f"alpha must be a finite number > 0 or None, got {self.alpha!r}", field="alpha"
                 )
             object.__setattr__(self, "alpha", float(self.alpha))
+        ok = isinstance(self.holdout, int | float) and not isinstance(self.holdout, bool)
+        if not ok or not 0 <= self.holdout <= 0.5:
+            raise ConfigError(f"holdout must be a share in [0, 0.5], got {self.holdout!r}", field="holdout")
+        object.__setattr__(self, "holdout", float(self.holdout))
         if self.utility not in UTILITIES:
             raise ConfigError(
                 f"utility must be one of {', '.join(UTILITIES)}, got {self.utility!r}",
@@ -136,7 +144,8 @@ class LassoSurrogate:
         return iter(uniform_plan(int(n_players), self.budget, self.seed).rows)
 
     def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
-        """Fit the LASSO surrogate on 80% of the planned coalitions and score it on the rest.
+        """Fit the LASSO surrogate on all but the held-out share of the planned coalitions (``holdout``,
+        20% by default) and score it on those.
 
         Args:
             masks: ``[m, n_players]`` bool pool; extra coalitions and duplicates are fine.
@@ -191,7 +200,7 @@ class LassoSurrogate:
         m = x.shape[0]
         rng = np.random.default_rng([self.seed, 1])  # independent of the coalition sampler
         order = rng.permutation(m)
-        n_held = max(1, round(HOLDOUT_FRACTION * m))
+        n_held = max(1, round(self.holdout * m)) if self.holdout > 0 else 0
         held, train = order[:n_held], order[n_held:]
         if self.alpha is None:
             folds = KFold(n_splits=min(_CV_FOLDS, train.size), shuffle=True, random_state=library_seed(self.seed))
@@ -200,8 +209,8 @@ class LassoSurrogate:
         else:
             alpha = self.alpha
             model = Lasso(alpha=alpha, max_iter=10_000).fit(x[train], u[train])
-        predicted = model.predict(x[held])
         lds = math.nan
+        predicted = model.predict(x[held]) if held.size else np.zeros(0)
         if held.size >= 3 and np.ptp(predicted) > 0 and np.ptp(u[held]) > 0:
             lds = float(spearmanr(predicted, u[held]).statistic)
         logger.debug("lasso surrogate: alpha=%.3g, LDS=%.3f on %s held-out", alpha, lds, held.size)

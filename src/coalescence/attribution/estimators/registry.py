@@ -8,6 +8,7 @@ whether it samples within a budget, reports standard errors, a largest n); calle
 from __future__ import annotations
 
 from ...errors import ConfigError
+from .auto import AutoMethod
 from .banzhaf import Banzhaf
 from .base import Estimator, check_interactions
 from .exact import ExactShapley
@@ -28,6 +29,7 @@ ESTIMATORS: dict[str, type] = {
     "regression-msr": RegressionMSR,
     "banzhaf": Banzhaf,
     "lasso": LassoSurrogate,
+    "auto": AutoMethod,
 }
 """Estimator classes by method name (the CLI's ``--method`` choices)."""
 

@@ -1,0 +1,116 @@
+"""``--method auto``: the estimator for a game's number of players and budget, chosen by a stated rule.
+
+The rule (:meth:`AutoMethod.choose`), from the measurements in ``benchmarks/RESULTS.md`` ("Many
+players on long contexts" and "Estimator leaderboard"):
+
+- **many players on a small budget** (``n > SURROGATE_MIN_PLAYERS`` and
+  ``budget < SURROGATE_BELOW * n``: ContextCite's regime, e.g. 70 sentences and 32-256
+  evaluations): the sparse linear surrogate of :class:`~.lasso.LassoSurrogate` fitted on every
+  evaluated coalition (``holdout=0``; cross-validated L1 penalty). With fewer evaluations than a
+  few per player no Shapley estimator is accurate, and the surrogate is what predicts the game
+  best (its linear datamodeling score) and ranks the sentences that matter first (Cohen-Wang et
+  al. 2024, "ContextCite"). Its values are the surrogate's coefficients, not Shapley values, and
+  the explanation's note says so;
+- **otherwise** regression-adjusted Monte Carlo (:class:`~.msr.RegressionMSR`; Witter, Liu & Musco
+  2025), the most accurate Shapley estimator of the leaderboard from 5n evaluations on
+  (``budget >= 2^n`` enumerates every coalition: exact values).
+
+The choice is a pure function of ``(n, budget)``, so a resumed or replayed ``auto`` run plans and
+fits exactly what the first did; the :class:`~.base.Estimate` names the method that ran
+(``method="auto:lasso"``) and its ``notes`` say why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import Capabilities, Estimate, check_budget_seed, check_n_players
+from .lasso import LassoSurrogate
+from .msr import RegressionMSR
+
+__all__ = ("SURROGATE_BELOW", "SURROGATE_MIN_PLAYERS", "AutoMethod")
+
+SURROGATE_BELOW = 5
+"""Budgets below this many evaluations per player take the surrogate (given enough players)."""
+
+SURROGATE_MIN_PLAYERS = 16
+"""Games of at most this many players always take regression-msr (its accuracy is measured there)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AutoMethod:
+    """The estimator chosen by players and budget (see the module docs for the rule and its source).
+
+    Args:
+        budget: the most distinct coalitions (model evaluations), as for the chosen method.
+        seed: seed of the chosen method's sampler.
+
+    Attributes:
+        name: ``"auto"``.
+
+    Raises:
+        ConfigError: a bad budget (``field="budget"``) or seed (``field="seed"``).
+    """
+
+    budget: int
+    seed: int = 0
+    name: str = field(default="auto", init=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
+
+    def __post_init__(self) -> None:
+        check_budget_seed(self.budget, self.seed)
+
+    def choose(self, n_players: int) -> tuple[Any, str]:
+        """The estimator for ``n_players`` and this budget, and why (one sentence).
+
+        Raises:
+            EstimatorError: ``n_players == 0``.
+        """
+        n = check_n_players(n_players)
+        if n > SURROGATE_MIN_PLAYERS and self.budget < SURROGATE_BELOW * n:
+            return LassoSurrogate(budget=self.budget, seed=self.seed, holdout=0.0), (
+                f"method auto ran lasso: {self.budget} evaluations for {n} players is below "
+                f"{SURROGATE_BELOW} per player, where a sparse linear surrogate (ContextCite's) predicts "
+                "the game better than any Shapley estimator; the values are its coefficients, not Shapley values"
+            )
+        return RegressionMSR(budget=self.budget, seed=self.seed), (
+            f"method auto ran regression-msr: {self.budget} evaluations for {n} players "
+            + ("covers every coalition (exact Shapley values)" if self.budget >= (1 << min(n, 62)) else
+               (f"is at least {SURROGATE_BELOW} per player" if n > SURROGATE_MIN_PLAYERS else f"with at most {SURROGATE_MIN_PLAYERS} players"))
+            + ", where regression-adjusted Monte Carlo is the most accurate Shapley estimator measured"
+        )
+
+    def validate(self, n_players: int) -> None:
+        """Refuse what the chosen estimator refuses.
+
+        Raises:
+            EstimatorError, ConfigError: as the chosen estimator's ``validate``.
+        """
+        self.choose(n_players)[0].validate(n_players)
+
+    def plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """The chosen estimator's plan.
+
+        Raises:
+            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
+        """
+        return self.choose(n_players)[0].plan(n_players)
+
+    def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
+        """The chosen estimator's fit, its ``method`` ``"auto:<chosen>"`` and the choice in ``notes``.
+
+        Args:
+            masks: ``[m, n_players]`` bool pool; extra coalitions and duplicates are fine.
+            utilities: ``[m]`` float64 utilities (nats).
+
+        Raises:
+            EstimatorError, ConfigError, MaskError: as the chosen estimator's ``fit``.
+        """
+        n = int(np.asarray(masks).shape[1]) if np.ndim(masks) == 2 else 0
+        estimator, why = self.choose(n)
+        estimate = estimator.fit(masks, utilities)
+        return replace(estimate, method=f"auto:{estimator.name}", notes=(*estimate.notes, why))
