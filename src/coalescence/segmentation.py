@@ -170,8 +170,10 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     keeping the sentence ends pysbd finds at least 256 characters before the window's end; a
     sentence that fills a whole window without a line break is cut at its last space in the
     window. On text of up to :data:`SENTENCE_CHUNK` characters (a chunk) the spans are pysbd's
-    own; on longer text they differ only where pysbd reads context across a chunk: a numbered
-    list split between two chunks, or quotation marks that pysbd pairs across a long line.
+    own; on longer text they differ only where pysbd reads context across a chunk: a list split
+    between two chunks (numbered, lettered or dashed; pysbd even takes the 'e.' of 'e.g.' for the
+    item of a lettered list it saw earlier), or quotation marks and parentheses that pysbd pairs
+    across a long line.
 
     Returns:
         ``(start, end)`` character offsets into ``text``, in order, non-empty, trimmed.
