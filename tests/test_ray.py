@@ -251,3 +251,28 @@ def test_run_settings_validate_the_ray_settings():
     with pytest.raises(ConfigError, match="add --device cuda"):
         RunSettings(workers=2, gpus_per_worker=1)
     assert RunSettings(workers=2, gpus_per_worker=1, backend="vllm").gpus_per_worker == 1
+
+
+def test_progress_over_ray_workers_is_one_monotone_count_over_the_dataset(tmp_path, cluster, dataset, tiny_model_dir):
+    """Issue 24 item 11 on Ray: a run over two workers showed one conversation's total and a count
+    that jumped back. The rule: one total, the sum of each conversation's leave-one-out plan (its
+    players + the empty and full coalitions, counted here from the output), counts that never
+    decrease, and a last count equal to that total."""
+    from coalescence.runs import explain_run
+
+    from test_datasets import RecordingProgress
+
+    progress = RecordingProgress()
+    settings = RunSettings(
+        model=str(tiny_model_dir), unit="sentence", method="loo", archive=str(tmp_path / "run"),
+        workers=2, ray_address=cluster, batch_size=2,
+    )  # fmt: skip
+    explanations = explain_run(str(dataset), settings, progress=progress).explanations
+    expected = sum(len(e.snapshot.players) + 2 for e in explanations)
+    assert len(explanations) >= 9 and expected > 2 * (3 + 2)  # many conversations over two lanes
+    assert progress.planned and progress.planned[-1] == expected
+    assert progress.planned == sorted(progress.planned)
+    dones = [d for d, _ in progress.finished]
+    assert dones == sorted(dones) and dones[-1] == expected  # lanes may report several at once, never back
+    assert all(d <= t for d, t in progress.finished)
+    assert [t for _, t in progress.finished] == sorted(t for _, t in progress.finished)
