@@ -18,7 +18,6 @@ application layer under the API and the command line; :class:`Engine` is the eva
 itself (coalitions through the scheduler, collator and backend).
 """
 
-from importlib import metadata as _metadata
 
 from .api import Explainer, explain, explain_async, sweep
 from .archive import RunArchive, read_manifest, read_pool, read_rows
@@ -55,10 +54,7 @@ from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get
 from .scheduler import Progress, ResultStore, SchedulerStatistics
 from .utility import UTILITY_KINDS, GenerationConfig, UtilitySpec
 
-try:
-    __version__ = _metadata.version("coalescence")
-except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+from ._version import __version__
 
 __all__ = (
     "AbsencePolicy",

@@ -56,7 +56,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from . import __version__
+from ._version import __version__
 from ._interrupts import (
     EXIT_OUTPUT_CLOSED,
     STOPPED,

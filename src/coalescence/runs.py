@@ -725,7 +725,7 @@ class ExplainRun:
     # -- 4. the archive --------------------------------------------------------------------------------
     def description(self) -> dict[str, Any]:
         """The run's record in the archive manifest (identity, configuration, snapshots)."""
-        from . import __version__
+        from ._version import __version__
 
         s, engine, policy = self.settings, self.engine, self.policy
         recorded = self.recorded

@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
-from .. import __version__
+from .._version import __version__
 from .chart import bar_chart_svg
 from .colors import DivergingScale, neutral_color
 from .sources import Entry, ReportInput

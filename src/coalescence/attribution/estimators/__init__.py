@@ -15,7 +15,8 @@ from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .msr import RegressionMSR
 from .permutation import PermutationShapley
-from .registry import ESTIMATORS, METHODS, estimator_class, interaction_settings, is_method, make_estimator, methods_with, register_estimator
+from . import registry as _registry
+from .registry import ESTIMATORS, estimator_class, interaction_settings, is_method, make_estimator, methods_with, register_estimator
 
 __all__ = (
     "ESTIMATORS",
@@ -38,3 +39,10 @@ __all__ = (
     "pool_lookup",
     "register_estimator",
 )
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``METHODS``, read live from the registry (a method registered later is in it)."""
+    if name == "METHODS":
+        return _registry.METHODS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,8 +33,15 @@ ESTIMATORS: dict[str, type] = {
 }
 """Estimator classes by method name (the CLI's ``--method`` choices)."""
 
-METHODS: tuple[str, ...] = tuple(ESTIMATORS)
-"""The registered method names, in registration order (as of import; see :func:`register_estimator`)."""
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``METHODS``: the registered method names, in registration order, read live (PEP 562), so a
+    method added by :func:`register_estimator` is in every later read, including the CLI's choices
+    and help."""
+    if name == "METHODS":
+        return tuple(ESTIMATORS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_estimator(name: str, cls: type) -> None:
@@ -44,11 +51,9 @@ def register_estimator(name: str, cls: type) -> None:
     Raises:
         ConfigError: ``cls`` declares no capabilities.
     """
-    global METHODS
     if not hasattr(cls, "capabilities"):
         raise ConfigError(f"{cls.__name__} declares no capabilities", field="method")
     ESTIMATORS[name] = cls
-    METHODS = tuple(ESTIMATORS)
 
 
 def estimator_class(method: str) -> type:
