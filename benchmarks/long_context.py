@@ -4,7 +4,7 @@ Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/long_context.py \\
         [--games long_unicode,long_design,long_glossary] [--budgets 32,64,128,256] [--seeds 0] \\
-        [--methods lasso,banzhaf,kernelshap,regression-msr,loo,contextcite] [--record]
+        [--methods auto,lasso,banzhaf,kernelshap,regression-msr,loo,contextcite,cc-solver,lasso-logit] [--record]
 
 On each recorded long game (``benchmarks/data/long_*.json``, 67-73 sentence players of real
 documentation prose; ``benchmarks/record_long_game.py`` recorded their pools) every method is fitted
@@ -46,12 +46,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from long_games import DATA, GAMES, Pool, held_out, load_game  # noqa: E402
 
 KS = (1, 3, 5)
-METHODS = ("lasso", "banzhaf", "kernelshap", "regression-msr", "loo", "contextcite")
+METHODS = ("auto", "lasso", "banzhaf", "kernelshap", "regression-msr", "loo", "contextcite")
 
 
-def estimator(method: str, budget: int, seed: int):
+class ContextCiteSolverOnOurPlan:
+    """``cc-solver``: ContextCite's own solver (Lasso, alpha 0.01, on standardised masks and the
+    per-token utility) fitted on coalescence's keep-half plan and utilities: the same coalitions
+    as ``lasso``/``auto``, so a difference between them is the solver's, not the sample's."""
+
+    def __init__(self, budget: int, seed: int, response_tokens: int) -> None:
+        from coalescence.attribution.estimators import LassoSurrogate
+
+        self.inner = LassoSurrogate(budget=budget, seed=seed, holdout=0.0)
+        self.tokens = response_tokens
+
+    def plan(self, n: int):
+        return self.inner.plan(n)
+
+    def fit(self, masks: np.ndarray, utilities: np.ndarray):
+        from types import SimpleNamespace
+
+        from context_cite.solver import LassoRegression
+
+        weight, _ = LassoRegression().fit(masks, np.asarray(utilities, dtype=np.float64), self.tokens)
+        return SimpleNamespace(values=np.asarray(weight, dtype=np.float64))
+
+
+def estimator(method: str, budget: int, seed: int, game=None):
     from coalescence import make_estimator
 
+    if method == "cc-solver":
+        meta = pq.read_table(DATA / f"{game.name}_contextcite.parquet").schema.metadata
+        return ContextCiteSolverOnOurPlan(budget, seed, int(meta[b"response_tokens"]))
     if method == "lasso-logit":
         from coalescence.attribution.estimators.lasso import LassoSurrogate
 
@@ -119,7 +145,7 @@ def evaluate(game, pool: Pool, methods, budgets, seeds) -> list[dict]:
                     values, seconds = got
                     evaluations = budget
                 else:
-                    est = estimator(method, budget or 0, seed)
+                    est = estimator(method, budget or 0, seed, game)
                     plan = np.array(list(est.plan(game.n)), dtype=bool)
                     try:
                         utilities, model_seconds = pool.lookup(plan)
@@ -147,6 +173,50 @@ def record_removals(game, pool: Pool, rows: list[dict], backend: str) -> int:
         pool.add(*scorer.score(missing))
         scorer.close()
     return len(missing)
+
+
+def wall_race(game, budget: int, backends: list[str], repeats: int, batch_size: int) -> list[dict]:
+    """Wall seconds of one explanation at ``budget`` evaluations, model loaded beforehand: ContextCite
+    (its ablations and its fit, batch 4 as in its examples) and coalescence (``Explainer.explain``
+    with ``--method auto``, which takes the sparse surrogate here; planning, scoring and fit) on each
+    backend, interleaved over ``repeats``."""
+    import torch
+
+    from coalescence import Explainer
+
+    from long_games import contextcite_citer
+
+    tools = {"contextcite": Explainer(batch_size=batch_size)}  # its transformers model serves ContextCite too
+    for backend in backends:
+        tools[f"coalescence {backend}"] = tools["contextcite"] if backend == "hf" else Explainer(backend=backend, batch_size=batch_size)
+    rows = []
+    for rep in range(repeats):
+        for name, ex in tools.items():
+            t0 = time.perf_counter()
+            if name == "contextcite":
+                citer = contextcite_citer(game, ex.backend.model, ex.backend.tokenizer, budget)
+                with torch.inference_mode():
+                    citer.get_attributions(verbose=False)
+                method = "contextcite"
+            else:
+                explanation = ex.explain(str(game.path), unit="sentence", budget=budget)
+                method = explanation.estimate.method
+            wall = time.perf_counter() - t0
+            rows.append({"game": game.name, "tool": name, "method": method, "budget": budget, "repeat": rep, "wall": wall})
+            print(f"  {game.name} {name} ({method}) at {budget}: {wall:.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def wall_table(rows: list[dict]) -> str:
+    lines = ["| game | budget | tool | method | wall s (median) | speed vs ContextCite |", "|---|---|---|---|---|---|"]
+    keys = sorted({(r["game"], r["budget"]) for r in rows})
+    for game, budget in keys:
+        rs = [r for r in rows if r["game"] == game and r["budget"] == budget]
+        med = {t: float(np.median([r["wall"] for r in rs if r["tool"] == t])) for t in dict.fromkeys(r["tool"] for r in rs)}
+        for tool, wall in med.items():
+            method = next(r["method"] for r in rs if r["tool"] == tool)
+            lines.append(f"| {game} | {budget} | {tool} | {method} | {wall:.1f} | {med['contextcite'] / wall:.2f}x |")
+    return "\n".join(lines)
 
 
 def fmt(x, digits=3) -> str:
@@ -182,11 +252,22 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--record", action="store_true", help="score missing top-k removal coalitions with the model")
     ap.add_argument("--backend", default="hf", choices=("hf", "vllm"), help="backend of --record")
+    ap.add_argument("--wall", type=int, default=0, metavar="BUDGET",
+                    help="instead: race ContextCite and coalescence at this budget, models loaded beforehand")
+    ap.add_argument("--wall-backends", default="hf,vllm", help="coalescence's backends in the race")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats of the race")
+    ap.add_argument("--batch-size", type=int, default=16, help="coalescence's batch size in the race")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     budgets = [int(b) for b in args.budgets.split(",") if b]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     methods = [m for m in args.methods.split(",") if m]
+    if args.wall:
+        race = []
+        for name in args.games.split(","):
+            race += wall_race(load_game(name), args.wall, [b for b in args.wall_backends.split(",") if b], args.repeats, args.batch_size)
+        print(wall_table(race))
+        return
     rows: list[dict] = []
     for name in args.games.split(","):
         game = load_game(name)
