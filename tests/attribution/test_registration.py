@@ -19,12 +19,10 @@ import pytest
 
 from coalescence.attribution.estimators import Capabilities, Estimate, make_estimator, pool_lookup, register_estimator
 from coalescence.attribution.estimators import registry
-from coalescence.backends.testing import FakeBackend, presence_game
 from coalescence.cli import main
-from coalescence.engine import Engine
 from coalescence.masking.policies import DropPolicy
 
-from backends.test_testing import eiffel
+from backends.test_testing import additive_presence_game, eiffel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,17 +83,7 @@ def test_without_registration_it_is_no_method():
 async def test_the_engine_runs_it_to_the_closed_form_of_an_additive_game(registered, chatml_tokenizer, anyio_backend):
     snap = eiffel()
     n = snap.n_players
-    probe = Engine(FakeBackend(chatml_tokenizer), batch_size=4)
-    target = probe.target_tokens(snap, DropPolicy())
-
-    def prompt(row):
-        return set(probe.renderer.encode(probe.renderer.scoring_prompt(DropPolicy().render(snap, np.array(row)), target)))
-
-    empty = prompt([False] * n)
-    brings = [prompt([j == i for j in range(n)]) - empty for i in range(n)]
-    weights = {t: 0.1 + 0.01 * (t % 7) for i, ids in enumerate(brings) for t in ids if all(t not in o for j, o in enumerate(brings) if j != i)}
-    engine = Engine(FakeBackend(chatml_tokenizer, game=presence_game(weights, base=-0.5)), batch_size=4)
+    engine, expected, _ = additive_presence_game(chatml_tokenizer, snap)
     explanation = await engine.explain(snap, make_estimator("leave-one-in"), DropPolicy())
-    expected = [len(target.ids) * sum(weights.get(t, 0.0) for t in ids) for ids in brings]  # each player's own ids
     np.testing.assert_allclose(explanation.values, expected, atol=1e-4)
     assert explanation.estimate.method == "leave-one-in" and explanation.estimate.n_evaluations == n + 2

@@ -32,14 +32,16 @@ def eiffel() -> ConversationSnapshot:
     return ConversationSnapshot.build(c, unit="sentence")
 
 
-@pytest.mark.anyio
-async def test_a_presence_game_gives_each_player_the_weight_of_the_tokens_only_it_holds(chatml_tokenizer, anyio_backend):
-    # the rule: every target token loses w_t nats for each weighted id t absent from the prompt;
-    # weighting only ids that one player alone brings into the prompt makes the game additive,
-    # so player i's exact Shapley value is n_target * (the weights of the ids it alone brings)
-    snap = eiffel()
+def additive_presence_game(tokenizer, snap: ConversationSnapshot) -> tuple[Engine, list[float], int]:
+    """An engine on the fake backend whose game is additive over ``snap``'s players, the closed-form
+    value of each player, and the target's token count.
+
+    The rule: every target token loses w_t nats for each weighted id t absent from the prompt;
+    weighting only ids that one player alone brings into the prompt makes the game additive, so
+    player i's value (Shapley, leave-one-out, leave-one-in alike) is n_target * (the weights of
+    the ids it alone brings)."""
     n = snap.n_players
-    probe = Engine(FakeBackend(chatml_tokenizer), batch_size=4)
+    probe = Engine(FakeBackend(tokenizer), batch_size=4)
     target = probe.target_tokens(snap, DropPolicy())
 
     def prompt(row):
@@ -53,11 +55,18 @@ async def test_a_presence_game_gives_each_player_the_weight_of_the_tokens_only_i
             if all(t not in other for j, other in enumerate(brings) if j != i):
                 weights[t] = 0.1 + 0.01 * (t % 7)
     assert len(weights) >= n
-    engine = Engine(FakeBackend(chatml_tokenizer, game=presence_game(weights, base=-0.5)), batch_size=4)
-    explanation = await engine.explain(snap, ExactShapley(), DropPolicy())
+    engine = Engine(FakeBackend(tokenizer, game=presence_game(weights, base=-0.5)), batch_size=4)
     expected = [len(target.ids) * sum(weights.get(t, 0.0) for t in ids) for ids in brings]
+    return engine, expected, len(target.ids)
+
+
+@pytest.mark.anyio
+async def test_a_presence_game_gives_each_player_the_weight_of_the_tokens_only_it_holds(chatml_tokenizer, anyio_backend):
+    snap = eiffel()
+    engine, expected, n_target = additive_presence_game(chatml_tokenizer, snap)
+    explanation = await engine.explain(snap, ExactShapley(), DropPolicy())
     np.testing.assert_allclose(explanation.values, expected, atol=1e-4)
-    assert explanation.estimate.v_full == pytest.approx(-0.5 * len(target.ids), abs=1e-5)
+    assert explanation.estimate.v_full == pytest.approx(-0.5 * n_target, abs=1e-5)
 
 
 def test_the_hashed_game_depends_on_every_earlier_token_only():
