@@ -61,11 +61,12 @@ def registered():
     registry.ESTIMATORS.pop("leave-one-in", None)
 
 
-def test_a_registered_estimator_is_a_method_everywhere(registered):
+def test_a_registered_estimator_is_a_method_everywhere(registered, monkeypatch):
     from coalescence.attribution.estimators import METHODS
 
     assert METHODS[-1] == "leave-one-in" and registry.METHODS == METHODS
     assert isinstance(make_estimator("leave-one-in"), LeaveOneIn)
+    monkeypatch.setenv("COLUMNS", "500")  # argparse wraps help at hyphens on narrow terminals
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_:
         main(["explain", "--help"])
