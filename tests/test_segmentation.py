@@ -141,6 +141,7 @@ def test_example_texts_are_there():
 
 MARKER = r"(?:(?:\d{1,3}[.)]|\(?[ivxlcdm]+\)|[-*\u2022])(?=\s|$)|[a-z][.)])"  # a letter item needs no space
 LIST_MARKER = re.compile(r"\s*" + MARKER, re.I)
+_SPACES = re.compile(r"\s*")
 
 
 def _at_a_list_marker(text: str, boundary: int) -> bool:
@@ -148,7 +149,7 @@ def _at_a_list_marker(text: str, boundary: int) -> bool:
     text, so a chunk may split or join a sentence at a list marker ('- ', '3. ', 'b) ', ...; pysbd takes
     'e.' of 'e.g.' or 'd.' of 'd.keys()' for the items of an alphabetical list it saw earlier): the
     text after the boundary starts with one, or the text before it ends with one."""
-    start = len(text[boundary:]) - len(text[boundary:].lstrip()) + boundary  # the marker's first character
+    start = _SPACES.match(text, boundary).end()  # the marker's first character
     after = (start == 0 or not text[start - 1].isalnum()) and LIST_MARKER.match(text, boundary)
     window = text[max(0, boundary - 12):boundary] if boundary > 12 else " " + text[:boundary]
     before = re.search(r"(?:\s|\.)" + MARKER + r"\s*$", window, re.I)

@@ -18,7 +18,7 @@ application layer under the API and the command line; :class:`Engine` is the eva
 itself (coalitions through the scheduler, collator and backend).
 """
 
-
+from ._version import __version__
 from .api import Explainer, explain, explain_async, sweep
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
@@ -53,8 +53,6 @@ from .errors import (
 from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get_policy, register_policy
 from .scheduler import Progress, ResultStore, SchedulerStatistics
 from .utility import UTILITY_KINDS, GenerationConfig, UtilitySpec
-
-from ._version import __version__
 
 __all__ = (
     "AbsencePolicy",

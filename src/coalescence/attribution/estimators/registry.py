@@ -34,7 +34,6 @@ ESTIMATORS: dict[str, type] = {
 """Estimator classes by method name (the CLI's ``--method`` choices)."""
 
 
-
 def __getattr__(name: str) -> tuple[str, ...]:
     """``METHODS``: the registered method names, in registration order, read live (PEP 562), so a
     method added by :func:`register_estimator` is in every later read, including the CLI's choices
