@@ -18,7 +18,8 @@ import numpy as np
 
 from coalescence.attribution.estimators import make_estimator
 from coalescence.backends.registry import load_config, load_tokenizer, model_fingerprint, resolve_model
-from coalescence.conversation import ConversationSnapshot, load_conversation
+from coalescence.snapshot import ConversationSnapshot
+from coalescence.inputs import load_conversation
 from coalescence.masking.policies import DropPolicy
 from coalescence.masking.render import ChatRenderer
 from coalescence.preflight import check_game

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import anyio
 
-from coalescence.runs import ExplainRun, RunSettings
+from coalescence.app.explain import ExplainRun
+from coalescence.app.settings import RunSettings
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

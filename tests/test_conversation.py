@@ -6,7 +6,10 @@ import json
 
 import pytest
 
-from coalescence.conversation import Conversation, ConversationSnapshot, load_conversation, segment_players
+from coalescence.conversation import Conversation
+from coalescence.snapshot import ConversationSnapshot
+from coalescence.inputs import load_conversation
+from coalescence.segmentation import segment_players
 from coalescence.errors import InputError
 
 TEXT = "The tower is in Paris.  It was completed in 1889. Dr. Smith said so! Mt. Fuji is in Japan."

@@ -170,7 +170,8 @@ def test_progress_of_conversations_in_flight_is_one_monotone_count_over_the_data
     and its count jumped back at every conversation. The rule: one total, the sum over the dataset
     of each conversation's leave-one-out plan (n players + the empty and full coalitions, computed
     here from the output), counts that never decrease, and a last count equal to that total."""
-    from coalescence.runs import RunSettings, explain_run
+    from coalescence.app.settings import RunSettings
+    from coalescence.app.explain import explain_run
 
     progress = RecordingProgress()
     settings = RunSettings(

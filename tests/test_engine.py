@@ -11,7 +11,8 @@ import pytest
 from coalescence.archive import RunArchive, read_pool, read_rows
 from coalescence.attribution.estimators import ExactShapley, LeaveOneOut, PermutationShapley
 from coalescence.backends.base import ScoreRequest
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
 from coalescence.errors import EngineClosed, InputError
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from coalescence.attribution.estimators import ExactShapley, LeaveOneOut
-from coalescence.attribution.hierarchy import explain_hierarchical, fine_snapshot, parse_hierarchy
+from coalescence.app.hierarchy import explain_hierarchical, fine_snapshot, parse_hierarchy
 from coalescence.cli import main
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
 from coalescence.errors import ConfigError
 from coalescence.inputs import conversation_from_input

@@ -12,7 +12,8 @@ import pytest
 from coalescence.archive import read_manifest, read_pool
 from coalescence.attribution.estimators import ExactShapley
 from coalescence.cli import main
-from coalescence.conversation import ConversationSnapshot, segment_players
+from coalescence.snapshot import ConversationSnapshot
+from coalescence.segmentation import segment_players
 from coalescence.engine import Engine
 from coalescence.errors import InputError
 from coalescence.inputs import DEFAULT_RAG_TEMPLATE, RagTemplate, conversation_from_input, load_inputs, load_template

@@ -12,7 +12,8 @@ from conftest import build_model
 
 from coalescence.backends.base import BackendBase, ScoreRequest, ScoreResult, ScoringBackend
 from coalescence.backends.hf import HFBackend
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.errors import BatchFailed
 from coalescence.masking.codec import PackedMask
 from coalescence.masking.policies import DropPolicy

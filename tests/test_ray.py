@@ -33,7 +33,7 @@ ray = pytest.importorskip("ray")
 import coalescence  # noqa: E402
 from coalescence.archive import read_rows  # noqa: E402
 from coalescence.cli import main  # noqa: E402
-from coalescence.runs import RunSettings  # noqa: E402
+from coalescence.app.settings import RunSettings  # noqa: E402
 from coalescence.errors import ConfigError  # noqa: E402
 
 from test_datasets import conversations, run  # noqa: E402
@@ -258,7 +258,7 @@ def test_progress_over_ray_workers_is_one_monotone_count_over_the_dataset(tmp_pa
     that jumped back. The rule: one total, the sum of each conversation's leave-one-out plan (its
     players + the empty and full coalitions, counted here from the output), counts that never
     decrease, and a last count equal to that total."""
-    from coalescence.runs import explain_run
+    from coalescence.app.explain import explain_run
 
     from test_datasets import RecordingProgress
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from coalescence.report import DivergingScale, contrast_ratio, explanation_fragment, load_source, render_report
+from coalescence.app.report import report_source
 from report_runs import HUNDRED, SECOND, TRICKY, Run, explain, prompt_messages, run_cli
 
 pytest.importorskip("matplotlib")
@@ -349,7 +350,7 @@ def test_report_from_the_archive_needs_no_model(single: Run, tmp_path: Path) -> 
 
 
 def test_report_from_a_hierarchy_archive_fits_both_levels(hierarchy: Run, tmp_path: Path) -> None:
-    report = load_source(hierarchy.run_dir)
+    report = report_source(hierarchy.run_dir)
     (entry,) = report.entries
     assert entry.hierarchy is not None and entry.fine is not None
     for level in ("coarse", "fine"):  # exact values: the archive gives back what the run computed

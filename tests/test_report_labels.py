@@ -61,7 +61,8 @@ def test_explanation_plot_labels_are_drawn_as_written(tmp_path: Path, tiny_model
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from coalescence.runs import ReplaySettings, replay_run
+    from coalescence.app.settings import ReplaySettings
+    from coalescence.app.replay import replay_run
 
     path = tmp_path / "conversation.json"
     path.write_text(json.dumps(conversation()), encoding="utf-8")

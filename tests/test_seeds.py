@@ -88,7 +88,7 @@ def test_a_bad_seed_is_refused_before_the_model(method: str, seed: str, tmp_path
 
 def test_a_negative_seed_is_refused_by_replay_and_the_python_settings(tmp_path: Path) -> None:
     from coalescence.errors import ConfigError
-    from coalescence.runs import ReplaySettings, RunSettings
+    from coalescence.app.settings import ReplaySettings, RunSettings
 
     code, _, stderr = run_cli(["replay", str(tmp_path / "missing"), "--seed", "-3"])
     assert code == 2 and stderr.startswith("coalescence: error: --seed: "), stderr

@@ -7,7 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from coalescence.conversation import Conversation, ConversationSnapshot, segment_players
+from coalescence.conversation import Conversation
+from coalescence.snapshot import ConversationSnapshot
+from coalescence.segmentation import segment_players
 from coalescence.inputs import load_inputs
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from coalescence.engine import UTILITY
 from coalescence.errors import ConfigError, InputError
 from coalescence.masking.render import ChatRenderer
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.utility import (
     REGENERATE_KINDS,
     TEACHER_FORCED_KINDS,

@@ -11,7 +11,8 @@ import pytest
 from coalescence.archive import RunArchive, read_rows
 from coalescence.attribution.estimators import ExactShapley
 from coalescence.backends.base import ScoreRequest
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine, fill_measurements, pool_from_store
 from coalescence.masking.codec import PackedMask
 from coalescence.masking.policies import DropPolicy

@@ -13,7 +13,7 @@ Typical use::
     explanation.to_pandas()      # one row per player: label, role, text, value (nats), stderr, rank
     print(explanation.format_table())
 
-An :class:`Explainer` loads the model once for many calls; :mod:`coalescence.runs` is the
+An :class:`Explainer` loads the model once for many calls; :mod:`coalescence.app` is the
 application layer under the API and the command line; :class:`Engine` is the evaluation engine
 itself (coalitions through the scheduler, collator and backend).
 """
@@ -23,19 +23,11 @@ from .api import Explainer, explain, explain_async, sweep
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
 from .attribution.explanation import Explanation
-from .attribution.hierarchy import HierarchicalExplanation, explain_hierarchical
+from .app.hierarchy import HierarchicalExplanation, explain_hierarchical
 from .backends import HFBackend, ModelSource, ScoreRequest, ScoreResult, ScoringBackend, load_backend, resolve_model
-from .conversation import (
-    Conversation,
-    ConversationSnapshot,
-    DeclaredPlayer,
-    Message,
-    Player,
-    load_conversation,
-    segment_players,
-)
+from .conversation import Conversation, DeclaredPlayer, Message, Player
 from .engine import Engine
-from .inputs import RagTemplate, load_inputs
+from .inputs import RagTemplate, load_conversation, load_inputs
 from .errors import (
     ArchiveError,
     ArchiveWriteError,
@@ -52,6 +44,8 @@ from .errors import (
 )
 from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get_policy, register_policy
 from .scheduler import Progress, ResultStore, SchedulerStatistics
+from .segmentation import segment_players
+from .snapshot import ConversationSnapshot
 from .utility import UTILITY_KINDS, GenerationConfig, UtilitySpec
 
 __all__ = (

@@ -10,7 +10,7 @@
 
 :func:`explain` loads the model for each call; an :class:`Explainer` loads it once for many calls.
 Both run the same application layer as the ``coalescence explain`` command
-(:mod:`coalescence.runs`), so a run given an ``archive`` writes exactly the archive and manifest
+(:mod:`coalescence.app`), so a run given an ``archive`` writes exactly the archive and manifest
 the command writes with the same settings, and either resumes or replays the other's run.
 :func:`explain_async` / :meth:`Explainer.explain_async` are the twins for code already in an event
 loop (asyncio or trio, e.g. Jupyter's). :func:`sweep` is the ``coalescence sweep`` command: many
@@ -25,7 +25,8 @@ from typing import Any
 
 from .backends.base import DEFAULT_BATCH_SIZE
 from .errors import ConfigError
-from .runs import RunResult, RunSettings, explain_run, explain_run_async
+from .app.settings import RunResult, RunSettings
+from .app.explain import explain_run, explain_run_async
 
 __all__ = ("DEFAULT_MODEL", "Explainer", "explain", "explain_async", "sweep")
 
@@ -140,14 +141,14 @@ def explain(
         utility: what v(S) measures (default ``logprob``: log p of the answer, nats).
         archive: a run directory to record the run in (created, or resumed), as the command's
             ``--archive``; ``None`` records nothing.
-        **options: any other setting of :class:`~coalescence.runs.RunSettings`, by name
+        **options: any other setting of :class:`~coalescence.app.settings.RunSettings`, by name
             (``roles``, ``seed``, ``interactions``, ``index``, ``target_stderr``, ``hierarchy``, ``absence_policy``,
             ``target_substring``, ``device``, ``dtype``, ``batch_size``, ``out``, ``html``, ...).
 
     Returns:
         An :class:`~coalescence.attribution.explanation.Explanation` (values in nats by default;
         ``.to_pandas()``, ``.plot()``, shown as the report in Jupyter); a list of them for a
-        ``.jsonl`` source; a :class:`~coalescence.attribution.hierarchy.HierarchicalExplanation`
+        ``.jsonl`` source; a :class:`~coalescence.app.hierarchy.HierarchicalExplanation`
         with ``hierarchy``.
 
     Raises:
@@ -196,7 +197,7 @@ def sweep(
     **options: Any,
 ) -> Any:
     """Benchmark estimators on a dataset: every (method, budget, seed) fitted from one coalition
-    pool per conversation, as ``coalescence sweep`` (see :mod:`coalescence.sweeps`).
+    pool per conversation, as ``coalescence sweep`` (see :mod:`coalescence.app.sweeps`).
 
     Args:
         source: a dataset (``.jsonl``, ``.parquet``), an input file, an input dict or messages.
@@ -207,17 +208,17 @@ def sweep(
         model: alias, local model directory, ``.gguf`` file or hub id.
         unit: player unit (as :func:`explain`).
         archive: the run archive (default ``out/archive``); an existing one is resumed.
-        **options: the game and model settings of :class:`~coalescence.runs.RunSettings` by name
+        **options: the game and model settings of :class:`~coalescence.app.settings.RunSettings` by name
             (``roles``, ``absence_policy``, ``utility``, ``device``, ``batch_size``,
             ``max_conversations_in_flight``, ...).
 
     Returns:
-        A :class:`~coalescence.sweeps.SweepResult` (``.rows``, ``.to_pandas()``, ``.summary``).
+        A :class:`~coalescence.app.sweeps.SweepResult` (``.rows``, ``.to_pandas()``, ``.summary``).
 
     Raises:
         ConfigError, InputError: bad settings or input, before the model loads.
     """
-    from .sweeps import SweepSettings, sweep_run
+    from .app.sweeps import SweepSettings, sweep_run
 
     unknown = sorted(set(options) - _SWEEP_OPTIONS)
     if unknown:

@@ -577,15 +577,16 @@ def _add_report_parser(sub: Any) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import load_source, render_report, write_report
-    from .runs import html_path
+    from .app.outputs import html_path
+    from .app.report import report_source
+    from .report import render_report, write_report
 
     out = html_path(args.output, "output")
     assert out is not None
     methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
     if methods is not None and not methods:
         raise ConfigError("give at least one method, e.g. --method exact", field="method")
-    report = load_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
+    report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
     try:
         page = render_report(report)
     except CoalescenceError:
@@ -758,7 +759,7 @@ def _game_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _explain_settings(args: argparse.Namespace) -> Any:
-    from .runs import RunSettings
+    from .app.settings import RunSettings
 
     return RunSettings(
         **_game_settings(args),
@@ -780,7 +781,7 @@ def _explain_settings(args: argparse.Namespace) -> Any:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from .runs import ExplainRun
+    from .app.explain import ExplainRun
     from .scheduler.progress import TqdmProgress
 
     # 1. inputs and settings; 2. the tokenizer and template, every coalition rendered: no weights yet
@@ -830,9 +831,9 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .runs import RunSettings
+    from .app.settings import RunSettings
     from .scheduler.progress import TqdmProgress
-    from .sweeps import SweepRun, SweepSettings
+    from .app.sweeps import SweepRun, SweepSettings
 
     game = _game_settings(args)
     if args.archive is None:
@@ -867,7 +868,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .runs import ReplayRun, ReplaySettings
+    from .app.replay import ReplayRun
+    from .app.settings import ReplaySettings
     from .scheduler.progress import TqdmProgress
 
     settings = ReplaySettings(

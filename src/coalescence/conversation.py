@@ -1,21 +1,21 @@
-"""Conversations, players and immutable snapshots.
+"""Conversations and players: the ground floor, importing nothing of coalescence's but the errors
+and the input checks.
 
 A :class:`Conversation` is the input: chat messages in the OpenAI format plus the *target*, the
 answer being explained, and optionally the players the input declares (character spans, or the
-documents of the RAG form, see :mod:`coalescence.inputs`). :func:`segment_players` cuts the
-attributable messages into *players* (turns, paragraphs, sentences, words, tool exchanges, or the
-declared spans), each a character span of one message (a tool exchange spans several). A
-:class:`ConversationSnapshot` freezes a conversation, its target and its players under a
-``snapshot_id`` (SHA-256 of a canonical encoding), which every coalition key starts from.
+documents of the RAG form, see :mod:`coalescence.inputs`). A :class:`Player` is a character span
+of one message (a tool exchange spans several); :func:`coalescence.segmentation.segment_players`
+cuts the attributable messages into players (turns, paragraphs, sentences, words, tool exchanges,
+or the declared spans), and :class:`coalescence.snapshot.ConversationSnapshot` freezes a
+conversation, its target and its players under a ``snapshot_id``. Files are read by
+:mod:`coalescence.inputs` (:func:`~coalescence.inputs.load_conversation`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import InputError
@@ -26,13 +26,11 @@ __all__ = (
     "UNITS",
     "TOOL_CALL_FORMAT",
     "Conversation",
-    "ConversationSnapshot",
     "DeclaredPlayer",
     "Message",
     "Player",
     "format_tool_call",
-    "load_conversation",
-    "segment_players",
+    "players_by_message",
 )
 
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
@@ -41,7 +39,6 @@ ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 UNITS: tuple[str, ...] = ("turn", "paragraph", "sentence", "word", "tool", "exchange", "document")
 """Player units (see :func:`segment_players`)."""
 
-SNAPSHOT_SCHEMA = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -335,28 +332,6 @@ class Conversation:
         return replace(self, target=target, target_source=source, target_ids=None if ids is None else tuple(int(i) for i in ids))
 
 
-def load_conversation(path: str | Path) -> Conversation:
-    """Read a conversation from a JSON file (see :meth:`Conversation.from_dict`).
-
-    Raises:
-        InputError: the file is missing, unreadable, not UTF-8 or not valid JSON (with line and
-            column), beyond the parser's limits (:mod:`coalescence.userinput`), or its content is invalid.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise InputError(f"no such file {str(p)!r}", field="input") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
-    from .inputs import conversation_from_input  # the RAG form is rendered there
-    from .userinput import parse_json
-
-    data = parse_json(text, what=p.name, field="input")
-
-    return conversation_from_input(data)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Player:
     """One attributable part of the conversation: a character span of one message (a tool exchange
@@ -396,158 +371,6 @@ class Player:
         return ((self.message_index, self.start, self.end), *self.extra)
 
 
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConversationSnapshot:
-    """An immutable conversation + target + players, identified by ``snapshot_id``.
-
-    Args:
-        conversation: the conversation; its target must be set.
-        unit: the player unit the players were cut with.
-        players: the players (see :func:`segment_players`).
-
-    Attributes:
-        snapshot_id: 64 hex chars, SHA-256 of the canonical JSON encoding (sorted keys, no
-            whitespace, UTF-8) of the messages, the target, the unit and the player spans, and of
-            the target's token ids when the answer was generated (:attr:`Conversation.target_ids`).
-
-    Raises:
-        InputError: the target is missing, no players, or a player span that does not match its
-            message.
-    """
-
-    conversation: Conversation
-    unit: str
-    players: tuple[Player, ...]
-    snapshot_id: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        if self.conversation.target is None:
-            raise InputError("the snapshot needs a target answer", field="target")
-        if not self.players:
-            raise InputError("no attributable players", field="roles")
-        msgs = self.conversation.messages
-        taken: dict[int, list[tuple[int, int, str]]] = {}
-        for i, p in enumerate(self.players):
-            if p.index != i:
-                raise InputError(f"player {i} is out of order", field="players")
-            for m, start, end in p.spans:
-                if not 0 <= m < len(msgs) or not 0 <= start <= end <= len(msgs[m].content):
-                    raise InputError(f"player {p.label} names no message or a span outside it", field="players")
-                taken.setdefault(m, []).append((start, end, p.label))
-            if msgs[p.message_index].content[p.start : p.end] != p.text:
-                raise InputError(f"player {p.label} does not match its message text", field="players")
-        for spans in taken.values():
-            spans.sort()
-            for (_, end_a, _), (start_b, _, label) in zip(spans, spans[1:]):
-                if start_b < end_a:
-                    raise InputError(f"player {label} overlaps another one", field="players")
-        payload = {
-            "schema": SNAPSHOT_SCHEMA,
-            "messages": [[m.role, m.content] for m in self.conversation.messages],
-            "target": self.conversation.target,
-            "unit": self.unit,
-            "players": [
-                [p.message_index, p.start, p.end] + ([list(e) for e in p.extra] if p.extra else [])
-                for p in self.players
-            ],
-        }
-        if self.conversation.target_ids is not None:  # absent otherwise: ids of text answers unchanged
-            payload["target_ids"] = list(self.conversation.target_ids)
-        object.__setattr__(self, "snapshot_id", hashlib.sha256(_canonical(payload)).hexdigest())
-
-    @classmethod
-    def build(
-        cls, conversation: Conversation, *, unit: str = "turn", roles: Iterable[str] | None = None
-    ) -> ConversationSnapshot:
-        """Segment ``conversation`` into players and freeze it (see :func:`segment_players`)."""
-        return cls(
-            conversation=conversation,
-            unit=unit,
-            players=segment_players(conversation, unit=unit, roles=roles),
-        )
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ConversationSnapshot:
-        """Rebuild a snapshot from :meth:`to_dict` output (e.g. an archive manifest).
-
-        Raises:
-            InputError: malformed data, or a rebuilt ``snapshot_id`` that differs from the recorded
-                one (the data was edited).
-        """
-        try:
-            messages = tuple(Message(role=m["role"], content=m["content"]) for m in data["messages"])
-            ids = data.get("target_ids")
-            conversation = Conversation(
-                messages=messages,
-                target=data["target"],
-                target_source=data.get("target_source", "field"),
-                target_ids=tuple(ids) if isinstance(ids, list) else ids,
-            )
-            players = tuple(
-                Player(
-                    index=p["index"],
-                    label=p["label"],
-                    role=p["role"],
-                    message_index=p["message_index"],
-                    start=p["start"],
-                    end=p["end"],
-                    text=messages[p["message_index"]].content[p["start"] : p["end"]],
-                    extra=tuple(tuple(e) for e in p.get("extra", ())),
-                )
-                for p in data["players"]
-            )
-            snapshot = cls(conversation=conversation, unit=data["unit"], players=players)
-        except (KeyError, TypeError, IndexError) as exc:
-            raise InputError(f"malformed snapshot record: {exc!r}", field="snapshots") from exc
-        recorded = data.get("snapshot_id")
-        if recorded is not None and recorded != snapshot.snapshot_id:
-            raise InputError(
-                f"snapshot {recorded[:12]} does not match its recorded content (rebuilt id "
-                f"{snapshot.snapshot_id[:12]}); the record was altered",
-                field="snapshots",
-            )
-        return snapshot
-
-    @property
-    def n_players(self) -> int:
-        """Number of players n."""
-        return len(self.players)
-
-    @property
-    def target(self) -> str:
-        """The target answer (never ``None`` in a snapshot)."""
-        assert self.conversation.target is not None
-        return self.conversation.target
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description (snapshot_id, messages, target, target_ids for a generated
-        answer, unit, players)."""
-        ids = self.conversation.target_ids
-        return ({"target_ids": list(ids)} if ids is not None else {}) | {
-            "snapshot_id": self.snapshot_id,
-            "messages": [m.as_dict() for m in self.conversation.messages],
-            "target": self.target,
-            "target_source": self.conversation.target_source,
-            "unit": self.unit,
-            "players": [
-                {
-                    "index": p.index,
-                    "label": p.label,
-                    "role": p.role,
-                    "message_index": p.message_index,
-                    "start": p.start,
-                    "end": p.end,
-                }
-                | ({"extra": [list(e) for e in p.extra]} if p.extra else {})
-                for p in self.players
-            ],
-        }
-
-
 def players_by_message(players: Sequence[Player]) -> dict[int, list[Player]]:
     """Group the pieces of players by message index, each group in text order.
 
@@ -564,6 +387,3 @@ def players_by_message(players: Sequence[Player]) -> dict[int, list[Player]]:
         group.sort(key=lambda q: (q.start, q.end))
     return groups
 
-
-# segmentation builds on Player and Conversation above; re-exported here (the historical home)
-from .segmentation import segment_players  # noqa: E402

@@ -34,7 +34,12 @@ from . import errors
 from .backends.base import DEFAULT_BATCH_SIZE, BackendBase
 from .errors import BackendUnavailable, BatchFailed, CoalescenceError, ConfigError
 
-__all__ = ("RayBackend", "import_ray", "start_ray_backend")
+__all__ = (
+    "import_ray",
+    "ModelWorker",
+    "RayBackend",
+    "start_ray_backend",
+)
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,9 @@ from .archive.writer import RunArchive
 from .attribution.estimators.base import Estimator
 from .attribution.explanation import AnswerToken, Explanation, answer_tokens
 from .backends.base import ScoringBackend, check_backend, run_record_of
-from .conversation import Conversation, ConversationSnapshot, segment_players
+from .conversation import Conversation
+from .snapshot import ConversationSnapshot
+from .segmentation import segment_players
 from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
@@ -43,7 +45,16 @@ from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, SchedulerStat
 from .scheduler.store import ResultStore
 from .utility import ResolvedUtility, UtilitySpec
 
-__all__ = ("UTILITY", "Engine", "fill_measurements", "fill_store", "key_for", "pool_from_store", "utility_detail")
+__all__ = (
+    "UTILITY",
+    "counting_evaluations",
+    "Engine",
+    "fill_measurements",
+    "fill_store",
+    "key_for",
+    "pool_from_store",
+    "utility_detail",
+)
 
 logger = logging.getLogger(__name__)
 

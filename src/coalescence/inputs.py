@@ -16,7 +16,7 @@ A ``.jsonl`` file holds one input per line (:func:`load_inputs`); each becomes i
 from __future__ import annotations
 
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,15 @@ from .conversation import Conversation
 from .errors import InputError
 from .userinput import check_text, parse_json, short_repr
 
-__all__ = ("DEFAULT_RAG_TEMPLATE", "RagTemplate", "conversation_from_input", "load_inputs", "load_template")
+__all__ = (
+    "DEFAULT_RAG_TEMPLATE",
+    "RagTemplate",
+    "conversation_from_input",
+    "load_conversation",
+    "load_inputs",
+    "load_template",
+    "read_source",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,6 +257,28 @@ def _parquet_inputs(path: Path, template: RagTemplate | None) -> list[Conversati
     return conversations
 
 
+def _read_text(p: Path) -> str:
+    """A file's text (UTF-8, a byte-order mark dropped); one-line errors naming the field ``input``."""
+    try:
+        return p.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise InputError(f"no such file {str(p)!r}", field="input") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
+
+
+def load_conversation(path: str | Path, template: RagTemplate | None = None) -> Conversation:
+    """Read one conversation from a JSON file: the chat form (:meth:`Conversation.from_dict`) or
+    the RAG form, rendered with ``template`` (default :data:`DEFAULT_RAG_TEMPLATE`).
+
+    Raises:
+        InputError: the file is missing, unreadable, not UTF-8 or not valid JSON (with line and
+            column), beyond the parser's limits (:mod:`coalescence.userinput`), or its content is invalid.
+    """
+    p = Path(path)
+    return conversation_from_input(parse_json(_read_text(p), what=p.name, field="input"), template)
+
+
 def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[list[Conversation], bool]:
     """Read the inputs of a run: one JSON object, one per line of a ``.jsonl`` file, or one per
     row of a ``.parquet`` dataset.
@@ -271,23 +301,8 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
     if p.suffix.lower() == ".parquet":
         return _parquet_inputs(p, template), True
     if p.suffix.lower() != ".jsonl":
-        from .conversation import load_conversation
-
-        if template is None or template == DEFAULT_RAG_TEMPLATE:
-            return [load_conversation(p)], False
-        try:
-            text = p.read_text(encoding="utf-8-sig")
-        except FileNotFoundError:
-            raise InputError(f"no such file {str(p)!r}", field="input") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
-        return [conversation_from_input(parse_json(text, what=p.name, field="input"), template)], False
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise InputError(f"no such file {str(p)!r}", field="input") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {str(p)!r}: {exc}", field="input") from exc
+        return [load_conversation(p, template)], False
+    text = _read_text(p)
     conversations = []
     # JSON Lines separates records by "\n" only (a CRLF line's "\r" is JSON whitespace): never
     # str.splitlines, which also splits on U+2028, U+0085 and others, all legal inside JSON strings
@@ -302,3 +317,35 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
     if not conversations:
         raise InputError(f"{p.name} holds no input (one JSON object per line)", field="input")
     return conversations, True
+
+
+def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[Conversation], bool]:
+    """The conversations of an explain run's input, in order, and whether it is a dataset.
+
+    Args:
+        source: a path (see :func:`load_inputs`), an input dict (any input form), a list of input
+            dicts (a dataset, as a JSONL file's lines: each has ``messages`` or ``documents``), or a
+            list of messages (one conversation).
+        template: the RAG template for inputs in the RAG form.
+
+    Raises:
+        InputError: bad input (a dataset's error names the input: ``input 3: messages[0].role``),
+            or a source of another type (field ``input``).
+    """
+    if isinstance(source, (str, Path)):
+        return load_inputs(source, template)
+    if isinstance(source, Mapping):
+        return [conversation_from_input(source, template)], False
+    if isinstance(source, Sequence) and source and all(
+        isinstance(item, Mapping) and ("messages" in item or "documents" in item) for item in source
+    ):
+        conversations = []
+        for k, item in enumerate(source):
+            try:
+                conversations.append(conversation_from_input(item, template))
+            except InputError as exc:
+                raise InputError(exc.message, field=f"input {k}: {exc.field}" if exc.field else f"input {k}") from exc
+        return conversations, True
+    if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
+        return [conversation_from_input({"messages": list(source)}, template)], False
+    raise InputError(f"must be a path, an input dict or a list of messages, got {type(source).__name__}", field="input")

@@ -31,7 +31,7 @@ import anyio
 import numpy as np
 
 from .backends.base import GenerateRequest, ScoreRequest, validate_generations, validate_results
-from .conversation import ConversationSnapshot
+from .snapshot import ConversationSnapshot
 from .errors import TemplateRefused
 from .masking.policies import AbsencePolicy
 from .masking.render import ChatRenderer, TargetTokens

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .conversation import ConversationSnapshot
+from .snapshot import ConversationSnapshot
 from .errors import InputError, TemplateRefused
 from .masking.codec import PackedMask
 from .masking.policies import AbsencePolicy

@@ -449,7 +449,8 @@ def test_a_deleted_parts_link_is_refused_and_nothing_is_deleted(tmp_path: Path) 
 
 @pytest.mark.parametrize("edit", ["message", "target", "players"])
 def test_an_edited_snapshot_record_is_refused_by_every_reader_and_writer(tmp_path: Path, edit: str) -> None:
-    from coalescence.conversation import Conversation, ConversationSnapshot, Message
+    from coalescence.conversation import Conversation, Message
+    from coalescence.snapshot import ConversationSnapshot
 
     snap = ConversationSnapshot.build(
         Conversation(messages=(Message(role="user", content="Alpha is first. Beta is second."),), target="Ok."),

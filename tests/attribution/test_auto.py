@@ -11,7 +11,7 @@ import pytest
 from coalescence import make_estimator
 from coalescence.attribution.estimators.auto import AutoMethod
 from coalescence.errors import ConfigError
-from coalescence.runs import RunSettings
+from coalescence.app.settings import RunSettings
 
 
 def additive(n: int, weights: dict[int, float], base: float = -30.0):

@@ -48,7 +48,8 @@ from coalescence.backends.base import (
 )
 from coalescence.backends.hf import HFBackend
 from coalescence.backends.testing import FakeBackend, presence_game
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
 from coalescence.errors import BatchFailed, ConfigError, EngineClosed, InputError
 from coalescence.inputs import conversation_from_input

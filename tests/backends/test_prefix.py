@@ -13,7 +13,8 @@ from coalescence.archive import RunArchive, read_rows
 from coalescence.backends.base import ScoreRequest, ScoreResult, validate_results
 from coalescence.backends.hf import HFBackend
 from coalescence.backends.prefix import PrefixCache, common_prefix_length, trie_nodes
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
 from coalescence.errors import BatchFailed, ConfigError
 from coalescence.masking.policies import DropPolicy

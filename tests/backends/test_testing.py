@@ -13,7 +13,8 @@ from anyio import wait_all_tasks_blocked
 from coalescence.attribution.estimators import ExactShapley
 from coalescence.backends.base import GenerateRequest, ScoreRequest
 from coalescence.backends.testing import FakeBackend, hashed_game, presence_game
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
 from coalescence.errors import BatchFailed, ConfigError, EngineClosed
 from coalescence.masking.policies import DropPolicy

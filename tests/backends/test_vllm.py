@@ -24,7 +24,7 @@ from test_contract import model_for, tokenizer_for
 from vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, vllm_backend
 
 from coalescence.backends.base import GenerateRequest, ScoreRequest
-from coalescence.conversation import ConversationSnapshot
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.inputs import conversation_from_input
 from coalescence.masking.policies import DropPolicy
 from coalescence.masking.render import ChatRenderer

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.errors import ConfigError, MaskError
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy, available_policies, get_policy
 

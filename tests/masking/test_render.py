@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import build_tokenizer
 
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
 from coalescence.masking.render import ChatRenderer
 

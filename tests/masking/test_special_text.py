@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from chat_templates import FAMILIES, MISTRAL, Family, build_family_tokenizer, conversation
 
-from coalescence.conversation import Conversation, ConversationSnapshot, Message
+from coalescence.conversation import Conversation, Message
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.errors import InputError
 from coalescence.masking.policies import DropPolicy
 from coalescence.masking.render import ChatRenderer

@@ -30,7 +30,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coalescence.conversation import Conversation, ConversationSnapshot, DeclaredPlayer, Message, load_conversation
+from coalescence.conversation import Conversation, DeclaredPlayer, Message
+from coalescence.snapshot import ConversationSnapshot
+from coalescence.inputs import load_conversation
 from coalescence.masking.policies import DropPolicy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -23,7 +23,7 @@ from conftest import build_model
 
 from coalescence.attribution.estimators import make_estimator
 from coalescence.backends.hf import HFBackend
-from coalescence.conversation import ConversationSnapshot
+from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
 from coalescence.errors import TemplateRefused
 from coalescence.inputs import conversation_from_input

@@ -170,7 +170,7 @@ def _check_snapshot(path: Path, i: int, record: dict[str, Any]) -> None:
     _check_digests(path, i, record)
     if "messages" not in record:
         return  # a record of the Python API's own making, with the id alone
-    from ..conversation import ConversationSnapshot
+    from ..snapshot import ConversationSnapshot
     from ..errors import InputError
 
     try:

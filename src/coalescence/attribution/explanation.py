@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..conversation import ConversationSnapshot
+from ..snapshot import ConversationSnapshot
 from .estimators.base import Estimate
 
 __all__ = ("EXPLANATION_SCHEMA", "AnswerToken", "Explanation", "answer_tokens")

@@ -36,6 +36,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+__all__ = ("NAME", "PrefixSplit", "install", "prefix_split_attention")
+
 NAME = "coalescence_prefix_split"
 
 # Where it runs (benchmarks/split_attention.py, SmolLM2-135M, 2 CPU threads, one forward each):

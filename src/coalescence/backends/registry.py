@@ -25,7 +25,20 @@ from .base import DEFAULT_BATCH_SIZE
 from .fingerprint import fingerprint
 from .hf import HFBackend
 
-__all__ = ("ALIASES", "BACKENDS", "ModelSource", "load_backend", "register_backend", "load_config", "load_tokenizer", "model_context", "model_fingerprint", "resolve_model")
+__all__ = (
+    "ALIASES",
+    "BACKENDS",
+    "cache_root",
+    "float32_directory",
+    "load_backend",
+    "load_config",
+    "load_tokenizer",
+    "model_context",
+    "model_fingerprint",
+    "ModelSource",
+    "register_backend",
+    "resolve_model",
+)
 
 logger = logging.getLogger(__name__)
 

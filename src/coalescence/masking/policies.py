@@ -46,7 +46,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..conversation import ConversationSnapshot, Message, Player, players_by_message
+from ..snapshot import ConversationSnapshot
+from ..conversation import Message, Player, players_by_message
 from ..errors import ConfigError, MaskError
 from ..userinput import check_text
 

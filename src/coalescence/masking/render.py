@@ -67,7 +67,8 @@ from typing import Any
 
 import numpy as np
 
-from ..conversation import ConversationSnapshot, Message
+from ..snapshot import ConversationSnapshot
+from ..conversation import Message
 from ..errors import InputError, TemplateRefused
 from .policies import AbsencePolicy
 

@@ -62,9 +62,9 @@ def render_report(source: ReportInput | Mapping[str, Any]) -> str:
         InputError: a document that is not of the ``--out`` schema (field ``SOURCE``).
         BackendUnavailable: matplotlib is not installed.
     """
-    from .sources import _from_document
+    from .sources import from_document
 
-    report = source if isinstance(source, ReportInput) else _from_document(source, "")
+    report = source if isinstance(source, ReportInput) else from_document(source, "")
     return render_page(report)
 
 

@@ -386,8 +386,8 @@ def explanation_fragment(document: Mapping[str, Any]) -> str:
     Raises:
         InputError: not an explanation document.
     """
-    from .sources import _from_document
+    from .sources import from_document
 
-    report = _from_document(document, "")
+    report = from_document(document, "")
     views = [_entry_view(entry, f"ex{k}", "Explanation", report.archive) for k, entry in enumerate(report.entries)]
     return _environment().get_template("fragment.html.j2").render(entries=views, version=__version__)

@@ -4,23 +4,23 @@
 (the ``--out`` schema of :meth:`~coalescence.attribution.explanation.Explanation.to_dict`) grouped
 as the page shows them. A JSON document may be a single explanation, a JSONL batch
 ``{"archive", "explanations"}``, a hierarchy ``{"hierarchy", "coarse", "fine"}`` or a replay
-``{"run_dir", "run_id", "explanations"}``. A run archive directory is fitted with the estimators
-asked for from the coalitions it holds (the replay machinery, no model): when it lacks coalitions a
-plan needs, one error says to evaluate them with ``coalescence replay RUN_DIR --model``.
+``{"run_id", "run_dir", "explanations"}``. A run archive directory is fitted by the application
+layer (:func:`coalescence.app.report.report_source`: the replay machinery, no model), which hands
+the document it makes to :func:`from_document`; the report itself never fits.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 
-from ..errors import ArchiveError, ConfigError, InputError
+from ..errors import ArchiveError, InputError
 
-__all__ = ("Entry", "ReportInput", "load_source", "read_document")
+__all__ = ("Entry", "ReportInput", "from_document", "load_source", "read_document")
 
 _FIELD = "SOURCE"
 _FORMS = (
@@ -65,50 +65,28 @@ class ReportInput:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def load_source(
-    source: str | Path,
-    *,
-    methods: Sequence[str] | None = None,
-    budget: int | None = None,
-    seed: int | None = None,
-    run_id: str | None = None,
-) -> ReportInput:
-    """Read a report's input: an ``--out`` JSON document, or a run archive directory.
+def load_source(source: str | Path) -> ReportInput:
+    """Read a report's input from an ``--out`` JSON document (a run archive directory is fitted
+    first by the application layer: :func:`coalescence.app.report.report_source`).
 
     Args:
-        source: a JSON file written by ``explain --out`` or ``replay --out``, or a run directory.
-        methods: run archive only: the estimators fitted (default: the run's own method).
-        budget: run archive only: the sampling methods' budget (default: the run's, for a run of one
-            input with that method; else 32 x players, as ``replay``).
-        seed: run archive only: the sampling plans' seed (default: the run's).
-        run_id: run archive only: which run (default: the last one).
+        source: a JSON file written by ``explain --out`` or ``replay --out``.
 
     Returns:
         The explanations to show.
 
     Raises:
-        InputError: no such file, not JSON, or not a document of the ``--out`` schema (field
-            ``SOURCE``, naming the field at fault).
-        ConfigError: archive options given with a JSON document, or an unknown method.
-        ArchiveError: a damaged or foreign archive.
-        EstimatorError: the archive lacks coalitions a plan needs (the message says how to
-            evaluate them with ``coalescence replay RUN_DIR --model``).
+        InputError: no such file, a directory, not JSON, or not a document of the ``--out``
+            schema (field ``SOURCE``, naming the field at fault).
     """
     path = Path(source)
     if path.is_dir():
-        try:
-            from ..runs import fit_archive  # the application layer's fit, as replay's
-
-            document = fit_archive(path, methods=methods, budget=budget, seed=seed, run_id=run_id)
-        except ArchiveError as exc:  # the archive modules name their argument RUN_DIR or archive; here it is SOURCE
-            if exc.field not in ("RUN_DIR", "archive"):
-                raise
-            raise type(exc)(exc.message, field=_FIELD) from exc
-        return _from_document(document, str(path), kind="archive")
-    for option, value in (("method", methods), ("budget", budget), ("seed", seed), ("run", run_id)):
-        if value is not None:
-            raise ConfigError(f"applies to a run archive directory; {str(source)!r} is a JSON document", field=option)
-    return _from_document(read_document(path), str(path))
+        raise InputError(
+            f"{str(path)!r} is a run directory; fit it first (coalescence.app.report.report_source, or "
+            "`coalescence report RUN_DIR`)",
+            field=_FIELD,
+        )
+    return from_document(read_document(path), str(path))
 
 
 def read_document(path: str | Path) -> Any:
@@ -132,8 +110,17 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _from_document(doc: Any, source: str, *, kind: str | None = None) -> ReportInput:
-    """Classify and check a parsed document."""
+def from_document(doc: Any, source: str, *, kind: str | None = None) -> ReportInput:
+    """A report's input from a parsed ``--out`` document (any of the forms in the module docs).
+
+    Args:
+        doc: the parsed JSON.
+        source: where it came from (shown on the page; relative paths in it resolve from there).
+        kind: the form to show it as (e.g. ``"archive"``), else guessed from its keys.
+
+    Raises:
+        InputError: not a document of the ``--out`` schema (field ``SOURCE``, naming the field at fault).
+    """
     base = Path(source).parent if source else Path()
     if not isinstance(doc, Mapping):
         raise InputError(f"expected a JSON object, got {type(doc).__name__}; give {_FORMS}", field=_FIELD)

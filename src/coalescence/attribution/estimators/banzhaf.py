@@ -278,13 +278,12 @@ class Banzhaf:
             )
             values[(m_in == 0) | (m_out == 0)] = np.nan
         v_empty, v_full = float(u[plan.empty_row]), float(u[plan.full_row])
-        return Estimate(
+        return Estimate.from_values(
             method=self.name,
             values=values,
             stderr=stderr,
             v_empty=v_empty,
             v_full=v_full,
-            efficiency_gap=float(values.sum() - (v_full - v_empty)),
             n_evaluations=len(plan.keys),
             diagnostics=diagnostics,
         )

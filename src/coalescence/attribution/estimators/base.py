@@ -28,13 +28,16 @@ __all__ = (
     "Z95",
     "budget_near_all",
     "Capabilities",
-    "Estimate",
-    "Estimator",
-    "pool_lookup",
     "check_budget_seed",
     "check_interactions",
+    "check_n_players",
+    "check_pool",
     "check_seed",
+    "Estimate",
+    "Estimator",
+    "gather",
     "library_seed",
+    "pool_lookup",
     "row_keys",
     "student_t_factor",
 )
@@ -219,6 +222,51 @@ class Estimate:
     def n_players(self) -> int:
         """Number of players n (the length of ``values``)."""
         return int(self.values.shape[0])
+
+    @classmethod
+    def from_values(
+        cls,
+        *,
+        method: str,
+        values: np.ndarray,
+        v_empty: float,
+        v_full: float,
+        n_evaluations: int,
+        stderr: np.ndarray | None = None,
+        diagnostics: Mapping[str, float] | None = None,
+        interactions: tuple[tuple[tuple[int, ...], float], ...] = (),
+        interaction_index: str | None = None,
+        interactions_share_total: bool = False,
+        notes: tuple[str, ...] = (),
+    ) -> Estimate:
+        """An estimate whose efficiency gap is computed here, by the one rule every estimator
+        reports: ``sum(values) - (v_full - v_empty)``, the interactions' sum added to
+        ``sum(values)`` when ``interactions_share_total`` (an efficient interaction index whose
+        ``values`` are its order-1 terms: k-SII, FSII, STII; Fumagalli et al. 2023). NaN values
+        (a player the samples never separated) give a NaN gap.
+
+        Args: as the class; ``values`` ``[n_players]`` float64 in the utilities' unit.
+
+        Raises:
+            EstimatorError: as the class.
+        """
+        values = np.asarray(values, dtype=np.float64)
+        total = float(values.sum())
+        if interactions_share_total:
+            total += float(sum(v for _, v in interactions))
+        return cls(
+            method=method,
+            values=values,
+            stderr=stderr,
+            v_empty=float(v_empty),
+            v_full=float(v_full),
+            efficiency_gap=total - (float(v_full) - float(v_empty)),
+            n_evaluations=n_evaluations,
+            diagnostics={} if diagnostics is None else diagnostics,
+            interactions=interactions,
+            interaction_index=interaction_index,
+            notes=notes,
+        )
 
 
 @runtime_checkable

@@ -151,24 +151,22 @@ class ExactShapley:
             without = idx[(idx & bit) == 0]  # [2^(n-1)] coalitions S not containing i
             values[i] = np.dot(weights[sizes[without]], u[without | bit] - u[without])
         v_empty, v_full = float(u[0]), float(u[size - 1])
-        gap = float(values.sum() - (v_full - v_empty))
-        logger.debug("exact Shapley over %s players: efficiency gap %.3g", n, gap)
         interactions = ()
         if self.interactions is not None:
             from .shapiq_adapter import exact_interactions
 
             interactions = exact_interactions(coalition_rows(n), u, order=self.interactions, index=self.index)
-        return Estimate(
+        estimate = Estimate.from_values(
             method=self.name,
             values=values,
-            stderr=None,
             v_empty=v_empty,
             v_full=v_full,
-            efficiency_gap=gap,
             n_evaluations=size,
             interactions=interactions,
             interaction_index=self.index,
         )
+        logger.debug("exact Shapley over %s players: efficiency gap %.3g", n, estimate.efficiency_gap)
+        return estimate
 
 
 def _iter_all(n_players: int, chunk: int = 4096) -> Iterator[np.ndarray]:

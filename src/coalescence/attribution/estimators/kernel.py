@@ -91,7 +91,14 @@ from .base import (
 )
 from .exact import coalition_rows
 
-__all__ = ("MAX_PAIRS", "PAIR_CAP_FACTOR", "ROUNDING_ULPS", "KernelSHAP")
+__all__ = (
+    "MAX_PAIRS",
+    "PAIR_CAP_FACTOR",
+    "ROUNDING_ULPS",
+    "jackknife_t_stderr",
+    "KernelSHAP",
+    "size_probabilities",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -526,18 +533,17 @@ class KernelSHAP:
             values, _ = _kkt(a, b, total)
         else:
             values, stderr, diagnostics = self._fit_sampled(plan, u, v_empty, total, self.budget)
-        gap = float(values.sum() - total)
-        logger.debug("kernelshap over %s players: efficiency gap %.3g", n, gap)
-        return Estimate(
+        estimate = Estimate.from_values(
             method=self.name,
             values=values,
             stderr=stderr,
             v_empty=v_empty,
             v_full=v_full,
-            efficiency_gap=gap,
             n_evaluations=len(plan.keys),
             diagnostics=diagnostics,
         )
+        logger.debug("kernelshap over %s players: efficiency gap %.3g", n, estimate.efficiency_gap)
+        return estimate
 
     @staticmethod
     def _fit_sampled(

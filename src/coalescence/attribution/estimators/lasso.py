@@ -177,13 +177,12 @@ class LassoSurrogate:
             diagnostics = {"lds": math.nan}
         else:
             values, diagnostics = self._fit_surrogate(plan.rows, u)
-        return Estimate(
+        return Estimate.from_values(
             method=self.name,
             values=values,
             stderr=None,
             v_empty=v_empty,
             v_full=v_full,
-            efficiency_gap=float(values.sum() - (v_full - v_empty)),
             n_evaluations=len(plan.keys),
             diagnostics=diagnostics,
         )

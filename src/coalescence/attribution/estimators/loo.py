@@ -87,14 +87,6 @@ class LeaveOneOut:
         v_full, v_empty = float(u[0]), float(u[1])
         without = u[2:] if n > 1 else u[1:2]  # [n] v(N minus {i})
         values = v_full - without
-        gap = float(values.sum() - (v_full - v_empty))
-        logger.debug("leave-one-out over %s players: efficiency gap %.3g", n, gap)
-        return Estimate(
-            method=self.name,
-            values=values,
-            stderr=None,
-            v_empty=v_empty,
-            v_full=v_full,
-            efficiency_gap=gap,
-            n_evaluations=rows.shape[0],
-        )
+        estimate = Estimate.from_values(method=self.name, values=values, v_empty=v_empty, v_full=v_full, n_evaluations=rows.shape[0])
+        logger.debug("leave-one-out over %s players: efficiency gap %.3g", n, estimate.efficiency_gap)
+        return estimate

@@ -253,13 +253,12 @@ class RegressionMSR(KernelSHAP):
             "stderr_singular": float(singular),
             "efficiency_shift": float(shift),
         }
-        return Estimate(
+        return Estimate.from_values(
             method=self.name,
             values=values,
             stderr=stderr,
             v_empty=v_empty,
             v_full=v_full,
-            efficiency_gap=float(values.sum() - total),
             n_evaluations=len(plan.keys),
             diagnostics=diagnostics,
         )

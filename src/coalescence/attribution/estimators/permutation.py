@@ -262,13 +262,12 @@ class PermutationShapley:
             )
         v_empty = float(u[plan.index[0, 0, 0]])
         v_full = float(u[plan.index[0, 0, n]])
-        return Estimate(
+        return Estimate.from_values(
             method=self.name,
             values=values,
             stderr=stderr,
             v_empty=v_empty,
             v_full=v_full,
-            efficiency_gap=float(values.sum() - (v_full - v_empty)),
             n_evaluations=len(plan.keys),
             diagnostics={"stderr_dof": float(n_pairs - 1), "stderr_unknown": float(unknown)},
         )

@@ -47,7 +47,7 @@ import inspect
 import itertools
 import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -58,11 +58,13 @@ from .base import Capabilities, Estimate, check_budget_seed, check_interactions,
 __all__ = (
     "INTERACTION_INDICES",
     "PREFIX",
-    "ShapiqEstimator",
     "approximator_estimator",
     "approximator_names",
     "exact_interactions",
+    "external_shapiq",
+    "ExternalShapiq",
     "shapiq_version",
+    "ShapiqEstimator",
 )
 
 logger = logging.getLogger(__name__)
@@ -666,20 +668,16 @@ class ShapiqEstimator:
         _, values, interactions = self.runtime.run(self, n, shapiq_budget, lookup)
         empty, full = row_keys(np.stack([np.zeros(n, bool), np.ones(n, bool)]))
         v_empty, v_full = lookup[empty], lookup[full]
-        total = float(values.sum())
-        if self.index in EFFICIENT_INDICES:  # order-1 terms and interactions share v(N) - v(empty)
-            total += float(sum(v for _, v in interactions))
-        return Estimate(
+        return Estimate.from_values(
             method=self.name,
             values=values,
-            stderr=None,
             v_empty=v_empty,
             v_full=v_full,
-            efficiency_gap=total - (v_full - v_empty),
             n_evaluations=int(planned.shape[0]),
             diagnostics={"shapiq_budget": float(shapiq_budget)},
             interactions=interactions,
             interaction_index=self.index,
+            interactions_share_total=self.index in EFFICIENT_INDICES,  # order-1 terms and interactions share v(N) - v(empty)
         )
 
 

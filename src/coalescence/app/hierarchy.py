@@ -33,14 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..conversation import Conversation, ConversationSnapshot, DeclaredPlayer, Player, segment_players
+from ..conversation import Conversation, DeclaredPlayer, Player
+from ..snapshot import ConversationSnapshot
+from ..segmentation import segment_players
 from ..errors import ConfigError
-from .explanation import Explanation
+from ..attribution.explanation import Explanation
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import Engine
     from ..masking.policies import AbsencePolicy
-    from .estimators.base import Estimator
+    from ..attribution.estimators.base import Estimator
 
 __all__ = ("HierarchicalExplanation", "explain_hierarchical", "fine_snapshot", "parse_hierarchy")
 

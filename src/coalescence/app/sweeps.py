@@ -1,7 +1,7 @@
 """Benchmark sweeps: many estimators, budgets and seeds fitted from one coalition pool per conversation.
 
 A sweep (:class:`SweepRun`, the ``coalescence sweep`` command, :func:`coalescence.sweep`) is an
-explain run (:class:`~coalescence.runs.ExplainRun`) whose phases it reuses: the same input
+explain run (:class:`~coalescence.app.explain.ExplainRun`) whose phases it reuses: the same input
 checks, preflight (the tokenizer renders every coalition of every plan before any weights load),
 model loading, archive (created or resumed) and conversations in flight through one engine. What
 differs is what it fits:
@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, EstimatorError
-from .runs import ExplainRun, RunSettings, _closing
+from ..errors import ConfigError, EstimatorError
+from .explain import ExplainRun, closing_run
+from .settings import RunSettings
 
 __all__ = ("RESULT_SCHEMA", "Cell", "SweepResult", "SweepRun", "SweepSettings", "agreement", "summarize", "sweep_run")
 
@@ -105,7 +106,7 @@ class Cell:
 
     def estimator(self) -> Any:
         """The estimator of this cell."""
-        from .attribution.estimators import make_estimator
+        from ..attribution.estimators import make_estimator
 
         return make_estimator(self.method, budget=self.budget, seed=self.seed if self.seed is not None else 0)
 
@@ -160,7 +161,7 @@ class SweepSettings:
     run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
-        from .attribution.estimators import ESTIMATORS, estimator_class, is_method
+        from ..attribution.estimators import ESTIMATORS, estimator_class, is_method
 
         raw = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
         methods: list[str] = []
@@ -202,7 +203,7 @@ class SweepSettings:
 
     def cells(self) -> list[Cell]:
         """Every cell, methods in the given order, then budgets, then seeds."""
-        from .attribution.estimators import estimator_class
+        from ..attribution.estimators import estimator_class
 
         out: list[Cell] = []
         for method in self.methods:
@@ -295,7 +296,7 @@ def agreement(values: Sequence[float], exact: Sequence[float]) -> dict[str, floa
 
 
 class SweepRun(ExplainRun):
-    """A sweep, phase by phase: :class:`~coalescence.runs.ExplainRun`'s phases (check, preflight,
+    """A sweep, phase by phase: :class:`~coalescence.app.explain.ExplainRun`'s phases (check, preflight,
     load, open_archive, evaluate, close), with the sweep's plans and fits; :meth:`write` the table.
 
     Args:
@@ -341,7 +342,7 @@ class SweepRun(ExplainRun):
 
     def check_outputs(self) -> None:
         """The output directory: a directory (or nothing yet) in a writable place."""
-        from .runs import output_path
+        from .outputs import output_path
 
         directory = Path(self.sweep.out)
         if directory.exists() and not directory.is_dir():
@@ -372,8 +373,8 @@ class SweepRun(ExplainRun):
 
     async def _explain_one(self, k: int, snap: Any) -> list[dict[str, Any]]:
         """Evaluate the union of the cells' plans once, then fit every cell on its own plan."""
-        from .engine import counting_evaluations
-        from .masking.codec import PackedMask
+        from ..engine import counting_evaluations
+        from ..masking.codec import PackedMask
 
         engine, policy, n = self.engine, self.policy, snap.n_players
         jobs = []
@@ -450,7 +451,7 @@ class SweepRun(ExplainRun):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from .archive.layout import os_error
+        from ..archive.layout import os_error
 
         rows = self.table_rows(results)
         table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
@@ -540,5 +541,5 @@ def sweep_run(source: Any, settings: SweepSettings, *, backend: Any = None, prog
     run.preflight()
     run.load(progress=progress)
     run.open_archive()
-    results = _closing(run, lambda: anyio.run(run.evaluate))
+    results = closing_run(run, lambda: anyio.run(run.evaluate))
     return run.write(results)

@@ -1,0 +1,624 @@
+"""Explain runs: one code path under the CLI and the Python API.
+
+An explain run (:class:`ExplainRun`) goes through its phases in order; each is a method, so a caller
+(the CLI, :func:`explain_run`, the notebook API) can put its own output and signal handling around
+them:
+
+1. :meth:`~ExplainRun.check` the inputs and settings, nothing loaded (bad input refused here);
+2. :meth:`~ExplainRun.preflight`: the model's tokenizer and configuration, its content fingerprint,
+   and every coalition the plan needs rendered with its chat template (:mod:`coalescence.preflight`),
+   before any weights load;
+3. :meth:`~ExplainRun.load`: the weights (unless a backend is given), the snapshots (a missing
+   answer generated), their scored target tokens;
+4. :meth:`~ExplainRun.open_archive`: the run archive created, or resumed after its identity is
+   checked (nothing is written before this phase);
+5. :meth:`~ExplainRun.evaluate` (async): plan, evaluate, fit, for every input;
+6. :meth:`~ExplainRun.close` the archive with the run's status, then :meth:`~ExplainRun.write`
+   the ``--out`` and ``--html`` documents.
+
+A sweep (:class:`coalescence.app.sweeps.SweepRun`) is an explain run with other plans and fits: it
+overrides the hooks :meth:`~ExplainRun.player_limit`, :meth:`~ExplainRun.validate_game`,
+:meth:`~ExplainRun.plan`, :meth:`~ExplainRun.check_outputs`, :meth:`~ExplainRun.run_config` and
+the per-conversation steps of :meth:`~ExplainRun.evaluate`, and keeps every other phase.
+
+Errors name the settings by their names here (``budget``, ``archive``); the CLI maps them to its
+options (``--budget``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
+from .outputs import check_run_dir
+from .record import check_model_identity, check_same_date, run_record, same_measurement
+from .outputs import html_path, on_line, output_path
+from .ray_workers import ray_backend
+from .record import recorded_now
+from .settings import RunResult, RunSettings, interaction_settings
+
+__all__ = (
+    "PROVISIONAL_ANSWER",
+    "ExplainRun",
+    "closing_run",
+    "explain_run",
+    "explain_run_async",
+)
+
+
+PROVISIONAL_ANSWER = "\u2063answer\u2063"
+
+
+class ExplainRun:
+    """One explain run, phase by phase (module docs).
+
+    Args:
+        source: the input: a path (``.json``, or ``.jsonl`` with one input per line), an input
+            dict (any input form: messages, declared players, RAG), a list of messages, or a list of
+            input dicts (a dataset, as the lines of a JSONL file).
+        settings: the run's settings.
+        backend: a loaded backend to use (its tokenizer, context and fingerprint too) instead of
+            loading ``settings.model``.
+
+    Raises:
+        InputError, ConfigError: from :meth:`check`, which the constructor runs.
+    """
+
+    def __init__(self, source: Any, settings: RunSettings, *, backend: Any = None) -> None:
+        self.source = source
+        self.settings = settings
+        self.backend = backend
+        self.engine: Any = None
+        self.archive: Any = None
+        self.snapshots: list[Any] = []
+        self.fines: list[Any] = []
+        self.run_dir: Path | None = None
+        self.resumed_coalitions = 0
+        self.restored_conversations = 0
+        self._loaded: dict[str, Any] = {}
+        if backend is not None and settings.distributed:
+            raise ConfigError("a loaded backend runs in this process; drop workers/ray_address or the backend", field="workers")
+        self.check()
+
+    # -- 1. inputs and settings ---------------------------------------------------------------
+    def check(self) -> None:
+        """Read the inputs and check everything the settings and the inputs alone can reveal.
+
+        Raises:
+            InputError: bad input (naming the field, and the line of a JSONL batch).
+            ConfigError: bad settings; an output path that cannot be written.
+            EstimatorError: a game the method cannot run (e.g. exact on more than 16 players,
+                counted only up to 17).
+            ArchiveError: an archive that is not a run directory, is damaged, or holds a corrupt part.
+        """
+        from ..inputs import load_template, read_source
+        from ..segmentation import count_players
+
+        s = self.settings
+        self.conversations, self.is_batch = read_source(self.source, load_template(s.template))
+        self.policy = s.policy()
+        self.utility = s.utility_spec()
+        for k, conversation in enumerate(self.conversations):
+            if conversation.target is not None:  # a generated target is checked once it exists
+                on_line(k, self.is_batch, self.utility.locate, conversation.target)
+        # an estimator's player limit (exact: 16) stops the count early: a long text is refused
+        # after a few sentences, not after segmenting all of it
+        at_most = self.player_limit()
+        self.units: list[str] = []
+        for k, conversation in enumerate(self.conversations):
+            unit = s.hierarchy[0] if s.hierarchy else s.unit or ("document" if conversation.declared else "turn")
+            self.units.append(unit)
+            n_players = on_line(k, self.is_batch, lambda c=conversation, u=unit: count_players(c, unit=u, roles=s.roles, at_most=at_most))
+            if at_most is not None and n_players > at_most:
+                raise EstimatorError(
+                    f"{f'input line {k + 1}: ' if self.is_batch else ''}--unit {unit} gives at least {n_players} players "
+                    f"(counting stopped there), and --method {s.method} allows at most {at_most}; use a coarser "
+                    "--unit, or --method regression-msr with --budget N, or --method loo",
+                    field="method",
+                )
+            self.validate_game(n_players)
+        self.check_outputs()
+        if isinstance(s.archive, (str, Path)):
+            self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
+        self.now = self.pinned_now()
+
+    def pinned_now(self) -> datetime:
+        """The instant chat templates that write the date render in this run: the one the archive's
+        last run recorded (``template_now``) when the archive is resumed (no ``new_run``), else
+        :func:`~coalescence.masking.render.template_now` (the clock, or ``COALESCENCE_TODAY``).
+
+        Raises:
+            ArchiveError: the recorded instant is not an ISO datetime (an edited manifest).
+            ConfigError: ``COALESCENCE_TODAY`` is not an ISO date.
+        """
+        from ..archive.reader import read_manifest
+        from ..masking.render import template_now
+
+        if self.run_dir is not None and not self.settings.new_run and (self.run_dir / "manifest.json").is_file():
+            runs = read_manifest(self.run_dir).get("runs") or []
+            recorded = [r.get("template_now") for r in runs if r.get("template_now") is not None]
+            if recorded:
+                return recorded_now(self.run_dir, recorded[-1])
+        return template_now()
+
+    # the parts a run of another kind (a sweep, :mod:`coalescence.app.sweeps`) changes -------------------
+    def player_limit(self) -> int | None:
+        """The most players an input may have (the method's limit, e.g. exact: 16), or ``None``."""
+        from ..attribution.estimators import estimator_class
+
+        return estimator_class(self.settings.method).capabilities.max_players
+
+    def validate_game(self, n_players: int) -> None:
+        """Refuse a game of ``n_players`` the run's estimator cannot play (before any model call).
+
+        Raises:
+            EstimatorError, ConfigError: as the estimator's ``validate``.
+        """
+        self.settings.estimator(n_players).validate(n_players)
+
+    def plan(self, n_players: int) -> Iterable[np.ndarray]:
+        """Every coalition the run evaluates for a game of ``n_players`` (rendered by :meth:`preflight`)."""
+        return self.settings.estimator(n_players).plan(n_players)
+
+    def check_outputs(self) -> None:
+        """Check the output files' paths (``out``, ``html``) before any work."""
+        self.out_path = output_path(self.settings.out, "out")
+        self.html_path = html_path(self.settings.html, "html")
+
+    def run_config(self) -> dict[str, Any]:
+        """What the run fits, as the manifest's ``run_config`` records it."""
+        s = self.settings
+        config: dict[str, Any] = {
+            "command": "explain",
+            "method": s.method,
+            "budget": s.budget_for(self.snapshots[0].n_players),
+            "seed": s.seed,
+        }
+        if s.interactions is not None:
+            config["interactions"] = {"order": s.interactions, "index": interaction_settings(s.method, s.interactions, s.index)[1]}
+        if s.hierarchy is not None:
+            config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
+        return config
+
+    # -- 2. what the tokenizer and template reveal, no weights --------------------------------------
+    def preflight(self) -> None:
+        """Load the tokenizer and configuration (or take the backend's), fingerprint the model,
+        refuse a changed model for a resume, and render every coalition the plans need.
+
+        Raises:
+            TemplateRefused: the chat template refuses a coalition or changes the answer.
+            InputError: a conversation or coalition longer than the context; a span that covers
+                no answer token.
+            ArchiveError: the archive's runs used other model content (without ``new_run``).
+            BackendUnavailable: the model cannot be found.
+        """
+        from ..masking.render import ChatRenderer
+
+        s = self.settings
+        if self.backend is not None:
+            tokenizer = self.backend.tokenizer
+            max_context = int(self.backend.max_context)
+            identity = {
+                "id": self.backend.model_id,
+                "revision": self.backend.revision,
+                "dtype": self.backend.dtype,
+                "sha256": str(self.backend.fingerprint or ""),
+            }
+        else:
+            from ..backends.registry import load_config, load_tokenizer, model_context, model_fingerprint, resolve_model
+
+            source = resolve_model(s.model)
+            tokenizer = load_tokenizer(source)
+            config = load_config(source)
+            max_context = model_context(config, tokenizer)
+            fingerprint = model_fingerprint(source)
+            identity = {"id": source.model_id, "revision": source.revision, "dtype": s.dtype, "sha256": fingerprint}
+            self._loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
+        self.max_context = max_context
+        renderer = ChatRenderer(tokenizer, now=self.now)
+        if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
+            identity["template_now"] = renderer.now.isoformat()
+        check_model_identity(self.run_dir, identity, new_run=s.new_run)
+        for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
+            on_line(k, self.is_batch, self._check_game, renderer, conversation, unit)
+
+
+    def _check_game(self, renderer: Any, conversation: Any, unit: str) -> None:
+        """One input's game, with the tokenizer alone (see :mod:`coalescence.preflight`)."""
+        from .hierarchy import fine_snapshot
+        from ..snapshot import ConversationSnapshot
+        from ..preflight import check_game
+
+        s = self.settings
+        provisional = conversation.target is None
+        if provisional:  # the answer is generated later; its prompts must render now
+            conversation = conversation.with_target(PROVISIONAL_ANSWER, source="generated")
+        snapshot = ConversationSnapshot.build(conversation, unit=unit, roles=s.roles)
+        plan = self.plan(snapshot.n_players)
+        report = check_game(
+            renderer,
+            snapshot,
+            self.policy,
+            plan,
+            max_context=self.max_context,
+            teacher_forced=self.utility.teacher_forced and not provisional,
+            provisional=provisional,
+        )
+        if report.target is not None:
+            self.utility.resolve(snapshot.target, report.target.offsets)  # a span that covers no token
+        if s.hierarchy is not None and not provisional:
+            fine, _ = fine_snapshot(snapshot, s.hierarchy[1])
+            check_game(renderer, fine, self.policy, None, max_context=self.max_context, teacher_forced=self.utility.teacher_forced)
+
+    # -- 3. the model, snapshots and targets ---------------------------------------------------------
+    def load(self, *, progress: Any = None, loader: Callable[..., Any] | None = None) -> Any:
+        """Load the weights (unless a backend was given), make the engine, the snapshots and their
+        target tokens; a missing answer is generated (greedily) and its game checked again.
+
+        Args:
+            progress: the engine's progress callbacks (e.g. a tqdm bar).
+            loader: loads the weights: ``loader(source, tokenizer=, config=, fingerprint=)``
+                (default: :func:`~coalescence.backends.registry.load_backend` with the settings'
+                backend, device, dtype and batch size); the CLI passes its own, which prints.
+
+        Returns:
+            The :class:`~coalescence.engine.Engine`.
+        """
+        from ..engine import Engine
+
+        s = self.settings
+        owned = self.backend is None  # loaded here: a backend that owns processes ends with the run
+        if owned:
+            if loader is None or s.distributed:
+                loader = self.default_loader
+            self.backend = loader(
+                self._loaded["source"],
+                tokenizer=self._loaded["tokenizer"],
+                config=self._loaded["config"],
+                fingerprint=self._loaded["fingerprint"],
+            )
+        try:
+            self.engine = Engine(self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility, now=self.now)
+            self._snapshots()
+        except BaseException:
+            if owned and self.backend.shutdown_with_engine:  # e.g. the Ray workers this run started
+                self.backend.shutdown()
+            raise
+        return self.engine
+
+    def _snapshots(self) -> None:
+        """The snapshots (a missing answer generated) and their targets and utilities, checked."""
+        from .hierarchy import fine_snapshot
+
+        s = self.settings
+        for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
+            snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
+            self.validate_game(snapshot.n_players)
+            if conversation.target is None:  # checked with a stand-in answer before; now with the real one
+                on_line(k, self.is_batch, self._check_game, self.engine.renderer, snapshot.conversation, unit)
+            self.snapshots.append(snapshot)
+            if s.hierarchy is not None:
+                self.fines.append(fine_snapshot(snapshot, s.hierarchy[1]))
+        for k, snap in enumerate(self.snapshots):
+            on_line(k, self.is_batch, self.engine.resolved_utility, snap, self.policy)
+        for snap in self.recorded:
+            self.engine.resolved_utility(snap, self.policy)
+
+    def default_loader(self, source: Any, **preloaded: Any) -> Any:
+        """Load ``source`` with the settings' backend, device, dtype and batch size: in this
+        process, or in Ray workers (:func:`~coalescence.distributed.start_ray_backend`; the
+        driver keeps the tokenizer and loads no weights)."""
+        from ..backends.registry import load_backend
+
+        s = self.settings
+        if s.distributed:
+            return ray_backend(s, source, **preloaded)
+        return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
+
+    @property
+    def recorded(self) -> list[Any]:
+        """Every snapshot the archive records: the inputs', then a hierarchy's fine ones."""
+        return self.snapshots + [f for f, _ in self.fines]
+
+    # -- 4. the archive --------------------------------------------------------------------------------
+    def description(self) -> dict[str, Any]:
+        """The run's record in the archive manifest (:func:`~coalescence.app.record.run_record`)."""
+        return run_record(self)
+
+
+    def open_archive(self) -> Any:
+        """Create the run archive, or resume the run it holds after checking its identity; attach
+        it to the engine (its coalitions are then served with no model call).
+
+        Returns:
+            The :class:`~coalescence.archive.writer.RunArchive`, or ``None`` (no archive).
+
+        Raises:
+            ArchiveError: the archive holds another run (naming the differences), is locked by
+                another writer, or cannot be written.
+        """
+        from ..archive.writer import RunArchive
+
+        s = self.settings
+        if s.archive is None or s.archive is False:
+            return None
+        if self.run_dir is None:
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            self.run_dir = Path("runs") / f"{stamp}-{self.snapshots[0].snapshot_id[:12]}"
+        description = self.description()
+        check_same_date(self.run_dir, description, self.now)
+        try:
+            archive = RunArchive.open(
+                self.run_dir,
+                description,
+                new_run=s.new_run,
+                skip_corrupt=s.skip_corrupt,
+                flush_rows=s.flush_rows,
+                flush_seconds=s.flush_seconds,
+            )
+        except ArchiveError as exc:
+            if "utility:" in exc.message and not s.new_run and same_measurement(self.run_dir, self.utility):
+                raise ArchiveError(
+                    exc.message + f". For another utility of the same answer, `coalescence replay {self.run_dir} --method "
+                    f"{s.method} --utility ...` (or --target-span/--target-substring) needs no model, and "
+                    "--new-run evaluates only what the archived measurements do not cover",
+                    field=exc.field,
+                ) from None
+            raise
+        self.archive = archive
+        self.resumed_coalitions = self.engine.attach_archive(archive) if archive.resumed else 0
+        if not archive.resumed:
+            self.engine.attach_archive(archive)
+        return archive
+
+
+
+    # -- 5. the run ------------------------------------------------------------------------------------
+    async def evaluate(self) -> list[Any]:
+        """Plan, evaluate and fit every input (async: the engine's event loop).
+
+        Up to ``max_conversations_in_flight`` conversations are evaluated at once through the one
+        engine (their coalitions share batches; each value is what a one-at-a-time run gives, up
+        to float rounding). A conversation an earlier session of a resumed run finished, with the
+        same method, budget, seed and target standard error, is restored from the archive, not
+        planned again.
+
+        Returns:
+            One explanation per input, in input order (hierarchical for a hierarchy run).
+
+        Raises:
+            BatchFailed: a model call failed.
+        """
+        import anyio
+
+        results: list[Any] = [None] * len(self.snapshots)
+        todo = []
+        for k, snap in enumerate(self.snapshots):
+            restored = self._restored(snap)
+            if restored is not None:
+                results[k] = restored
+            else:
+                todo.append((k, snap))
+        self.restored_conversations = len(self.snapshots) - len(todo)
+        pending = iter(todo)
+
+        async def worker() -> None:
+            for k, snap in pending:  # shared: each worker takes the next conversation
+                results[k] = await self._explain_one(k, snap)
+                self._record(snap, results[k])
+
+        width = max(1, min(self.settings.max_conversations_in_flight, len(todo)))
+        if width == 1:
+            await worker()
+            return results
+        try:
+            async with anyio.create_task_group() as tg:
+                for _ in range(width):
+                    tg.start_soon(worker)
+        except BaseExceptionGroup as group:  # one conversation's error stops the others: raise it as it is
+            raise _first_error(group) from None
+        return results
+
+    async def _explain_one(self, k: int, snap: Any) -> Any:
+        from .hierarchy import explain_hierarchical
+
+        s, engine, policy = self.settings, self.engine, self.policy
+        if s.target_stderr is not None:
+            return await engine.explain_until(
+                snap, s.method, policy, budget=s.budget_for(snap.n_players), target_stderr=s.target_stderr, seed=s.seed
+            )
+        if s.hierarchy is None:
+            return await engine.explain(snap, s.estimator(snap.n_players), policy)
+        fine, parents = self.fines[k]
+        return await explain_hierarchical(
+            engine, snap, fine, parents, estimator_for=s.estimator, policy=policy, top_k=s.top_k_or_default
+        )
+
+    def _result_key(self, snap: Any) -> str:
+        import json
+
+        s = self.settings
+        fit = {"method": s.method, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
+        if s.interactions is not None:
+            fit["interactions"] = [s.interactions, s.index]
+        return json.dumps({"snapshot_id": snap.snapshot_id, "fit": fit}, sort_keys=True)
+
+    def _restored(self, snap: Any) -> Any:
+        """The explanation of ``snap`` an earlier session finished, or ``None``."""
+        from ..attribution.explanation import Explanation
+
+        if self.archive is None or self.settings.hierarchy is not None:
+            return None
+        document = self.archive.results.get(self._result_key(snap))
+        if document is None:
+            return None
+        try:
+            return Explanation.from_dict(document, snap, notes=("restored from the archive: finished in an earlier session of this run",))
+        except InputError:
+            return None  # not restorable: evaluated again (its coalitions are in the archive)
+
+    def _record(self, snap: Any, explanation: Any) -> None:
+        """Record a finished conversation's explanation for a resume (hierarchies are not)."""
+        if self.archive is not None and self.settings.hierarchy is None and len(self.snapshots) > 1:
+            self.archive.record_result(self._result_key(snap), explanation.to_dict())
+
+    # -- 6. close and write ------------------------------------------------------------------------------
+    def close(self, status: str) -> None:
+        """Close the engine and its archive, recording ``status`` (``complete``, ``interrupted``,
+        ``failed``).
+
+        Raises:
+            ArchiveError: the archive's last part or manifest cannot be written.
+        """
+        if self.engine is not None:
+            self.engine.close(status=status)
+
+    def document(self, explanations: Sequence[Any]) -> dict[str, Any]:
+        """The ``--out`` document: one explanation's, or ``{"archive", "explanations"}`` for a batch."""
+        where = {"archive": str(self.run_dir)} if self.archive is not None else {}
+        documents = [e.to_dict() | where for e in explanations]
+        if self.is_batch:
+            return {"archive": str(self.run_dir) if self.archive is not None else None, "explanations": documents}
+        return documents[0]
+
+    def write(self, explanations: Sequence[Any]) -> dict[str, Any]:
+        """Write the ``out`` document and the ``html`` report (each atomically) when asked for.
+
+        Returns:
+            The ``--out`` document.
+
+        Raises:
+            ArchiveWriteError, ArchiveError: a file cannot be written.
+        """
+        payload = self.write_out(explanations)
+        self.write_html(payload)
+        return payload
+
+    def write_out(self, explanations: Sequence[Any]) -> dict[str, Any]:
+        """Write the ``out`` document (atomically) when asked for; returns it.
+
+        Raises:
+            ArchiveWriteError, ArchiveError: the file cannot be written.
+        """
+        from ..archive.writer import write_json_atomic
+
+        payload = self.document(explanations)
+        if self.out_path is not None:
+            write_json_atomic(self.out_path, payload, field="out")
+        return payload
+
+    def write_html(self, payload: dict[str, Any]) -> None:
+        """Draw and write the ``html`` report of ``payload`` (the ``--out`` document) when asked for.
+
+        The run's results are written by then: any failure here, drawing or writing, is a
+        :class:`~coalescence.errors.ReportError`, never taken for a failure of the run.
+
+        Raises:
+            ReportError: the page cannot be drawn or written (the message says why and how to make
+                it again from the archive).
+        """
+        if self.html_path is None:
+            return
+        from ..report import render_report, write_report
+
+        again = f"; the results are kept: make it again with `coalescence report {self.run_dir} -o PATH`" if self.archive is not None else ""
+        try:
+            write_report(self.html_path, render_report(payload), field="html")
+        except CoalescenceError as exc:
+            raise ReportError(f"the HTML report was not written: {exc.message}{again}", field="html") from exc
+        except Exception as exc:  # a drawing library's failure must not read as the run's
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ReportError(f"the HTML report could not be drawn ({type(exc).__name__}: {first}){again}", field="html") from exc
+
+    def result(self, explanations: Sequence[Any], payload: dict[str, Any]) -> RunResult:
+        """The run's :class:`RunResult`."""
+        return RunResult(
+            explanations=tuple(explanations),
+            snapshots=tuple(self.snapshots),
+            run_dir=self.run_dir if self.archive is not None else None,
+            is_batch=self.is_batch,
+            document=payload,
+            resumed_coalitions=self.resumed_coalitions,
+        )
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first error of a task group's, depth first, that is not the cancellation it caused."""
+    import anyio
+
+    cancelled = anyio.get_cancelled_exc_class()
+    for exc in group.exceptions:
+        found = _first_error(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if not isinstance(found, cancelled):
+            return found
+    return group.exceptions[0]
+
+
+def explain_run(source: Any, settings: RunSettings, *, backend: Any = None, progress: Any = None) -> RunResult:
+    """Every phase of an explain run, synchronously (its own event loop).
+
+    Args:
+        source: a path, an input dict or a list of messages (see :class:`ExplainRun`).
+        settings: the run's settings.
+        backend: a loaded backend (else ``settings.model`` is loaded).
+        progress: progress callbacks.
+
+    Returns:
+        The :class:`RunResult`.
+
+    Raises:
+        CoalescenceError: as the phases raise; the archive is closed with status ``failed`` (or
+            ``interrupted`` on a KeyboardInterrupt) before the error propagates.
+    """
+    import anyio
+
+    run = ExplainRun(source, settings, backend=backend)
+    run.preflight()
+    run.load(progress=progress)
+    run.open_archive()
+    explanations = closing_run(run, lambda: anyio.run(run.evaluate))
+    return run.result(explanations, run.write(explanations))
+
+
+async def explain_run_async(source: Any, settings: RunSettings, *, backend: Any = None, progress: Any = None) -> RunResult:
+    """:func:`explain_run` for code already in an event loop (asyncio or trio): the blocking
+    phases (tokenizer, weights, archive) run in a worker thread, the evaluation in the caller's loop."""
+    import anyio
+
+    def prepare() -> ExplainRun:
+        run = ExplainRun(source, settings, backend=backend)
+        run.preflight()
+        run.load(progress=progress)
+        run.open_archive()
+        return run
+
+    run = await anyio.to_thread.run_sync(prepare)
+    status = "interrupted"
+    try:
+        explanations = await run.evaluate()
+        status = "complete"
+    except CoalescenceError:
+        status = "failed"
+        raise
+    finally:
+        await anyio.to_thread.run_sync(run.close, status)
+    payload = await anyio.to_thread.run_sync(run.write, explanations)
+    return run.result(explanations, payload)
+
+
+def closing_run(run: ExplainRun, evaluate: Callable[[], list[Any]]) -> list[Any]:
+    status = "interrupted"
+    try:
+        explanations = evaluate()
+        status = "complete"
+        return explanations
+    except CoalescenceError:
+        status = "failed"
+        raise
+    finally:
+        run.close(status)

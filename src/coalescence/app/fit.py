@@ -1,0 +1,344 @@
+"""Fits from a run archive with no model: :class:`ArchiveFit` fits estimators on one run's
+archived coalitions (replay, and the report of a run directory through :func:`fit_archive`).
+
+Errors name the settings by their names here (``budget``, ``archive``); the CLI maps them to its
+options (``--budget``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
+from .settings import recorded_run_config, recorded_budget, recorded_interactions, recorded_seed
+
+__all__ = (
+    "ArchiveFit",
+    "fit_archive",
+    "select_run",
+)
+
+
+class ArchiveFit:
+    """Fits estimators on one run's archived coalitions, with no model (replay and the report).
+
+    Args:
+        run_dir: the run directory.
+        run: the run's manifest record.
+        records: the manifest's snapshot records by id.
+        utility: the utility replayed (default: the run's).
+        skip_corrupt: skip unreadable parts instead of refusing.
+
+    Raises:
+        ArchiveError: the run's utility cannot be replayed by this version; a part is corrupt.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        run: Mapping[str, Any],
+        records: Mapping[str, Any],
+        *,
+        utility: Any = None,
+        skip_corrupt: bool = False,
+        rows: Any = None,
+    ) -> None:
+        from ..archive.reader import read_rows
+        from ..engine import fill_measurements, fill_store
+        from ..masking.policies import get_policy
+        from ..scheduler.store import ResultStore
+        from ..utility import UtilitySpec
+
+        self.run_dir = Path(run_dir)
+        self.run = dict(run)
+        self.records = dict(records)
+        if utility is None:
+            try:
+                utility = UtilitySpec.from_dict(run.get("utility") or {})
+            except (CoalescenceError, TypeError, ValueError) as exc:
+                raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot replay", field="archive") from exc
+        self.utility = utility
+        self.policy = get_policy(run["absence_policy"]["id"], **run["absence_policy"]["params"])
+        self.store = ResultStore()
+        self.measurements: dict[str, Any] = {}
+        rows = rows if rows is not None else read_rows(self.run_dir, skip_corrupt=skip_corrupt)
+        fill_store(self.store, rows)
+        fill_measurements(self.measurements, rows)
+
+    def resolved(self, snap: Any) -> Any:
+        """The utility fixed for ``snap``'s answer from the recorded token offsets.
+
+        Raises:
+            ArchiveError: a sub-span asked of an archive that predates recorded offsets.
+        """
+        offsets = (self.run.get("target_token_offsets") or {}).get(snap.snapshot_id)
+        if offsets is None:
+            n = len((self.run.get("target_token_ids") or {}).get(snap.snapshot_id, []))
+            if self.utility.span is not None or self.utility.substring is not None:
+                raise ArchiveError(
+                    "this archive does not record the target tokens' characters (it predates answer "
+                    f"sub-spans); replay it with `--model {self.run['model']['id']}` to align the span with the tokenizer",
+                    field="archive",
+                )
+            offsets = [(0, 0)] * n
+        return self.utility.resolve(snap.target, [tuple(o) for o in offsets])
+
+    def missing(self, snap: Any, rows: Iterable[np.ndarray]) -> int:
+        """How many distinct coalitions of ``rows`` the archive lacks under the utility."""
+        from ..engine import pool_from_store
+
+        return pool_from_store(
+            self.store, snap, self.policy, self.run["model"], rows, utility=self.resolved(snap), measurements=self.measurements
+        )[2]
+
+    def pool(self, snap: Any, rows: Iterable[np.ndarray], resolved: Any, method: str) -> tuple[np.ndarray, np.ndarray]:
+        """The archived utilities of ``rows``.
+
+        Raises:
+            EstimatorError: the archive lacks some (naming the replay command that evaluates them).
+        """
+        from ..engine import pool_from_store
+
+        masks, utilities, missing = pool_from_store(
+            self.store, snap, self.policy, self.run["model"], rows, utility=resolved, measurements=self.measurements
+        )
+        if missing:
+            raise EstimatorError(
+                f"the archive lacks {missing} of the coalitions {method} plans for snapshot {snap.snapshot_id[:12]} "
+                f"under utility {self.utility.kind}; evaluate them with `coalescence replay {self.run_dir} "
+                f"--method {method} --model {self.run['model']['id']}` (same --budget and --seed)",
+                field="method",
+            )
+        return masks, utilities
+
+    def answer_tokens(self, snap: Any, resolved: Any, full: np.ndarray, empty: np.ndarray) -> Any:
+        """The answer's tokens with their log-probabilities in the full and the empty coalition
+        (from the archived per-token scores), or ``None`` when they are not archived."""
+        from ..attribution.explanation import answer_tokens
+        from ..engine import key_for
+        from ..masking.codec import PackedMask
+
+        offsets = (self.run.get("target_token_offsets") or {}).get(snap.snapshot_id)
+        if not resolved.spec.teacher_forced or offsets is None:
+            return None
+        ekey = resolved.evaluation_utility()
+        measured = [
+            self.measurements.get(key_for(snap, self.policy, self.run["model"], PackedMask.from_bools(r), utility=ekey))
+            for r in (full, empty)
+        ]
+        if any(m is None or isinstance(m, tuple) or len(m) != len(offsets) for m in measured):
+            return None
+        rendering = (self.run.get("answer_rendering") or {}).get(snap.snapshot_id) or {}
+        return answer_tokens(
+            snap.target, [tuple(o) for o in offsets], measured[0], measured[1],
+            lead=str(rendering.get("lead") or ""), tail=str(rendering.get("tail") or ""),
+        )  # fmt: skip
+
+    def notes(self, snap: Any, resolved: Any) -> tuple[str, ...]:
+        """The notes of a replayed explanation: the utility's, the template's default system
+        prompt, and where the values came from."""
+        record = self.records.get(snap.snapshot_id) or {}
+        notes = tuple(resolved.notes())
+        when = record.get("default_system_in_play")
+        if isinstance(when, str) and when != "never":
+            notes += (f"the chat template injects its own default system prompt ({when})",)
+        target_notes = (self.run.get("target_notes") or {}).get(snap.snapshot_id)
+        if isinstance(target_notes, list):
+            notes += tuple(str(n) for n in target_notes)
+        now = self.run.get("template_now")
+        if self.run.get("template_renders_date") is True and isinstance(now, str):
+            notes += (f"the template renders a date: pinned to {now[:10]}",)
+        executed = (self.run.get("statistics") or {}).get("executed")
+        run_note = f"replayed from run {self.run['run_id']} of the archive: no model call"
+        if isinstance(executed, int) and not isinstance(executed, bool):
+            run_note += f"; the run evaluated {executed} coalitions with the model"
+        return (*notes, run_note)
+
+    def explain(
+        self, snap: Any, method: str, budget: int | None, seed: int, *, interactions: int | None = None, index: str | None = None
+    ) -> Any:
+        """Fit ``method`` on ``snap`` from the archive (with interactions of orders 2..``interactions``
+        of ``index`` when given).
+
+        Raises:
+            EstimatorError: the archive lacks coalitions of the plan.
+        """
+        from ..attribution.estimators import make_estimator
+
+        t0 = time.perf_counter()
+        estimator = make_estimator(method, budget=budget, seed=seed, interactions=interactions, index=index)
+        estimator.validate(snap.n_players)
+        resolved = self.resolved(snap)
+        masks, utilities = self.pool(snap, estimator.plan(snap.n_players), resolved, method)
+        n = snap.n_players
+        tokens = self.answer_tokens(snap, resolved, np.ones(n, dtype=bool), np.zeros(n, dtype=bool))
+        return self._explanation(snap, estimator.fit(masks, utilities), resolved, t0, self.notes(snap, resolved), tokens)
+
+    def _explanation(self, snap: Any, estimate: Any, resolved: Any, t0: float, notes: tuple[str, ...], tokens: Any) -> Any:
+        from ..attribution.explanation import Explanation
+        from ..engine import utility_detail
+
+        return Explanation(
+            snapshot=snap,
+            estimate=estimate,
+            model_id=self.run["model"]["id"],
+            model_revision=self.run["model"]["revision"],
+            absence_policy=self.policy.id,
+            absence_params=self.policy.params(),
+            utility=self.utility.kind,
+            utility_unit=self.utility.unit,
+            utility_detail=utility_detail(resolved),
+            utility_description=resolved.describe(),
+            target_token_count=len((self.run.get("target_token_ids") or {}).get(snap.snapshot_id, [])),
+            n_evaluations=0,
+            wall_seconds=time.perf_counter() - t0,
+            notes=(*notes, *estimate.notes),
+            answer_tokens=tokens,
+        )
+
+    def hierarchical(
+        self, coarse_snap: Any, coarse: Any, hierarchy: Mapping[str, Any], method: str, budget_for: Any, seed: int, ids: list[str]
+    ) -> Any:
+        """Both levels of a hierarchy run, as :func:`~coalescence.app.hierarchy.explain_hierarchical`
+        computed them, from the archive (the fine game: the top-k coarse players' fine players,
+        every other fine player present).
+
+        Returns:
+            A :class:`~coalescence.app.hierarchy.HierarchicalExplanation`.
+        """
+        from ..attribution.estimators import make_estimator
+        from .hierarchy import HierarchicalExplanation, fine_snapshot
+        from ..snapshot import ConversationSnapshot
+
+        units = hierarchy.get("units") or []
+        top_k = hierarchy.get("top_k")
+        if not (isinstance(units, list) and len(units) == 2 and isinstance(top_k, int) and not isinstance(top_k, bool)):
+            raise ArchiveError(f"run {self.run['run_id']}: run_config.hierarchy must be {{units: [coarse, fine], top_k}}", field="archive")
+        fine, parents = fine_snapshot(coarse_snap, units[1])
+        if fine.snapshot_id not in ids:
+            raise ArchiveError(f"run {self.run['run_id']} does not hold the fine snapshot of {coarse_snap.snapshot_id[:12]}", field="archive")
+        values = coarse.values
+        order = sorted(range(coarse_snap.n_players), key=lambda i: (-abs(float(values[i])), i))
+        refined = tuple(order[: min(int(top_k), coarse_snap.n_players)])
+        sel = np.array([k for k, parent in enumerate(parents) if parent in set(refined)], dtype=np.intp)
+        result = HierarchicalExplanation(coarse=coarse, fine=None, fine_snapshot=fine, refined=refined, top_k=int(top_k))
+        if sel.size:
+            t0 = time.perf_counter()
+            estimator = make_estimator(method, budget=budget_for(int(sel.size)), seed=seed)
+            estimator.validate(int(sel.size))
+
+            def lifted(plan: Any) -> Any:
+                for row in plan:
+                    full = np.ones(fine.n_players, dtype=bool)
+                    full[sel] = row
+                    yield full
+
+            resolved = self.resolved(fine)
+            masks, utilities = self.pool(fine, lifted(estimator.plan(int(sel.size))), resolved, method)
+            empty = np.ones(fine.n_players, dtype=bool)
+            empty[sel] = False
+            tokens = self.answer_tokens(fine, resolved, np.ones(fine.n_players, dtype=bool), empty)
+            view = ConversationSnapshot(
+                conversation=fine.conversation,
+                unit=fine.unit,
+                players=tuple(replace(fine.players[int(k)], index=j) for j, k in enumerate(sel)),
+            )
+            others = fine.n_players - int(sel.size)
+            note = (
+                f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; "
+                f"{'the other one is' if others == 1 else f'the other {others} are'} held present"
+            )
+            fine_explanation = self._explanation(
+                view, estimator.fit(masks[:, sel], utilities), resolved, t0, (*coarse.notes, note), tokens
+            )
+            result = replace(result, fine=fine_explanation)
+        return result
+
+
+def select_run(manifest: Mapping[str, Any], run_id: str | None) -> dict[str, Any]:
+    runs = manifest.get("runs") or []
+    if not runs:
+        raise ArchiveError("the archive records no run", field="archive")
+    run = next((r for r in runs if r["run_id"] == run_id), None) if run_id else runs[-1]
+    if run is None:
+        raise ConfigError(f"no run {run_id!r}; the archive has {[r['run_id'] for r in runs]}", field="run")
+    return run
+
+
+def fit_archive(
+    run_dir: str | Path,
+    *,
+    methods: Sequence[str] | None = None,
+    budget: int | None = None,
+    seed: int | None = None,
+    run_id: str | None = None,
+) -> dict[str, Any]:
+    """Fit estimators from the coalitions a run archive holds, with no model (the report's source).
+
+    Every snapshot of the run is fitted with every method; a hierarchy run is fitted level by level
+    (the coarse values choose the refined players, as the run did). The run's utility is used as
+    recorded.
+
+    Args:
+        run_dir: the run directory.
+        methods: estimator names (default: the run's method).
+        budget: sampling budget (default: the run's, for a run of one input with that method; else
+            32 x players).
+        seed: plan seed (default: the run's).
+        run_id: the run (default: the last).
+
+    Returns:
+        A replay-form document ``{"run_dir", "run_id", "explanations": [...]}``.
+
+    Raises:
+        ArchiveError: a damaged or foreign archive, or a run that cannot be replayed.
+        ConfigError: an unknown method, or no method given for a run that records none.
+        EstimatorError: the archive lacks coalitions a plan needs.
+    """
+    from ..archive.manifest import check_replayable, read_manifest
+    from ..attribution.estimators import ESTIMATORS, is_method
+    from ..snapshot import ConversationSnapshot
+
+    manifest = read_manifest(run_dir)
+    run = select_run(manifest, run_id)
+    check_replayable(run_dir, manifest, run)
+    config = recorded_run_config(run)
+    if not methods:
+        if not is_method(config.get("method")):
+            raise ConfigError(f"run {run['run_id']} does not record its method; give one of {','.join(ESTIMATORS)}", field="method")
+        methods = [config["method"]]
+    unknown = [m for m in methods if not is_method(m)]
+    if unknown:
+        raise ConfigError(f"unknown method {unknown[0]!r}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="method")
+    fit = ArchiveFit(run_dir, run, {s["snapshot_id"]: s for s in manifest["snapshots"]})
+    seed = seed if seed is not None else recorded_seed(run)
+    hierarchy = config.get("hierarchy") if isinstance(config.get("hierarchy"), Mapping) else None
+    ids = list(run["snapshot_ids"])
+    n_inputs = len(ids) // 2 if hierarchy else len(ids)
+    try:
+        snapshots = [ConversationSnapshot.from_dict(fit.records[i]) for i in ids[:n_inputs]]
+    except InputError as exc:
+        raise ArchiveError(f"run {run['run_id']}: {exc.message}", field="archive") from exc
+    explanations: list[dict[str, Any]] = []
+    for snap in snapshots:
+        for method in methods:
+
+            def budget_for(n: int, method: str = method) -> int:
+                if budget is not None:
+                    return budget
+                recorded = recorded_budget(run, method)
+                return recorded if recorded is not None else 32 * n
+
+            order, index = recorded_interactions(run, method)
+            coarse = fit.explain(snap, method, budget_for(snap.n_players), seed, interactions=order, index=index)
+            if hierarchy is None:
+                explanations.append(coarse.to_dict() | {"archive": str(run_dir)})
+            else:
+                explanations.append(fit.hierarchical(snap, coarse, hierarchy, method, budget_for, seed, ids).to_dict() | {"archive": str(run_dir)})
+    return {"run_dir": str(run_dir), "run_id": run["run_id"], "explanations": explanations}

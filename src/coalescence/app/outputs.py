@@ -1,0 +1,99 @@
+"""Output paths checked before any work: ``--out``, ``--html`` and ``--archive`` (a writable place,
+a report's optional packages present, an archive that reads), and per-line errors of a batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+from ..errors import ConfigError, InputError
+
+__all__ = (
+    "check_run_dir",
+    "check_writable_parent",
+    "html_path",
+    "on_line",
+    "output_path",
+)
+
+
+def check_writable_parent(path: Path, name: str) -> None:
+    """Refuse a path whose nearest existing ancestor is not a writable directory."""
+    import os
+
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{str(parent)!r} is a file, not a directory; give another path", field=name)
+            if not os.access(parent, os.W_OK):
+                raise ConfigError(f"{str(parent)!r} is not writable; give another path", field=name)
+            return
+
+
+def output_path(value: str | Path | None, name: str) -> Path | None:
+    """An output file's path, checked before any work: not a directory, in a writable place.
+
+    Raises:
+        ConfigError: a directory, or a place that cannot be written (field ``name``).
+    """
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        raise ConfigError(f"{str(value)!r} is a directory; give a file path", field=name)
+    check_writable_parent(path, name)
+    return path
+
+
+def html_path(value: str | Path | None, name: str = "html") -> Path | None:
+    """The HTML report's path (see :func:`output_path`), its optional dependency checked too.
+
+    Raises:
+        ConfigError: as :func:`output_path`.
+        BackendUnavailable: the report's optional packages are missing (with the install command).
+    """
+    path = output_path(value, name)
+    if path is not None:
+        from ..report import check_available
+
+        check_available()
+    return path
+
+
+def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> Any:
+    """Run ``check(*args)``; in a JSONL batch an input error names the input's line (``line N: FIELD``)."""
+    try:
+        return check(*args)
+    except InputError as exc:
+        if not is_batch:
+            raise
+        raise InputError(exc.message, field=f"line {k + 1}: {exc.field}" if exc.field else f"line {k + 1}") from None
+
+
+def check_run_dir(archive: str | Path, *, skip_corrupt: bool = False) -> Path:
+    """Check an ``archive`` setting before the model loads: a new path whose parent is writable,
+    or a run directory whose manifest and parts read (a damaged manifest, a newer schema or a part
+    failing its digest is refused here, not after the weights load).
+
+    Returns:
+        The run directory's path.
+
+    Raises:
+        ConfigError: the path exists and is not a run directory, or cannot be written.
+        ArchiveError: a damaged manifest or part (without ``skip_corrupt``).
+    """
+    from ..archive.reader import check_parts, read_manifest
+
+    run_dir = Path(archive)
+    if run_dir.exists() and (not run_dir.is_dir() or (any(run_dir.iterdir()) and not (run_dir / "manifest.json").is_file())):
+        raise ConfigError(
+            f"{str(archive)!r} exists and is not a run directory; choose a new path or delete it",
+            field="archive",
+        )
+    if (run_dir / "manifest.json").is_file():
+        read_manifest(run_dir)
+        check_parts(run_dir, skip_corrupt=skip_corrupt)
+    check_writable_parent(run_dir, "archive")
+    return run_dir

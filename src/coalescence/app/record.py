@@ -1,0 +1,179 @@
+"""The run's record in the archive manifest, and what a resumed run must agree with in it.
+
+:func:`run_record` is what an explain run writes into the manifest (its identity, configuration
+and snapshots); a resumed run is refused when the archive's runs used other model content
+(:func:`check_model_identity`) or rendered dated templates on another day
+(:func:`check_same_date`); :func:`recorded_now` reads that day back.
+"""
+
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+from ..errors import ArchiveError, CoalescenceError
+
+__all__ = (
+    "check_model_identity",
+    "check_same_date",
+    "recorded_now",
+    "run_record",
+    "same_measurement",
+)
+
+
+def recorded_now(run_dir: Path, value: Any) -> datetime:
+    """A run's recorded ``template_now`` as a datetime.
+
+    Raises:
+        ArchiveError: not an ISO datetime string (naming the manifest).
+    """
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ArchiveError(
+            f"{run_dir / 'manifest.json'}: template_now must be an ISO datetime, got {str(value)[:40]!r}; the "
+            "manifest was edited or damaged: restore it, or choose another archive",
+            field="RUN_DIR",
+        ) from None
+
+
+def check_model_identity(run_dir: Path | None, model: dict[str, Any], *, new_run: bool) -> None:
+    """Refuse to resume an archive whose runs used other model content (``model``: the identity
+    :class:`~coalescence.engine.Engine` records: id, revision, dtype, sha256, template_now).
+
+    Raises:
+        ArchiveError: the archive's runs used another model (naming the differences).
+    """
+    from ..archive.reader import read_manifest
+
+    if run_dir is None or new_run or not (run_dir / "manifest.json").is_file():
+        return
+    runs = read_manifest(run_dir).get("runs") or []
+    if not runs or any(r.get("model") == model for r in runs):
+        return
+    old = runs[-1].get("model") or {}
+    if not isinstance(old, dict) or "id" not in old:
+        return  # not a model record this check can compare; opening the archive checks the run
+    diffs = "; ".join(
+        f"{k}: archive has {str(old.get(k))[:16]!r}, this run has {str(model.get(k))[:16]!r}"
+        for k in sorted(set(old) | set(model))
+        if old.get(k) != model.get(k)
+    )
+    changed = "sha256" in old and old.get("sha256") != model.get("sha256")
+    raise ArchiveError(
+        f"the archive's runs used another model ({diffs}"
+        + (": the weight, tokenizer or template files changed" if changed else "")
+        + "); use --new-run to add a run with this model, or another --archive",
+        field="archive",
+    )
+
+
+def check_same_date(run_dir: Path | None, description: dict[str, Any], now: datetime) -> None:
+    """Refuse to resume a run whose recorded date is not the one this session rendered with
+    (an archive of several runs, resuming an earlier one than the last).
+
+    Raises:
+        ArchiveError: the dates differ (the message names the recorded one to pin).
+    """
+    from ..archive.reader import read_manifest
+    from ..archive.writer import IDENTITY_FIELDS
+
+    if run_dir is None or not (run_dir / "manifest.json").is_file() or not description.get("template_renders_date"):
+        return
+    for run in read_manifest(run_dir).get("runs") or []:
+        if all(run.get(k) == description.get(k) for k in IDENTITY_FIELDS):
+            recorded = run.get("template_now")
+            if recorded is not None and recorded_now(run_dir, recorded) != now:
+                raise ArchiveError(
+                    f"the run was rendered with the date pinned to {recorded}, this session to "
+                    f"{now.isoformat()}; resume it with COALESCENCE_TODAY={recorded}",
+                    field="archive",
+                )
+            return
+
+
+def same_measurement(run_dir: Path, utility: Any) -> bool:
+    """Whether the archive's last run measured what this utility needs (so replay can reduce it)."""
+    from ..archive.reader import read_manifest
+    from ..utility import UtilitySpec
+
+    try:
+        last = UtilitySpec.from_dict(read_manifest(run_dir)["runs"][-1].get("utility") or {})
+    except (CoalescenceError, KeyError, IndexError, TypeError, ValueError):
+        return False
+    return last.teacher_forced == utility.teacher_forced and last.generation == utility.generation
+
+
+def run_record(run: Any) -> dict[str, Any]:
+    """An explain run's record in the archive manifest (identity, configuration, snapshots):
+    ``run`` is an :class:`~coalescence.app.explain.ExplainRun` after its engine is loaded."""
+    from .._version import __version__
+
+    s, engine, policy = run.settings, run.engine, run.policy
+    recorded = run.recorded
+    fits = run.run_config()
+    config: dict[str, Any] = {
+        "command": fits.pop("command"),
+        "input": str(run.source) if isinstance(run.source, (str, Path)) else "<in memory>",
+        "unit": run.units[0] if len(set(run.units)) == 1 else run.units,
+        "roles": list(s.roles) if s.roles is not None else None,
+        **fits,
+        "device": s.device,
+        "batch_size": s.batch_size,
+        "max_new_tokens": s.max_new_tokens,
+    }
+    if s.template is not None:
+        config["template"] = str(s.template)
+    if s.distributed:
+        config["ray"] = {
+            "workers": s.workers,
+            "ray_address": s.ray_address,
+            "gpus_per_worker": s.gpus_per_worker,
+            "threads_per_worker": s.threads_per_worker,
+        }
+    run = {
+        "package_version": __version__,
+        "snapshot_ids": [x.snapshot_id for x in recorded],
+        "model": engine.model,
+        "utility": engine.utility.to_dict(),
+        "absence_policy": {"id": policy.id, "params": policy.params()},
+        "run_config": config,
+        "template_injects_default_system": engine.renderer.injects_default_system,
+        # special-token strings ("<|im_end|>"...) in the content: encoded as text, never as control tokens
+        "special_token_text": {
+            "handling": "encoded as text",
+            "found": list(engine.renderer.special_text(
+                t for x in recorded for t in (*(m.content for m in x.conversation.messages), x.target)
+            )),
+        },
+        # one date per run: what templates that write today's date render, in every session and replay
+        "template_now": engine.renderer.now.isoformat(),
+        "template_renders_date": engine.renderer.renders_date,
+        # what a user must know of a generated answer's tokens (cut inside a character, no round trip)
+        "target_notes": {x.snapshot_id: list(engine.target_tokens(x, policy).notes()) for x in recorded},
+        "target_token_ids": {x.snapshot_id: list(engine.target_tokens(x, policy).ids) for x in recorded},
+        # per target token, its characters in the answer: answer sub-spans replay without a tokenizer
+        "target_token_offsets": {x.snapshot_id: [list(o) for o in engine.target_tokens(x, policy).offsets] for x in recorded},
+        # what the chat template writes around the answer (prompt, never scored): e.g. Qwen3's empty reasoning block
+        "answer_rendering": {x.snapshot_id: engine.target_tokens(x, policy).to_dict() for x in recorded},
+        "snapshots": [x.to_dict() for x in recorded],
+    }
+    injects = engine.renderer.injects_default_system
+    keeps_system = "empty" in (policy.params().get("system_absent"), policy.params().get("empty_turns"))
+    for record, snap in zip(run["snapshots"], recorded, strict=True):
+        has_system = any(m.role == "system" for m in snap.conversation.messages)
+        system_players = any(p.role == "system" for p in snap.players)
+        record["template_injects_default_system"] = injects
+        record["default_system_in_play"] = (
+            "never" if not injects
+            else "always" if not has_system
+            else "when every system player is absent" if system_players and not keeps_system
+            else "never"
+        )  # fmt: skip
+    return run

@@ -1,0 +1,413 @@
+"""The settings of explain and replay runs (:class:`RunSettings`, :class:`ReplaySettings`), what a
+run returns (:class:`RunResult`), and what a run archive records of its fit (``recorded_*``), from
+which a replay takes its defaults.
+
+Errors name the settings by their names here (``budget``, ``archive``); the CLI maps them to its
+options (``--budget``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+from ..backends.base import DEFAULT_BATCH_SIZE
+from ..errors import ArchiveError, ConfigError
+from .ray_workers import check_ray_settings
+
+__all__ = (
+    "ReplaySettings",
+    "RunResult",
+    "RunSettings",
+    "interaction_settings",
+    "recorded_budget",
+    "recorded_interactions",
+    "recorded_run_config",
+    "recorded_seed",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    """Every setting of an explain run (the CLI's ``explain`` options, by their library names).
+
+    Args:
+        model: alias, local directory, ``.gguf`` file or hub id.
+        backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`).
+        unit: player unit (default: ``document`` for an input with declared players, else ``turn``).
+        roles: the roles whose messages are players (default: every role).
+        method: the estimator (:data:`~coalescence.attribution.estimators.ESTIMATORS`); ``None``
+            (default): ``exact``, or ``auto`` (chosen by players and budget,
+            :class:`~coalescence.attribution.estimators.auto.AutoMethod`) when a budget is given.
+        budget: sampling methods: the most distinct model evaluations (default 32 x players).
+        seed: seed of the sampling plan (and of sampled regenerations).
+        interactions: also compute interactions of sets of 2 .. this many players (``--method
+            exact`` or a shapiq interaction approximator); ``None`` for values only.
+        index: the interaction index with ``interactions`` (``SII``, ``k-SII``, ``FSII``,
+            ``STII``; default ``k-SII``).
+        target_stderr: sample in doubling rounds until every standard error is below this (nats).
+        hierarchy: ``(coarse, fine)`` units, or ``"coarse,fine"``.
+        top_k: coarse players refined (default 3).
+        absence_policy, placeholder, system_absent, empty_turns, merge_adjacent: how an absent
+            player disappears (see :mod:`coalescence.masking.policies`).
+        utility, target_span, target_substring, temperature, top_p, num_samples, max_new_tokens:
+            the utility (see :mod:`coalescence.utility`).
+        template: the RAG prompt template file.
+        device, dtype, batch_size: where and how the model runs.
+        archive: the run directory; ``True`` for a new ``runs/<UTC time>-<snapshot id>``;
+            ``None`` for no archive (the Python API's default).
+        new_run, flush_rows, flush_seconds, skip_corrupt: archive options.
+        out, html: files written after the run (the ``--out`` document, the HTML report).
+        max_conversations_in_flight: a dataset's conversations evaluated at once, through one
+            scheduler and collator (their coalitions fill the same batches); bounds memory.
+        workers: model workers on Ray (:mod:`coalescence.distributed`): a local Ray cluster with
+            this many workers, or this many workers on the cluster at ``ray_address``; ``None``:
+            the model runs in this process (unless ``ray_address`` is given).
+        ray_address: join this Ray cluster (``auto``, ``HOST:PORT``) instead of starting one.
+        gpus_per_worker: accelerators each Ray worker reserves (needs a ``cuda`` device).
+        threads_per_worker: torch threads of each Ray worker (default: its node's CPUs divided
+            among the workers there).
+
+    Raises:
+        ConfigError: a setting that cannot work, alone or with another (naming it); checked on
+            construction, before anything loads.
+    """
+
+    model: str = "smollm2-135m"
+    backend: str = "hf"
+    unit: str | None = None
+    roles: tuple[str, ...] | None = None
+    method: str | None = None
+    budget: int | None = None
+    seed: int = 0
+    interactions: int | None = None
+    index: str | None = None
+    target_stderr: float | None = None
+    hierarchy: tuple[str, str] | str | None = None
+    top_k: int | None = None
+    absence_policy: str = "drop"
+    placeholder: str = "[removed]"
+    system_absent: str = "removed"
+    empty_turns: str = "removed"
+    merge_adjacent: bool = False
+    utility: str = "logprob"
+    target_span: str | tuple[int, int] | None = None
+    target_substring: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    num_samples: int = 1
+    max_new_tokens: int = 64
+    template: str | Path | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch_size: int = DEFAULT_BATCH_SIZE
+    archive: str | Path | bool | None = None
+    new_run: bool = False
+    flush_rows: int = 4096
+    flush_seconds: float = 30.0
+    skip_corrupt: bool = False
+    out: str | Path | None = None
+    html: str | Path | None = None
+    max_conversations_in_flight: int = 8
+    workers: int | None = None
+    ray_address: str | None = None
+    gpus_per_worker: float = 0.0
+    threads_per_worker: int | None = None
+
+    def __post_init__(self) -> None:
+        from ..attribution.estimators import estimator_class, methods_with
+        from .hierarchy import parse_hierarchy
+        from ..attribution.estimators.base import check_seed
+
+        check_seed(self.seed)
+        if self.method is None:  # a budget asks for a sampling method: auto chooses it
+            object.__setattr__(self, "method", "exact" if self.budget is None else "auto")
+
+        if self.roles is not None:
+            roles = tuple(r.strip() for r in ((self.roles.split(",")) if isinstance(self.roles, str) else self.roles) if r.strip())
+            if not roles:
+                raise ConfigError("give at least one role, e.g. user,system", field="roles")
+            object.__setattr__(self, "roles", roles)
+        if isinstance(self.hierarchy, str):
+            object.__setattr__(self, "hierarchy", parse_hierarchy(self.hierarchy))
+        if self.hierarchy is None and self.top_k is not None:
+            raise ConfigError("applies to a hierarchy (coarse,fine units); add one or drop top_k", field="top_k")
+        if self.hierarchy is not None and self.unit is not None:
+            raise ConfigError("the hierarchy sets the units; drop the unit", field="unit")
+        capabilities = estimator_class(self.method).capabilities
+        if self.interactions is not None or self.index is not None:
+            if self.hierarchy is not None:
+                raise ConfigError("does not combine with a hierarchy; drop one", field="interactions")
+            interaction_settings(self.method, self.interactions, self.index)
+        if self.target_stderr is not None:
+            if not capabilities.reports_stderr:
+                raise ConfigError(
+                    f"method {self.method} reports no standard errors; use one of {', '.join(methods_with(reports_stderr=True))}",
+                    field="target_stderr",
+                )
+            if not self.target_stderr > 0:
+                raise ConfigError(f"must be > 0, got {self.target_stderr!r}", field="target_stderr")
+            if self.hierarchy is not None:
+                raise ConfigError("does not combine with a hierarchy; drop one", field="target_stderr")
+        if not capabilities.needs_budget and self.budget is not None:
+            raise ConfigError(
+                f"method {self.method} has a fixed number of evaluations; a budget applies to the sampling "
+                f"methods ({', '.join(methods_with(needs_budget=True))}, shapiq:NAME)",
+                field="budget",
+            )
+        if self.absence_policy == "placeholder":
+            for name in ("system_absent", "empty_turns"):
+                if getattr(self, name) != "removed":
+                    raise ConfigError("applies to the drop policy (placeholder removes no message)", field=name)
+        elif self.placeholder != "[removed]":
+            raise ConfigError(
+                f"applies to the placeholder absence policy; absence policy {self.absence_policy} removes "
+                "the text. Add --absence-policy placeholder or drop --placeholder",
+                field="placeholder",
+            )
+        if isinstance(self.max_conversations_in_flight, bool) or not isinstance(self.max_conversations_in_flight, int) or self.max_conversations_in_flight < 1:
+            raise ConfigError(f"must be a positive integer, got {self.max_conversations_in_flight!r}", field="max_conversations_in_flight")
+        if isinstance(self.archive, str) and not self.archive.strip():
+            raise ConfigError("is empty; give a directory path for the run archive", field="archive")
+        check_ray_settings(self)
+        self.policy()  # a bad rule or placeholder is refused now
+        self.utility_spec()
+
+    # -- what the settings make -------------------------------------------------------------
+    @property
+    def distributed(self) -> bool:
+        """Whether the model runs in Ray workers (``workers`` or ``ray_address`` given)."""
+        return self.workers is not None or self.ray_address is not None
+
+    @property
+    def top_k_or_default(self) -> int:
+        """The coarse players a hierarchy refines (3 by default)."""
+        return self.top_k if self.top_k is not None else 3
+
+    def policy(self) -> Any:
+        """The absence policy (see :func:`~coalescence.masking.policies.get_policy`)."""
+        from ..masking.policies import get_policy
+
+        merge = {"merge_adjacent": True} if self.merge_adjacent else {}
+        if self.absence_policy == "placeholder":
+            return get_policy("placeholder", text=self.placeholder, **merge)
+        rules = {"system_absent": self.system_absent, "empty_turns": self.empty_turns}
+        return get_policy(self.absence_policy, **{k: v for k, v in rules.items() if v != "removed"}, **merge)
+
+    def utility_spec(self) -> Any:
+        """The utility (:class:`~coalescence.utility.UtilitySpec`); a regenerate utility's optional
+        package is checked now, with its install hint."""
+        from ..utility import REGENERATE_KINDS, GenerationConfig, UtilitySpec, parse_span
+
+        span = self.target_span
+        if isinstance(span, str):
+            span = parse_span(span)
+        generation = None
+        if self.utility in REGENERATE_KINDS:
+            generation = GenerationConfig(
+                temperature=self.temperature,
+                top_p=self.top_p,
+                num_samples=self.num_samples,
+                max_new_tokens=self.max_new_tokens,
+                seed=self.seed,
+            )
+            from ..similarity import get_similarity
+
+            get_similarity(self.utility)
+        else:
+            for name, default in (("temperature", 0.0), ("top_p", 1.0), ("num_samples", 1)):
+                if getattr(self, name) != default:
+                    raise ConfigError(
+                        f"applies to the regenerate utilities ({', '.join(REGENERATE_KINDS)}); utility "
+                        f"{self.utility} scores the fixed answer. Drop {name} or choose one of those",
+                        field=name,
+                    )
+        return UtilitySpec(kind=self.utility, span=span, substring=self.target_substring, generation=generation)
+
+    def estimator(self, n_players: int) -> Any:
+        """The estimator for a game of ``n_players`` (its default budget when none is given)."""
+        from ..attribution.estimators import estimator_class, make_estimator
+
+        budget = self.budget
+        if budget is None:
+            budget = estimator_class(self.method).capabilities.default_budget(n_players)
+        return make_estimator(self.method, budget=budget, seed=self.seed, interactions=self.interactions, index=self.index)
+
+    def budget_for(self, n_players: int) -> int | None:
+        """The budget recorded for a game of ``n_players`` (``None`` for a method without one)."""
+        from ..attribution.estimators import estimator_class
+
+        capabilities = estimator_class(self.method).capabilities
+        if not capabilities.needs_budget:
+            return None
+        return self.budget if self.budget is not None else capabilities.default_budget(n_players)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """What an explain run gives back.
+
+    Attributes:
+        explanations: one per input (a :class:`~coalescence.app.hierarchy.HierarchicalExplanation`
+            for a hierarchy run), in input order.
+        snapshots: the inputs' snapshots (the coarse ones for a hierarchy).
+        run_dir: the run archive, or ``None`` without one.
+        is_batch: whether the input was a JSONL batch.
+        document: the ``--out`` document (a single explanation's, or the batch's).
+        resumed_coalitions: coalitions served from an archive that was resumed (0 for a new one).
+    """
+
+    explanations: tuple[Any, ...]
+    snapshots: tuple[Any, ...]
+    run_dir: Path | None
+    is_batch: bool
+    document: dict[str, Any]
+    resumed_coalitions: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplaySettings:
+    """The settings of a replay (the CLI's ``replay`` options, by their library names).
+
+    Args:
+        methods: the estimators fitted (registered names or ``shapiq:<Approximator>``).
+        budget: sampling methods' budget (default: the run's for the run's method in a one-input
+            run, else 32 x players).
+        seed: the plans' seed (default: the run's).
+        interactions, index: interactions to compute (as :class:`RunSettings`); default: the
+            run's, for the run's method.
+        run_id: which run of the archive (default the last).
+        snapshot: a snapshot id or prefix (default every snapshot of the run).
+        utility, target_span, target_substring, whole_answer: the utility replayed (default the
+            run's; another teacher-forced kind or answer sub-span is reduced from the archived
+            per-token scores with no model).
+        model, backend, device, dtype, batch_size: a model to evaluate what the archive lacks.
+        flush_rows, flush_seconds, skip_corrupt: archive options.
+        out: the document written.
+
+    Raises:
+        ConfigError: no or an unknown method, a sub-span with ``whole_answer``.
+    """
+
+    methods: tuple[str, ...]
+    budget: int | None = None
+    seed: int | None = None
+    interactions: int | None = None
+    index: str | None = None
+    run_id: str | None = None
+    snapshot: str | None = None
+    utility: str | None = None
+    target_span: str | tuple[int, int] | None = None
+    target_substring: str | None = None
+    whole_answer: bool = False
+    model: str | None = None
+    backend: str = "hf"
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch_size: int = DEFAULT_BATCH_SIZE
+    flush_rows: int = 4096
+    flush_seconds: float = 30.0
+    skip_corrupt: bool = False
+    out: str | Path | None = None
+    workers: int | None = None
+    ray_address: str | None = None
+    gpus_per_worker: float = 0.0
+    threads_per_worker: int | None = None
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the model runs in Ray workers (``workers`` or ``ray_address`` given)."""
+        return self.workers is not None or self.ray_address is not None
+
+    def __post_init__(self) -> None:
+        from ..attribution.estimators import ESTIMATORS, estimator_class, is_method
+        from ..attribution.estimators.base import check_seed
+
+        check_ray_settings(self)
+        if self.seed is not None:
+            check_seed(self.seed)
+
+        methods = tuple(m.strip() for m in ((self.methods.split(",")) if isinstance(self.methods, str) else self.methods) if m.strip())
+        unknown = [m for m in methods if not is_method(m)]
+        if not methods or unknown:
+            raise ConfigError(
+                f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(ESTIMATORS)} "
+                "or shapiq:<Approximator>",
+                field="method",
+            )
+        for m in methods:
+            estimator_class(m)  # a shapiq approximator the installed shapiq lacks is refused now
+        if self.interactions is not None or self.index is not None:
+            for m in methods:
+                interaction_settings(m, self.interactions, self.index)
+        object.__setattr__(self, "methods", methods)
+        spanned = self.target_span is not None or self.target_substring is not None
+        if self.whole_answer and spanned:
+            raise ConfigError("scores every answer token, so it does not combine with a sub-span; drop one", field="whole_answer")
+
+    def budget_for(self, n_players: int, method: str | None = None, run: Mapping[str, Any] | None = None) -> int:
+        """The sampling budget for a game of ``n_players``: ``budget``; else the ``run``'s
+        (:func:`recorded_budget`) for ``method``; else 32 x players."""
+        if self.budget is not None:
+            return self.budget
+        recorded = None if run is None or method is None else recorded_budget(run, method)
+        return recorded if recorded is not None else 32 * n_players
+
+    def seed_for(self, run: Mapping[str, Any] | None = None) -> int:
+        """The plans' seed: ``seed``, else the ``run``'s recorded seed, else 0."""
+        if self.seed is not None:
+            return self.seed
+        return 0 if run is None else recorded_seed(run)
+
+    def interactions_for(self, method: str, run: Mapping[str, Any]) -> tuple[int | None, str | None]:
+        """``(order, index)`` of the interactions fitted with ``method``: the settings', else the
+        run's when ``method`` is the run's method, else none."""
+        if self.interactions is not None or self.index is not None:
+            return interaction_settings(method, self.interactions, self.index)
+        return recorded_interactions(run, method)
+
+
+def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:
+    """As :func:`coalescence.attribution.estimators.interaction_settings` (imported late)."""
+    from ..attribution.estimators import interaction_settings as check
+
+    return check(method, interactions, index)
+
+
+def recorded_run_config(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A manifest run's ``run_config`` (``{}`` when it records none)."""
+    config = run.get("run_config")
+    return config if isinstance(config, Mapping) else {}
+
+
+def recorded_budget(run: Mapping[str, Any], method: str) -> int | None:
+    """The sampling budget a run of one input (no hierarchy) recorded, when ``method`` is its
+    method; else None (a budget recorded for a dataset run is its first conversation's)."""
+    config = recorded_run_config(run)
+    budget = config.get("budget")
+    one_input = len(run.get("snapshot_ids") or ()) == 1 and not config.get("hierarchy")
+    if one_input and method == config.get("method") and isinstance(budget, int) and not isinstance(budget, bool):
+        return budget
+    return None
+
+
+def recorded_seed(run: Mapping[str, Any]) -> int:
+    """The plans' seed a run recorded (0 when it records none)."""
+    seed = recorded_run_config(run).get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+
+
+def recorded_interactions(run: Mapping[str, Any], method: str) -> tuple[int | None, str | None]:
+    """``(order, index)`` of the interactions a run recorded for ``method`` (its own method), or
+    ``(None, None)``."""
+    config = recorded_run_config(run)
+    recorded = config.get("interactions")
+    if config.get("method") != method or not isinstance(recorded, Mapping):
+        return None, None
+    order, index = recorded.get("order"), recorded.get("index")
+    if isinstance(order, bool) or not isinstance(order, int) or not isinstance(index, str):
+        raise ArchiveError(f"run {run.get('run_id')}: run_config.interactions must be {{order, index}}", field="archive")
+    return order, index
