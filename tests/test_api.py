@@ -136,3 +136,38 @@ def test_unknown_options_are_refused_by_name(chat, tiny_model_dir):
     with pytest.raises(ConfigError) as info:
         coalescence.explain(chat, model=str(tiny_model_dir), unitt="sentence")
     assert info.value.field == "unitt" and "unit" in info.value.message
+
+
+def test_estimator_policy_and_utility_objects_run_as_their_names(chat, tiny_model_dir):
+    """An object given for the method, the absence policy or the utility is the same run as its
+    name with the same settings (same coalitions, same values), recorded under that name."""
+    from coalescence.attribution.estimators.kernel import KernelSHAP
+    from coalescence.masking.policies import get_policy
+    from coalescence.utility import UtilitySpec
+
+    common = {"model": str(tiny_model_dir), "unit": "sentence"}
+    named = coalescence.explain(
+        chat, **common, method="kernelshap", budget=12, seed=3, absence_policy="placeholder", placeholder="[gone]", utility="mean_logprob"
+    )
+    objects = coalescence.explain(
+        chat,
+        **common,
+        method=KernelSHAP(budget=12, seed=3),
+        absence_policy=get_policy("placeholder", text="[gone]"),
+        utility=UtilitySpec(kind="mean_logprob"),
+    )
+    for run in (named, objects):
+        assert (run.estimate.method, run.absence_policy, run.utility) == ("kernelshap", "placeholder", "mean_logprob")
+    assert objects.n_evaluations == named.n_evaluations <= 12
+    np.testing.assert_allclose(objects.values, named.values, atol=1e-6)
+    # what the object carries cannot be contradicted apart from it
+    for given, field in (({"budget": 16}, "budget"), ({"seed": 4}, "seed")):
+        with pytest.raises(ConfigError) as info:
+            coalescence.explain(chat, **common, method=KernelSHAP(budget=12, seed=3), **given)
+        assert info.value.field == field
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, **common, method=object())
+    assert info.value.field == "method"
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, **common, absence_policy=get_policy("drop"), placeholder="x")
+    assert info.value.field == "placeholder"

@@ -143,15 +143,18 @@ async def test_explain_until_target_stderr_rounds(tiny_backend):
     from coalescence.attribution.estimators import make_estimator
     from coalescence.errors import ConfigError
 
+    def sampled(method):  # the rounds' estimators: the method at each round's budget, one seed
+        return lambda budget: make_estimator(method, budget=budget, seed=0)
+
     snap = snapshot()
     n = snap.n_players
     # a loose target is met in the first round
     engine = Engine(tiny_backend, batch_size=4)
-    loose = await engine.explain_until(snap, "permutation", DropPolicy(), budget=64, target_stderr=1e6, first_budget=4 * n)
+    loose = await engine.explain_until(snap, sampled("permutation"), DropPolicy(), budget=64, target_stderr=1e6, first_budget=4 * n)
     assert loose.stopping["reason"] == "target" and loose.stopping["rounds"] == 1
     # an unreachable target spends the budget; every round's coalitions are reused by the next
     engine = Engine(tiny_backend, batch_size=4)
-    tight = await engine.explain_until(snap, "permutation", DropPolicy(), budget=14, target_stderr=1e-12, first_budget=2 * n)
+    tight = await engine.explain_until(snap, sampled("permutation"), DropPolicy(), budget=14, target_stderr=1e-12, first_budget=2 * n)
     assert tight.stopping["reason"] == "budget" and tight.stopping["rounds"] >= 2
     # 4 players, budget 14 of 2^4 = 16: the errors are unknown (NaN), so no largest error is claimed
     assert tight.stopping["max_stderr"] is None and tight.stopping["unknown_stderr"] == n
@@ -163,20 +166,20 @@ async def test_explain_until_target_stderr_rounds(tiny_backend):
     # a target any known error would meet is not met by unknown ones: with budgets where every
     # error is NaN (one pair at 2n = 8, then within 4n of 2^4) the run spends the budget
     engine = Engine(tiny_backend, batch_size=4)
-    unknown = await engine.explain_until(snap, "permutation", DropPolicy(), budget=15, target_stderr=1e9, first_budget=2 * n)
+    unknown = await engine.explain_until(snap, sampled("permutation"), DropPolicy(), budget=15, target_stderr=1e9, first_budget=2 * n)
     assert np.all(np.isnan(unknown.estimate.stderr))
     assert unknown.stopping["reason"] == "budget" and unknown.stopping["rounds"] == 2
     assert unknown.stopping["max_stderr"] is None and unknown.stopping["unknown_stderr"] == n
     assert "4 standard errors unknown" in unknown.format_table()
     # ... and with a budget of 2^n the errors are known again and the loose target is met
-    known = await Engine(tiny_backend, batch_size=4).explain_until(snap, "permutation", DropPolicy(), budget=16, target_stderr=1e9, first_budget=2 * n)
+    known = await Engine(tiny_backend, batch_size=4).explain_until(snap, sampled("permutation"), DropPolicy(), budget=16, target_stderr=1e9, first_budget=2 * n)
     assert known.stopping["reason"] == "target" and np.all(np.isfinite(known.estimate.stderr))
     # a budget that covers every coalition makes Banzhaf exact
-    exact = await Engine(tiny_backend).explain_until(snap, "banzhaf", DropPolicy(), budget=2**n, target_stderr=1e-12)
+    exact = await Engine(tiny_backend).explain_until(snap, sampled("banzhaf"), DropPolicy(), budget=2**n, target_stderr=1e-12)
     assert exact.stopping["reason"] == "exact" and exact.estimate.stderr is None
     assert "stopped after" in exact.format_table() and exact.to_dict()["stopping"]["reason"] == "exact"
     with pytest.raises(ConfigError) as info:
-        await Engine(tiny_backend).explain_until(snap, "exact", DropPolicy(), budget=16, target_stderr=0.1)
+        await Engine(tiny_backend).explain_until(snap, lambda budget: make_estimator("exact"), DropPolicy(), budget=16, target_stderr=0.1)
     assert info.value.field == "target_stderr"
 
 

@@ -372,17 +372,20 @@ def test_fuzz_corpus_size():
 
 def test_every_fuzz_case_exits_0_or_2_cleanly(tmp_path, tiny_model_dir, monkeypatch, capsys):
     # Test-only: load the tiny model once per (device, dtype, batch size) and reuse it across runs;
-    # cli._load_backend is the CLI's one call into the loader, and the engine never closes a backend.
-    loaded: dict[tuple, Any] = {}
-    real_load = cli._load_backend
+    # app.explain.load_model is an explain run's one call into the loader, and the engine never closes
+    # a backend.
+    from coalescence.app import explain as explain_module
 
-    def load_once(args, source, **preloaded):
-        key = (source.location, args.device, args.dtype, args.batch_size)
+    loaded: dict[tuple, Any] = {}
+    real_load = explain_module.load_model
+
+    def load_once(settings, source, **preloaded):
+        key = (source.location, settings.device, settings.dtype, settings.batch_size)
         if key not in loaded:
-            loaded[key] = real_load(args, source, **preloaded)
+            loaded[key] = real_load(settings, source, **preloaded)
         return loaded[key]
 
-    monkeypatch.setattr(cli, "_load_backend", load_once)
+    monkeypatch.setattr(explain_module, "load_model", load_once)
     monkeypatch.chdir(tmp_path)  # a default archive (runs/...) would land here: checked empty below
     codes: collections.Counter[Any] = collections.Counter()
     failures: list[str] = []

@@ -2,7 +2,7 @@
 interactions in the document and the table, kill -9 then resume equals an uninterrupted run,
 replay with no model equals the run, and bad settings exit 2 naming the option.
 
-The injected piece: a slow backend call in the child process (tests/test_resume.py's SLOW_CHILD), so that
+The injected piece: a slow backend call in the child process (tests/app/test_resume.py's SLOW_CHILD), so that
 the kill lands mid-run.
 """
 
@@ -22,7 +22,7 @@ pytest.importorskip("shapiq", reason="the shapiq extra: pip install -c constrain
 
 from coalescence.archive import list_parts, read_manifest, read_rows  # noqa: E402
 from coalescence.cli import main  # noqa: E402
-from test_resume import SLOW_CHILD  # noqa: E402  (the same slowed backend as the resume tests)
+from app.test_resume import SLOW_CHILD  # noqa: E402  (the same slowed backend as the resume tests)
 
 USER = (
     "The Eiffel Tower was completed in 1889. Big Ben was finished in 1859. The Colosseum opened in 80.\n"

@@ -46,7 +46,7 @@ from .masking import AbsencePolicy, ChatRenderer, PackedMask, coalition_key, get
 from .scheduler import Progress, ResultStore, SchedulerStatistics
 from .segmentation import segment_players
 from .snapshot import ConversationSnapshot
-from .utility import UTILITY_KINDS, GenerationConfig, UtilitySpec
+from .utility import GenerationConfig, UtilitySpec
 
 __all__ = (
     "AbsencePolicy",
@@ -106,3 +106,13 @@ __all__ = (
     "segment_players",
     "sweep",
 )
+
+
+def __getattr__(name: str) -> object:
+    """``UTILITY_KINDS``, read live from the utility registry (PEP 562: a kind registered with
+    :func:`coalescence.utility.register_utility` is in it)."""
+    if name == "UTILITY_KINDS":
+        from . import utility
+
+        return utility.UTILITY_KINDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

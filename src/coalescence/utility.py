@@ -51,39 +51,127 @@ __all__ = (
     "REGENERATE_KINDS",
     "TEACHER_FORCED_KINDS",
     "UNITS",
+    "UTILITIES",
     "UTILITY_KINDS",
     "GenerationConfig",
     "ResolvedUtility",
+    "Utility",
     "UtilitySpec",
+    "get_utility",
     "item_seed",
     "parse_span",
     "reduce_token_logprobs",
+    "register_utility",
 )
 
-TEACHER_FORCED_KINDS: tuple[str, ...] = ("logprob", "mean_logprob", "logit_prob", "prob")
-"""Utilities reduced from the teacher-forced per-token log-probabilities of the target."""
-
-REGENERATE_KINDS: tuple[str, ...] = ("exact_match", "token_f1", "rouge_l", "embedding_cosine")
-"""Utilities comparing regenerated responses with the target (:mod:`coalescence.similarity`)."""
-
-UTILITY_KINDS: tuple[str, ...] = TEACHER_FORCED_KINDS + REGENERATE_KINDS
-
-UNITS: dict[str, str] = {
-    "logprob": "nats",
-    "mean_logprob": "nats per token",
-    "logit_prob": "nats of log-odds",
-    "prob": "probability",
-    "exact_match": "fraction of exact matches",
-    "token_f1": "token F1",
-    "rouge_l": "ROUGE-L F-measure",
-    "embedding_cosine": "cosine similarity",
-}
-"""The unit of each utility kind's values (and of Shapley values computed from them)."""
-
 _LOGPROB_KEY = {"kind": "logprob", "reduce": "sum", "unit": "nats"}  # the key of the first version
-_REDUCE = {"logprob": "sum", "mean_logprob": "mean", "logit_prob": "log-odds of exp(sum)", "prob": "exp(sum)"}
 _MAX_LOG_P = math.log1p(-(2.0**-52))  # log of the largest p below 1 that logit_prob keeps
 _SEED_BOUND = 2**63
+
+
+# -- the utility kinds: one registry -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Utility:
+    """A utility kind: what v(S) measures, in which unit, and how.
+
+    Args:
+        kind: its name (``--utility``).
+        unit: the unit of its values (and of the Shapley values computed from them).
+        teacher_forced: ``True`` for a reduction of the fixed answer's per-token log-probabilities
+            (``reduce``); ``False`` for a comparison of regenerated answers with it (``similarity``).
+        reduction: the reduction in words, recorded in the manifest (``"sum"`` for ``logprob``).
+        label: what the value is, for tables (``"log p"``).
+        reduce: teacher-forced: ``[n]`` float64 log-probabilities (nats, n >= 1) -> v(S).
+        similarity: regenerate: loads the metric, ``metric(predictions, reference) -> [k]``
+            float64 (default: :func:`coalescence.similarity.get_similarity` of ``kind``).
+    """
+
+    kind: str
+    unit: str
+    teacher_forced: bool
+    reduction: str
+    label: str
+    reduce: Callable[[np.ndarray], float] | None = None
+    similarity: Callable[[], Callable[[Sequence[str], str], np.ndarray]] | None = None
+
+    def load_similarity(self) -> Callable[[Sequence[str], str], np.ndarray]:
+        """The similarity metric of a regenerate kind (its optional package checked, with its hint).
+
+        Raises:
+            BackendUnavailable: the metric's package is missing.
+        """
+        if self.similarity is not None:
+            return self.similarity()
+        from .similarity import get_similarity
+
+        return get_similarity(self.kind)
+
+
+UTILITIES: dict[str, Utility] = {}
+"""The utility kinds by name (:func:`register_utility`); ``--utility``'s choices are read from it."""
+
+
+def register_utility(utility: Utility) -> None:
+    """Register a utility kind under ``utility.kind`` (replacing any previous one): it is then a
+    ``--utility`` choice, a :class:`UtilitySpec` kind, and recorded and replayed by name.
+
+    Raises:
+        ConfigError: a teacher-forced kind without ``reduce``, or a kind with an empty name.
+    """
+    if not isinstance(utility, Utility) or not utility.kind:
+        raise ConfigError("register a Utility with a non-empty kind", field="utility")
+    if utility.teacher_forced and utility.reduce is None:
+        raise ConfigError(f"the teacher-forced utility {utility.kind!r} needs a reduce function", field="utility")
+    UTILITIES[utility.kind] = utility
+
+
+def get_utility(kind: str) -> Utility:
+    """The registered utility kind ``kind``.
+
+    Raises:
+        ConfigError: an unknown kind (field ``utility``, listing the known ones).
+    """
+    try:
+        return UTILITIES[kind]
+    except (KeyError, TypeError):
+        raise ConfigError(f"unknown utility {kind!r}; use one of {', '.join(UTILITIES)}", field="utility") from None
+
+
+def _logit(lp: np.ndarray) -> float:
+    log_p = min(float(lp.sum()), _MAX_LOG_P)
+    return log_p - math.log(-math.expm1(log_p))  # log p - log(1 - p), stable for p near 0 and 1
+
+
+for _utility in (
+    Utility(kind="logprob", unit="nats", teacher_forced=True, reduction="sum", label="log p", reduce=lambda lp: float(lp.sum())),
+    Utility(
+        kind="mean_logprob", unit="nats per token", teacher_forced=True, reduction="mean", label="mean per-token log p",
+        reduce=lambda lp: float(lp.sum()) / lp.size,
+    ),
+    Utility(kind="logit_prob", unit="nats of log-odds", teacher_forced=True, reduction="log-odds of exp(sum)", label="log-odds of p", reduce=_logit),
+    Utility(kind="prob", unit="probability", teacher_forced=True, reduction="exp(sum)", label="p", reduce=lambda lp: math.exp(float(lp.sum()))),
+    Utility(kind="exact_match", unit="fraction of exact matches", teacher_forced=False, reduction="mean similarity", label="exact_match"),
+    Utility(kind="token_f1", unit="token F1", teacher_forced=False, reduction="mean similarity", label="token_f1"),
+    Utility(kind="rouge_l", unit="ROUGE-L F-measure", teacher_forced=False, reduction="mean similarity", label="rouge_l"),
+    Utility(kind="embedding_cosine", unit="cosine similarity", teacher_forced=False, reduction="mean similarity", label="embedding_cosine"),
+):  # fmt: skip
+    register_utility(_utility)
+del _utility
+
+
+def __getattr__(name: str) -> Any:
+    """The kind lists, read live from :data:`UTILITIES` (PEP 562), so a registered kind is in them:
+    ``TEACHER_FORCED_KINDS``, ``REGENERATE_KINDS``, ``UTILITY_KINDS`` (both, teacher-forced first)
+    and ``UNITS`` (kind -> unit)."""
+    if name == "TEACHER_FORCED_KINDS":
+        return tuple(k for k, u in UTILITIES.items() if u.teacher_forced)
+    if name == "REGENERATE_KINDS":
+        return tuple(k for k, u in UTILITIES.items() if not u.teacher_forced)
+    if name == "UTILITY_KINDS":
+        return __getattr__("TEACHER_FORCED_KINDS") + __getattr__("REGENERATE_KINDS")
+    if name == "UNITS":
+        return {k: u.unit for k, u in UTILITIES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 MAX_SAMPLES = 1024
@@ -208,11 +296,11 @@ def reduce_token_logprobs(kind: str, token_logprobs: np.ndarray) -> float:
     """Reduce per-token log-probabilities (nats) to a teacher-forced utility (see the module table).
 
     Args:
-        kind: one of :data:`TEACHER_FORCED_KINDS`.
+        kind: a teacher-forced kind (:data:`TEACHER_FORCED_KINDS`).
         token_logprobs: ``[n]`` float log-probabilities (n >= 1), in nats.
 
     Returns:
-        The utility as a float (unit :data:`UNITS` ``[kind]``).
+        The utility as a float (unit ``get_utility(kind).unit``).
 
     Raises:
         ConfigError: an unknown kind or no tokens.
@@ -220,17 +308,12 @@ def reduce_token_logprobs(kind: str, token_logprobs: np.ndarray) -> float:
     lp = np.asarray(token_logprobs, dtype=np.float64)
     if lp.ndim != 1 or lp.size == 0:
         raise ConfigError(f"needs a 1-D array of at least one log-probability, got shape {lp.shape}", field="token_logprobs")
-    total = float(lp.sum())
-    if kind == "logprob":
-        return total
-    if kind == "mean_logprob":
-        return total / lp.size
-    if kind == "prob":
-        return math.exp(total)
-    if kind == "logit_prob":
-        log_p = min(total, _MAX_LOG_P)
-        return log_p - math.log(-math.expm1(log_p))  # log p - log(1 - p), stable for p near 0 and 1
-    raise ConfigError(f"unknown teacher-forced utility {kind!r}; use one of {', '.join(TEACHER_FORCED_KINDS)}", field="utility")
+    utility = UTILITIES.get(kind)
+    if utility is None or not utility.teacher_forced:
+        kinds = ", ".join(k for k, u in UTILITIES.items() if u.teacher_forced)
+        raise ConfigError(f"unknown teacher-forced utility {kind!r}; use one of {kinds}", field="utility")
+    assert utility.reduce is not None
+    return float(utility.reduce(lp))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -255,8 +338,7 @@ class UtilitySpec:
     generation: GenerationConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in UTILITY_KINDS:
-            raise ConfigError(f"unknown utility {self.kind!r}; use one of {', '.join(UTILITY_KINDS)}", field="utility")
+        utility = get_utility(self.kind)  # an unknown kind is refused here
         if self.span is not None and self.substring is not None:
             raise ConfigError("give --target-span or --target-substring, not both", field="target_span")
         if self.substring is not None and not self.substring:
@@ -265,11 +347,11 @@ class UtilitySpec:
             start, end = self.span
             if not 0 <= start < end:
                 raise ConfigError(f"needs 0 <= START < END, got {start}:{end}", field="target_span")
-        if self.kind in REGENERATE_KINDS:
+        if not utility.teacher_forced:
             if self.span is not None or self.substring is not None:
                 raise ConfigError(
                     f"--utility {self.kind} compares whole regenerated answers; answer sub-spans apply to "
-                    f"{', '.join(TEACHER_FORCED_KINDS)}",
+                    f"{', '.join(__getattr__('TEACHER_FORCED_KINDS'))}",
                     field="target_span" if self.span is not None else "target_substring",
                 )
             if self.generation is None:
@@ -277,25 +359,30 @@ class UtilitySpec:
         elif self.generation is not None:
             raise ConfigError(
                 f"--utility {self.kind} scores the fixed target with teacher forcing; generation settings "
-                f"apply to {', '.join(REGENERATE_KINDS)}",
+                f"apply to {', '.join(__getattr__('REGENERATE_KINDS'))}",
                 field="utility",
             )
 
     @property
+    def utility(self) -> Utility:
+        """The registered kind (:class:`Utility`: unit, reduction, teacher forcing)."""
+        return get_utility(self.kind)
+
+    @property
     def unit(self) -> str:
         """The unit of the utility's values."""
-        return UNITS[self.kind]
+        return self.utility.unit
 
     @property
     def teacher_forced(self) -> bool:
         """``True`` for the kinds reduced from per-token log-probabilities."""
-        return self.kind in TEACHER_FORCED_KINDS
+        return self.utility.teacher_forced
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as recorded in the run config (JSON-ready)."""
         out: dict[str, Any] = {"kind": self.kind}
         if self.teacher_forced:
-            out["reduce"] = _REDUCE[self.kind]
+            out["reduce"] = self.utility.reduction
         out["unit"] = self.unit
         if self.span is not None:
             out["span"] = list(self.span)
@@ -459,9 +546,7 @@ class ResolvedUtility:
             raise ConfigError("no generated texts to compare", field="generated_texts")
         similarity = self.similarity
         if similarity is None:
-            from .similarity import get_similarity
-
-            similarity = get_similarity(self.spec.kind)
+            similarity = self.spec.utility.load_similarity()
             object.__setattr__(self, "similarity", similarity)
         return float(np.mean(np.asarray(similarity(list(texts), reference), dtype=np.float64)))
 
@@ -469,12 +554,7 @@ class ResolvedUtility:
         """One line naming the utility and its unit, for tables and notes."""
         spec = self.spec
         if spec.teacher_forced:
-            what = {
-                "logprob": "log p",
-                "mean_logprob": "mean per-token log p",
-                "logit_prob": "log-odds of p",
-                "prob": "p",
-            }[spec.kind]
+            what = spec.utility.label
             scope = f"{self.n_scored} of {self.n_target} target tokens" if self.tokens is not None else f"{self.n_target} target tokens"
             if self.span_text is not None:
                 scope += f", span {self.char_span[0]}:{self.char_span[1]} {self.span_text!r}"  # type: ignore[index]

@@ -174,7 +174,7 @@ def _values(doc) -> list[float]:
 def test_ray_workers_on_vllm_give_the_transformers_values(tmp_path):
     """``--workers 2 --backend vllm``: one vLLM engine per Ray actor of a local cluster,
     conversations routed whole; the values equal the in-process transformers run's."""
-    from test_datasets import conversations
+    from app.test_datasets import conversations
 
     tok, model = tokenizer_for("chatml"), model_for("chatml")
     path = tmp_path / "tiny-chatml"

@@ -4,7 +4,7 @@ path under the CLI and the Python API.
 :mod:`.settings` (what a run is asked to do), :mod:`.explain` (an explain run, phase by phase),
 :mod:`.replay` and :mod:`.fit` (fits from an archive, with or without the model), :mod:`.sweeps`,
 :mod:`.hierarchy` (a coarse level, then detail), :mod:`.record` (the run's manifest record and what a
-resumed run must agree with), :mod:`.outputs` and :mod:`.ray_workers` (checks before any work),
+resumed run must agree with), :mod:`.outputs` and :mod:`.backend` (checks before any work),
 :mod:`.report` (a report's input, a run directory fitted here).
 """
 

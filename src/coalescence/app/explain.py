@@ -38,7 +38,7 @@ from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError
 from .outputs import check_run_dir
 from .record import check_model_identity, check_same_date, run_record, same_measurement
 from .outputs import html_path, on_line, output_path
-from .ray_workers import ray_backend
+from .backend import load_model
 from .record import recorded_now
 from .settings import RunResult, RunSettings, interaction_settings
 
@@ -117,7 +117,7 @@ class ExplainRun:
             if at_most is not None and n_players > at_most:
                 raise EstimatorError(
                     f"{f'input line {k + 1}: ' if self.is_batch else ''}--unit {unit} gives at least {n_players} players "
-                    f"(counting stopped there), and --method {s.method} allows at most {at_most}; use a coarser "
+                    f"(counting stopped there), and --method {s.method_name} allows at most {at_most}; use a coarser "
                     "--unit, or --method regression-msr with --budget N, or --method loo",
                     field="method",
                 )
@@ -149,9 +149,7 @@ class ExplainRun:
     # the parts a run of another kind (a sweep, :mod:`coalescence.app.sweeps`) changes -------------------
     def player_limit(self) -> int | None:
         """The most players an input may have (the method's limit, e.g. exact: 16), or ``None``."""
-        from ..attribution.estimators import estimator_class
-
-        return estimator_class(self.settings.method).capabilities.max_players
+        return self.settings.capabilities.max_players
 
     def validate_game(self, n_players: int) -> None:
         """Refuse a game of ``n_players`` the run's estimator cannot play (before any model call).
@@ -175,12 +173,12 @@ class ExplainRun:
         s = self.settings
         config: dict[str, Any] = {
             "command": "explain",
-            "method": s.method,
+            "method": s.method_name,
             "budget": s.budget_for(self.snapshots[0].n_players),
             "seed": s.seed,
         }
         if s.interactions is not None:
-            config["interactions"] = {"order": s.interactions, "index": interaction_settings(s.method, s.interactions, s.index)[1]}
+            config["interactions"] = {"order": s.interactions, "index": interaction_settings(s.method_name, s.interactions, s.index)[1]}
         if s.hierarchy is not None:
             config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
         return config
@@ -256,15 +254,14 @@ class ExplainRun:
             check_game(renderer, fine, self.policy, None, max_context=self.max_context, teacher_forced=self.utility.teacher_forced)
 
     # -- 3. the model, snapshots and targets ---------------------------------------------------------
-    def load(self, *, progress: Any = None, loader: Callable[..., Any] | None = None) -> Any:
-        """Load the weights (unless a backend was given), make the engine, the snapshots and their
-        target tokens; a missing answer is generated (greedily) and its game checked again.
+    def load(self, *, progress: Any = None, notify: Callable[[str], None] | None = None) -> Any:
+        """Load the weights (unless a backend was given: :func:`~coalescence.app.backend.load_model`,
+        in this process, in Ray workers or through a ``vllm serve``), make the engine, the snapshots
+        and their target tokens; a missing answer is generated (greedily) and its game checked again.
 
         Args:
             progress: the engine's progress callbacks (e.g. a tqdm bar).
-            loader: loads the weights: ``loader(source, tokenizer=, config=, fingerprint=)``
-                (default: :func:`~coalescence.backends.registry.load_backend` with the settings'
-                backend, device, dtype and batch size); the CLI passes its own, which prints.
+            notify: told in one line what is being loaded or started (the CLI prints it).
 
         Returns:
             The :class:`~coalescence.engine.Engine`.
@@ -274,13 +271,9 @@ class ExplainRun:
         s = self.settings
         owned = self.backend is None  # loaded here: a backend that owns processes ends with the run
         if owned:
-            if loader is None or s.distributed:
-                loader = self.default_loader
-            self.backend = loader(
-                self._loaded["source"],
-                tokenizer=self._loaded["tokenizer"],
-                config=self._loaded["config"],
-                fingerprint=self._loaded["fingerprint"],
+            loaded = self._loaded
+            self.backend = load_model(
+                s, loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
             )
         try:
             self.engine = Engine(self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility, now=self.now)
@@ -308,17 +301,6 @@ class ExplainRun:
             on_line(k, self.is_batch, self.engine.resolved_utility, snap, self.policy)
         for snap in self.recorded:
             self.engine.resolved_utility(snap, self.policy)
-
-    def default_loader(self, source: Any, **preloaded: Any) -> Any:
-        """Load ``source`` with the settings' backend, device, dtype and batch size: in this
-        process, or in Ray workers (:func:`~coalescence.distributed.start_ray_backend`; the
-        driver keeps the tokenizer and loads no weights)."""
-        from ..backends.registry import load_backend
-
-        s = self.settings
-        if s.distributed:
-            return ray_backend(s, source, **preloaded)
-        return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
 
     @property
     def recorded(self) -> list[Any]:
@@ -365,7 +347,7 @@ class ExplainRun:
             if "utility:" in exc.message and not s.new_run and same_measurement(self.run_dir, self.utility):
                 raise ArchiveError(
                     exc.message + f". For another utility of the same answer, `coalescence replay {self.run_dir} --method "
-                    f"{s.method} --utility ...` (or --target-span/--target-substring) needs no model, and "
+                    f"{s.method_name} --utility ...` (or --target-span/--target-substring) needs no model, and "
                     "--new-run evaluates only what the archived measurements do not cover",
                     field=exc.field,
                 ) from None
@@ -430,7 +412,7 @@ class ExplainRun:
         s, engine, policy = self.settings, self.engine, self.policy
         if s.target_stderr is not None:
             return await engine.explain_until(
-                snap, s.method, policy, budget=s.budget_for(snap.n_players), target_stderr=s.target_stderr, seed=s.seed
+                snap, s.estimator_for_budget(), policy, budget=s.budget_for(snap.n_players), target_stderr=s.target_stderr
             )
         if s.hierarchy is None:
             return await engine.explain(snap, s.estimator(snap.n_players), policy)
@@ -443,7 +425,7 @@ class ExplainRun:
         import json
 
         s = self.settings
-        fit = {"method": s.method, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
+        fit = {"method": s.method_name, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
         if s.interactions is not None:
             fit["interactions"] = [s.interactions, s.index]
         return json.dumps({"snapshot_id": snap.snapshot_id, "fit": fit}, sort_keys=True)

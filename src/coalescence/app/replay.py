@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
 from .fit import ArchiveFit, select_run
 from .outputs import output_path
-from .ray_workers import ray_backend
+from .backend import load_model
 from .record import recorded_now
 from .settings import ReplaySettings
 
@@ -56,7 +56,7 @@ class ReplayRun:
         from ..archive.manifest import check_replayable
         from ..archive.reader import read_manifest
         from ..snapshot import ConversationSnapshot
-        from ..utility import REGENERATE_KINDS, TEACHER_FORCED_KINDS, UtilitySpec, parse_span
+        from ..utility import UtilitySpec, get_utility, parse_span
 
         s = self.settings
         span = parse_span(s.target_span) if isinstance(s.target_span, str) else s.target_span
@@ -70,13 +70,14 @@ class ReplayRun:
         except (ConfigError, TypeError, ValueError) as exc:
             raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot replay", field="archive") from exc
         kind = s.utility or run_utility.kind
-        if kind in REGENERATE_KINDS and run_utility.kind in TEACHER_FORCED_KINDS:
+        forced, run_forced = get_utility(kind).teacher_forced, run_utility.teacher_forced
+        if not forced and run_forced:
             raise ConfigError(
                 f"run {run['run_id']} scored the fixed answer ({run_utility.kind}); it holds no regenerated "
                 f"answers to compare, so utility {kind} needs a new explain run",
                 field="utility",
             )
-        if kind in TEACHER_FORCED_KINDS and run_utility.kind in REGENERATE_KINDS:
+        if forced and not run_forced:
             raise ConfigError(
                 f"run {run['run_id']} regenerated answers ({run_utility.kind}); it holds no per-token scores, "
                 f"so utility {kind} needs a new explain run",
@@ -149,32 +150,26 @@ class ReplayRun:
             for snap, e in self.jobs
         ]
 
-    def load(self, *, progress: Any = None, loader: Callable[..., Any] | None = None) -> Any:
-        """Load the run's model to evaluate what the archive lacks.
+    def load(self, *, progress: Any = None, notify: Callable[[str], None] | None = None) -> Any:
+        """Load the run's model to evaluate what the archive lacks
+        (:func:`~coalescence.app.backend.load_model`).
 
         Args:
             progress: the engine's progress callbacks.
-            loader: ``loader(source) -> backend`` (default: the settings' backend, device, dtype).
+            notify: told in one line what is being loaded or started (the CLI prints it).
 
         Raises:
             ConfigError: no model given.
             InputError: a model other than the run's (its identity differs).
         """
-        from ..backends.registry import load_backend, resolve_model
+        from ..backends.registry import resolve_model
         from ..engine import Engine
 
         s = self.settings
         if s.model is None:
             raise ConfigError(f"the archive lacks coalitions; pass --model {self.run['model']['id']} to evaluate them", field="model")
         source = resolve_model(s.model)
-        if s.distributed:
-            from ..backends.registry import load_config, load_tokenizer
-
-            backend = ray_backend(s, source, tokenizer=load_tokenizer(source), config=load_config(source))
-        elif loader is None:
-            backend = load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size)
-        else:
-            backend = loader(source)
+        backend = load_model(s, source, notify=notify)
         pinned = self.run.get("template_now")  # one date per run: a replay renders the run's
         now = recorded_now(self.run_dir, pinned) if pinned is not None else None
         engine = Engine(backend, store=self.fit_.store, progress=progress, batch_size=s.batch_size, utility=self.utility, now=now)

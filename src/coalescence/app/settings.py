@@ -11,12 +11,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-
-from ..backends.base import DEFAULT_BATCH_SIZE
 from ..errors import ArchiveError, ConfigError
-from .ray_workers import check_ray_settings
+from .backend import check_ray_settings
+from .groups import (
+    INDEX_HELP,
+    INDICES,
+    INTERACTIONS_HELP,
+    SPAN_HELP,
+    SUBSTRING_HELP,
+    UTILITY_HELP,
+    ArchiveSettings,
+    EstimatorSettings,
+    ExecutionSettings,
+    GameSettings,
+    HierarchySettings,
+    ModelSettings,
+    OutputSettings,
+    RaySettings,
+    RunArchiveSettings,
+    UtilitySettings,
+    utility_kinds,
+    method_list_help,
+)
+from .options import option, positive_int
+from .options import seed as seed_type
 
 __all__ = (
     "ReplaySettings",
@@ -30,9 +50,13 @@ __all__ = (
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSettings:
-    """Every setting of an explain run (the CLI's ``explain`` options, by their library names).
+@dataclass(frozen=True, kw_only=True)
+class RunSettings(
+    ModelSettings, GameSettings, UtilitySettings, EstimatorSettings, HierarchySettings, RunArchiveSettings, ExecutionSettings, OutputSettings
+):
+    """Every setting of an explain run (the CLI's ``explain`` options, by their library names),
+    composed of the settings groups of :mod:`coalescence.app.groups` (each field's help is its
+    ``--help`` text).
 
     Args:
         model: alias, local directory, ``.gguf`` file or hub id.
@@ -56,6 +80,7 @@ class RunSettings:
         utility, target_span, target_substring, temperature, top_p, num_samples, max_new_tokens:
             the utility (see :mod:`coalescence.utility`).
         template: the RAG prompt template file.
+        vllm_url: a running ``vllm serve`` to score against instead of loading the weights here.
         device, dtype, batch_size: where and how the model runs.
         archive: the run directory; ``True`` for a new ``runs/<UTC time>-<snapshot id>``;
             ``None`` for no archive (the Python API's default).
@@ -76,55 +101,16 @@ class RunSettings:
             construction, before anything loads.
     """
 
-    model: str = "smollm2-135m"
-    backend: str = "hf"
-    unit: str | None = None
-    roles: tuple[str, ...] | None = None
-    method: str | None = None
-    budget: int | None = None
-    seed: int = 0
-    interactions: int | None = None
-    index: str | None = None
-    target_stderr: float | None = None
-    hierarchy: tuple[str, str] | str | None = None
-    top_k: int | None = None
-    absence_policy: str = "drop"
-    placeholder: str = "[removed]"
-    system_absent: str = "removed"
-    empty_turns: str = "removed"
-    merge_adjacent: bool = False
-    utility: str = "logprob"
-    target_span: str | tuple[int, int] | None = None
-    target_substring: str | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    num_samples: int = 1
-    max_new_tokens: int = 64
-    template: str | Path | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    batch_size: int = DEFAULT_BATCH_SIZE
-    archive: str | Path | bool | None = None
-    new_run: bool = False
-    flush_rows: int = 4096
-    flush_seconds: float = 30.0
-    skip_corrupt: bool = False
-    out: str | Path | None = None
-    html: str | Path | None = None
-    max_conversations_in_flight: int = 8
-    workers: int | None = None
-    ray_address: str | None = None
-    gpus_per_worker: float = 0.0
-    threads_per_worker: int | None = None
-
     def __post_init__(self) -> None:
-        from ..attribution.estimators import estimator_class, methods_with
-        from .hierarchy import parse_hierarchy
+        from ..attribution.estimators import methods_with
         from ..attribution.estimators.base import check_seed
+        from .hierarchy import parse_hierarchy
 
         check_seed(self.seed)
         if self.method is None:  # a budget asks for a sampling method: auto chooses it
             object.__setattr__(self, "method", "exact" if self.budget is None else "auto")
+        elif not isinstance(self.method, str):
+            self._take_estimator_object()
 
         if self.roles is not None:
             roles = tuple(r.strip() for r in ((self.roles.split(",")) if isinstance(self.roles, str) else self.roles) if r.strip())
@@ -137,15 +123,16 @@ class RunSettings:
             raise ConfigError("applies to a hierarchy (coarse,fine units); add one or drop top_k", field="top_k")
         if self.hierarchy is not None and self.unit is not None:
             raise ConfigError("the hierarchy sets the units; drop the unit", field="unit")
-        capabilities = estimator_class(self.method).capabilities
+        capabilities = self.capabilities
         if self.interactions is not None or self.index is not None:
             if self.hierarchy is not None:
                 raise ConfigError("does not combine with a hierarchy; drop one", field="interactions")
-            interaction_settings(self.method, self.interactions, self.index)
+            if isinstance(self.method, str):
+                interaction_settings(self.method, self.interactions, self.index)
         if self.target_stderr is not None:
             if not capabilities.reports_stderr:
                 raise ConfigError(
-                    f"method {self.method} reports no standard errors; use one of {', '.join(methods_with(reports_stderr=True))}",
+                    f"method {self.method_name} reports no standard errors; use one of {', '.join(methods_with(reports_stderr=True))}",
                     field="target_stderr",
                 )
             if not self.target_stderr > 0:
@@ -154,11 +141,13 @@ class RunSettings:
                 raise ConfigError("does not combine with a hierarchy; drop one", field="target_stderr")
         if not capabilities.needs_budget and self.budget is not None:
             raise ConfigError(
-                f"method {self.method} has a fixed number of evaluations; a budget applies to the sampling "
+                f"method {self.method_name} has a fixed number of evaluations; a budget applies to the sampling "
                 f"methods ({', '.join(methods_with(needs_budget=True))}, shapiq:NAME)",
                 field="budget",
             )
-        if self.absence_policy == "placeholder":
+        if not isinstance(self.absence_policy, str):
+            self._take_policy_object()
+        elif self.absence_policy == "placeholder":
             for name in ("system_absent", "empty_turns"):
                 if getattr(self, name) != "removed":
                     raise ConfigError("applies to the drop policy (placeholder removes no message)", field=name)
@@ -176,21 +165,62 @@ class RunSettings:
         self.policy()  # a bad rule or placeholder is refused now
         self.utility_spec()
 
-    # -- what the settings make -------------------------------------------------------------
-    @property
-    def distributed(self) -> bool:
-        """Whether the model runs in Ray workers (``workers`` or ``ray_address`` given)."""
-        return self.workers is not None or self.ray_address is not None
+    # -- objects given instead of names ------------------------------------------------------
+    def _take_estimator_object(self) -> None:
+        """``method`` given as an estimator object (e.g. ``KernelSHAP(budget=512, seed=3)``): its
+        budget, seed and interactions become the run's (recorded in the manifest as a named
+        method's would be); the same settings given apart must agree with it."""
+        from ..attribution.estimators.base import Estimator
 
+        est = self.method
+        if not isinstance(est, Estimator) or not isinstance(getattr(est, "name", None), str):
+            raise ConfigError(
+                f"must be a method name or an estimator object (name, capabilities, validate, plan, fit), got {type(est).__name__}",
+                field="method",
+            )
+        for name, default in (("budget", None), ("seed", 0), ("interactions", None), ("index", None)):
+            carried = getattr(est, name, None)
+            given = getattr(self, name)
+            if given != default and given != carried:
+                raise ConfigError(f"the estimator object carries its own ({name}={carried!r}); drop {name} or make it agree", field=name)
+            object.__setattr__(self, name, carried if carried is not None or name != "seed" else given)
+
+    def _take_policy_object(self) -> None:
+        """``absence_policy`` given as an :class:`~coalescence.masking.policies.AbsencePolicy`
+        object: the placeholder and drop rules are its own."""
+        from ..masking.policies import AbsencePolicy
+
+        if not isinstance(self.absence_policy, AbsencePolicy):
+            raise ConfigError(f"must be a policy name or an AbsencePolicy object, got {type(self.absence_policy).__name__}", field="absence_policy")
+        for name, default in (("placeholder", "[removed]"), ("system_absent", "removed"), ("empty_turns", "removed"), ("merge_adjacent", False)):
+            if getattr(self, name) != default:
+                raise ConfigError("is set by the AbsencePolicy object given as absence_policy; drop it", field=name)
+
+    @property
+    def method_name(self) -> str:
+        """The method's registered name (``method``'s, or the estimator object's ``name``)."""
+        return self.method if isinstance(self.method, str) else self.method.name
+
+    @property
+    def capabilities(self) -> Any:
+        """The method's :class:`~coalescence.attribution.estimators.base.Capabilities`."""
+        from ..attribution.estimators import estimator_class
+
+        return estimator_class(self.method).capabilities if isinstance(self.method, str) else self.method.capabilities
+
+    # -- what the settings make -------------------------------------------------------------
     @property
     def top_k_or_default(self) -> int:
         """The coarse players a hierarchy refines (3 by default)."""
         return self.top_k if self.top_k is not None else 3
 
     def policy(self) -> Any:
-        """The absence policy (see :func:`~coalescence.masking.policies.get_policy`)."""
+        """The absence policy: the object given, or the one named (see
+        :func:`~coalescence.masking.policies.get_policy`)."""
         from ..masking.policies import get_policy
 
+        if not isinstance(self.absence_policy, str):
+            return self.absence_policy
         merge = {"merge_adjacent": True} if self.merge_adjacent else {}
         if self.absence_policy == "placeholder":
             return get_policy("placeholder", text=self.placeholder, **merge)
@@ -198,15 +228,31 @@ class RunSettings:
         return get_policy(self.absence_policy, **{k: v for k, v in rules.items() if v != "removed"}, **merge)
 
     def utility_spec(self) -> Any:
-        """The utility (:class:`~coalescence.utility.UtilitySpec`); a regenerate utility's optional
-        package is checked now, with its install hint."""
-        from ..utility import REGENERATE_KINDS, GenerationConfig, UtilitySpec, parse_span
+        """The utility (:class:`~coalescence.utility.UtilitySpec`): the object given as ``utility``,
+        or the one named with its span and generation settings; a regenerate utility's optional
+        package is checked now, with its install hint.
 
+        Raises:
+            ConfigError: a span or generation setting given apart from a ``UtilitySpec`` object, or
+                a generation setting for a teacher-forced utility.
+        """
+        from ..utility import REGENERATE_KINDS, GenerationConfig, UtilitySpec, get_utility, parse_span
+
+        if isinstance(self.utility, UtilitySpec):
+            for name, default in (("target_span", None), ("target_substring", None), ("temperature", 0.0), ("top_p", 1.0), ("num_samples", 1)):
+                if getattr(self, name) != default:
+                    raise ConfigError("is part of the UtilitySpec given as utility; drop it", field=name)
+            if self.utility.generation is not None:
+                self.utility.utility.load_similarity()  # its optional package, checked now
+            return self.utility
+        if not isinstance(self.utility, str):
+            raise ConfigError(f"must be a utility name or a UtilitySpec, got {type(self.utility).__name__}", field="utility")
         span = self.target_span
         if isinstance(span, str):
             span = parse_span(span)
         generation = None
-        if self.utility in REGENERATE_KINDS:
+        kind = get_utility(self.utility)  # an unknown name is refused here
+        if not kind.teacher_forced:
             generation = GenerationConfig(
                 temperature=self.temperature,
                 top_p=self.top_p,
@@ -214,9 +260,7 @@ class RunSettings:
                 max_new_tokens=self.max_new_tokens,
                 seed=self.seed,
             )
-            from ..similarity import get_similarity
-
-            get_similarity(self.utility)
+            kind.load_similarity()
         else:
             for name, default in (("temperature", 0.0), ("top_p", 1.0), ("num_samples", 1)):
                 if getattr(self, name) != default:
@@ -228,19 +272,31 @@ class RunSettings:
         return UtilitySpec(kind=self.utility, span=span, substring=self.target_substring, generation=generation)
 
     def estimator(self, n_players: int) -> Any:
-        """The estimator for a game of ``n_players`` (its default budget when none is given)."""
-        from ..attribution.estimators import estimator_class, make_estimator
+        """The estimator for a game of ``n_players``: the object given, or the one named (its
+        default budget when none is given)."""
+        from ..attribution.estimators import make_estimator
 
+        if not isinstance(self.method, str):
+            return self.method
         budget = self.budget
         if budget is None:
-            budget = estimator_class(self.method).capabilities.default_budget(n_players)
+            budget = self.capabilities.default_budget(n_players)
         return make_estimator(self.method, budget=budget, seed=self.seed, interactions=self.interactions, index=self.index)
+
+    def estimator_for_budget(self) -> Any:
+        """``budget -> estimator`` of the run's method at that budget (the rounds of ``target_stderr``)."""
+        import dataclasses
+
+        from ..attribution.estimators import make_estimator
+
+        if not isinstance(self.method, str):
+            est = self.method
+            return lambda budget: dataclasses.replace(est, budget=budget)
+        return lambda budget: make_estimator(self.method, budget=budget, seed=self.seed)
 
     def budget_for(self, n_players: int) -> int | None:
         """The budget recorded for a game of ``n_players`` (``None`` for a method without one)."""
-        from ..attribution.estimators import estimator_class
-
-        capabilities = estimator_class(self.method).capabilities
+        capabilities = self.capabilities
         if not capabilities.needs_budget:
             return None
         return self.budget if self.budget is not None else capabilities.default_budget(n_players)
@@ -268,8 +324,8 @@ class RunResult:
     resumed_coalitions: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReplaySettings:
+@dataclass(frozen=True, kw_only=True)
+class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
     """The settings of a replay (the CLI's ``replay`` options, by their library names).
 
     Args:
@@ -284,7 +340,7 @@ class ReplaySettings:
         utility, target_span, target_substring, whole_answer: the utility replayed (default the
             run's; another teacher-forced kind or answer sub-span is reduced from the archived
             per-token scores with no model).
-        model, backend, device, dtype, batch_size: a model to evaluate what the archive lacks.
+        model, backend, vllm_url, device, dtype, batch_size: a model to evaluate what the archive lacks.
         flush_rows, flush_seconds, skip_corrupt: archive options.
         out: the document written.
 
@@ -292,35 +348,39 @@ class ReplaySettings:
         ConfigError: no or an unknown method, a sub-span with ``whole_answer``.
     """
 
-    methods: tuple[str, ...]
-    budget: int | None = None
-    seed: int | None = None
-    interactions: int | None = None
-    index: str | None = None
-    run_id: str | None = None
-    snapshot: str | None = None
-    utility: str | None = None
-    target_span: str | tuple[int, int] | None = None
-    target_substring: str | None = None
-    whole_answer: bool = False
-    model: str | None = None
-    backend: str = "hf"
-    device: str = "cpu"
-    dtype: str = "float32"
-    batch_size: int = DEFAULT_BATCH_SIZE
-    flush_rows: int = 4096
-    flush_seconds: float = 30.0
-    skip_corrupt: bool = False
-    out: str | Path | None = None
-    workers: int | None = None
-    ray_address: str | None = None
-    gpus_per_worker: float = 0.0
-    threads_per_worker: int | None = None
+    title: ClassVar[str] = "replay"
 
-    @property
-    def distributed(self) -> bool:
-        """Whether the model runs in Ray workers (``workers`` or ``ray_address`` given)."""
-        return self.workers is not None or self.ray_address is not None
+    methods: tuple[str, ...] | str = option(flag="--method", metavar="METHOD[,METHOD...]", required=True, help=method_list_help)
+    budget: int | None = option(
+        None,
+        type=positive_int,
+        help="sampling methods: distinct evaluations (default: the run's, for the run's method in a one-input run; else 32 x players)",
+    )
+    seed: int | None = option(None, type=seed_type, help="seed of the sampling plans (default: the run's)")
+    interactions: int | None = option(
+        None, type=positive_int, metavar="ORDER", help=INTERACTIONS_HELP + " (default: the run's, for its method)"
+    )
+    index: str | None = option(None, choices=INDICES, help=INDEX_HELP)
+    run_id: str | None = option(None, flag="--run", help="run id in the archive (default: the last run)")
+    snapshot: str | None = option(None, help="snapshot id or prefix (default: every snapshot of the run)")
+    utility: str | None = option(
+        None,
+        choices=utility_kinds,
+        help=UTILITY_HELP + " (default: the run's). An archive with per-token scores serves every "
+        "teacher-forced utility and sub-span, one with generated texts every similarity, with no model",
+    )
+    target_span: str | tuple[int, int] | None = option(None, metavar="START:END", help=SPAN_HELP)
+    target_substring: str | None = option(None, metavar="TEXT", help=SUBSTRING_HELP)
+    whole_answer: bool = option(
+        False,
+        switch=True,
+        help="score every answer token, end-of-turn included, even if the run used a sub-span "
+        "(by default replay keeps the run's --target-span/--target-substring unless new ones are given)",
+    )
+    model: str | None = option(
+        None, help="model alias (smollm2-135m), local model directory, .gguf file or hub id (replay: evaluate coalitions the archive lacks)"
+    )
+    out: str | Path | None = option(None, metavar="JSON", help='write {"explanations": [...]} as JSON here')
 
     def __post_init__(self) -> None:
         from ..attribution.estimators import ESTIMATORS, estimator_class, is_method

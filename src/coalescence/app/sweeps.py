@@ -34,12 +34,14 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, EstimatorError
 from .explain import ExplainRun, closing_run
+from .options import SettingsGroup, option
+from .groups import method_list_help
 from .settings import RunSettings
 
 __all__ = ("RESULT_SCHEMA", "Cell", "SweepResult", "SweepRun", "SweepSettings", "agreement", "summarize", "sweep_run")
@@ -134,8 +136,8 @@ def _int_list(value: Any, name: str, *, minimum: int, what: str) -> tuple[int, .
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SweepSettings:
+@dataclass(frozen=True, kw_only=True)
+class SweepSettings(SettingsGroup):
     """The settings of a sweep (the ``coalescence sweep`` options, by their library names).
 
     Args:
@@ -154,10 +156,20 @@ class SweepSettings:
             explain-only setting in ``run`` (naming the setting).
     """
 
-    methods: tuple[str, ...] | str
-    budgets: tuple[int, ...] | str = ()
-    seeds: tuple[int, ...] | str = (0,)
-    out: str | Path
+    title: ClassVar[str] = "sweep"
+
+    methods: tuple[str, ...] | str = option(required=True, help=method_list_help)
+    budgets: tuple[int, ...] | str = option(
+        (),
+        cli_default="",
+        help="comma-separated budgets of the sampling methods (permutation, kernelshap, regression-msr, banzhaf, lasso): "
+        "the most distinct model evaluations, e.g. 64,128,256; a budget a method refuses for a "
+        "conversation's number of players is a recorded skip",
+    )
+    seeds: tuple[int, ...] | str = option((0,), cli_default="0", help="comma-separated seeds of the sampling plans (default: %(default)s)")
+    out: str | Path = option(
+        metavar="DIR", required=True, help="output directory: results.parquet, and the run archive DIR/archive by default"
+    )
     run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = (
     "check_parts",
     "corrupt_parts",
     "dedupe_rows",
+    "format_archive_info",
     "list_parts",
     "load_rows",
     "parts_of",
@@ -321,3 +323,36 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def format_archive_info(info: Mapping[str, Any]) -> str:
+    """:func:`archive_info`'s summary as the lines ``coalescence archive info`` prints."""
+    lines: list[str] = []
+    lines.append(f"run directory   {info['run_dir']} (schema version {info['schema_version']}, coalescence {info['package_version']})")
+    for r in info["runs"]:
+        model, policy, utility = (r.get(k) if isinstance(r.get(k), dict) else {} for k in ("model", "absence_policy", "utility"))
+        kind = utility.get("kind")
+        sha = f" (sha256 {model['sha256'][:12]})" if isinstance(model.get("sha256"), str) and model["sha256"] else ""
+        lines.append(
+            f"run             {r['run_id']} started {r.get('started_at')} [{r.get('status')}] model {model.get('id')}{sha} "
+            f"policy {policy.get('id')} utility {kind}"
+        )
+        if r.get("error"):
+            lines.append(f"  error         {r['error']}")
+    for s in info["snapshots"]:
+        lines.append(f"snapshot        {s['snapshot_id'][:16]}  {s['coalitions']} coalitions")
+    lines.append(f"coalitions      {info['coalitions']} in {info['parts']} parts, {info['bytes']} bytes")
+    if info["unverified_parts"]:
+        lines.append(
+            f"unverified      {info['unverified_parts']} parts written before schema version 3 carry no digest; "
+            "`coalescence archive compact` adds them"
+        )
+    if info["skipped_parts"]:
+        lines.append(f"skipped         {len(info['skipped_parts'])} damaged parts: {', '.join(info['skipped_parts'])}")
+    if info["quarantined_parts"]:
+        lines.append(f"quarantined     {len(info['quarantined_parts'])} parts in quarantine/: {', '.join(info['quarantined_parts'])}")
+    lines.append(f"cache-hit rate  {info['cache_hit_rate']:.3f}")
+    lines.append(f"tokens          {info['tokens_computed']} computed, {info['tokens_reused']} reused")
+    lines.append(f"model time      {info['model_seconds']:.1f} s")
+    lines.append(f"writes          first {info['first_write']}, last {info['last_write']}")
+    return "\n".join(lines)

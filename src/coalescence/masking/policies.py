@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -65,6 +65,7 @@ __all__ = (
 )
 
 
+@runtime_checkable
 class AbsencePolicy(Protocol):
     """How absent players are removed from the prompt.
 

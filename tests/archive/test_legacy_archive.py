@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from coalescence.cli import main
 from coalescence.masking.codec import PackedMask
 
-LEGACY = Path(__file__).parent / "data" / "legacy-v1-run"
+LEGACY = Path(__file__).parents[1] / "data" / "legacy-v1-run"
 
 
 def run(argv):

@@ -456,7 +456,7 @@ def test_an_archive_place_that_cannot_be_written_exits_2_and_leaves_nothing(tmp_
 
 
 def test_the_exit_code_table_is_one_and_the_same_in_the_readme_and_every_help():
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
     section = readme.split("### Exit codes", 1)[1].split("\n#", 1)[0]
     readme_codes = [int(c) for c in re.findall(r"^\| (\d+) \|", section, re.M)]
     help_codes = [int(c) for c in re.findall(r"^    (\d+) ", cli.EXIT_CODES, re.M)]

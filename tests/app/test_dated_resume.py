@@ -4,7 +4,7 @@ day 1's date (issue 24, item 3).
 "Today" is faked with the ``COALESCENCE_TODAY`` environment variable (the documented way), set in
 the child process's environment and with ``monkeypatch.setenv`` here; nothing of ours is patched.
 Real parts: the CLI in a subprocess killed with SIGKILL (each backend call made slow there so
-that the kill lands mid-run, as in tests/test_resume.py), the tiny random Llama with a Llama-3.1
+that the kill lands mid-run, as in tests/app/test_resume.py), the tiny random Llama with a Llama-3.1
 template that writes ``strftime_now("%d %b %Y")``, real Parquet parts.
 """
 
@@ -47,7 +47,7 @@ from coalescence.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 DAY1, DAY2 = "2024-07-26", "2024-07-27"
-TOL = 1e-5  # the resume test's tolerance (tests/test_resume.py): a cold prefix cache sums in another order
+TOL = 1e-5  # the resume test's tolerance (tests/app/test_resume.py): a cold prefix cache sums in another order
 
 
 @pytest.fixture(scope="module")

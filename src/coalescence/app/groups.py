@@ -1,0 +1,355 @@
+"""The settings groups that runs compose (:class:`~coalescence.app.settings.RunSettings`,
+:class:`~coalescence.app.settings.ReplaySettings`, :class:`~coalescence.app.sweeps.SweepSettings`),
+one concern each: the model and where it runs, the players and absence, the utility, the estimator,
+the hierarchy, the archive, the execution (Ray workers), the outputs. Each field carries its
+command-line option (:func:`~coalescence.app.options.option`); the CLI is generated from them, one
+``--help`` section per group, and the choices and method lists are read from the registries when
+the parser is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from ..backends.base import DEFAULT_BATCH_SIZE
+from .options import SettingsGroup, option, positive_float, positive_int
+from .options import seed as seed_type
+
+__all__ = (
+    "INDEX_HELP",
+    "INDICES",
+    "INTERACTIONS_HELP",
+    "METHODS_HELP",
+    "SPAN_HELP",
+    "SUBSTRING_HELP",
+    "UTILITY_HELP",
+    "ArchiveSettings",
+    "EstimatorSettings",
+    "ExecutionSettings",
+    "GameSettings",
+    "HierarchySettings",
+    "ModelSettings",
+    "OutputSettings",
+    "RaySettings",
+    "RunArchiveSettings",
+    "UtilitySettings",
+    "method_list_help",
+    "methods_help",
+    "utility_kinds",
+)
+
+
+def _backends() -> tuple[str, ...]:
+    from ..backends.registry import BACKENDS
+
+    return tuple(sorted(BACKENDS))
+
+
+def _policies() -> tuple[str, ...]:
+    from ..masking.policies import available_policies
+
+    return tuple(available_policies())
+
+
+def utility_kinds() -> tuple[str, ...]:
+    """The registered utility kinds (``--utility``'s choices, read when the parser is built)."""
+    from ..utility import UTILITIES
+
+    return tuple(UTILITIES)
+
+
+def _roles_help() -> str:
+    from ..conversation import ROLES
+
+    return (
+        f"comma-separated roles whose messages are players (default: all of {','.join(ROLES)}); "
+        "messages of other roles stay in every coalition"
+    )
+
+
+def _units() -> tuple[str, ...]:
+    from ..conversation import UNITS
+
+    return UNITS
+
+
+def methods_help() -> str:
+    """The methods by name, read from the registry when the parser is built."""
+    from ..attribution.estimators import METHODS
+
+    return (
+        f"{', '.join(METHODS)} or shapiq:NAME. " + METHODS_HELP + " (default: exact; auto when --budget is given: "
+        "lasso's sparse surrogate for many players on a budget under 5 per player, else regression-msr)"
+    )
+
+
+def method_list_help() -> str:
+    from ..attribution.estimators import METHODS
+
+    return f"comma-separated methods ({','.join(METHODS)}). " + METHODS_HELP
+
+
+METHODS_HELP = (
+    "exact: exact Shapley values, all 2^n coalitions (n <= 16); permutation: antithetic "
+    "permutation sampling with standard errors; kernelshap: KernelSHAP (paired sampling, "
+    "efficiency imposed, standard errors); regression-msr: regression-adjusted KernelSHAP (Witter, "
+    "Liu & Musco 2025: KernelSHAP's coalitions and fit, its residuals corrected by stratified Monte "
+    "Carlo; the lowest error of the sampling methods on real games, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
+    "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out; auto: chosen by players and "
+    "budget (the output says which ran and why); shapiq:NAME: "
+    "a shapiq approximator through this engine (e.g. shapiq:SVARM, shapiq:KernelSHAPIQ, "
+    "shapiq:ProxySPEX; needs the shapiq extra; shapiq:RegressionMSR and the other approximators of "
+    "shapiq 1.5+ run in the external shapiq that make install sets up, or COALESCENCE_SHAPIQ_PYTHON names)"
+)
+"""What each estimator is, in one paragraph (the help of ``--method``)."""
+
+UTILITY_HELP = (
+    "what v(S) measures. Teacher forcing of the fixed answer: logprob (log p of the answer, nats), "
+    "mean_logprob (per token, nats), logit_prob (log-odds of p, as in ContextCite), prob (p). "
+    "Regenerate-and-compare (the model answers each coalition anew; similarity to the original "
+    "answer): exact_match, token_f1, rouge_l, embedding_cosine (needs the embedding extra)"
+)
+"""What each utility measures (the help of ``--utility``)."""
+
+INTERACTIONS_HELP = (
+    "also compute interactions of sets of 2..ORDER players (--method exact, or a shapiq "
+    "interaction approximator such as shapiq:KernelSHAPIQ, shapiq:SVARMIQ, shapiq:SHAPIQ); the "
+    "--out document gets an interactions list and the table the top ones"
+)
+INDICES = ("SII", "k-SII", "FSII", "STII")
+INDEX_HELP = "--interactions: the interaction index: SII, k-SII, FSII or STII (default: k-SII)"
+SPAN_HELP = (
+    "teacher-forced utilities: score only the answer tokens overlapping characters "
+    "START:END of the answer (0-based, END exclusive; a span that cuts a token includes the whole "
+    "token; the end-of-turn token is scored with the whole answer only) (default: the whole answer)"
+)
+SUBSTRING_HELP = "teacher-forced utilities: score only the answer tokens of the first occurrence of TEXT"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings(SettingsGroup):
+    """The model and where it runs (every run)."""
+
+    title: ClassVar[str] = "model"
+
+    model: str | None = option(
+        "smollm2-135m", help="model alias (smollm2-135m), local model directory, .gguf file or hub id (default: %(default)s)"
+    )
+    backend: str = option(
+        "hf",
+        choices=_backends,
+        help="the model backend by name: hf (transformers, CPU or GPU), vllm (vLLM's engine in this process: pip install "
+        "'coalescence[vllm]'; float32 on the CPU) (default: %(default)s)",
+    )
+    vllm_url: str | None = option(
+        None,
+        metavar="URL",
+        help="score against a running `vllm serve` at http://HOST:PORT (its OpenAI-compatible completions "
+        "endpoint) instead of loading the weights here; --model names the same model, whose tokenizer, "
+        "chat template and context the server must match (checked before any coalition is scored)",
+    )
+    device: str = option("cpu", help="torch device (default: %(default)s)")
+    dtype: str = option("float32", choices=("float32", "bfloat16", "float16"), help="compute dtype (default: %(default)s)")
+    batch_size: int = option(DEFAULT_BATCH_SIZE, type=positive_int, help="rows per model call (default: %(default)s)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GameSettings(SettingsGroup):
+    """The players and how an absent one disappears (explain, sweep)."""
+
+    title: ClassVar[str] = "players and absence"
+
+    unit: str | None = option(
+        None,
+        choices=_units,
+        help="player unit: turn, paragraph, sentence, word, tool (a tool call and its results), "
+        "exchange (a user turn and the reply to it; the last user turn stays), document (the input's "
+        "declared players or RAG documents) (default: document when the input declares players, else turn)",
+    )
+    roles: tuple[str, ...] | str | None = option(None, help=_roles_help)
+    template: str | Path | None = option(
+        None,
+        metavar="JSON",
+        help='RAG prompt template, a JSON file {"system", "user", "document", "separator"} (default: the one in the README)',
+    )
+    absence_policy: str = option(
+        "drop",
+        choices=_policies,
+        help="how an absent player disappears: drop its text (a turn removes its message) or "
+        "replace it with --placeholder (default: %(default)s)",
+    )
+    placeholder: str = option("[removed]", help="placeholder text (default: %(default)s)")
+    system_absent: str = option(
+        "removed",
+        choices=("removed", "empty"),
+        help="drop policy: a system message whose players are all absent is removed, or kept "
+        "with empty content (default: %(default)s)",
+    )
+    empty_turns: str = option(
+        "removed",
+        choices=("removed", "empty"),
+        help="drop policy: a message (any role) whose players are all absent is removed, or kept with "
+        "empty content so every coalition keeps the conversation's sequence of roles, as templates "
+        "that require alternating roles need for units finer than a turn (default: %(default)s)",
+    )
+    merge_adjacent: bool = option(
+        False,
+        switch=True,
+        help="render adjacent messages of the same role (system, user, assistant) as one message, "
+        "joined by a blank line, in every coalition: dropping a turn then never puts two user turns "
+        "side by side (templates that require alternating roles)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class UtilitySettings(SettingsGroup):
+    """What v(S) measures (explain, sweep; see :mod:`coalescence.utility`)."""
+
+    title: ClassVar[str] = "utility"
+
+    utility: str | None = option("logprob", choices=utility_kinds, help=UTILITY_HELP + " (default: %(default)s)")
+    target_span: str | tuple[int, int] | None = option(None, metavar="START:END", help=SPAN_HELP)
+    target_substring: str | None = option(None, metavar="TEXT", help=SUBSTRING_HELP)
+    temperature: float = option(
+        0.0, type=float, help="regenerate utilities: 0 decodes greedily, > 0 samples at this temperature (default: %(default)s)"
+    )
+    top_p: float = option(1.0, type=float, help="regenerate utilities: nucleus sampling mass (default: %(default)s)")
+    num_samples: int = option(
+        1,
+        type=positive_int,
+        help="regenerate utilities: sampled answers per coalition (at most 1024), similarities averaged; each "
+        "sample's seed derives from --seed, the coalition and the sample index (default: %(default)s)",
+    )
+    max_new_tokens: int = option(
+        64,
+        type=positive_int,
+        help="length limit when the answer is generated, and of each regenerated answer; with the prompt it must "
+        "fit the model's context (default: %(default)s)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatorSettings(SettingsGroup):
+    """The estimator and its sampling plan (explain)."""
+
+    title: ClassVar[str] = "estimator"
+
+    method: str | None = option(None, metavar="METHOD", help=methods_help)
+    budget: int | None = option(
+        None,
+        type=positive_int,
+        help="sampling methods (permutation, kernelshap, regression-msr, banzhaf, lasso, shapiq:NAME): the most distinct "
+        "model evaluations (default: 32 x players)",
+    )
+    seed: int | None = option(0, type=seed_type, help="seed of the sampling plan (default: %(default)s)")
+    interactions: int | None = option(None, type=positive_int, metavar="ORDER", help=INTERACTIONS_HELP)
+    index: str | None = option(None, choices=INDICES, help=INDEX_HELP)
+    target_stderr: float | None = option(
+        None,
+        type=positive_float,
+        metavar="NATS",
+        help="permutation, kernelshap, regression-msr, banzhaf: sample in doubling rounds until every player's "
+        "standard error is below NATS or --budget is spent (the output says which)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HierarchySettings(SettingsGroup):
+    """Hierarchical attribution: a coarse level, then detail where it matters (explain)."""
+
+    title: ClassVar[str] = "hierarchy"
+
+    hierarchy: tuple[str, str] | str | None = option(
+        None,
+        metavar="COARSE,FINE",
+        help="hierarchical attribution: attribute at COARSE, then refine the --top-k coarse players "
+        "at FINE with the rest held present (e.g. document,sentence)",
+    )
+    top_k: int | None = option(None, type=positive_int, help="--hierarchy: coarse players refined (default: 3)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchiveSettings(SettingsGroup):
+    """How the run archive is written (every run that evaluates)."""
+
+    title: ClassVar[str] = "archive"
+
+    flush_rows: int = option(4096, type=positive_int, help="rows per archive part (default: %(default)s)")
+    flush_seconds: float = option(
+        30.0, type=positive_float, help="longest time evaluated rows wait before a part is written (default: %(default)s)"
+    )
+    skip_corrupt: bool = option(
+        False,
+        switch=True,
+        help="set aside archive parts that fail verification (moved to RUN_DIR/quarantine/; a run evaluates "
+        "their coalitions again)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunArchiveSettings(ArchiveSettings):
+    """Which run archive an explain run or a sweep writes."""
+
+    archive: str | Path | bool | None = option(
+        None,
+        metavar="RUN_DIR",
+        cli_default=True,  # the command line always keeps a run archive
+        help="run archive directory: created if new, resumed if it holds this run (default: a new runs/<UTC time>-<snapshot id>)",
+    )
+    new_run: bool = option(False, switch=True, help="add a run with other settings to an existing --archive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaySettings(SettingsGroup):
+    """Model workers on Ray (:mod:`coalescence.distributed`)."""
+
+    title: ClassVar[str] = "execution"
+
+    workers: int | None = option(
+        None,
+        type=positive_int,
+        metavar="N",
+        help="N model workers in Ray actors (pip install 'coalescence[ray]'; the driver plans, renders and archives, each "
+        "worker holds one copy of the model and takes conversations whole): on a local Ray cluster started for the run, "
+        "or on the --ray-address cluster (default: in this process; with --ray-address, one per GPU with "
+        "--gpus-per-worker, else 2)",
+    )
+    ray_address: str | None = option(None, metavar="ADDR", help="join this Ray cluster (auto, HOST:PORT) instead of starting one")
+    gpus_per_worker: float = option(
+        0.0, type=float, metavar="G", help="accelerators each worker reserves (with --device cuda) (default: %(default)s)"
+    )
+    threads_per_worker: int | None = option(
+        None, type=positive_int, metavar="T", help="torch threads per worker (default: its node's CPUs divided among the workers there)"
+    )
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the model runs in Ray workers (``workers`` or ``ray_address`` given)."""
+        return self.workers is not None or self.ray_address is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionSettings(RaySettings):
+    """How a run executes: conversations in flight, model workers."""
+
+    max_conversations_in_flight: int = option(
+        8,
+        type=positive_int,
+        metavar="N",
+        help="a dataset (.jsonl, .parquet): conversations evaluated at once through one scheduler, their "
+        "coalitions filling the same batches (bounds memory) (default: %(default)s)",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputSettings(SettingsGroup):
+    """The files an explain run writes after its results (besides the archive)."""
+
+    title: ClassVar[str] = "outputs"
+
+    out: str | Path | None = option(None, metavar="JSON", help="write the explanation as JSON here")
+    html: str | Path | None = option(
+        None, metavar="PATH", help="write the HTML report of the explanation here after the run (as `coalescence report`)"
+    )

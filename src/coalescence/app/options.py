@@ -1,0 +1,200 @@
+"""Settings fields that describe their own command-line option (the model: vLLM's ``EngineArgs``).
+
+A settings class is a frozen dataclass composed of *groups* (:class:`SettingsGroup` subclasses,
+one per concern: the model, the players, the utility...). Each field is declared with
+:func:`option`, whose metadata is everything the command line needs: the help text, the flag, the
+parser of its text, the choices. :func:`add_options` adds the options of a settings class to an
+``argparse`` parser, one argument group per settings group, and :func:`settings_from` builds the
+settings back from the parsed namespace; the command line repeats no field by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = (
+    "Option",
+    "SettingsGroup",
+    "add_options",
+    "option",
+    "option_fields",
+    "positive_float",
+    "positive_int",
+    "seed",
+    "settings_from",
+)
+
+Text = str | Callable[[], str]
+"""A help text, or a function giving it when the parser is built (e.g. the registered methods)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    """How a settings field appears on the command line.
+
+    Attributes:
+        help: the help text (``%(default)s`` is argparse's); a callable is called when the parser
+            is built, so it can list what is registered then.
+        flag: the long option (default: ``--`` and the field's name with ``-`` for ``_``).
+        short: a short option (``-o``), or ``None``.
+        type: parses the option's text (e.g. :func:`positive_int`); ``None`` keeps the text.
+        choices: the allowed values, or a callable giving them when the parser is built.
+        metavar: the placeholder in the usage line.
+        switch: a flag without a value (``store_true``).
+        required: the option must be given.
+        cli: ``False`` for a field of the Python API alone (e.g. a loaded backend).
+        cli_default: the command line's default when it differs from the API's (e.g. ``archive``:
+            the CLI always keeps one); set by :func:`option`'s ``cli_default`` (``has_cli_default``).
+    """
+
+    help: Text = ""
+    flag: str | None = None
+    short: str | None = None
+    type: Callable[[str], Any] | None = None
+    choices: tuple[Any, ...] | Callable[[], Any] | None = None
+    metavar: str | None = None
+    switch: bool = False
+    required: bool = False
+    cli: bool = True
+    cli_default: Any = None
+    has_cli_default: bool = False
+
+
+def option(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
+    """A dataclass field with its command-line :class:`Option` (``meta``: its attributes)."""
+    if "cli_default" in meta:
+        meta["has_cli_default"] = True
+    return dataclasses.field(default=default, metadata={"option": Option(**meta)})
+
+
+class SettingsGroup:
+    """A group of settings fields (a frozen dataclass subclassing this), shown as one section of
+    ``--help`` titled :attr:`title`, described by :attr:`description`; a group extending another
+    with the same title adds its fields to that section."""
+
+    title: ClassVar[str] = ""
+    description: ClassVar[str | None] = None
+
+
+def _groups(cls: type) -> list[type]:
+    """The settings groups of ``cls`` in the order their options are shown: depth first through
+    the bases in declaration order (a base before the group that extends it), ``cls`` last."""
+    out: list[type] = []
+
+    def walk(c: type) -> None:
+        for base in c.__bases__:
+            walk(base)
+        if issubclass(c, SettingsGroup) and c is not SettingsGroup and c not in out:
+            out.append(c)
+
+    walk(cls)
+    return out
+
+
+def option_fields(cls: type) -> Iterator[tuple[type, dataclasses.Field[Any], Option]]:
+    """``(group, field, option)`` of every command-line field of the settings class ``cls``, each
+    in the group that declares it last (a subclass may redeclare a field with another default)."""
+    owner: dict[str, type] = {}
+    for group in _groups(cls):
+        for name in vars(group).get("__annotations__", {}):
+            owner[name] = group
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    for group in _groups(cls):
+        for name, f in by_name.items():
+            opt = f.metadata.get("option")
+            if owner.get(name) is group and opt is not None and opt.cli:
+                yield group, f, opt
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    exclude: tuple[str, ...] = (),
+    help: Mapping[str, str] | None = None,  # noqa: A002 (argparse's word)
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
+    """Add the options of the settings class ``cls`` to ``parser``, one argument group per settings
+    group (in ``--help``: its title, then its options).
+
+    Args:
+        parser: the (sub)command's parser.
+        cls: a settings dataclass composed of :class:`SettingsGroup` subclasses.
+        exclude: fields left out (set by the command itself).
+        help: a command's own help text for some fields.
+        defaults: a command's own defaults for some fields.
+    """
+    help, defaults = help or {}, defaults or {}
+    sections: dict[str, Any] = {}  # by title: a group that extends another shares its section
+    for group, f, opt in option_fields(cls):
+        if f.name in exclude:
+            continue
+        if group.title not in sections:
+            sections[group.title] = parser.add_argument_group(group.title or None, group.description)
+        text = help.get(f.name, opt.help() if callable(opt.help) else opt.help)
+        if f.name in defaults:
+            default = defaults[f.name]
+        elif opt.has_cli_default:
+            default = opt.cli_default
+        else:
+            default = None if f.default is dataclasses.MISSING else f.default
+        flags = [s for s in (opt.short, opt.flag or "--" + f.name.replace("_", "-")) if s]
+        kwargs: dict[str, Any] = {"dest": f.name, "help": text, "default": default}
+        if opt.switch:
+            kwargs["action"] = "store_true"
+        else:
+            if opt.type is not None:
+                kwargs["type"] = opt.type
+            if opt.choices is not None:
+                kwargs["choices"] = opt.choices() if callable(opt.choices) else opt.choices
+            if opt.metavar is not None:
+                kwargs["metavar"] = opt.metavar
+        if opt.required:
+            kwargs["required"] = True
+        sections[group.title].add_argument(*flags, **kwargs)
+
+
+def settings_from(cls: type, args: argparse.Namespace, *, exclude: tuple[str, ...] = (), **given: Any) -> Any:
+    """The settings ``cls`` from a parsed namespace (every command-line field the parser has but
+    those in ``exclude``, as :func:`add_options`), and ``given`` fields set by the command itself."""
+    values = {f.name: getattr(args, f.name) for _, f, _ in option_fields(cls) if hasattr(args, f.name) and f.name not in exclude}
+    return cls(**(values | given))
+
+
+# -- the options' text parsers (argparse ``type=``): a bad value is one line naming the option ----------------
+def positive_int(text: str) -> int:
+    """A positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A seed: a non-negative integer of any size (the rule of every method)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer (any size), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer (any size), got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A positive finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {value}")
+    return value
