@@ -41,23 +41,11 @@ from typing import ClassVar
 
 import functools
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import ConfigError
-from .base import (
-    Capabilities,
-    Estimate,
-    check_budget_seed,
-    check_n_players,
-    check_pool,
-    gather,
-    pool_lookup,
-    row_keys,
-    student_t_factor,
-)
+from .base import Estimate, SampledEstimator, check_pool, gather, pool_lookup, row_keys, student_t_factor
 from .exact import coalition_rows
 
 __all__ = ("DRAW_CAP_FACTOR", "MAX_DRAWS", "ROUNDING_ULPS", "Banzhaf", "UniformPlan", "uniform_plan")
@@ -160,7 +148,7 @@ def uniform_plan(n: int, budget: int, seed: int) -> UniformPlan:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Banzhaf:
+class Banzhaf(SampledEstimator):
     """Banzhaf values by maximum sample reuse (Banzhaf 1965; Wang & Jia 2023).
 
     Args:
@@ -178,41 +166,17 @@ class Banzhaf:
             non-negative int (``field="seed"``).
     """
 
-    budget: int
-    seed: int = 0
     name: str = field(default="banzhaf", init=False)
-    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True)
+    what: ClassVar[str] = "Banzhaf values"
+    minimum_why: ClassVar[str] = " (the empty and grand coalitions and two samples)"
 
-    def __post_init__(self) -> None:
-        check_budget_seed(self.budget, self.seed)
+    def min_budget(self, n_players: int) -> int:
+        """``min(4, 2^n)``."""
+        return min(4, 1 << n_players)
 
-    def validate(self, n_players: int) -> None:
-        """Refuse an empty game or a budget below ``min(4, 2^n)``.
-
-        Raises:
-            EstimatorError: ``n_players == 0``.
-            ConfigError: the budget is below the minimum (``field="budget"``).
-        """
-        n = check_n_players(n_players)
-        minimum = min(4, 1 << n)
-        if self.budget < minimum:
-            raise ConfigError(
-                f"--budget {self.budget} is below the minimum of {minimum} for Banzhaf values with "
-                f"{n} players (the empty and grand coalitions and two samples); raise --budget",
-                field="budget",
-            )
-
-    def plan(self, n_players: int) -> Iterator[np.ndarray]:
-        """Yield the planned distinct coalitions (see :func:`uniform_plan`).
-
-        Returns:
-            an iterator of at most ``budget`` distinct read-only ``[n_players]`` bool rows.
-
-        Raises:
-            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
-        """
-        self.validate(n_players)
-        return iter(uniform_plan(int(n_players), self.budget, self.seed).rows)
+    def _plan_rows(self, n_players: int) -> np.ndarray:
+        """The planned distinct coalitions (see :func:`uniform_plan`)."""
+        return uniform_plan(n_players, self.budget, self.seed).rows
 
     def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
         """Difference of the mean utilities of the samples with and without each player.

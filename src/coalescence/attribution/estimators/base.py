@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -34,6 +34,7 @@ __all__ = (
     "check_pool",
     "check_seed",
     "Estimate",
+    "SampledEstimator",
     "Estimator",
     "gather",
     "library_seed",
@@ -411,6 +412,74 @@ def gather(lookup: dict[bytes, float], keys: Sequence[bytes], method: str) -> np
             "check the backend's outputs"
         )
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SampledEstimator:
+    """What every sampling estimator shares: a budget of distinct coalitions, a seed, a minimum
+    budget, and a plan that is a pure function of (n, budget, seed). A subclass (a frozen dataclass
+    adding its ``name`` and options) keeps only its mathematics: :meth:`min_budget`,
+    :meth:`_plan_rows` and ``fit``.
+
+    Args:
+        budget: the most distinct coalitions (model evaluations), a positive int.
+        seed: seed of ``numpy.random.default_rng``, a non-negative int of any size.
+
+    Raises:
+        ConfigError: ``budget`` is not a positive int (``field="budget"``), or ``seed`` is not a
+            non-negative int (``field="seed"``).
+    """
+
+    budget: int
+    seed: int = 0
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True)
+    what: ClassVar[str] = "this method"
+    """The method in the budget error (``"permutation sampling"``)."""
+    minimum_why: ClassVar[str] = ""
+    """What the minimum budget buys, in the budget error (``" (one antithetic pair)"``)."""
+
+    def __post_init__(self) -> None:
+        check_budget_seed(self.budget, self.seed)
+
+    def min_budget(self, n_players: int) -> int:
+        """The smallest budget for ``n_players`` players (subclasses say theirs)."""
+        raise NotImplementedError
+
+    def _minimum_text(self, n_players: int, minimum: int) -> str:
+        return str(minimum)
+
+    def validate(self, n_players: int) -> None:
+        """Refuse an empty game or a budget below :meth:`min_budget`.
+
+        Raises:
+            EstimatorError: ``n_players == 0``.
+            ConfigError: the budget is below the minimum (``field="budget"``).
+        """
+        n = check_n_players(n_players)
+        minimum = self.min_budget(n)
+        if self.budget < minimum:
+            raise ConfigError(
+                f"--budget {self.budget} is below the minimum of {self._minimum_text(n, minimum)} for {self.what} "
+                f"with {n} players{self.minimum_why}; raise --budget",
+                field="budget",
+            )
+
+    def plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """Yield the planned distinct coalitions, in the order the plan first meets them.
+
+        Returns:
+            an iterator of at most ``budget`` read-only ``[n_players]`` bool rows (each
+            subclass's docstring says which and in what order).
+
+        Raises:
+            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
+        """
+        self.validate(n_players)
+        return iter(self._plan_rows(int(n_players)))
+
+    def _plan_rows(self, n_players: int) -> Any:
+        """The plan's rows (``[k, n_players]`` bool, k <= budget) for a valid game."""
+        raise NotImplementedError
 
 
 def check_budget_seed(budget: object, seed: object) -> None:

@@ -71,18 +71,15 @@ import functools
 import itertools
 import logging
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...errors import ConfigError
 from .base import (
-    Capabilities,
     Estimate,
+    SampledEstimator,
     budget_near_all,
-    check_budget_seed,
-    check_n_players,
     check_pool,
     gather,
     pool_lookup,
@@ -407,7 +404,7 @@ def _kkt(a: np.ndarray, b: np.ndarray, total: float) -> tuple[np.ndarray, np.nda
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class KernelSHAP:
+class KernelSHAP(SampledEstimator):
     """Shapley values by KernelSHAP with paired sampling (Lundberg & Lee 2017; Covert & Lee 2021).
 
     Args:
@@ -427,58 +424,27 @@ class KernelSHAP:
             non-negative int (``field="seed"``), or ``paired`` is not True (``field="paired"``).
     """
 
-    budget: int
-    seed: int = 0
     paired: bool = True
     name: str = field(default="kernelshap", init=False)
-    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True)
+    what: ClassVar[str] = "KernelSHAP"
+    minimum_why: ClassVar[str] = " (the empty and grand coalitions and one complement pair)"
 
     def __post_init__(self) -> None:
-        check_budget_seed(self.budget, self.seed)
+        SampledEstimator.__post_init__(self)
         if self.paired is not True:
             raise ConfigError(
                 f"paired must be True (only paired sampling is implemented), got {self.paired!r}",
                 field="paired",
             )
 
-    @staticmethod
-    def min_budget(n_players: int) -> int:
+    def min_budget(self, n_players: int) -> int:
         """Smallest budget for ``n_players``: ``min(4, 2^n)`` (empty, full, one complement pair)."""
         return min(4, 1 << n_players)
 
-    def validate(self, n_players: int) -> None:
-        """Refuse an empty game or a budget below :meth:`min_budget`.
-
-        Raises:
-            EstimatorError: ``n_players == 0``.
-            ConfigError: ``budget < min(4, 2^n)`` (``field="budget"``).
-        """
-        n = check_n_players(n_players)
-        minimum = self.min_budget(n)
-        if self.budget < minimum:
-            raise ConfigError(
-                f"--budget {self.budget} is below the minimum of {minimum} for "
-                f"{'KernelSHAP' if self.name == 'kernelshap' else self.name} with {n} "
-                "players (the empty and grand coalitions and one complement pair); raise --budget",
-                field="budget",
-            )
-
-    def plan(self, n_players: int) -> Iterator[np.ndarray]:
-        """Yield the planned distinct coalitions.
-
-        Args:
-            n_players: number of players n.
-
-        Returns:
-            an iterator of at most ``budget`` distinct read-only ``[n_players]`` bool rows: all 2^n
-            in integer-index order when ``budget >= 2^n``, else the empty and grand coalitions
-            followed by the sampled coalitions and complements in first-seen order.
-
-        Raises:
-            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
-        """
-        self.validate(n_players)
-        return iter(_build_plan(int(n_players), self.budget, self.seed).rows)
+    def _plan_rows(self, n_players: int) -> np.ndarray:
+        """All 2^n coalitions in integer-index order when ``budget >= 2^n``, else the empty and
+        grand coalitions followed by the sampled coalitions and complements in first-seen order."""
+        return _build_plan(n_players, self.budget, self.seed).rows
 
     def n_pairs(self, n_players: int) -> int:
         """Number of complement pairs drawn for ``n_players`` (0 under full enumeration)."""

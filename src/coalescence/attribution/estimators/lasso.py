@@ -29,14 +29,13 @@ from typing import ClassVar
 
 import logging
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...errors import ConfigError, EstimatorError
 from .banzhaf import uniform_plan
-from .base import Capabilities, Estimate, check_budget_seed, check_n_players, check_pool, gather, library_seed, pool_lookup
+from .base import Capabilities, Estimate, SampledEstimator, check_pool, gather, library_seed, pool_lookup
 
 __all__ = ("HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate")
 
@@ -66,7 +65,7 @@ def _to_logit(logprob: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LassoSurrogate:
+class LassoSurrogate(SampledEstimator):
     """LASSO surrogate attributions with their linear datamodeling score (ContextCite, 2024).
 
     Args:
@@ -88,16 +87,15 @@ class LassoSurrogate:
             (``field="alpha"``) or utility (``field="utility"``), quoting it.
     """
 
-    budget: int
-    seed: int = 0
     alpha: float | None = None
     utility: str = "logprob"
     holdout: float = HOLDOUT_FRACTION
     name: str = field(default="lasso", init=False)
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
+    what: ClassVar[str] = "the LASSO surrogate"
 
     def __post_init__(self) -> None:
-        check_budget_seed(self.budget, self.seed)
+        SampledEstimator.__post_init__(self)
         if self.alpha is not None:
             ok = isinstance(self.alpha, int | float) and not isinstance(self.alpha, bool)
             if not ok or not math.isfinite(self.alpha) or self.alpha <= 0:
@@ -115,33 +113,13 @@ class LassoSurrogate:
                 field="utility",
             )
 
-    def validate(self, n_players: int) -> None:
-        """Refuse an empty game or a budget below ``min(16, 2^n)``.
+    def min_budget(self, n_players: int) -> int:
+        """``min(16, 2^n)``."""
+        return min(MIN_BUDGET, 1 << n_players)
 
-        Raises:
-            EstimatorError: ``n_players == 0``.
-            ConfigError: the budget is below the minimum (``field="budget"``).
-        """
-        n = check_n_players(n_players)
-        minimum = min(MIN_BUDGET, 1 << n)
-        if self.budget < minimum:
-            raise ConfigError(
-                f"--budget {self.budget} is below the minimum of {minimum} for the LASSO surrogate "
-                f"with {n} players; raise --budget",
-                field="budget",
-            )
-
-    def plan(self, n_players: int) -> Iterator[np.ndarray]:
-        """Yield the planned distinct coalitions (uniform, as for :class:`Banzhaf`).
-
-        Returns:
-            an iterator of at most ``budget`` distinct read-only ``[n_players]`` bool rows.
-
-        Raises:
-            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
-        """
-        self.validate(n_players)
-        return iter(uniform_plan(int(n_players), self.budget, self.seed).rows)
+    def _plan_rows(self, n_players: int) -> np.ndarray:
+        """The planned distinct coalitions (uniform, as for :class:`Banzhaf`)."""
+        return uniform_plan(n_players, self.budget, self.seed).rows
 
     def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
         """Fit the LASSO surrogate on all but the held-out share of the planned coalitions (``holdout``,

@@ -42,13 +42,12 @@ to float rounding. The replicates come from per-size moments in O(n^3) each.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
-from .base import Capabilities, Estimate, budget_near_all, check_pool, gather, pool_lookup
+from .base import Estimate, budget_near_all, check_pool, gather, pool_lookup
 from .kernel import KernelSHAP, _build_plan, _min_distinct_pairs, _Plan, jackknife_t_stderr
 
 __all__ = ("RegressionMSR",)
@@ -182,11 +181,7 @@ class RegressionMSR(KernelSHAP):
     """
 
     name: str = field(default="regression-msr", init=False)
-    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True)
-
-    def plan(self, n_players: int) -> Iterator[np.ndarray]:
-        """KernelSHAP's planned coalitions (:meth:`KernelSHAP.plan`)."""
-        return KernelSHAP.plan(self, n_players)
+    what: ClassVar[str] = "regression-msr"  # KernelSHAP's coalitions and minimum budget
 
     def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
         """The linear proxy's coefficients plus the stratified residual term, shifted to efficiency.

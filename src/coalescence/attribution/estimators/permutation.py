@@ -55,18 +55,14 @@ from typing import ClassVar
 
 import functools
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import ConfigError
 from .base import (
-    Capabilities,
     Estimate,
+    SampledEstimator,
     budget_near_all,
-    check_budget_seed,
-    check_n_players,
     check_pool,
     gather,
     pool_lookup,
@@ -145,7 +141,7 @@ def _build_plan(n: int, budget: int, seed: int) -> _Plan:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PermutationShapley:
+class PermutationShapley(SampledEstimator):
     """Shapley values from antithetic permutation pairs (Castro et al. 2009; Mitchell et al. 2022).
 
     Args:
@@ -161,44 +157,21 @@ class PermutationShapley:
             non-negative int (``field="seed"``).
     """
 
-    budget: int
-    seed: int = 0
     name: str = field(default="permutation", init=False)
-    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True)
+    what: ClassVar[str] = "permutation sampling"
+    minimum_why: ClassVar[str] = " (one antithetic pair)"
 
-    def __post_init__(self) -> None:
-        check_budget_seed(self.budget, self.seed)
+    def min_budget(self, n_players: int) -> int:
+        """One antithetic pair: 2n coalitions."""
+        return 2 * n_players
 
-    def validate(self, n_players: int) -> None:
-        """Refuse an empty game or a budget below one antithetic pair (2n coalitions).
+    def _minimum_text(self, n_players: int, minimum: int) -> str:
+        return f"2n = {minimum}"
 
-        Raises:
-            EstimatorError: ``n_players == 0``.
-            ConfigError: ``budget < 2 * n_players`` (``field="budget"``).
-        """
-        n = check_n_players(n_players)
-        if self.budget < 2 * n:
-            raise ConfigError(
-                f"--budget {self.budget} is below the minimum of 2n = {2 * n} for permutation "
-                f"sampling with {n} players (one antithetic pair); raise --budget",
-                field="budget",
-            )
-
-    def plan(self, n_players: int) -> Iterator[np.ndarray]:
-        """Yield the distinct coalitions of the sampled pairs, in first-seen order.
-
-        Args:
-            n_players: number of players n.
-
-        Returns:
-            an iterator of at most ``budget`` read-only ``[n_players]`` bool rows; the first is the
-            empty coalition and the grand coalition is among the first n + 1.
-
-        Raises:
-            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
-        """
-        self.validate(n_players)
-        return iter(_build_plan(int(n_players), self.budget, self.seed).rows)
+    def _plan_rows(self, n_players: int) -> np.ndarray:
+        """The distinct coalitions of the sampled pairs, in first-seen order: the first is the
+        empty coalition and the grand coalition is among the first n + 1."""
+        return _build_plan(n_players, self.budget, self.seed).rows
 
     def n_pairs(self, n_players: int) -> int:
         """Number of antithetic pairs the plan for ``n_players`` uses (each pair is one sample)."""
