@@ -124,7 +124,11 @@ def test_notebook_views(chat, tiny_model_dir):
     ax = e.plot()
     widths = [bar.get_width() for bar in ax.patches]
     np.testing.assert_allclose(widths, sorted(e.values, reverse=True))
-    assert [t.get_text() for t in ax.get_yticklabels()] == [e.snapshot.players[i].label for i in e.ranking()]
+    def bar_label(p):  # the HTML chart's rule: the label, then the text's first 28 characters (whitespace runs as one space)
+        text = " ".join(p.text.split())
+        return f"{p.label} {text if len(text) <= 28 else text[:27] + chr(0x2026)}"
+
+    assert [t.get_text() for t in ax.get_yticklabels()] == [bar_label(e.snapshot.players[i]) for i in e.ranking()]
 
     page = e._repr_html_()
     assert page is not None and "<script" not in page.lower()
@@ -171,3 +175,19 @@ def test_estimator_policy_and_utility_objects_run_as_their_names(chat, tiny_mode
     with pytest.raises(ConfigError) as info:
         coalescence.explain(chat, **common, absence_policy=get_policy("drop"), placeholder="x")
     assert info.value.field == "placeholder"
+
+
+def test_the_notebook_views_are_short_and_the_report_one_call_away(chat, tiny_model_dir, tmp_path):
+    e = coalescence.explain(chat, model=str(tiny_model_dir), unit="sentence")
+    n = e.snapshot.n_players
+    short = repr(e)
+    top = e.snapshot.players[e.ranking()[0]]
+    assert short.startswith(f"<Explanation exact: {n} players, v(full) \u2212 v(empty) = ") and top.label in short
+    assert len(short) < 200 and "\n" not in short
+    compact = e._repr_html_()
+    full = e.report()
+    assert compact.count("<mark") == n and "<svg" not in compact  # the conversation, no chart
+    assert "<svg" in full._repr_html_() and len(compact) < len(full._repr_html_()) / 2
+    page = e.report(tmp_path / "report.html")
+    assert (tmp_path / "report.html").read_text(encoding="utf-8") == page.html
+    assert page.html.startswith("<!DOCTYPE html>") and "<script" not in page.html.lower()

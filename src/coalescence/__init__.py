@@ -20,6 +20,7 @@ itself (coalitions through the scheduler, collator and backend).
 
 from ._version import __version__
 from .api import Explainer, explain, explain_async, sweep
+from .app.show import ShownCoalition, show_coalition
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
 from .attribution.explanation import Explanation
@@ -85,6 +86,7 @@ __all__ = (
     "ScoreRequest",
     "ScoreResult",
     "ScoringBackend",
+    "ShownCoalition",
     "TemplateRefused",
     "UTILITY_KINDS",
     "UtilitySpec",
@@ -104,6 +106,7 @@ __all__ = (
     "register_policy",
     "resolve_model",
     "segment_players",
+    "show_coalition",
     "sweep",
 )
 

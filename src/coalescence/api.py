@@ -51,6 +51,20 @@ def _settings(model: str, backend_options: dict[str, Any], options: dict[str, An
     return RunSettings(model=model, **backend_options, **options)
 
 
+def _progress(progress: bool | None) -> Any:
+    """The run's progress: a bar (``tqdm.auto``: a widget in Jupyter) when ``progress`` is true, or
+    by default inside a notebook kernel; nothing otherwise."""
+    import sys
+
+    if progress is None:
+        progress = "ipykernel" in sys.modules
+    if not progress:
+        return None
+    from .scheduler.progress import TqdmProgress
+
+    return TqdmProgress("coalitions")
+
+
 def _given(unit: Any, method: Any, budget: Any, utility: Any, archive: Any, options: dict[str, Any]) -> dict[str, Any]:
     """The run settings an entry point's keywords give (its named ones, then the others)."""
     return {"unit": unit, "method": method, "budget": budget, "utility": utility, "archive": archive, **options}
@@ -93,11 +107,12 @@ class Explainer:
         budget: int | None = None,
         utility: str | UtilitySpec = "logprob",
         archive: str | Path | None = None,
+        progress: bool | None = None,
         **options: Any,
     ) -> Any:
         """Explain a conversation's answer (see :func:`explain`), with this model."""
         settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options))
-        return _result(explain_run(source, settings, backend=self.backend))
+        return _result(explain_run(source, settings, backend=self.backend, progress=_progress(progress)))
 
     async def explain_async(
         self,
@@ -108,11 +123,12 @@ class Explainer:
         budget: int | None = None,
         utility: str | UtilitySpec = "logprob",
         archive: str | Path | None = None,
+        progress: bool | None = None,
         **options: Any,
     ) -> Any:
         """:meth:`explain` for code already in an event loop (asyncio or trio)."""
         settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options))
-        return _result(await explain_run_async(source, settings, backend=self.backend))
+        return _result(await explain_run_async(source, settings, backend=self.backend, progress=_progress(progress)))
 
 
 def explain(
@@ -124,6 +140,7 @@ def explain(
     budget: int | None = None,
     utility: str | UtilitySpec = "logprob",
     archive: str | Path | None = None,
+    progress: bool | None = None,
     **options: Any,
 ) -> Any:
     """Explain a model's answer in a conversation: how much each player drives it.
@@ -149,6 +166,8 @@ def explain(
             :class:`~coalescence.masking.policies.AbsencePolicy` object.
         archive: a run directory to record the run in (created, or resumed), as the command's
             ``--archive``; ``None`` records nothing.
+        progress: a progress bar on stderr (``tqdm.auto``: a widget in Jupyter); default: on in a
+            notebook kernel, off elsewhere.
         **options: any other setting of :class:`~coalescence.app.settings.RunSettings`, by name
             (``roles``, ``seed``, ``interactions``, ``index``, ``target_stderr``, ``hierarchy``, ``absence_policy``,
             ``target_substring``, ``device``, ``dtype``, ``batch_size``, ``out``, ``html``, ...).
@@ -167,7 +186,8 @@ def explain(
         ArchiveError: the archive holds another run, or cannot be written.
     """
     backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
-    return _result(explain_run(source, _settings(model, backend_options, _given(unit, method, budget, utility, archive, options))))
+    settings = _settings(model, backend_options, _given(unit, method, budget, utility, archive, options))
+    return _result(explain_run(source, settings, progress=_progress(progress)))
 
 
 async def explain_async(
@@ -179,12 +199,14 @@ async def explain_async(
     budget: int | None = None,
     utility: str | UtilitySpec = "logprob",
     archive: str | Path | None = None,
+    progress: bool | None = None,
     **options: Any,
 ) -> Any:
     """:func:`explain` for code already in an event loop (asyncio or trio): the tokenizer, the
     weights and the archive are loaded in a worker thread, the evaluation runs in the caller's loop."""
     backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
-    return _result(await explain_run_async(source, _settings(model, backend_options, _given(unit, method, budget, utility, archive, options))))
+    settings = _settings(model, backend_options, _given(unit, method, budget, utility, archive, options))
+    return _result(await explain_run_async(source, settings, progress=_progress(progress)))
 
 
 _SWEEP_OPTIONS = _RUN_OPTIONS - {"method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"}

@@ -106,6 +106,11 @@ class _Parser(argparse.ArgumentParser):
 
 _EXPLAIN_ONLY = ("method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html")
 _RAY = ("workers", "ray_address", "gpus_per_worker", "threads_per_worker")
+_NOT_RENDERING = (
+    *_EXPLAIN_ONLY, *_RAY, "backend", "vllm_url", "device", "dtype", "batch_size", "utility", "target_span", "target_substring",
+    "temperature", "top_p", "num_samples", "max_new_tokens", "archive", "new_run", "flush_rows", "flush_seconds", "skip_corrupt",
+    "max_conversations_in_flight",
+)  # fmt: skip
 
 
 def _subcommand(sub: Any, name: str, *, example: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -114,7 +119,17 @@ def _subcommand(sub: Any, name: str, *, example: str, **kwargs: Any) -> argparse
 
 
 def _add_display_options(p: argparse.ArgumentParser) -> None:
+    from .app.options import positive_float
+
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--progress-every",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="when stderr is not a terminal (a log file, CI): a plain progress line at most this often, "
+        "never carriage returns (default: %(default)s)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
 
 
@@ -222,6 +237,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--seed", type=seed, default=None, help="run archive: seed of the sampling plans (default: the run's)")
     rep.add_argument("--run", default=None, help="run archive: run id (default: the last run)")
+    rep.add_argument(
+        "--scale",
+        choices=("robust", "linear"),
+        default="robust",
+        help="colour scale: robust (when one value dwarfs the rest, the values below the 90th percentile of "
+        "|value| take 80%% of the shades, so they stay apart; the largest is still the darkest) or linear "
+        "(default: %(default)s)",
+    )
+
+    sh = _subcommand(
+        sub,
+        "show",
+        example="coalescence show examples/eiffel.json --unit sentence --coalition without:user[1].s2",
+        help="print a coalition's prompt exactly as the model reads it",
+        description="Print the prompt of one coalition of a conversation as the model reads it (chat template "
+        "applied, special tokens spelled out), its token count, and the answer tokens it is scored on. SOURCE is an "
+        "input (rendered with --model, --unit and the absence options) or a run archive (its snapshot, policy, "
+        "model and date). Only the tokenizer is loaded.",
+    )
+    sh.add_argument("source", metavar="SOURCE", help="an input file (.json, .jsonl, .parquet) or a run archive directory")
+    sh.add_argument(
+        "--coalition",
+        default="full",
+        metavar="SPEC",
+        help="full, empty, without:LABEL (every player but LABEL), only:LABEL, or one 0/1 per player in order "
+        "(default: %(default)s)",
+    )
+    sh.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a dataset or snapshot of an archive, from 0 (default: 0)")
+    add_options(sh, RunSettings, exclude=_NOT_RENDERING)
 
     ar = _subcommand(sub, "archive", example="coalescence archive info runs/eiffel", help="inspect or compact a run archive")
     ar_sub = ar.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
@@ -247,7 +291,7 @@ def _report(args: argparse.Namespace) -> int:
         raise ConfigError("give at least one method, e.g. --method exact", field="method")
     report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
     try:
-        page = render_report(report)
+        page = render_report(report, scale=args.scale)
     except CoalescenceError:
         raise
     except Exception as exc:  # a drawing library's failure: exit 4, one line, not a model failure
@@ -340,7 +384,7 @@ def _run_phases(run: Any, args: argparse.Namespace) -> Any:
 
     _quiet_transformers(args)
     run.preflight()
-    run.load(progress=TqdmProgress("coalitions", disable=args.no_progress), notify=_notify(args))
+    run.load(progress=TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every), notify=_notify(args))
     run.open_archive()
     _session().track(run.run_dir, run.engine)
     if run.archive.resumed and not args.no_progress:
@@ -409,7 +453,7 @@ def _replay(args: argparse.Namespace) -> int:
         explanations = replay.fit()  # with no model; names the missing coalitions when there are some
     else:
         _quiet_transformers(args)
-        replay.load(progress=TqdmProgress("coalitions", disable=args.no_progress), notify=_notify(args))
+        replay.load(progress=TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every), notify=_notify(args))
         replay.open_archive()
         _session().track(args.run_dir, replay.engine)
         try:
@@ -420,6 +464,16 @@ def _replay(args: argparse.Namespace) -> int:
     for explanation in explanations:
         print(explanation.format_table())
         print()
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .app.options import settings_from
+    from .app.settings import RunSettings
+    from .app.show import show_coalition
+
+    settings = settings_from(RunSettings, args, exclude=_NOT_RENDERING)
+    print(show_coalition(args.source, args.coalition, settings=settings, index=args.conversation).format())
     return 0
 
 
@@ -514,7 +568,7 @@ def _command(argv: Sequence[str] | None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    commands = {"explain": _explain, "replay": _replay, "sweep": _sweep, "archive": _archive, "report": _report}
+    commands = {"explain": _explain, "replay": _replay, "sweep": _sweep, "show": _show, "archive": _archive, "report": _report}
     _session().track(None, None)
     try:
         code = commands[args.command](args)

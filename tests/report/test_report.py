@@ -86,6 +86,13 @@ class Page(HTMLParser):
             item["text"] += data
 
 
+def short(text: str, n: int = 40) -> str:
+    """The tooltip's snippet, by the rule: whitespace runs as one space, at most n characters, an
+    ellipsis replacing the end of a longer text."""
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
 def style_colors(style: str) -> tuple[str, str]:
     """``(background, text)`` colours of an inline style."""
     bg = re.search(r"background-color:\s*(#[0-9a-f]{6})", style)
@@ -191,8 +198,8 @@ def test_one_highlight_per_player_with_its_text_and_value(single: Run) -> None:
     for mark, p in zip(page.marks, players, strict=True):
         assert mark["text"] == p["text"]
         assert float(mark["data-value"]) == pytest.approx(p["value"], abs=1e-12)
-        rank = ranked.index(p["index"]) + 1
-        assert mark["title"] == f"{p['label']}: {fmt(p['value'])} nats \u00b7 rank {rank} of {len(players)}"
+        rank = ranked.index(p["index"]) + 1  # exact Shapley: no standard errors, so one rank each
+        assert mark["title"] == f"{p['label']} \u201c{short(p['text'])}\u201d: {fmt(p['value'])} nats \u00b7 rank {rank} of {len(players)}"
         assert mark["tabindex"] == "0"
 
 
@@ -237,6 +244,35 @@ def test_scale_is_centred_and_diverging() -> None:
     # a symmetric scale: -v and +v sit at mirrored places, the largest |value| at the ends
     assert scale.position(-1.3) == pytest.approx(1 - scale.position(1.3))
     assert DivergingScale.for_values([-0.5, 3.0, None]).halfrange == 3.0
+
+
+def test_the_robust_scale_keeps_small_values_apart_and_the_largest_darkest() -> None:
+    # one value dwarfs the rest (the demo's question): the knee is the 90th percentile of |value|
+    # by nearest rank (the 9th of 10 sorted absolute values), and [0, knee] takes 80% of the shades
+    values = [14.47, 3.77, 1.95, 0.7, -0.18, 0.16, 0.5, -0.3, 1.2, 0.9]
+    robust, linear = DivergingScale.for_values(values), DivergingScale.for_values(values, "linear")
+    assert (robust.halfrange, robust.knee) == (14.47, 3.77) and linear.knee is None
+    assert robust.position(3.77) == pytest.approx(0.5 + 0.5 * 0.8)
+    assert robust.position(1.95) == pytest.approx(0.5 + 0.5 * 0.8 * 1.95 / 3.77)
+    assert robust.position(14.47) == 1.0 and robust.position(-14.47) == 0.0
+    assert robust.position(9.12) == pytest.approx(0.5 + 0.5 * (0.8 + 0.2 * (9.12 - 3.77) / (14.47 - 3.77)))
+    assert linear.position(3.77) == pytest.approx(0.5 + 0.5 * 3.77 / 14.47)
+    # monotone in the value, so ranks read from colours stay ranks
+    grid = [k / 10 for k in range(-150, 151)]
+    assert all(robust.position(a) <= robust.position(b) for a, b in zip(grid, grid[1:]))
+    assert [robust.value_at(robust.position(v)) for v in (-9.0, -1.0, 0.0, 2.5, 14.47)] == pytest.approx([-9.0, -1.0, 0.0, 2.5, 14.47])
+    # no dominant value (largest at most twice the knee): linear
+    assert DivergingScale.for_values([1.0, 0.9, 0.8, -0.7]).knee is None
+
+
+def test_rank_ranges_tie_players_whose_intervals_overlap() -> None:
+    from coalescence.report.page import rank_ranges
+
+    # 95% intervals (value +- 1.96 se): A [9.02, 10.98], B [7.04, 10.96], C [2.04, 3.96], D [-0.98, 0.98]
+    values, stderr = [10.0, 9.0, 3.0, 0.0], [0.5, 1.0, 0.49, 0.5]
+    assert rank_ranges(values, stderr) == [(1, 2), (1, 2), (3, 3), (4, 4)]
+    assert rank_ranges(values, None) == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    assert rank_ranges(values, [0.5, None, 0.49, 0.5])[1] == (2, 2)  # an unknown error: the point rank
 
 
 def test_text_contrast_meets_wcag_aa(single: Run, batch: Run) -> None:
@@ -315,7 +351,7 @@ def test_hierarchy_page_shows_both_levels(hierarchy: Run) -> None:
     for m in page.marks:
         by_section[m["section"]] = by_section.get(m["section"], 0) + 1
     assert by_section == {"ex0-coarse": len(doc["coarse"]["players"]), "ex0-fine": len(doc["fine"]["players"])}
-    fine_labels = [m["title"].split(":")[0] for m in page.marks if m["section"] == "ex0-fine"]
+    fine_labels = [m["title"].split(" \u201c")[0] for m in page.marks if m["section"] == "ex0-fine"]
     assert fine_labels == [p["label"] for p in doc["fine"]["players"]]
     html = hierarchy.html.read_text(encoding="utf-8")
     assert ", ".join(doc["hierarchy"]["refined"]) in html

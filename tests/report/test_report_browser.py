@@ -168,14 +168,19 @@ def test_keyboard_focus_shows_each_players_value(browser: Any, single: Run) -> N
     tip = "return getComputedStyle(arguments[0], '::after').content"
     first = browser.find_element("css selector", "#ex0 mark.player")
     assert browser.execute_script(tip, first) in ("none", "normal")  # hidden until focused
-    for p in players:  # Tab walks the players in conversation order
+    ActionChains(browser).send_keys(Keys.TAB).perform()  # the first stop: "How to read this"
+    assert browser.switch_to.active_element.tag_name == "summary"
+    for p in players:  # then Tab walks the players in conversation order
         ActionChains(browser).send_keys(Keys.TAB).perform()
         active = browser.switch_to.active_element
         assert active.get_attribute("data-index") == str(p["index"])
         value = f"{p['value']:+.4f}" if p["value"] == 0 or abs(p["value"]) >= 1e-3 else f"{p['value']:+.3e}"
-        expected = f"{p['label']}: {value} nats \u00b7 rank {ranked.index(p['index']) + 1} of {len(players)}"
+        text = " ".join(p["text"].split())
+        text = text if len(text) <= 40 else text[:39] + "\u2026"
+        expected = f"{p['label']} \u201c{text}\u201d: {value} nats \u00b7 rank {ranked.index(p['index']) + 1} of {len(players)}"
         assert browser.execute_script(tip, active) == json.dumps(expected, ensure_ascii=False)
-        assert browser.execute_script("return getComputedStyle(arguments[0], '::after').position", active) == "absolute"
+        # a status line fixed to the window's bottom-left, never wider than the window
+        assert browser.execute_script("return getComputedStyle(arguments[0], '::after').position", active) == "fixed"
 
 
 def test_hover_shows_the_tooltip(browser: Any, single: Run) -> None:
@@ -202,7 +207,38 @@ def test_index_links_resolve(browser: Any, batch: Run) -> None:
         )
         assert 0 <= top < height and bottom > 0  # scrolled into view
         labels = browser.execute_script(
-            "return [...document.getElementById(arguments[0]).querySelectorAll('mark.player')].map(m => m.title.split(':')[0])", target
+            "return [...document.getElementById(arguments[0]).querySelectorAll('mark.player')].map(m => m.title.split(' \u201c')[0])", target
         )
         assert labels == [p["label"] for p in batch.doc["explanations"][k]["players"]]
         browser.execute_script("window.scrollTo(0, 0)")
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_page_fits_the_width_and_tooltips_stay_inside(browser: Any, permutation_run: Run, width: int) -> None:
+    """At a phone's width (390 px) and a laptop's (1280 px): nothing runs past the right edge of the
+    page (wide tables and the chart scroll inside their own box), the ranked table's text column stays
+    readable, and a focused player's tooltip is a box inside the window."""
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": width, "height": 844, "deviceScaleFactor": 1, "mobile": width < 500})
+    try:
+        open_page(browser, permutation_run.html)
+        assert browser.execute_script("return window.innerWidth") == width
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+        cell = browser.find_element("css selector", "#ex0 table.ranked td.snippet")
+        assert cell.size["width"] >= 150  # about 12 rem on a phone: words, not letters, per line
+        active = browser.find_element("css selector", "#ex0 mark.player")
+        browser.execute_script("arguments[0].focus()", active)
+        style = browser.execute_script(
+            "const s = getComputedStyle(arguments[0], '::after'); return [s.position, s.left, s.bottom, s.maxWidth];", active
+        )
+        position, left, bottom, max_width = style
+        assert position == "fixed" and float(left.rstrip("px")) >= 0 and float(bottom.rstrip("px")) >= 0
+        assert float(left.rstrip("px")) + float(max_width.rstrip("px")) <= width
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+@pytest.fixture(scope="module")
+def permutation_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Run:
+    run = explain(tmp_path_factory.mktemp("b-perm"), tiny_model_dir, TRICKY, "--unit", "sentence", "--method", "permutation", "--budget", "40")
+    assert run.code == 0, run.stderr
+    return run

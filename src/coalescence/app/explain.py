@@ -27,6 +27,8 @@ options (``--budget``).
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -458,6 +460,10 @@ class ExplainRun:
             ArchiveError: the archive's last part or manifest cannot be written.
         """
         if self.engine is not None:
+            progress = self.engine.progress
+            if hasattr(progress, "close"):  # a bar's last line, before the archive's close can fail
+                with contextlib.suppress(OSError):
+                    progress.close()
             self.engine.close(status=status)
 
     def document(self, explanations: Sequence[Any]) -> dict[str, Any]:

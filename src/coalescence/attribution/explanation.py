@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..snapshot import ConversationSnapshot
@@ -328,14 +329,48 @@ class Explanation:
 
     # -- in a notebook -----------------------------------------------------------------------
     def _repr_html_(self) -> str | None:
-        """The report's view of this explanation, for Jupyter (the conversation highlighted, the
-        ranked chart, the run's facts); ``None`` (the plain repr) without the report's packages."""
+        """The compact view for Jupyter: the conversation highlighted by value, the top players and
+        the legend (:meth:`report` for the whole report); ``None`` (the plain repr) without the
+        report's packages."""
         try:
             from ..report import explanation_fragment
 
-            return explanation_fragment(self.to_dict())
+            return explanation_fragment(self.to_dict(), compact=True)
         except ImportError:
             return None
+
+    def report(self, path: str | Path | None = None, *, scale: str = "robust") -> Any:
+        """The whole report of this explanation (conversation, answer tokens, chart, every player,
+        the run's facts): shown in Jupyter, and written as one self-contained page to ``path``.
+
+        Returns:
+            A :class:`~coalescence.report.ReportView` (``.html``: the page's text; ``.save(path)``).
+
+        Raises:
+            BackendUnavailable: the report's packages (matplotlib, jinja2) are missing.
+        """
+        from ..report import ReportView
+
+        view = ReportView(self.to_dict(), scale=scale)
+        if path is not None:
+            view.save(path)
+        return view
+
+    def __repr__(self) -> str:
+        """One line: the method, the players, the top player and the total effect."""
+        est = self.estimate
+        n = len(est.values)
+        order = self.ranking()
+        top = ""
+        if order:
+            p = self.snapshot.players[order[0]]
+            text = " ".join(p.text.split())
+            text = text if len(text) <= 30 else text[:29] + "\u2026"
+            top = f", top {p.label} {text!r} {est.values[order[0]]:+.4g}"
+        return (
+            f"<Explanation {est.method}: {n} players, v(full) \u2212 v(empty) = {est.v_full - est.v_empty:+.4g} "
+            f"{self.utility_unit}{top}>"
+        )
 
     def to_pandas(self) -> Any:
         """One row per player, in player order.
@@ -371,8 +406,10 @@ class Explanation:
 
     def plot(self, ax: Any = None, *, top: int | None = None) -> Any:
         """The ranked bar chart of the values (largest at the top), with standard errors as error
-        bars where the method has them, on a matplotlib Axes. Labels are drawn as plain text
-        (``parse_math=False``: a ``$`` in a label is a dollar sign, not mathtext).
+        bars where the method has them, on a matplotlib Axes: the HTML report's chart (each bar
+        labelled by the player's label and the start of its text, coloured by the report's robust
+        colour scale). Labels are drawn as plain text (``parse_math=False``: a ``$`` in a label is a
+        dollar sign, not mathtext).
 
         Args:
             ax: the Axes to draw on (default: a new figure's).
@@ -387,12 +424,19 @@ class Explanation:
         plt = _optional("matplotlib.pyplot")
         order = self.ranking()[: top if top is not None else None]
         est = self.estimate
-        labels = [self.snapshot.players[i].label for i in order]
+        labels = [_bar_label(self.snapshot.players[i]) for i in order]
         values = [float(est.values[i]) for i in order]
         errors = None if est.stderr is None else [float(est.stderr[i]) for i in order]
         if ax is None:
             _, ax = plt.subplots(figsize=(7, 0.35 * len(order) + 1.2))
-        ax.barh(range(len(order)), values, xerr=errors, color=["#2166ac" if v >= 0 else "#b2182b" for v in values], capsize=3)
+        try:
+            from ..report.colors import DivergingScale
+
+            scale = DivergingScale.for_values([float(v) for v in est.values])
+            colors = [scale.color(v) for v in values]
+        except ImportError:  # the report's scale needs nothing matplotlib lacks; a stripped install falls back
+            colors = ["#2166ac" if v >= 0 else "#b2182b" for v in values]
+        ax.barh(range(len(order)), values, xerr=errors, color=colors, edgecolor="#4d4d4d", linewidth=0.5, capsize=3)
         # labels are text, never mathtext: "lunch $5 vs taxi $60" stays as written
         ax.set_yticks(range(len(order)), labels, parse_math=False)
         ax.invert_yaxis()
@@ -497,3 +541,11 @@ class Explanation:
                 )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _bar_label(player: Any, n: int = 28) -> str:
+    """A chart's bar label: the player's label and the start of its text (as the HTML chart)."""
+    text = " ".join(player.text.split())
+    if len(text) > n:
+        text = text[: n - 1] + "\u2026"
+    return f"{player.label} {text}"

@@ -25,6 +25,7 @@ from .sources import Entry, ReportInput, load_source
 __all__ = (
     "DivergingScale",
     "Entry",
+    "ReportView",
     "ReportInput",
     "check_available",
     "contrast_ratio",
@@ -48,12 +49,14 @@ def check_available() -> None:
     _matplotlib()
 
 
-def render_report(source: ReportInput | Mapping[str, Any]) -> str:
+def render_report(source: ReportInput | Mapping[str, Any], *, scale: str = "robust") -> str:
     """The HTML page of a report.
 
     Args:
         source: what :func:`load_source` returns, or a document in any ``--out`` form (e.g.
             ``explanation.to_dict()``).
+        scale: the colour scale: ``robust`` (one dominant value does not bleach the rest) or
+            ``linear`` (see :mod:`coalescence.report.colors`).
 
     Returns:
         The page's HTML text.
@@ -65,7 +68,36 @@ def render_report(source: ReportInput | Mapping[str, Any]) -> str:
     from .sources import from_document
 
     report = source if isinstance(source, ReportInput) else from_document(source, "")
-    return render_page(report)
+    return render_page(report, scale=scale)
+
+
+class ReportView:
+    """A report page that shows itself in Jupyter (the whole report's view) and saves itself.
+
+    Args:
+        document: an ``--out`` document (e.g. ``explanation.to_dict()``).
+        scale: the colour scale (``robust`` or ``linear``).
+
+    Attributes:
+        html: the self-contained page's text.
+
+    Raises:
+        InputError: not an explanation document.
+        BackendUnavailable: matplotlib is not installed.
+    """
+
+    def __init__(self, document: Mapping[str, Any], *, scale: str = "robust") -> None:
+        self.document = document
+        self.scale = scale
+        self.html = render_report(document, scale=scale)
+
+    def _repr_html_(self) -> str:
+        return explanation_fragment(self.document, compact=False)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page to ``path`` (atomically, see :func:`write_report`); returns the path."""
+        write_report(path, self.html)
+        return Path(path)
 
 
 def write_report(path: str | Path, html: str, *, field: str = "output") -> None:

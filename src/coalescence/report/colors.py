@@ -3,8 +3,11 @@
 Values are coloured with ColorBrewer's RdBu (Brewer 2003; colour-blind safe), through matplotlib:
 negative values red, positive values blue, zero the scale's neutral centre ``#f7f7f7``. The scale is
 symmetric, ``[-M, +M]`` with ``M`` the largest absolute value shown, so the colour of a value
-depends on its sign and its size relative to the largest one, never on where the values happen to
-lie. Text over a colour is black or white, whichever contrasts more by the WCAG 2 formula (its
+depends on its sign and its size, never on where the values happen to lie. By default it is
+*robust*: when one value dwarfs the rest (the largest more than twice the 90th percentile ``K`` of
+the absolute values), ``[0, K]`` takes the first 80% of the shades and ``[K, M]`` the last 20%, so
+the many values below ``K`` stay apart and the largest is still the darkest; ``linear`` spreads
+``[0, M]`` evenly. Text over a colour is black or white, whichever contrasts more by the WCAG 2 formula (its
 ratio is then at least sqrt(21) ~ 4.58, above the AA threshold of 4.5 for normal text).
 """
 
@@ -18,7 +21,7 @@ from typing import Any
 
 from ..errors import BackendUnavailable
 
-__all__ = ("CMAP", "DivergingScale", "contrast_ratio", "neutral_color", "relative_luminance", "text_color")
+__all__ = ("CMAP", "KNEE_PERCENTILE", "KNEE_SHARE", "SCALES", "DivergingScale", "contrast_ratio", "neutral_color", "relative_luminance", "text_color")
 
 CMAP = "RdBu"
 """The matplotlib colormap of the scale (red for negative, blue for positive values)."""
@@ -75,36 +78,74 @@ def text_color(background: str) -> str:
     return _BLACK if contrast_ratio(background, _BLACK) >= contrast_ratio(background, _WHITE) else _WHITE
 
 
+SCALES = ("robust", "linear")
+"""The report's colour scales (``report --scale``): ``robust`` (the default) and ``linear``."""
+
+KNEE_PERCENTILE = 90
+"""The robust scale's knee: this percentile of the absolute values (nearest rank)."""
+KNEE_SHARE = 0.8
+"""The share of the shades the robust scale gives to ``[0, knee]``."""
+
+
 @dataclass(frozen=True, slots=True)
 class DivergingScale:
-    """A symmetric colour scale ``[-halfrange, +halfrange]`` centred at zero.
+    """A symmetric colour scale ``[-halfrange, +halfrange]`` centred at zero, linear, or with a knee.
 
     Args:
         halfrange: the largest absolute value of the scale (> 0, finite).
+        knee: ``None`` (linear), or the absolute value (0 < knee < halfrange) below which the
+            first ``KNEE_SHARE`` of the shades lie: ``|v| <= knee`` maps linearly to
+            ``[0, KNEE_SHARE]``, ``knee <= |v| <= halfrange`` to ``[KNEE_SHARE, 1]``.
 
     Raises:
-        ValueError: a halfrange that is not finite and positive.
+        ValueError: a halfrange that is not finite and positive, or a knee outside ``(0, halfrange)``.
     """
 
     halfrange: float
+    knee: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.halfrange) and self.halfrange > 0):
             raise ValueError(f"halfrange must be finite and > 0, got {self.halfrange!r}")
+        if self.knee is not None and not (math.isfinite(self.knee) and 0 < self.knee < self.halfrange):
+            raise ValueError(f"knee must lie in (0, {self.halfrange}), got {self.knee!r}")
 
     @classmethod
-    def for_values(cls, values: Iterable[float | None]) -> DivergingScale:
-        """The scale whose half range is the largest finite absolute value (1 if there is none or all are 0)."""
-        finite = [abs(float(v)) for v in values if v is not None and math.isfinite(float(v))]
-        top = max(finite, default=0.0)
-        return cls(top if top > 0 else 1.0)
+    def for_values(cls, values: Iterable[float | None], scale: str = "robust") -> DivergingScale:
+        """The scale of ``values``: half range the largest finite absolute value (1 if there is none
+        or all are 0); with ``scale="robust"`` a knee at the 90th percentile of the nonzero absolute
+        values (nearest rank) when the largest is more than twice it (else linear).
+
+        Raises:
+            ValueError: an unknown ``scale`` (one of :data:`SCALES`).
+        """
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
+        finite = sorted(abs(float(v)) for v in values if v is not None and math.isfinite(float(v)) and float(v) != 0)
+        top = finite[-1] if finite else 0.0
+        if top <= 0:
+            return cls(1.0)
+        if scale == "robust" and len(finite) >= 3:
+            knee = finite[max(0, math.ceil(KNEE_PERCENTILE / 100 * len(finite)) - 1)]
+            if 0 < knee and top > 2 * knee:
+                return cls(top, knee)
+        return cls(top)
+
+    def fraction(self, value: float) -> float:
+        """How far ``|value|`` goes towards the darkest shade, in [0, 1] (clipped)."""
+        a = min(abs(float(value)), self.halfrange)
+        if self.knee is None:
+            return a / self.halfrange
+        if a <= self.knee:
+            return KNEE_SHARE * a / self.knee
+        return KNEE_SHARE + (1 - KNEE_SHARE) * (a - self.knee) / (self.halfrange - self.knee)
 
     def position(self, value: float | None) -> float:
         """Where ``value`` lies on the colormap: 0 at ``-halfrange``, 0.5 at zero, 1 at ``+halfrange``
         (clipped; ``None`` or a non-finite value sits at the centre)."""
         if value is None or not math.isfinite(float(value)):
             return 0.5
-        return min(1.0, max(0.0, 0.5 + 0.5 * float(value) / self.halfrange))
+        return 0.5 + math.copysign(0.5 * self.fraction(value), float(value))
 
     def color(self, value: float | None) -> str:
         """The background colour ``#rrggbb`` of ``value`` (the neutral centre for zero, ``None``, NaN)."""
@@ -114,9 +155,44 @@ class DivergingScale:
         """The text colour (black or white) over :meth:`color` of ``value``."""
         return text_color(self.color(value))
 
+    def value_at(self, position: float) -> float:
+        """The value at ``position`` of the colormap (the inverse of :meth:`position`)."""
+        f = min(1.0, abs(2 * float(position) - 1))
+        if self.knee is None:
+            a = f * self.halfrange
+        elif f <= KNEE_SHARE:
+            a = f / KNEE_SHARE * self.knee
+        else:
+            a = self.knee + (f - KNEE_SHARE) / (1 - KNEE_SHARE) * (self.halfrange - self.knee)
+        return math.copysign(a, position - 0.5) if position != 0.5 else 0.0
+
     def stops(self, n: int = 9) -> list[tuple[float, str]]:
-        """``n`` evenly spaced ``(value, colour)`` pairs from ``-halfrange`` to ``+halfrange`` (for a legend)."""
-        return [(self.halfrange * (2 * k / (n - 1) - 1), self.color(self.halfrange * (2 * k / (n - 1) - 1))) for k in range(n)]
+        """``n`` ``(value, colour)`` pairs at evenly spaced positions from ``-halfrange`` to
+        ``+halfrange`` (a legend's gradient)."""
+        return [(v, self.color(v)) for v in (self.value_at(k / (n - 1)) for k in range(n))]
+
+    def ticks(self) -> list[tuple[float, float, bool]]:
+        """``(value, position, labelled)`` of the legend's ticks: the ends and zero, labelled, and the
+        knee's two marks, unlabelled (the legend's text gives the knee's value)."""
+        ticks = [(-self.halfrange, 0.0, True), (0.0, 0.5, True), (self.halfrange, 1.0, True)]
+        if self.knee is not None:
+            ticks[1:1] = [(-self.knee, self.position(-self.knee), False)]
+            ticks[3:3] = [(self.knee, self.position(self.knee), False)]
+        return ticks
+
+    def describe(self, unit: str) -> str:
+        """The scale in words, for the page."""
+        if self.knee is None:
+            return f"linear from \u2212{_short(self.halfrange)} to +{_short(self.halfrange)} {unit}"
+        return (
+            f"linear up to \u00b1{_short(self.knee)} {unit} (the {KNEE_PERCENTILE}th percentile of |value|, "
+            f"{round(100 * KNEE_SHARE)}% of the shades), compressed beyond to the largest, \u00b1{_short(self.halfrange)}"
+        )
+
+
+def _short(x: float) -> str:
+    """Three significant digits (a legend tick)."""
+    return f"{x:.3g}"
 
 
 def neutral_color() -> str:

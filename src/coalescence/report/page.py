@@ -26,7 +26,7 @@ from .chart import bar_chart_svg
 from .colors import DivergingScale, neutral_color
 from .sources import Entry, ReportInput
 
-__all__ = ("explanation_fragment", "render_page")
+__all__ = ("explanation_fragment", "rank_ranges", "render_page")
 
 _TEACHER_FORCED = ("logprob", "mean_logprob", "logit_prob", "prob")
 
@@ -72,16 +72,54 @@ def _ranks(values: Sequence[float | None]) -> list[int]:
     return ranks
 
 
-def _players(doc: Mapping[str, Any], section: str, unit: str) -> tuple[list[dict[str, Any]], DivergingScale]:
+def rank_ranges(values: Sequence[float | None], stderr: Sequence[float | None] | None, z: float = 1.96) -> list[tuple[int, int]]:
+    """Each player's rank as a range ``(best, worst)`` its 95% interval allows: ``best`` is 1 plus
+    the players whose interval lies wholly above its own, ``worst`` the players whose interval
+    reaches its own or above (itself included). Without standard errors (or a missing one), the
+    range is the point rank. Intervals are ``value +- z * stderr``.
+
+    Returns:
+        ``[(best, worst)]`` in player order, 1-based, ``best <= rank <= worst``.
+    """
+    ranks = _ranks(values)
+    if stderr is None:
+        return [(r, r) for r in ranks]
+    known = [
+        (float(v) - z * float(e), float(v) + z * float(e))
+        if v is not None and e is not None and math.isfinite(float(v)) and math.isfinite(float(e))
+        else None
+        for v, e in zip(values, stderr, strict=True)
+    ]
+    out = []
+    for i, own in enumerate(known):
+        if own is None:
+            out.append((ranks[i], ranks[i]))
+            continue
+        above = sum(1 for j, other in enumerate(known) if j != i and other is not None and other[0] > own[1])
+        reach = sum(1 for j, other in enumerate(known) if other is not None and other[1] >= own[0])
+        best, worst = min(1 + above, ranks[i]), max(reach, ranks[i])
+        out.append((best, worst))
+    return out
+
+
+def _rank_text(best: int, worst: int) -> str:
+    return str(best) if best == worst else f"{best}\u2013{worst}"
+
+
+def _players(doc: Mapping[str, Any], section: str, unit: str, scale_name: str = "robust") -> tuple[list[dict[str, Any]], DivergingScale]:
     players = doc["players"]
     values = [p.get("value") for p in players]
-    scale = DivergingScale.for_values(values)
+    scale = DivergingScale.for_values(values, scale_name)
     ranks = _ranks(values)
+    has_se = any(p.get("stderr") is not None for p in players)
+    ranges = rank_ranges(values, [p.get("stderr") for p in players] if has_se else None)
     n = len(players)
     out = []
     for i, p in enumerate(players):
         value, stderr = p.get("value"), p.get("stderr")
         shown = f"{_fmt(value, sign=True)}" + (f" \u00b1 {_fmt(stderr)}" if stderr is not None else "")
+        rank_text = _rank_text(*ranges[i])
+        text = doc["messages"][p["message_index"]]["content"][p["start"] : p["end"]]
         sign = "zero" if not value else ("pos" if value > 0 else "neg")
         out.append(
             {
@@ -96,11 +134,14 @@ def _players(doc: Mapping[str, Any], section: str, unit: str) -> tuple[list[dict
                 "value": value,
                 "stderr": stderr,
                 "rank": ranks[i],
+                "rank_text": rank_text,
+                "tied": ranges[i][0] != ranges[i][1],
                 "color": scale.color(value),
                 "text_color": scale.text_color(value),
                 "sign": sign,
-                "tip": f"{p['label']}: {shown} {unit} \u00b7 rank {ranks[i]} of {n}",
-                "text": doc["messages"][p["message_index"]]["content"][p["start"] : p["end"]],
+                "tip": f"{p['label']} \u201c{_snippet(text, 40)}\u201d: {shown} {unit} \u00b7 rank {rank_text} of {n}",
+                "text": text,
+                "short": f"{p['label']} {_snippet(text, 28)}",
             }
         )
     return out, scale
@@ -188,13 +229,53 @@ def _answer(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
     return view
 
 
+def _reading(doc: Mapping[str, Any], unit: str, has_se: bool) -> list[str]:
+    """How to read the values, in a few sentences fitted to the run's utility and method."""
+    utility = str(doc.get("utility") or "logprob")
+    v_empty, v_full = doc.get("v_empty"), doc.get("v_full")
+    total = v_full - v_empty if isinstance(v_full, int | float) and isinstance(v_empty, int | float) else None
+    what = {
+        "logprob": "the log-probability of the answer, in nats: +1 nat makes the answer e \u2248 2.7 times as likely",
+        "mean_logprob": "the mean log-probability of the answer's tokens, in nats per token",
+        "logit_prob": "the log-odds of the answer's probability (as ContextCite), in nats",
+        "prob": "the probability of the answer",
+    }.get(utility, f"the {utility} similarity of regenerated answers to this one ({unit})")
+    method = str(doc.get("method") or "")
+    family = method.split(":")[-1]
+    how = {
+        "loo": "what the answer loses when that player alone is removed (leave-one-out)",
+        "banzhaf": "its average effect over coalitions of the others, each equally likely (the Banzhaf value)",
+        "lasso": "its weight in a sparse linear model of the game fitted on the sampled coalitions (as ContextCite)",
+    }.get(family, "its average effect when it joins the others, over every order of adding players (the Shapley value)")
+    lines = [
+        f"The utility is {what}. A player's value is {how}. Positive values (blue) support the answer, "
+        "negative ones (red) work against it; the colour scale is described under each legend."
+    ]
+    gap = doc.get("efficiency_gap")
+    if total is not None:
+        if isinstance(gap, int | float) and abs(gap) <= 1e-3 * max(1.0, abs(total)):
+            lines.append(f"The values add up to v(full) \u2212 v(empty) = {total:+.3g} {unit}: the whole conversation's effect, shared out (efficiency).")
+        else:
+            lines.append(f"v(full) \u2212 v(empty) = {total:+.3g} {unit}; this method's values need not add up to it (the efficiency gap is under \u201cThe run\u201d).")
+    if has_se:
+        lines.append(
+            "\u00b1 is one standard error of the sampling: ranks whose 95% intervals (\u00b11.96 standard errors) "
+            "overlap are shown as a range (\u201c4\u20137\u201d), since the samples cannot order them."
+        )
+    return lines
+
+
 def _legend(scale: DivergingScale, unit: str) -> dict[str, Any]:
-    stops = scale.stops(9)
+    stops = scale.stops(17)
     return {
         "gradient": ", ".join(f"{c} {100 * k / (len(stops) - 1):g}%" for k, (_, c) in enumerate(stops)),
-        "ticks": [_fmt(-scale.halfrange, sign=True), _fmt(-scale.halfrange / 2, sign=True), "0", _fmt(scale.halfrange / 2, sign=True), _fmt(scale.halfrange, sign=True)],
+        "ticks": [
+            {"label": ("0" if v == 0 else f"{v:+.3g}".replace("-", "\u2212")) if labelled else "", "left": f"{100 * pos:.1f}%", "mark": not labelled}
+            for v, pos, labelled in scale.ticks()
+        ],
         "unit": unit,
         "neutral": neutral_color(),
+        "scale": scale.describe(unit),
     }
 
 
@@ -248,7 +329,7 @@ def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple
         ("model", f"{doc.get('model_id', 'n/a')}" + (f" (revision {doc['model_revision']})" if doc.get("model_revision") else "")),
         ("unit", f"{doc.get('unit', 'n/a')} ({len(doc['players'])} players)"),
         ("method", str(doc.get("method", "n/a"))),
-        ("utility", f"{doc.get('utility', detail.get('kind', 'n/a'))}, in {unit}" + (f": {detail['description']}" if detail.get("description") else "")),
+        ("utility", f"{doc.get('utility', detail.get('kind', 'n/a'))}: {detail['description']}" if detail.get("description") else f"{doc.get('utility', detail.get('kind', 'n/a'))}, in {unit}"),
         ("absence policy", str(doc.get("absence_policy", "n/a")) + (f" {params}" if params else "")),
         ("v(empty)", f"{_fmt(v_empty)} {unit}"),
         ("v(full)", f"{_fmt(v_full)} {unit}"),
@@ -265,12 +346,12 @@ def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple
     ]
 
 
-def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archive: str | None) -> dict[str, Any]:
+def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archive: str | None, scale_name: str = "robust") -> dict[str, Any]:
     unit = str(doc.get("value_unit") or (doc.get("utility_detail") or {}).get("unit") or "nats")
-    players, scale = _players(doc, section, unit)
+    players, scale = _players(doc, section, unit, scale_name)
     has_se = any(p.get("stderr") is not None for p in doc["players"])
     chart = bar_chart_svg(
-        [p["label"] for p in players],
+        [p["short"] for p in players],
         [p["value"] for p in players],
         [p["stderr"] for p in players] if has_se else None,
         unit=unit,
@@ -294,9 +375,10 @@ def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archiv
         "chart": Markup(chart),
         "facts": _facts(doc, unit, archive),
         "notes": [str(n) for n in doc.get("notes") or ()],
+        "reading": _reading(doc, unit, has_se),
         "summary": {
             "target": _snippet(doc["target"]),
-            "top": f"{top['label']} ({_fmt(top['value'], sign=True)} {unit})",
+            "top": f"{top['label']} \u201c{_snippet(top['text'], 48)}\u201d ({_fmt(top['value'], sign=True)} {unit})",
             "n_players": len(players),
             "method": doc.get("method", ""),
             "snapshot": str(doc.get("snapshot_id", ""))[:12],
@@ -304,17 +386,17 @@ def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archiv
     }
 
 
-def _entry_view(entry: Entry, section: str, heading: str, archive: str | None) -> dict[str, Any]:
+def _entry_view(entry: Entry, section: str, heading: str, archive: str | None, scale: str = "robust") -> dict[str, Any]:
     if entry.hierarchy is None:
-        return {"kind": "explanation", "id": section, "heading": heading, "main": _explanation_view(entry.document, section, heading, archive)}
+        return {"kind": "explanation", "id": section, "heading": heading, "main": _explanation_view(entry.document, section, heading, archive, scale)}
     info = entry.hierarchy
     units = info.get("units") or ["coarse", "fine"]
     evals = info.get("n_evaluations") or {}
     refined = ", ".join(str(r) for r in info.get("refined") or ())
-    coarse = _explanation_view(entry.document, f"{section}-coarse", f"{heading} \u00b7 coarse level: {units[0]}", archive)
+    coarse = _explanation_view(entry.document, f"{section}-coarse", f"{heading} \u00b7 coarse level: {units[0]}", archive, scale)
     fine = None
     if entry.fine is not None:
-        fine = _explanation_view(entry.fine, f"{section}-fine", f"{heading} \u00b7 fine level: {units[1]} inside the top {info.get('top_k')}", archive)
+        fine = _explanation_view(entry.fine, f"{section}-fine", f"{heading} \u00b7 fine level: {units[1]} inside the top {info.get('top_k')}", archive, scale)
     facts = [
         ("units", f"{units[0]}, then {units[1]}"),
         ("refined", f"top {info.get('top_k')} coarse players by |value|: {refined or 'none'}"),
@@ -332,11 +414,12 @@ def _entry_view(entry: Entry, section: str, heading: str, archive: str | None) -
     }
 
 
-def render_page(report: ReportInput) -> str:
+def render_page(report: ReportInput, *, scale: str = "robust") -> str:
     """The report of ``report`` as one self-contained HTML page.
 
     Args:
         report: the explanations (see :func:`~coalescence.report.load_source`).
+        scale: the colour scale, ``robust`` or ``linear`` (:mod:`.colors`).
 
     Returns:
         The HTML text (UTF-8 when written): no script, no external resource, no URL.
@@ -348,7 +431,7 @@ def render_page(report: ReportInput) -> str:
     views = []
     for k, entry in enumerate(report.entries):
         heading = _entry_heading(report, entry, k) if many else "Explanation"
-        views.append(_entry_view(entry, f"ex{k}", heading, report.archive))
+        views.append(_entry_view(entry, f"ex{k}", heading, report.archive, scale))
     first = report.entries[0].document
     title = (
         f"coalescence report: {len(report.entries)} explanations"
@@ -374,11 +457,14 @@ def _entry_heading(report: ReportInput, entry: Entry, k: int) -> str:
     return f"Snapshot {str(doc.get('snapshot_id', ''))[:12]} \u00b7 {doc.get('method', '')}"
 
 
-def explanation_fragment(document: Mapping[str, Any]) -> str:
+def explanation_fragment(document: Mapping[str, Any], *, compact: bool = True, top: int = 5) -> str:
     """One explanation's view as an HTML fragment (its style scoped to it), e.g. for a notebook.
 
     Args:
         document: an explanation document (:meth:`Explanation.to_dict`), or a hierarchy document.
+        compact: the highlighted conversation, the ``top`` players and the legend only (about the
+            size of shap's text plot); ``False``: the whole report's view (chart, table, facts).
+        top: the players listed in the compact view.
 
     Returns:
         A ``<div class="coalescence-report">`` element with its ``<style>``: no script, no URL.
@@ -390,4 +476,4 @@ def explanation_fragment(document: Mapping[str, Any]) -> str:
 
     report = from_document(document, "")
     views = [_entry_view(entry, f"ex{k}", "Explanation", report.archive) for k, entry in enumerate(report.entries)]
-    return _environment().get_template("fragment.html.j2").render(entries=views, version=__version__)
+    return _environment().get_template("fragment.html.j2").render(entries=views, version=__version__, compact=compact, top=top)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Protocol
 
 __all__ = ("NullProgress", "Progress", "ProgressTally", "TqdmProgress")
@@ -70,35 +71,104 @@ class NullProgress:
 
 
 class TqdmProgress:
-    """A tqdm progress bar on stderr (used by the CLI).
+    """Progress on stderr (used by the CLI and the Python API): a tqdm bar on a terminal (or a
+    notebook, through ``tqdm.auto``); elsewhere (a log file, CI) a plain line at most every
+    ``interval`` seconds and one at the end, never a carriage return.
 
     Args:
-        desc: the bar's label.
-        disable: no bar at all (e.g. ``--no-progress``).
+        desc: the label.
+        disable: no progress at all (e.g. ``--no-progress``).
+        file: where it is written (default ``sys.stderr`` at the first call).
+        interval: seconds between two plain lines (> 0).
+        clock: the time source (``time.monotonic``), for tests.
     """
 
-    def __init__(self, desc: str = "coalitions", *, disable: bool = False) -> None:
+    def __init__(
+        self, desc: str = "coalitions", *, disable: bool = False, file: Any = None, interval: float = 30.0, clock: Any = None
+    ) -> None:
+        import time
+
         self.desc = desc
         self.disable = disable
+        self.file = file
+        self.interval = float(interval)
+        self.clock = clock or time.monotonic
         self._bar: Any = None
+        self._plain: bool | None = None
+        self._start = 0.0
+        self._last = 0.0
+        self._state = (0, 0)
+        self._said: tuple[int, int] | None = None
+
+    def _stream(self) -> Any:
+        return self.file if self.file is not None else sys.stderr
+
+    def _is_plain(self) -> bool:
+        if self._plain is None:
+            stream = self._stream()
+            try:
+                terminal = bool(stream.isatty())
+            except (AttributeError, ValueError, OSError):
+                terminal = False
+            notebook = "ipykernel" in sys.modules
+            self._plain = not (terminal or notebook)
+        return self._plain
 
     def on_planned(self, total: int) -> None:
         """Open the bar with ``total`` steps, or raise an open bar's total to ``total``."""
+        if self.disable:
+            return
+        if self._is_plain():
+            if self._start == 0.0:
+                self._start = self._last = self.clock()
+            self._state = (self._state[0], total)
+            return
         from tqdm.auto import tqdm
 
         if self._bar is not None:
             self._bar.total = total
             self._bar.refresh()
             return
-        self._bar = tqdm(total=total, desc=self.desc, unit="coal", disable=self.disable, leave=False)
+        self._bar = tqdm(total=total, desc=self.desc, unit="coal", leave=False, file=self.file, disable=False)
 
     def on_finished(self, done: int, total: int) -> None:
-        """Advance the bar to ``done``."""
+        """Advance the bar to ``done`` (plain: a line when ``interval`` seconds have passed)."""
+        if self.disable:
+            return
+        if self._is_plain():
+            self._state = (done, total)
+            now = self.clock()
+            if now - self._last >= self.interval:
+                self._last = now
+                self._line(now)
+            return
         if self._bar is not None:
             self._bar.update(done - self._bar.n)
 
+    def _line(self, now: float) -> None:
+        done, total = self._state
+        elapsed = now - self._start
+        share = f" ({100 * done / total:.0f}%)" if total else ""
+        left = ""
+        if 0 < done < total and elapsed > 0:
+            left = f", about {_duration(elapsed * (total - done) / done)} left"
+        self._said = self._state
+        print(f"coalescence: {self.desc} {done}/{total}{share}, {_duration(elapsed)}{left}", file=self._stream(), flush=True)
+
     def close(self) -> None:
-        """Close the bar if open."""
+        """Close the bar if open (plain: the last count, if not said yet)."""
+        if self._plain and not self.disable and self._start and self._said != self._state:
+            self._line(self.clock())
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 4 min``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"

@@ -1,0 +1,182 @@
+"""See a coalition as the model sees it: the rendered prompt of one masked conversation, chat
+template applied and special tokens spelled out, and the answer tokens it is scored on.
+
+A coalition is named by ``full``, ``empty``, ``without:LABEL`` (every player but one: the
+leave-one-out coalition of LABEL), ``only:LABEL`` (that player alone), or a string of ``0`` and
+``1`` with one character per player in player order (``1``: present). The conversation comes from an
+input (a JSON, JSONL or Parquet file, segmented by the settings' unit and roles, rendered with the
+settings' absence policy and model) or from a run archive (its snapshots, its absence policy, its
+model and its recorded date, exactly as the run rendered them). Only the tokenizer is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, InputError
+
+__all__ = ("ShownCoalition", "parse_coalition", "show_coalition")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShownCoalition:
+    """One coalition's prompt as the model reads it.
+
+    Attributes:
+        name: the coalition as asked for (``"without user[1].s2"``).
+        present: ``[n_players]`` bool, in player order.
+        labels: every player's label, in player order.
+        prompt: the text the answer is scored after (chat template applied, special tokens as text).
+        answer: the text of the scored answer tokens (the answer, then the end-of-turn token).
+        n_prompt_tokens: the prompt's token count.
+        n_answer_tokens: the scored answer tokens.
+    """
+
+    name: str
+    present: tuple[bool, ...]
+    labels: tuple[str, ...]
+    prompt: str
+    answer: str
+    n_prompt_tokens: int
+    n_answer_tokens: int
+
+    def format(self) -> str:
+        """The coalition, its counts, then the prompt and the answer verbatim between rulers."""
+        absent = [label for label, here in zip(self.labels, self.present, strict=True) if not here]
+        lines = [
+            f"coalition: {self.name} ({sum(self.present)} of {len(self.present)} players present"
+            + (f"; absent: {', '.join(absent)}" if absent and len(absent) <= 12 else "")
+            + ")",
+            f"prompt: {self.n_prompt_tokens} tokens; the answer: {self.n_answer_tokens} tokens scored after it",
+            "----- prompt, as the model reads it -----",
+            self.prompt,
+            "----- the scored answer -----",
+            self.answer,
+            "-----",
+        ]
+        return "\n".join(lines)
+
+
+def parse_coalition(spec: str, labels: Sequence[str]) -> tuple[str, np.ndarray]:
+    """``(name, present)`` of a coalition spec (module docs) over players ``labels``.
+
+    Raises:
+        ConfigError: an unknown label, a bit string of another length or with other characters, an
+            unknown form (field ``coalition``, naming the labels or the forms).
+    """
+    n = len(labels)
+    text = spec.strip()
+    if text == "full":
+        return "full", np.ones(n, dtype=bool)
+    if text == "empty":
+        return "empty", np.zeros(n, dtype=bool)
+    for prefix, alone in (("without:", False), ("only:", True)):
+        if text.startswith(prefix):
+            label = text[len(prefix) :]
+            if label not in labels:
+                shown = ", ".join(labels[:12]) + (", ..." if n > 12 else "")
+                raise ConfigError(f"no player {label!r}; the players are {shown}", field="coalition")
+            present = np.zeros(n, dtype=bool) if alone else np.ones(n, dtype=bool)
+            present[list(labels).index(label)] = alone
+            return f"{prefix.rstrip(':')} {label}", present
+    if text and set(text) <= {"0", "1"}:
+        if len(text) != n:
+            raise ConfigError(f"a bit string needs one 0 or 1 per player: {n} here, got {len(text)}", field="coalition")
+        return text, np.array([c == "1" for c in text], dtype=bool)
+    raise ConfigError(
+        f"unknown coalition {spec!r}; give full, empty, without:LABEL, only:LABEL or a string of {n} 0s and 1s",
+        field="coalition",
+    )
+
+
+def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None, index: int = 0) -> ShownCoalition:
+    """Render one coalition of an input or of a run archive's snapshot (module docs).
+
+    Args:
+        source: an input (path, input dict, messages; see :func:`coalescence.inputs.read_source`)
+            or a run archive directory.
+        coalition: the coalition spec (module docs).
+        settings: an input's :class:`~coalescence.app.settings.RunSettings` (model, unit, roles,
+            absence policy, template); ignored for an archive, which carries its own.
+        index: which conversation of a dataset, or which snapshot of the archive's last run (0-based).
+
+    Returns:
+        The :class:`ShownCoalition`.
+
+    Raises:
+        InputError: bad input, an index past the end, an input whose answer the model must
+            generate first (run ``explain``: the archive then holds it).
+        ConfigError: a bad coalition spec or setting.
+        TemplateRefused: the chat template refuses the coalition.
+        ArchiveError: a damaged archive.
+        BackendUnavailable: the model's tokenizer cannot be found.
+    """
+    from ..backends.registry import load_tokenizer, resolve_model
+    from ..masking.render import ChatRenderer
+
+    if isinstance(source, (str, Path)) and Path(source).is_dir():
+        snapshot, policy, model, now = _from_archive(Path(source), index)
+    else:
+        from ..snapshot import ConversationSnapshot
+        from .explain import ExplainRun
+        from .settings import RunSettings
+
+        import dataclasses
+
+        # the rendering's settings alone: no estimator limits a conversation shown
+        base = settings if settings is not None else RunSettings()
+        base = dataclasses.replace(base, method="loo", budget=None, target_stderr=None, interactions=None, index=None, out=None, html=None, archive=None)
+        run = ExplainRun(source, base)
+        if not 0 <= index < len(run.conversations):
+            raise InputError(f"the input holds {len(run.conversations)} conversation(s); index {index} is past the end", field="index")
+        conversation = run.conversations[index]
+        if conversation.target is None:
+            raise InputError(
+                "the conversation has no answer yet (the model generates it in explain); show the run archive "
+                "explain writes, whose snapshot holds the generated answer",
+                field="input",
+            )
+        snapshot = ConversationSnapshot.build(conversation, unit=run.units[index], roles=run.settings.roles)
+        policy, model, now = run.policy, run.settings.model, run.now
+    renderer = ChatRenderer(load_tokenizer(resolve_model(model)), now=now)
+    labels = tuple(p.label for p in snapshot.players)
+    name, present = parse_coalition(coalition, labels)
+    target = renderer.target_tokens(snapshot, policy)
+    prompt = renderer.scoring_prompt(policy.render(snapshot, present), target)
+    return ShownCoalition(
+        name=name,
+        present=tuple(bool(b) for b in present),
+        labels=labels,
+        prompt=prompt,
+        answer=target.text,
+        n_prompt_tokens=len(renderer.encode(prompt)),
+        n_answer_tokens=len(target.ids),
+    )
+
+
+def _from_archive(run_dir: Path, index: int) -> tuple[Any, Any, str, Any]:
+    """The archive's last run: its ``index``-th snapshot, its absence policy, its model, its date."""
+    from ..archive.reader import read_manifest
+    from ..masking.policies import get_policy
+    from ..snapshot import ConversationSnapshot
+    from .record import recorded_now
+
+    manifest = read_manifest(run_dir)
+    runs = manifest.get("runs") or []
+    if not runs:
+        raise InputError(f"{run_dir} records no run", field="RUN_DIR")
+    run = runs[-1]
+    ids = list(run.get("snapshot_ids") or ())
+    if not 0 <= index < len(ids):
+        raise InputError(f"the run holds {len(ids)} snapshot(s); index {index} is past the end", field="index")
+    records = {r["snapshot_id"]: r for r in manifest.get("snapshots") or []}
+    snapshot = ConversationSnapshot.from_dict(records[ids[index]])
+    policy_record = run.get("absence_policy") or {}
+    policy = get_policy(policy_record.get("id", "drop"), **(policy_record.get("params") or {}))
+    now = recorded_now(run_dir, run["template_now"]) if run.get("template_now") else None
+    return snapshot, policy, str((run.get("model") or {}).get("id")), now
