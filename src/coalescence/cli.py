@@ -246,6 +246,25 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
 
+    cm = _subcommand(
+        sub,
+        "compare",
+        example="coalescence compare runs/eiffel --method exact,kernelshap,lasso --budget 64",
+        help="compare explanations of one conversation side by side",
+        description="Print the values of several explanations of one conversation side by side, players in the "
+        "first one's rank order, with each one's agreement with the first (Spearman rank correlation, top-k "
+        "overlap) and, where an exact explanation is among them, each one's error against it. SOURCE is an --out "
+        "document or a run archive (fitted with no model, as `coalescence report`); one archive with --method a,b,c "
+        "compares the methods.",
+    )
+    cm.add_argument("sources", metavar="SOURCE", nargs="+", help="--out JSON documents or run archive directories")
+    cm.add_argument("--method", default=None, help="run archives: comma-separated methods fitted (default: the run's method)")
+    cm.add_argument("--budget", type=positive_int, default=None, help="run archives: sampling budget (default: the run's, else 32 x players)")
+    cm.add_argument("--seed", type=seed, default=None, help="run archives: seed of the sampling plans (default: the run's)")
+    cm.add_argument("--top-k", type=positive_int, default=3, help="k of the top-k overlap (default: %(default)s)")
+    cm.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a batch, from 0 (default: 0)")
+    cm.add_argument("--out", metavar="JSON", default=None, help="also write the comparison as JSON here")
+
     sh = _subcommand(
         sub,
         "show",
@@ -467,6 +486,20 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from .app.compare import compare
+    from .app.outputs import output_path
+    from .archive.writer import write_json_atomic
+
+    out = output_path(args.out, "out")
+    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
+    comparison = compare(args.sources, methods=methods, budget=args.budget, seed=args.seed, top_k=args.top_k, snapshot=args.conversation)
+    if out is not None:
+        write_after_run(lambda: write_json_atomic(out, comparison.to_dict(), field="out"), out)
+    print(comparison.format())
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from .app.options import settings_from
     from .app.settings import RunSettings
@@ -568,7 +601,7 @@ def _command(argv: Sequence[str] | None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    commands = {"explain": _explain, "replay": _replay, "sweep": _sweep, "show": _show, "archive": _archive, "report": _report}
+    commands = {"explain": _explain, "replay": _replay, "sweep": _sweep, "compare": _compare, "show": _show, "archive": _archive, "report": _report}
     _session().track(None, None)
     try:
         code = commands[args.command](args)

@@ -1,0 +1,207 @@
+"""Compare explanations of one conversation side by side: several methods fitted from one archive,
+or several runs and ``--out`` documents.
+
+Each explanation is a column of values and ranks over the same players (the same snapshot: same
+conversation, answer and player spans); the agreement of every column with the first is its
+Spearman rank correlation (scipy's ``spearmanr``: Pearson's correlation of the ranks, ties
+averaged) and its top-k overlap (the share of the first's k highest-valued players among its own k
+highest); where an ``exact`` column is among them, each other column's error against it is given
+as the largest absolute difference and the root-mean-square difference, in the values' unit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, InputError
+
+__all__ = ("Column", "Comparison", "compare")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Column:
+    """One explanation's values, as compared.
+
+    Attributes:
+        name: how the column is headed (the method, with the source when there are several).
+        method: the estimator's name.
+        values: ``[n_players]`` values in the unit of the comparison (``None``: unknown).
+        stderr: ``[n_players]`` standard errors, or ``None`` for a method without them.
+        spearman: Spearman's rank correlation with the first column (1.0 for the first).
+        top_overlap: the share of the first column's top k players among this one's top k.
+        max_error, rmse: the largest and the root-mean-square absolute difference from the exact
+            column, or ``None`` (no exact column, or this is it).
+    """
+
+    name: str
+    method: str
+    values: tuple[float | None, ...]
+    stderr: tuple[float | None, ...] | None
+    spearman: float
+    top_overlap: float
+    max_error: float | None = None
+    rmse: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comparison:
+    """Explanations of one snapshot side by side (module docs).
+
+    Attributes:
+        labels, texts: the players, in player order.
+        unit: the values' unit.
+        top_k: the k of the top-k overlap.
+        columns: the explanations compared, the first the reference of the agreement.
+    """
+
+    labels: tuple[str, ...]
+    texts: tuple[str, ...]
+    unit: str
+    top_k: int
+    columns: tuple[Column, ...]
+
+    def format(self, *, snippet: int = 40) -> str:
+        """A table of values by player (rows in the first column's rank order), then agreement."""
+        first = self.columns[0].values
+        order = sorted(range(len(self.labels)), key=lambda i: (-(first[i] if first[i] is not None else -math.inf), i))
+        width = max(12, *(len(c.name) for c in self.columns))
+        head = f"{'player':<14}" + "".join(f"{c.name:>{width}}" for c in self.columns) + "  text"
+        lines = [f"values ({self.unit}), players in the order of {self.columns[0].name}", head]
+        for i in order:
+            cells = "".join(f"{_num(c.values[i]):>{width}}" for c in self.columns)
+            text = " ".join(self.texts[i].split())
+            lines.append(f"{self.labels[i]:<14}{cells}  {text[:snippet]}{'…' if len(text) > snippet else ''}")
+        lines.append("")
+        lines.append(f"agreement with {self.columns[0].name}: Spearman rank correlation, top-{self.top_k} overlap" + (", error against exact" if any(c.max_error is not None for c in self.columns) else ""))
+        for c in self.columns[1:]:
+            error = f", max |error| {c.max_error:.4f}, RMSE {c.rmse:.4f} {self.unit}" if c.max_error is not None and c.rmse is not None else ""
+            lines.append(f"  {c.name}: Spearman {c.spearman:+.3f}, top-{self.top_k} overlap {c.top_overlap:.2f}{error}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: players, unit, top_k and one record per column."""
+        return {
+            "players": [{"label": label, "text": text} for label, text in zip(self.labels, self.texts, strict=True)],
+            "unit": self.unit,
+            "top_k": self.top_k,
+            "columns": [
+                {
+                    "name": c.name,
+                    "method": c.method,
+                    "values": list(c.values),
+                    "stderr": None if c.stderr is None else list(c.stderr),
+                    "spearman": c.spearman,
+                    "top_overlap": c.top_overlap,
+                    "max_error": c.max_error,
+                    "rmse": c.rmse,
+                }
+                for c in self.columns
+            ],
+        }
+
+
+def compare(
+    sources: Sequence[str | Path | Mapping[str, Any]],
+    *,
+    methods: Sequence[str] | None = None,
+    budget: int | None = None,
+    seed: int | None = None,
+    top_k: int = 3,
+    snapshot: int = 0,
+) -> Comparison:
+    """Compare the explanations of ``sources`` (module docs).
+
+    Args:
+        sources: ``--out`` documents (paths or parsed), or run archive directories (fitted with
+            ``methods``, default the run's own, as ``coalescence report``); one archive with several
+            ``methods`` compares the methods.
+        methods, budget, seed: for archives, as ``coalescence report``.
+        top_k: the k of the top-k overlap (>= 1).
+        snapshot: which conversation of a batch or an archive of several (0-based).
+
+    Raises:
+        InputError: fewer than two explanations, or explanations of different snapshots (naming them).
+        ConfigError: ``top_k`` < 1.
+        ArchiveError, EstimatorError: as :func:`~coalescence.app.report.report_source`.
+    """
+    from scipy.stats import spearmanr
+
+    from ..report.sources import from_document
+    from .report import report_source
+
+    if top_k < 1:
+        raise ConfigError(f"must be at least 1, got {top_k}", field="top_k")
+    documents: list[tuple[str, Mapping[str, Any]]] = []
+    for source in sources:
+        if isinstance(source, Mapping):
+            report = from_document(source, "")
+            where = "document"
+        else:
+            is_dir = Path(source).is_dir()
+            report = report_source(source, methods=methods if is_dir else None, budget=budget if is_dir else None, seed=seed if is_dir else None)
+            where = Path(source).name
+        entries = [e.document for e in report.entries]
+        ids = list(dict.fromkeys(str(d.get("snapshot_id")) for d in entries))
+        if snapshot >= len(ids):
+            raise InputError(f"{where} holds {len(ids)} conversation(s); --snapshot {snapshot} is past the end", field="snapshot")
+        documents += [(where, d) for d in entries if str(d.get("snapshot_id")) == ids[snapshot]]
+    if len(documents) < 2:
+        raise InputError("give at least two explanations: two or more sources, or one archive with --method a,b", field="SOURCE")
+    first = documents[0][1]
+    for where, doc in documents[1:]:
+        if doc.get("snapshot_id") != first.get("snapshot_id"):
+            raise InputError(
+                f"{where} explains snapshot {str(doc.get('snapshot_id'))[:12]}, not {str(first.get('snapshot_id'))[:12]}: "
+                "compare explanations of one conversation (the same players)",
+                field="SOURCE",
+            )
+    several = len({where for where, _ in documents}) > 1
+    names = [f"{doc.get('method')}" + (f"@{where}" if several else "") for where, doc in documents]
+    names = [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
+    players = first["players"]
+    n = len(players)
+    k = min(top_k, n)
+    rows = [[p.get("value") for p in doc["players"]] for _, doc in documents]
+    reference = rows[0]
+    exact = next((r for (_, doc), r in zip(documents, rows, strict=True) if doc.get("method") == "exact"), None)
+
+    def top(values: Sequence[float | None]) -> set[int]:
+        return set(sorted(range(n), key=lambda i: (-(values[i] if values[i] is not None else -math.inf), i))[:k])
+
+    columns = []
+    for (where, doc), name, values in zip(documents, names, rows, strict=True):
+        pairs = [(a, b) for a, b in zip(reference, values, strict=True) if a is not None and b is not None]
+        rho = float(spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic) if len(pairs) > 1 else math.nan
+        errors = None
+        if exact is not None and values is not exact:
+            diffs = [abs(a - b) for a, b in zip(exact, values, strict=True) if a is not None and b is not None]
+            errors = (max(diffs), math.sqrt(sum(d * d for d in diffs) / len(diffs))) if diffs else None
+        se = [p.get("stderr") for p in doc["players"]]
+        columns.append(
+            Column(
+                name=name,
+                method=str(doc.get("method")),
+                values=tuple(values),
+                stderr=tuple(se) if any(s is not None for s in se) else None,
+                spearman=rho,
+                top_overlap=len(top(reference) & top(values)) / k,
+                max_error=None if errors is None else errors[0],
+                rmse=None if errors is None else errors[1],
+            )
+        )
+    messages = first["messages"]
+    return Comparison(
+        labels=tuple(p["label"] for p in players),
+        texts=tuple(messages[p["message_index"]]["content"][p["start"] : p["end"]] for p in players),
+        unit=str(first.get("value_unit") or "nats"),
+        top_k=k,
+        columns=tuple(columns),
+    )
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:+.4f}"

@@ -1,0 +1,81 @@
+"""coalescence compare: values side by side, with the agreement computed by the rules stated here
+(Spearman's rho from rank differences, the top-k overlap by counting, errors against exact by hand)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from coalescence.cli import main
+
+MESSAGES = [
+    {"role": "system", "content": "You answer from the context."},
+    {"role": "user", "content": "The Eiffel Tower was completed in 1889.\nBig Ben was finished in 1859.\n- Pisa took two centuries.\nWhen was the tower completed?"},
+    {"role": "assistant", "content": "In 1889."},
+]
+
+
+def cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def spearman_by_formula(a, b) -> float:
+    """1 - 6 sum d^2 / (n (n^2 - 1)), d the rank differences (no ties among these floats)."""
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    n = len(a)
+    return 1 - 6 * float(np.sum((ra - rb) ** 2)) / (n * (n * n - 1))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_model_dir):
+    where = tmp_path_factory.mktemp("compare")
+    source = where / "chat.json"
+    source.write_text(json.dumps({"messages": MESSAGES}), encoding="utf-8")
+    code, _, err = cli(["explain", str(source), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact",
+                        "--archive", str(where / "run"), "--out", str(where / "exact.json"), "--no-progress"])  # fmt: skip
+    assert code == 0, err
+    return where
+
+
+def test_one_archive_refitted_with_several_methods(run):
+    out = run / "cmp.json"
+    code, printed, err = cli(["compare", str(run / "run"), "--method", "exact,loo,banzhaf", "--budget", "32", "--top-k", "2", "--out", str(out)])
+    assert code == 0, err
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    exact_doc = json.loads((run / "exact.json").read_text(encoding="utf-8"))
+    exact = [p["value"] for p in exact_doc["players"]]
+    assert [c["name"] for c in doc["columns"]] == ["exact", "loo", "banzhaf"]
+    np.testing.assert_allclose(doc["columns"][0]["values"], exact, atol=1e-9)  # the archive refits what the run computed
+    n = len(exact)
+    top = set(np.argsort(-np.array(exact), kind="stable")[:2])
+    for column in doc["columns"][1:]:
+        values = column["values"]
+        assert column["spearman"] == pytest.approx(spearman_by_formula(exact, values), abs=1e-12)
+        assert column["top_overlap"] == len(top & set(np.argsort(-np.array(values), kind="stable")[:2])) / 2
+        diffs = np.abs(np.array(values) - np.array(exact))
+        assert column["max_error"] == pytest.approx(diffs.max()) and column["rmse"] == pytest.approx(np.sqrt(np.mean(diffs**2)))
+    assert doc["columns"][0]["spearman"] == pytest.approx(1.0) and len(doc["players"]) == n
+    assert "loo: Spearman" in printed and "error against exact" in printed
+    # an --out document and the archive compare as two sources
+    code, printed, err = cli(["compare", str(run / "exact.json"), str(run / "run"), "--method", "loo"])
+    assert code == 0, err
+    assert "exact@exact.json" in printed and "loo@run" in printed
+
+
+def test_one_explanation_or_two_conversations_are_refused(run, tiny_model_dir, tmp_path):
+    code, out, err = cli(["compare", str(run / "exact.json")])
+    assert code == 2 and out == "" and err.count("\n") == 1 and "at least two explanations" in err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"messages": MESSAGES[:2] + [{"role": "assistant", "content": "In 1859."}]}), encoding="utf-8")
+    code, _, err = cli(["explain", str(other), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "loo",
+                        "--archive", str(tmp_path / "run2"), "--out", str(tmp_path / "other-out.json"), "--no-progress"])  # fmt: skip
+    assert code == 0, err
+    code, out, err = cli(["compare", str(run / "exact.json"), str(tmp_path / "other-out.json")])
+    assert code == 2 and out == "" and "compare explanations of one conversation" in err
