@@ -134,6 +134,18 @@ def resolve_model(spec: str) -> ModelSource:
         )
     known = ", ".join(sorted(ALIASES))
     if _HUB_ID.match(spec) and not spec.startswith("."):
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+        if not offline and not _hub_reachable():
+            # transformers would retry an unreachable hub for a minute, in dozens of warning
+            # lines: a cached copy is used as it is, else one line says what to do
+            cached = _cached_snapshot(spec)
+            if cached is None:
+                raise BackendUnavailable(
+                    f"hub id {spec!r} is not in the local cache and the hub ({_hub_endpoint()}) cannot be reached; "
+                    f"give a local model directory, a .gguf file or an alias ({known}), or fetch it where the hub is reachable",
+                    field="model",
+                )
+            return ModelSource(model_id=spec, location=cached, gguf_file=None, revision=spec)
         return ModelSource(model_id=spec, location=spec, gguf_file=None, revision=spec)
     if spec.startswith((".", "/", "~")) or os.sep in spec or path.suffix:
         raise BackendUnavailable(
@@ -145,6 +157,36 @@ def resolve_model(spec: str) -> ModelSource:
         f"unknown model {spec!r}; use an alias ({known}), a local model directory or a hub id org/name",
         field="model",
     )
+
+
+def _hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub's endpoint (``HF_ENDPOINT``) opens within ``timeout`` s."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(_hub_endpoint())
+    if not parts.hostname:
+        return False
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _cached_snapshot(repo_id: str) -> str | None:
+    """The local directory of a hub model's cached snapshot, or ``None`` (nothing is fetched)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 (not cached, or no huggingface_hub: either way there is no copy)
+        return None
 
 
 def _loading_error(source: ModelSource, exc: BaseException) -> BackendUnavailable:
