@@ -360,6 +360,32 @@ def test_hierarchy_page_shows_both_levels(hierarchy: Run) -> None:
         assert shown == [m["content"] for m in prompt_messages(TRICKY)]
 
 
+def test_batch_page_summarises_the_values_across_conversations(batch: Run) -> None:
+    html_text = batch.html.read_text(encoding="utf-8")
+    page = Page(html_text)
+    section = html_text.split('id="summary"', 1)[1].split("</section>", 1)[0]
+    rows = [
+        [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", section)
+    ]
+    pooled: dict[str, list[float]] = {}
+    everyone = []
+    for k, doc in enumerate(batch.doc["explanations"]):
+        for p in doc["players"]:
+            pooled.setdefault(p["role"], []).append(p["value"])
+            everyone.append((abs(p["value"]), k, p["index"], p["label"]))
+    for role, values in pooled.items():  # players, mean and mean |value| of each role, by hand
+        row = next(r for r in rows if r and r[0] == role)
+        assert int(row[1]) == len(values)
+        assert float(row[2]) == pytest.approx(sum(values) / len(values), abs=5e-5)
+        assert float(row[4]) == pytest.approx(sum(abs(v) for v in values) / len(values), abs=5e-5)
+    top = [r for r in rows if len(r) == 4]
+    everyone.sort(key=lambda t: (-t[0], t[1], t[2]))
+    assert [r[1] for r in top] == [label for _, _, _, label in everyone[: len(top)]]
+    links = re.findall(r'<a href="#([^"]+)">', section)
+    assert links and set(links) <= set(page.ids)  # each top player links to its highlight
+
+
 def test_batch_page_indexes_every_explanation(batch: Run) -> None:
     page = Page(batch.html.read_text(encoding="utf-8"))
     index = [link for link in page.links if link in ("#ex0", "#ex1")]

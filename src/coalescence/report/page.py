@@ -414,6 +414,44 @@ def _entry_view(entry: Entry, section: str, heading: str, archive: str | None, s
     }
 
 
+def _dataset_summary(views: Sequence[dict[str, Any]], top: int = 10) -> dict[str, Any] | None:
+    """A batch's summary: the values by role and by message position (players, mean, standard
+    deviation, mean |value|), and the largest |values| across the conversations, linked to them;
+    ``None`` for fewer than two explanations or mixed units."""
+    mains = [v["main"] for v in views if v.get("kind") == "explanation"]
+    if len(mains) < 2 or len({m["unit"] for m in mains}) != 1:
+        return None
+
+    def stats(values: list[float]) -> dict[str, Any]:
+        n = len(values)
+        mean = sum(values) / n
+        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+        return {"n": n, "mean": mean, "sd": sd, "mean_abs": sum(abs(v) for v in values) / n}
+
+    by_role: dict[str, list[float]] = {}
+    by_position: dict[int, list[float]] = {}
+    everyone = []
+    for k, main in enumerate(mains):
+        for p in main["players"]:
+            value = p["value"]
+            if value is None or not math.isfinite(value):
+                continue
+            by_role.setdefault(p["role"] or "?", []).append(value)
+            by_position.setdefault(int(p["message_index"]), []).append(value)
+            everyone.append((abs(value), k, p, main))
+    everyone.sort(key=lambda t: (-t[0], t[1], t[2]["index"]))
+    return {
+        "unit": mains[0]["unit"],
+        "n": len(mains),
+        "roles": [{"name": role} | stats(vals) for role, vals in sorted(by_role.items())],
+        "positions": [{"name": f"message {m}"} | stats(vals) for m, vals in sorted(by_position.items())],
+        "top": [
+            {"value": p["value"], "label": p["label"], "text": _snippet(p["text"], 70), "href": f"#{p['id']}", "heading": main["heading"]}
+            for _, _, p, main in everyone[:top]
+        ],
+    }
+
+
 def render_page(report: ReportInput, *, scale: str = "robust") -> str:
     """The report of ``report`` as one self-contained HTML page.
 
@@ -441,6 +479,7 @@ def render_page(report: ReportInput, *, scale: str = "robust") -> str:
     return _environment().get_template("report.html.j2").render(
         title=title,
         entries=views,
+        summary=_dataset_summary(views) if many else None,
         many=many,
         kind=report.kind,
         source=report.source,
