@@ -191,3 +191,11 @@ def test_the_notebook_views_are_short_and_the_report_one_call_away(chat, tiny_mo
     page = e.report(tmp_path / "report.html")
     assert (tmp_path / "report.html").read_text(encoding="utf-8") == page.html
     assert page.html.startswith("<!DOCTYPE html>") and "<script" not in page.html.lower()
+
+
+@pytest.mark.anyio
+async def test_the_blocking_call_works_inside_a_running_event_loop(chat, tiny_model_dir, anyio_backend):
+    """As in a Jupyter cell (an asyncio loop runs the cell): explain() cannot start a second loop in
+    this thread, so it runs the evaluation in a worker thread and waits; asyncio and trio alike."""
+    e = coalescence.explain(chat, model=str(tiny_model_dir), unit="sentence", method="loo")
+    assert e.n_evaluations == e.snapshot.n_players + 2  # leave-one-out: n + 2 coalitions, all evaluated

@@ -92,11 +92,13 @@ class Explainer:
     def __init__(
         self, model: str = DEFAULT_MODEL, *, backend: str = "hf", device: str = "cpu", dtype: str = "float32", batch_size: int = DEFAULT_BATCH_SIZE
     ) -> None:
+        from .app.backend import quiet_loading_bars
         from .backends.registry import load_backend
 
         self.model = model
         self.backend_options = {"backend": backend, "device": device, "dtype": dtype, "batch_size": batch_size}
-        self.backend = load_backend(model, backend=backend, device=device, dtype=dtype, max_batch_size=batch_size)
+        with quiet_loading_bars():
+            self.backend = load_backend(model, backend=backend, device=device, dtype=dtype, max_batch_size=batch_size)
 
     def explain(
         self,

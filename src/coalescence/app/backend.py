@@ -5,14 +5,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import ConfigError
 
 __all__ = (
     "load_model",
+    "quiet_loading_bars",
     "check_ray_settings",
     "ray_backend",
 )
@@ -107,4 +109,25 @@ def load_model(s: Any, source: Any, *, notify: Callable[[str], None] | None = No
         )
     if notify is not None:
         notify(f"loading {source.model_id} ...")
-    return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
+    with quiet_loading_bars():
+        return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
+
+
+@contextlib.contextmanager
+def quiet_loading_bars() -> Iterator[None]:
+    """transformers' and huggingface_hub's own progress bars (weight loading, GGUF conversion,
+    downloads) off while a model loads, as they were afterwards: the run's own progress is the
+    only bar a user sees."""
+    import transformers.utils.logging as tf_logging
+    from huggingface_hub import utils as hub_utils
+
+    tf_was, hub_was = tf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
+    tf_logging.disable_progress_bar()
+    hub_utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if tf_was:
+            tf_logging.enable_progress_bar()
+        if not hub_was:
+            hub_utils.enable_progress_bars()

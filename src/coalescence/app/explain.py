@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
+from .lifecycle import run_blocking
 from .outputs import check_run_dir
 from .record import check_model_identity, check_same_date, run_record, same_measurement
 from .outputs import html_path, on_line, output_path
@@ -563,13 +564,12 @@ def explain_run(source: Any, settings: RunSettings, *, backend: Any = None, prog
         CoalescenceError: as the phases raise; the archive is closed with status ``failed`` (or
             ``interrupted`` on a KeyboardInterrupt) before the error propagates.
     """
-    import anyio
 
     run = ExplainRun(source, settings, backend=backend)
     run.preflight()
     run.load(progress=progress)
     run.open_archive()
-    explanations = closing_run(run, lambda: anyio.run(run.evaluate))
+    explanations = closing_run(run, lambda: run_blocking(run.evaluate))
     return run.result(explanations, run.write(explanations))
 
 

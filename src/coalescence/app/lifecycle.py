@@ -20,7 +20,45 @@ from typing import Any
 from .._interrupts import STOPPED, Interrupts, OutputClosed, is_broken_pipe
 from ..errors import ArchiveError, CoalescenceError
 
-__all__ = ("RunFailed", "Session", "write_after_run")
+__all__ = ("RunFailed", "Session", "run_blocking", "write_after_run")
+
+
+def run_blocking(run: Callable[[], Any]) -> Any:
+    """``anyio.run(run)``: the run's own event loop, in this thread, or in a worker thread when
+    this thread already runs one (a Jupyter cell, code under asyncio or trio), where a second loop
+    cannot start; the caller waits for it either way.
+
+    Returns:
+        What ``run`` returned (its exception raised here).
+    """
+    import anyio
+
+    if not _in_event_loop():
+        return anyio.run(run)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="coalescence-run") as pool:
+        return pool.submit(anyio.run, run).result()
+
+
+def _in_event_loop() -> bool:
+    """Whether this thread runs an asyncio or trio event loop."""
+    import asyncio
+    import sys
+
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+            return True
+        except RuntimeError:
+            pass
+    return False
 
 
 class RunFailed(Exception):

@@ -13,6 +13,7 @@ from typing import Any
 
 
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
+from .lifecycle import run_blocking
 from .fit import ArchiveFit, select_run
 from .outputs import output_path
 from .backend import load_model
@@ -235,7 +236,6 @@ def replay_run(run_dir: str | Path, settings: ReplaySettings, *, progress: Any =
     Returns:
         The explanations, one per (snapshot, method).
     """
-    import anyio
 
     replay = ReplayRun(run_dir, settings)
     if not replay.needs_model:
@@ -245,7 +245,7 @@ def replay_run(run_dir: str | Path, settings: ReplaySettings, *, progress: Any =
         replay.open_archive()
         status = "interrupted"
         try:
-            explanations = anyio.run(replay.evaluate)
+            explanations = run_blocking(replay.evaluate)
             status = "complete"
         except CoalescenceError:
             status = "failed"

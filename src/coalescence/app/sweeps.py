@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, EstimatorError
+from .lifecycle import run_blocking
 from .explain import ExplainRun, closing_run
 from .options import SettingsGroup, option
 from .groups import method_list_help
@@ -547,11 +548,10 @@ def sweep_run(source: Any, settings: SweepSettings, *, backend: Any = None, prog
     Returns:
         The :class:`SweepResult`.
     """
-    import anyio
 
     run = SweepRun(source, settings, backend=backend)
     run.preflight()
     run.load(progress=progress)
     run.open_archive()
-    results = closing_run(run, lambda: anyio.run(run.evaluate))
+    results = closing_run(run, lambda: run_blocking(run.evaluate))
     return run.write(results)

@@ -123,8 +123,7 @@ class TqdmProgress:
                 self._start = self._last = self.clock()
             self._state = (self._state[0], total)
             return
-        from tqdm.auto import tqdm
-
+        tqdm = _tqdm_class()
         if self._bar is not None:
             self._bar.total = total
             self._bar.refresh()
@@ -172,3 +171,18 @@ def _duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60} s"
     return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _tqdm_class() -> Any:
+    """tqdm's notebook widget when a notebook can draw it (ipywidgets installed), else its text bar
+    (``tqdm.auto`` alone would warn in a notebook without ipywidgets)."""
+    if "ipykernel" in sys.modules:
+        import importlib.util
+
+        if importlib.util.find_spec("ipywidgets") is not None:  # the widget needs it
+            from tqdm.notebook import tqdm
+
+            return tqdm
+    from tqdm.std import tqdm
+
+    return tqdm
