@@ -50,6 +50,7 @@ def test_a_turn_coalition_is_the_templates_rendering_of_the_other_turns(chat, ti
     assert shown.n_prompt_tokens == len(ids)
     assert shown.answer == "Grilled sardines.<|im_end|>"
     assert shown.labels == tuple(labels) and sum(shown.present) == 4 - (absent is not None)
+    assert show_coalition(chat, spec, model=str(tiny_model_dir), unit="turn") == shown  # settings by name, as explain()
 
 
 def test_the_cli_prints_it_and_an_archive_shows_what_its_run_rendered(chat, tiny_model_dir, tmp_path):

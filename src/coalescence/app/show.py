@@ -94,7 +94,7 @@ def parse_coalition(spec: str, labels: Sequence[str]) -> tuple[str, np.ndarray]:
     )
 
 
-def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None, index: int = 0) -> ShownCoalition:
+def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None, index: int = 0, **options: Any) -> ShownCoalition:
     """Render one coalition of an input or of a run archive's snapshot (module docs).
 
     Args:
@@ -104,6 +104,8 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
         settings: an input's :class:`~coalescence.app.settings.RunSettings` (model, unit, roles,
             absence policy, template); ignored for an archive, which carries its own.
         index: which conversation of a dataset, or which snapshot of the archive's last run (0-based).
+        **options: settings by name, as :func:`coalescence.explain` takes them (``model``, ``unit``,
+            ``roles``, ``absence_policy``...), over ``settings``.
 
     Returns:
         The :class:`ShownCoalition`.
@@ -130,6 +132,8 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
 
         # the rendering's settings alone: no estimator limits a conversation shown
         base = settings if settings is not None else RunSettings()
+        if options:
+            base = dataclasses.replace(base, **options)
         base = dataclasses.replace(base, method="loo", budget=None, target_stderr=None, interactions=None, index=None, out=None, html=None, archive=None)
         run = ExplainRun(source, base)
         if not 0 <= index < len(run.conversations):
