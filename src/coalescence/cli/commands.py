@@ -1,0 +1,199 @@
+"""The commands: each parses nothing and decides nothing, it calls the application layer
+(:mod:`coalescence.app`) and prints what comes back."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..app.lifecycle import RunFailed, Session, write_after_run
+from ..errors import ArchiveError, CoalescenceError, ConfigError, ReportError
+from .messages import fail
+from .parser import EXPLAIN_ONLY, NOT_RENDERING, RAY_FIELDS
+
+__all__ = ("COMMANDS", "SESSIONS", "session")
+
+
+SESSIONS: list[Session] = []  # the running command's lifecycle (signals, the archive it writes)
+
+
+def session() -> Session:
+    if not SESSIONS:  # a command function called without main(): no handlers, nothing to watch
+        SESSIONS.append(Session())
+    return SESSIONS[-1]
+
+
+def _quiet_transformers(args: argparse.Namespace) -> None:
+    if not args.verbose:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+
+
+def _notify(args: argparse.Namespace) -> Any:
+    """What the run tells of the model it loads or starts, printed on stderr (``None``: quiet)."""
+    if args.no_progress:
+        return None
+    return lambda line: print(f"coalescence: {line}", file=sys.stderr, flush=True)
+
+
+def _run_phases(run: Any, args: argparse.Namespace) -> Any:
+    """An explain run's or a sweep's phases after its check: the tokenizer and template (every
+    coalition rendered, no weights), the weights, snapshots and targets, the archive created or
+    resumed, then the run, closed with its status."""
+    from ..scheduler.progress import TqdmProgress
+
+    _quiet_transformers(args)
+    run.preflight()
+    run.load(progress=TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every), notify=_notify(args))
+    run.open_archive()
+    session().track(run.run_dir, run.engine)
+    if run.archive.resumed and not args.no_progress:
+        print(f"coalescence: resuming {run.run_dir}: {run.resumed_coalitions} coalitions already evaluated", file=sys.stderr)
+        if run.archive.results:
+            print(f"coalescence: {len(run.archive.results)} conversations finished before are restored, not planned again", file=sys.stderr)
+    return session().finish(run.engine, run.evaluate)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from ..app.explain import ExplainRun
+    from ..app.options import settings_from
+    from ..app.settings import RunSettings
+
+    run = ExplainRun(args.input, settings_from(RunSettings, args))  # inputs and settings checked
+    explanations = _run_phases(run, args)
+    payload = write_after_run(lambda: run.write_out(explanations), run.out_path)
+    # the results are written (archive, --out): a report that fails now is exit 4, after the table
+    report_failed = None
+    try:
+        run.write_html(payload)
+    except ReportError as exc:
+        report_failed = exc
+    for k, explanation in enumerate(explanations):
+        if run.is_batch:
+            print(f"== input {k + 1} of {len(explanations)} (snapshot {run.snapshots[k].snapshot_id[:12]}) ==")
+        print(explanation.format_table())
+        if run.is_batch:
+            print()
+    out_path, html = run.out_path, run.html_path if report_failed is None else None
+    print(f"archive: {run.run_dir}" + (f"   json: {out_path}" if out_path else "") + (f"   html: {html}" if html else ""))
+    if report_failed is not None:
+        sys.stdout.flush()
+        return fail(report_failed, 4)
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from ..app.options import settings_from
+    from ..app.settings import RunSettings
+    from ..app.sweeps import SweepRun, SweepSettings
+
+    # no --archive: None, the sweep's default (OUT/archive)
+    game = settings_from(RunSettings, args, exclude=EXPLAIN_ONLY + RAY_FIELDS)
+    run = SweepRun(args.input, settings_from(SweepSettings, args, run=game))
+    results = _run_phases(run, args)
+    result = write_after_run(lambda: run.write(results), run.out_path)
+    print(result.summary)
+    print(
+        f"conversations {len(results)} ({result.restored_conversations} restored from the archive)   "
+        f"model evaluations this session {result.model_evaluations}"
+    )
+    print(f"results: {result.path}   archive: {result.run_dir}")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from ..app.options import settings_from
+    from ..app.replay import ReplayRun
+    from ..app.settings import ReplaySettings
+    from ..scheduler.progress import TqdmProgress
+
+    settings = settings_from(ReplaySettings, args)
+    replay = ReplayRun(args.run_dir, settings)
+    if not replay.needs_model or args.model is None:
+        explanations = replay.fit()  # with no model; names the missing coalitions when there are some
+    else:
+        _quiet_transformers(args)
+        replay.load(progress=TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every), notify=_notify(args))
+        replay.open_archive()
+        session().track(args.run_dir, replay.engine)
+        try:
+            explanations = session().finish(replay.engine, replay.evaluate)
+        except ArchiveError as exc:
+            raise RunFailed(exc) from exc
+    write_after_run(lambda: replay.write(explanations), replay.out_path)  # before printing: a closed output must not lose the document
+    for explanation in explanations:
+        print(explanation.format_table())
+        print()
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..app.outputs import html_path
+    from ..app.report import report_source
+    from ..report import render_report, write_report
+
+    out = html_path(args.output, "output")
+    assert out is not None
+    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
+    if methods is not None and not methods:
+        raise ConfigError("give at least one method, e.g. --method exact", field="method")
+    report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
+    try:
+        page = render_report(report, scale=args.scale)
+    except CoalescenceError:
+        raise
+    except Exception as exc:  # a drawing library's failure: exit 4, one line, not a model failure
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ReportError(f"the report could not be drawn ({type(exc).__name__}: {first})", field="output") from exc
+    write_report(out, page, field="output")
+    print(f"report: {out}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from ..app.compare import compare
+    from ..app.outputs import output_path
+    from ..archive.writer import write_json_atomic
+
+    out = output_path(args.out, "out")
+    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
+    comparison = compare(args.sources, methods=methods, budget=args.budget, seed=args.seed, top_k=args.top_k, snapshot=args.conversation)
+    if out is not None:
+        write_after_run(lambda: write_json_atomic(out, comparison.to_dict(), field="out"), out)
+    print(comparison.format())
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from ..app.options import settings_from
+    from ..app.settings import RunSettings
+    from ..app.show import show_coalition
+
+    settings = settings_from(RunSettings, args, exclude=NOT_RENDERING)
+    print(show_coalition(args.source, args.coalition, settings=settings, index=args.conversation).format())
+    return 0
+
+
+def _archive(args: argparse.Namespace) -> int:
+    from ..archive.reader import archive_info, format_archive_info
+    from ..archive.writer import compact
+
+    if args.archive_command == "info":
+        info = archive_info(args.run_dir, skip_corrupt=args.skip_corrupt)
+        if args.json:
+            print(json.dumps(info, indent=2))
+            return 0
+        print(format_archive_info(info))
+        return 0
+    before, rows = compact(args.run_dir, skip_corrupt=args.skip_corrupt)
+    print(f"compacted {args.run_dir}: {before} parts -> {1 if rows else 0}, {rows} coalitions")
+    return 0
+
+
+
+COMMANDS = {"explain": _explain, "replay": _replay, "sweep": _sweep, "compare": _compare, "show": _show, "archive": _archive, "report": _report}
+"""The subcommands' functions by name: ``function(args) -> exit code``."""

@@ -1,0 +1,67 @@
+"""Errors as the command prints them: one line, naming the option (``--budget``) that the library
+calls by its setting's name (``budget``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+
+from ..errors import CoalescenceError
+
+__all__ = ("FLAGS", "error_line", "fail", "flags_of", "named")
+
+
+FLAGS: dict[str, str] = {}
+"""The library's field names (settings, e.g. ``budget``) mapped to the running command's options
+(``--budget``); filled by :func:`_command` from the parser of the command it runs."""
+
+
+_LINE = re.compile(r"^(line \d+: )?(.*)$", re.S)
+
+
+def flags_of(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> dict[str, str]:
+    """Field name -> option of the subcommand ``argv`` runs (its long option), so a library error about ``budget`` names ``--budget`` and one about ``archive`` names
+    ``--archive`` under ``explain`` and ``RUN_DIR`` under ``replay``."""
+    out: dict[str, str] = {}
+    positional_archive = ""
+    stack = [parser]
+    while stack:
+        current = stack.pop()
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                name = next((a for a in (argv or sys.argv[1:]) if a in action.choices), None)
+                if name is not None:
+                    stack.append(action.choices[name])
+                continue
+            if action.option_strings:
+                out.setdefault(action.dest, max(action.option_strings, key=len))
+            elif action.dest == "run_dir":
+                positional_archive = str(action.metavar)
+    if "archive" not in out and positional_archive:
+        out["archive"] = positional_archive  # replay, archive info/compact: the archive is RUN_DIR
+    return out
+
+
+def named(field: str | None) -> str | None:
+    """The option (or field) an error names, e.g. ``budget`` -> ``--budget``, ``line 3: unit`` ->
+    ``line 3: --unit``; input fields such as ``messages[1].content`` stay as they are."""
+    if field is None:
+        return None
+    match = _LINE.match(field)
+    assert match is not None
+    prefix, name = match.group(1) or "", match.group(2)
+    return prefix + FLAGS.get(name, name)
+
+
+def error_line(exc: CoalescenceError) -> str:
+    """``coalescence: error: OPTION: message`` on one line, whatever the message holds."""
+    field = named(exc.field)
+    text = f"{field}: {exc.message}" if field else exc.message
+    return f"coalescence: error: {' '.join(text.split())}"
+
+
+def fail(exc: CoalescenceError, code: int) -> int:
+    print(error_line(exc), file=sys.stderr)
+    return code

@@ -1,0 +1,236 @@
+"""The ``coalescence`` command's argument parser: every run command's options generated from its
+settings (:mod:`coalescence.app.groups`, one ``--help`` section per group), one example command and
+the exit codes at the end of every ``--help``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, NoReturn
+
+from .._version import __version__
+from .exit_codes import EXIT_CODES
+
+__all__ = ("EXPLAIN_ONLY", "NOT_RENDERING", "RAY_FIELDS", "build_parser")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, keeping the lines of the exit-code table in the epilog."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith(("exit codes:", "example:")):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the command's error contract: one line naming the option, exit code 2; every
+    command's ``--help`` ends with the exit-code table."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        match = re.match(r"argument ([^:]+): (.*)", message, re.S)
+        field, text = (match.group(1).split("/")[-1], match.group(2)) if match else ("arguments", message)
+        self.exit(2, f"coalescence: error: {field}: {' '.join(text.split())} (see {self.prog} --help)\n")
+
+
+EXPLAIN_ONLY = ("method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html")
+
+
+RAY_FIELDS = ("workers", "ray_address", "gpus_per_worker", "threads_per_worker")
+
+
+NOT_RENDERING = (
+    *EXPLAIN_ONLY, *RAY_FIELDS, "backend", "vllm_url", "device", "dtype", "batch_size", "utility", "target_span", "target_substring",
+    "temperature", "top_p", "num_samples", "max_new_tokens", "archive", "new_run", "flush_rows", "flush_seconds", "skip_corrupt",
+    "max_conversations_in_flight",
+)  # fmt: skip
+
+
+def _subcommand(sub: Any, name: str, *, example: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` ends with one example command, then the exit codes."""
+    return sub.add_parser(name, epilog=f"example:\n  {example}\n\n{EXIT_CODES}", **kwargs)
+
+
+def _add_display_options(p: argparse.ArgumentParser) -> None:
+    from ..app.options import positive_float
+
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--progress-every",
+        type=positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="when stderr is not a terminal (a log file, CI): a plain progress line at most this often, "
+        "never carriage returns (default: %(default)s)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``coalescence`` command: each run command's options are generated
+    from its settings (:mod:`coalescence.app.settings`), grouped in ``--help`` as the settings are."""
+    from ..app.options import add_options, positive_int, seed
+    from ..app.settings import ReplaySettings, RunSettings
+    from ..app.sweeps import SweepSettings
+    from ..attribution.estimators import METHODS
+
+    parser = _Parser(
+        prog="coalescence",
+        description="Coalition attribution for language models: how much each part of a chat "
+        "conversation drives the model's answer (Shapley-style values, by default in nats of log-probability).",
+    )
+    parser.add_argument("--version", action="version", version=f"coalescence {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ex = _subcommand(
+        sub,
+        "explain",
+        example="coalescence explain examples/eiffel.json --unit sentence --out eiffel.json",
+        help="attribute an answer to the parts of a conversation",
+        description="Attribute the target answer of a chat conversation to its players. INPUT is a "
+        'JSON file {"messages": [{"role", "content"}, ...], "target"?}: the last assistant message '
+        'is the answer explained, or the "target" string; if the conversation ends on another role '
+        "the model generates the answer once, greedily. An existing --archive is resumed: only the "
+        "coalitions it lacks are evaluated.",
+    )
+    ex.add_argument(
+        "input",
+        metavar="INPUT",
+        help="input JSON file (OpenAI chat messages, optionally with declared \"players\", or the RAG "
+        'form {"documents", "question", "answer"}), a .jsonl file with one input per line, or a .parquet '
+        "dataset with one input per row (a messages column and the optional fields as columns)",
+    )
+    add_options(ex, RunSettings)
+    _add_display_options(ex)
+
+    rp = _subcommand(
+        sub,
+        "replay",
+        example="coalescence replay runs/eiffel --method kernelshap,banzhaf --budget 64",
+        help="fit estimators from a run archive, without a model when it covers them",
+        description="Fit one or more estimators from the coalitions a run archive holds. With no "
+        "--model, every coalition an estimator plans must be in the archive; with --model, the "
+        "missing ones are evaluated (and archived) and the rest are served from the archive.",
+    )
+    rp.add_argument("run_dir", metavar="RUN_DIR", help="run archive directory")
+    add_options(rp, ReplaySettings)
+    _add_display_options(rp)
+
+    sw = _subcommand(
+        sub,
+        "sweep",
+        example="coalescence sweep data.jsonl --methods exact,kernelshap --budgets 64,128 --seeds 0,1 --out sweep/",
+        help="benchmark estimators, budgets and seeds on a dataset from one coalition pool",
+        description="Evaluate, per conversation of DATASET, the union of the coalitions every "
+        "(method, budget, seed) plans, once (one pool feeds every estimator), fit each on its own "
+        "plan's coalitions, and write OUT/results.parquet (one row per conversation and cell: values, "
+        "evaluations, model and fit time, and the error against exact when exact is among the methods) "
+        "and print a summary per method and budget. The same command again resumes: finished "
+        "conversations are restored from the archive, with no model call.",
+    )
+    sw.add_argument(
+        "input",
+        metavar="DATASET",
+        help="a .jsonl file with one input per line, a .parquet dataset, or one input .json file (the explain inputs)",
+    )
+    add_options(sw, SweepSettings)
+    add_options(
+        sw,
+        RunSettings,
+        exclude=EXPLAIN_ONLY + RAY_FIELDS,
+        help={
+            "archive": "run archive directory (default: DIR/archive); resumed if it holds this run",
+            "max_conversations_in_flight": "conversations evaluated at once through one scheduler, their coalitions "
+            "filling the same batches (bounds memory) (default: %(default)s)",
+        },
+        defaults={"archive": None},
+    )
+    _add_display_options(sw)
+
+    rep = _subcommand(
+        sub,
+        "report",
+        example="coalescence report runs/eiffel -o eiffel.html",
+        help="write explanations as one self-contained HTML page",
+        description="Write the explanations of SOURCE as one self-contained HTML page (no script, no "
+        "network request; opens from disk offline): the conversation with each player highlighted by "
+        "its value, the answer's tokens, a ranked bar chart and the run's facts. SOURCE is a JSON "
+        "document written by explain --out or replay --out (single, JSONL batch, hierarchy, replay), "
+        "or a run archive directory, fitted with --method from the coalitions it holds, with no model.",
+    )
+    rep.add_argument("source", metavar="SOURCE", help="an --out JSON document or a run archive directory")
+    rep.add_argument("-o", "--output", metavar="HTML", required=True, help="the HTML file written")
+    rep.add_argument(
+        "--method", default=None, help=f"run archive: comma-separated methods fitted ({','.join(METHODS)}) (default: the run's method)"
+    )
+    rep.add_argument(
+        "--budget",
+        type=positive_int,
+        default=None,
+        help="run archive: sampling budget (default: the run's for a one-input run, else 32 x players)",
+    )
+    rep.add_argument("--seed", type=seed, default=None, help="run archive: seed of the sampling plans (default: the run's)")
+    rep.add_argument("--run", default=None, help="run archive: run id (default: the last run)")
+    rep.add_argument(
+        "--scale",
+        choices=("robust", "linear"),
+        default="robust",
+        help="colour scale: robust (when one value dwarfs the rest, the values below the 90th percentile of "
+        "|value| take 80%% of the shades, so they stay apart; the largest is still the darkest) or linear "
+        "(default: %(default)s)",
+    )
+
+    cm = _subcommand(
+        sub,
+        "compare",
+        example="coalescence compare runs/eiffel --method exact,kernelshap,lasso --budget 64",
+        help="compare explanations of one conversation side by side",
+        description="Print the values of several explanations of one conversation side by side, players in the "
+        "first one's rank order, with each one's agreement with the first (Spearman rank correlation, top-k "
+        "overlap) and, where an exact explanation is among them, each one's error against it. SOURCE is an --out "
+        "document or a run archive (fitted with no model, as `coalescence report`); one archive with --method a,b,c "
+        "compares the methods.",
+    )
+    cm.add_argument("sources", metavar="SOURCE", nargs="+", help="--out JSON documents or run archive directories")
+    cm.add_argument("--method", default=None, help="run archives: comma-separated methods fitted (default: the run's method)")
+    cm.add_argument("--budget", type=positive_int, default=None, help="run archives: sampling budget (default: the run's, else 32 x players)")
+    cm.add_argument("--seed", type=seed, default=None, help="run archives: seed of the sampling plans (default: the run's)")
+    cm.add_argument("--top-k", type=positive_int, default=3, help="k of the top-k overlap (default: %(default)s)")
+    cm.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a batch, from 0 (default: 0)")
+    cm.add_argument("--out", metavar="JSON", default=None, help="also write the comparison as JSON here")
+
+    sh = _subcommand(
+        sub,
+        "show",
+        example="coalescence show examples/eiffel.json --unit sentence --coalition without:user[1].s2",
+        help="print a coalition's prompt exactly as the model reads it",
+        description="Print the prompt of one coalition of a conversation as the model reads it (chat template "
+        "applied, special tokens spelled out), its token count, and the answer tokens it is scored on. SOURCE is an "
+        "input (rendered with --model, --unit and the absence options) or a run archive (its snapshot, policy, "
+        "model and date). Only the tokenizer is loaded.",
+    )
+    sh.add_argument("source", metavar="SOURCE", help="an input file (.json, .jsonl, .parquet) or a run archive directory")
+    sh.add_argument(
+        "--coalition",
+        default="full",
+        metavar="SPEC",
+        help="full, empty, without:LABEL (every player but LABEL), only:LABEL, or one 0/1 per player in order "
+        "(default: %(default)s)",
+    )
+    sh.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a dataset or snapshot of an archive, from 0 (default: 0)")
+    add_options(sh, RunSettings, exclude=NOT_RENDERING)
+
+    ar = _subcommand(sub, "archive", example="coalescence archive info runs/eiffel", help="inspect or compact a run archive")
+    ar_sub = ar.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
+    info = ar_sub.add_parser("info", help="summary of a run archive")
+    info.add_argument("run_dir", metavar="RUN_DIR")
+    info.add_argument("--json", action="store_true", help="print the summary as JSON")
+    info.add_argument("--skip-corrupt", action="store_true", help="skip unreadable parts")
+    cp = ar_sub.add_parser("compact", help="merge the parts of a run archive into one, atomically")
+    cp.add_argument("run_dir", metavar="RUN_DIR")
+    cp.add_argument("--skip-corrupt", action="store_true", help="drop unreadable parts while compacting")
+    return parser
