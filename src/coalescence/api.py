@@ -54,13 +54,12 @@ def _settings(model: str, backend_options: dict[str, Any], options: dict[str, An
 def _progress(progress: bool | None) -> Any:
     """The run's progress: a bar (``tqdm.auto``: a widget in Jupyter) when ``progress`` is true, or
     by default inside a notebook kernel; nothing otherwise."""
-    import sys
+    from .scheduler.progress import TqdmProgress, in_notebook
 
     if progress is None:
-        progress = "ipykernel" in sys.modules
+        progress = in_notebook()
     if not progress:
         return None
-    from .scheduler.progress import TqdmProgress
 
     return TqdmProgress("coalitions")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Protocol
 
-__all__ = ("NullProgress", "Progress", "ProgressTally", "TqdmProgress")
+__all__ = ("NullProgress", "Progress", "ProgressTally", "TqdmProgress", "in_notebook")
 
 
 class Progress(Protocol):
@@ -110,8 +110,7 @@ class TqdmProgress:
                 terminal = bool(stream.isatty())
             except (AttributeError, ValueError, OSError):
                 terminal = False
-            notebook = "ipykernel" in sys.modules
-            self._plain = not (terminal or notebook)
+            self._plain = not (terminal or in_notebook())
         return self._plain
 
     def on_planned(self, total: int) -> None:
@@ -173,10 +172,23 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
+def in_notebook() -> bool:
+    """Whether this code runs in a Jupyter kernel (IPython's shell there is a ZMQInteractiveShell;
+    importing ipykernel alone is not running in it)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except AttributeError:
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
 def _tqdm_class() -> Any:
     """tqdm's notebook widget when a notebook can draw it (ipywidgets installed), else its text bar
     (``tqdm.auto`` alone would warn in a notebook without ipywidgets)."""
-    if "ipykernel" in sys.modules:
+    if in_notebook():
         import importlib.util
 
         if importlib.util.find_spec("ipywidgets") is not None:  # the widget needs it
