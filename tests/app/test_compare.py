@@ -79,3 +79,40 @@ def test_one_explanation_or_two_conversations_are_refused(run, tiny_model_dir, t
     assert code == 0, err
     code, out, err = cli(["compare", str(run / "exact.json"), str(tmp_path / "other-out.json")])
     assert code == 2 and out == "" and "compare explanations of one conversation" in err
+
+
+def test_an_archive_of_several_conversations_fits_the_one_asked_for(tmp_path, tiny_model_dir):
+    batch = tmp_path / "two.jsonl"
+    second = [MESSAGES[0], {"role": "user", "content": "Tea is hot.\nIce is cold.\nIs tea hot?"}, {"role": "assistant", "content": "Yes."}]
+    batch.write_text(json.dumps({"messages": MESSAGES}) + "\n" + json.dumps({"messages": second}) + "\n", encoding="utf-8")
+    run_dir = tmp_path / "run"
+    code, _, err = cli(["explain", str(batch), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "loo", "--archive", str(run_dir), "--no-progress"])
+    assert code == 0, err
+    # exact's coalitions are in the archive for neither conversation: only loo and the chosen one are fitted
+    code, out, err = cli(["compare", str(run_dir), "--method", "loo,loo", "--conversation", "1"])
+    assert code == 0, err
+    assert "Tea is hot." in out and "Eiffel" not in out
+    code, out, err = cli(["compare", str(run_dir), "--method", "loo,loo", "--conversation", "2"])
+    assert code == 2 and "--conversation: the run holds 2 conversation(s)" in err
+
+
+def test_no_output_overwrites_what_it_reads(run, tmp_path):
+    copy = tmp_path / "copy.json"
+    copy.write_text((run / "exact.json").read_text(encoding="utf-8"), encoding="utf-8")
+    before = copy.read_bytes()
+    for argv, option in (
+        (["compare", str(copy), str(run / "run"), "--out", str(copy)], "--out"),
+        (["report", str(copy), "-o", str(copy)], "--output"),
+        (["replay", str(run / "run"), "--method", "loo", "--out", str(run / "run" / "manifest.json")], "--out"),
+    ):
+        code, out, err = cli(argv)
+        assert code == 2 and out == "" and err.startswith(f"coalescence: error: {option}: ") and err.count("\n") == 1, err
+    assert copy.read_bytes() == before
+    chat = tmp_path / "chat.json"
+    chat.write_text(json.dumps({"messages": MESSAGES}), encoding="utf-8")
+    for extra, option in ((["--out", str(chat)], "--out"), (["--out", str(tmp_path / "a.json"), "--html", str(tmp_path / "a.json")], "--html")):
+        code, _, err = cli(["explain", str(chat), "--model", "smollm2-135m", "--no-progress", *extra])  # refused before any model loads
+        assert code == 2 and err.startswith(f"coalescence: error: {option}: "), err
+    assert json.loads(chat.read_text(encoding="utf-8")) == {"messages": MESSAGES}
+    code, _, err = cli(["archive", "info", str(run / "run")])
+    assert code == 0, err  # the manifest is intact

@@ -69,17 +69,20 @@ class Comparison:
         first = self.columns[0].values
         order = sorted(range(len(self.labels)), key=lambda i: (-(first[i] if first[i] is not None else -math.inf), i))
         width = max(12, *(len(c.name) for c in self.columns))
-        head = f"{'player':<14}" + "".join(f"{c.name:>{width}}" for c in self.columns) + "  text"
+        head = f"{'player':<14}" + "".join(f" {c.name:>{width}}" for c in self.columns) + "  text"
         lines = [f"values ({self.unit}), players in the order of {self.columns[0].name}", head]
         for i in order:
-            cells = "".join(f"{_num(c.values[i]):>{width}}" for c in self.columns)
+            cells = "".join(f" {_num(c.values[i]):>{width}}" for c in self.columns)
             text = " ".join(self.texts[i].split())
             lines.append(f"{self.labels[i]:<14}{cells}  {text[:snippet]}{'…' if len(text) > snippet else ''}")
         lines.append("")
         lines.append(f"agreement with {self.columns[0].name}: Spearman rank correlation, top-{self.top_k} overlap" + (", error against exact" if any(c.max_error is not None for c in self.columns) else ""))
-        for c in self.columns[1:]:
+        for k, c in enumerate(self.columns):
             error = f", max |error| {c.max_error:.4f}, RMSE {c.rmse:.4f} {self.unit}" if c.max_error is not None and c.rmse is not None else ""
-            lines.append(f"  {c.name}: Spearman {c.spearman:+.3f}, top-{self.top_k} overlap {c.top_overlap:.2f}{error}")
+            if k == 0 and not error:
+                continue  # the reference agrees with itself
+            agreement = "(the reference)" if k == 0 else f"Spearman {c.spearman:+.3f}, top-{self.top_k} overlap {c.top_overlap:.2f}"
+            lines.append(f"  {c.name}: {agreement}{error}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,6 +115,7 @@ def compare(
     seed: int | None = None,
     top_k: int = 3,
     snapshot: int = 0,
+    run_id: str | None = None,
 ) -> Comparison:
     """Compare the explanations of ``sources`` (module docs).
 
@@ -121,7 +125,9 @@ def compare(
             ``methods`` compares the methods.
         methods, budget, seed: for archives, as ``coalescence report``.
         top_k: the k of the top-k overlap (>= 1).
-        snapshot: which conversation of a batch or an archive of several (0-based).
+        snapshot: which conversation of a batch or an archive of several (0-based; an archive fits
+            that one alone).
+        run_id: archives: which run (default: the last one).
 
     Raises:
         InputError: fewer than two explanations, or explanations of different snapshots (naming them).
@@ -135,19 +141,25 @@ def compare(
 
     if top_k < 1:
         raise ConfigError(f"must be at least 1, got {top_k}", field="top_k")
+    if snapshot < 0:
+        raise ConfigError(f"numbers conversations from 0; got {snapshot}", field="conversation")
     documents: list[tuple[str, Mapping[str, Any]]] = []
     for source in sources:
         if isinstance(source, Mapping):
             report = from_document(source, "")
             where = "document"
+        elif Path(source).is_dir():  # an archive: fit the chosen conversation alone
+            report = report_source(source, methods=methods, budget=budget, seed=seed, run_id=run_id, conversation=snapshot)
+            where = Path(source).name
+            documents += [(where, e.document) for e in report.entries]
+            continue
         else:
-            is_dir = Path(source).is_dir()
-            report = report_source(source, methods=methods if is_dir else None, budget=budget if is_dir else None, seed=seed if is_dir else None)
+            report = report_source(source)
             where = Path(source).name
         entries = [e.document for e in report.entries]
         ids = list(dict.fromkeys(str(d.get("snapshot_id")) for d in entries))
         if snapshot >= len(ids):
-            raise InputError(f"{where} holds {len(ids)} conversation(s); --snapshot {snapshot} is past the end", field="snapshot")
+            raise InputError(f"{where} holds {len(ids)} conversation(s), numbered from 0; got {snapshot}", field="conversation")
         documents += [(where, d) for d in entries if str(d.get("snapshot_id")) == ids[snapshot]]
     if len(documents) < 2:
         raise InputError("give at least two explanations: two or more sources, or one archive with --method a,b", field="SOURCE")
@@ -177,7 +189,7 @@ def compare(
         pairs = [(a, b) for a, b in zip(reference, values, strict=True) if a is not None and b is not None]
         rho = float(spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic) if len(pairs) > 1 else math.nan
         errors = None
-        if exact is not None and values is not exact:
+        if exact is not None and doc.get("method") != "exact":
             diffs = [abs(a - b) for a, b in zip(exact, values, strict=True) if a is not None and b is not None]
             errors = (max(diffs), math.sqrt(sum(d * d for d in diffs) / len(diffs))) if diffs else None
         se = [p.get("stderr") for p in doc["players"]]

@@ -40,7 +40,7 @@ from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError
 from .lifecycle import run_blocking
 from .outputs import check_run_dir
 from .record import check_model_identity, check_same_date, run_record, same_measurement
-from .outputs import html_path, on_line, output_path
+from .outputs import html_path, on_line, output_path, refuse_overwrite
 from .backend import load_model
 from .record import recorded_now
 from .settings import RunResult, RunSettings, interaction_settings
@@ -170,6 +170,11 @@ class ExplainRun:
         """Check the output files' paths (``out``, ``html``) before any work."""
         self.out_path = output_path(self.settings.out, "out")
         self.html_path = html_path(self.settings.html, "html")
+        refuse_overwrite(
+            {"out": self.out_path, "html": self.html_path},
+            sources={"input": self.source} if isinstance(self.source, (str, Path)) else None,
+            run_dirs={"archive": self.settings.archive},
+        )
 
     def run_config(self) -> dict[str, Any]:
         """What the run fits, as the manifest's ``run_config`` records it."""

@@ -278,6 +278,7 @@ def fit_archive(
     budget: int | None = None,
     seed: int | None = None,
     run_id: str | None = None,
+    conversation: int | None = None,
 ) -> dict[str, Any]:
     """Fit estimators from the coalitions a run archive holds, with no model (the report's source).
 
@@ -292,6 +293,7 @@ def fit_archive(
             32 x players).
         seed: plan seed (default: the run's).
         run_id: the run (default: the last).
+        conversation: fit only this conversation of the run (0-based; default: every one).
 
     Returns:
         A replay-form document ``{"run_dir", "run_id", "explanations": [...]}``.
@@ -325,6 +327,10 @@ def fit_archive(
         snapshots = [ConversationSnapshot.from_dict(fit.records[i]) for i in ids[:n_inputs]]
     except InputError as exc:
         raise ArchiveError(f"run {run['run_id']}: {exc.message}", field="archive") from exc
+    if conversation is not None:
+        if not 0 <= conversation < len(snapshots):
+            raise InputError(f"the run holds {len(snapshots)} conversation(s), numbered from 0; got {conversation}", field="conversation")
+        snapshots = [snapshots[conversation]]
     explanations: list[dict[str, Any]] = []
     for snap in snapshots:
         for method in methods:

@@ -12,6 +12,7 @@ from ..errors import ConfigError, InputError
 
 __all__ = (
     "check_run_dir",
+    "refuse_overwrite",
     "check_writable_parent",
     "html_path",
     "on_line",
@@ -45,6 +46,47 @@ def output_path(value: str | Path | None, name: str) -> Path | None:
         raise ConfigError(f"{str(value)!r} is a directory; give a file path", field=name)
     check_writable_parent(path, name)
     return path
+
+
+def refuse_overwrite(
+    outputs: dict[str, Path | None], *, sources: dict[str, Any] | None = None, run_dirs: dict[str, Any] | None = None
+) -> None:
+    """Refuse outputs that would destroy what the command reads or writes: an output that is one of
+    the sources (the input, a document compared or reported), another output, or a file inside a
+    run archive (its manifest, its parts).
+
+    Args:
+        outputs: output files by their option's field (``out``, ``html``); ``None`` entries skipped.
+        sources: files read, by field (``input``, ``SOURCE``); paths that are not files are skipped.
+        run_dirs: run archive directories, by field.
+
+    Raises:
+        ConfigError: the first clash (naming the output's field, what it would overwrite, the fix).
+    """
+    import os
+
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return os.path.realpath(a) == os.path.realpath(b)
+        except OSError:
+            return False
+
+    seen: dict[str, Path] = {}
+    for field, path in outputs.items():
+        if path is None:
+            continue
+        for other_field, other in seen.items():
+            if same(path, other):
+                raise ConfigError(f"{str(path)!r} is also the {other_field} file; give each output its own path", field=field)
+        for source_field, source in (sources or {}).items():
+            if isinstance(source, (str, Path)) and Path(source).is_file() and same(path, Path(source)):
+                raise ConfigError(f"{str(path)!r} is the {source_field} itself; writing it would destroy it: give another path", field=field)
+        for dir_field, run_dir in (run_dirs or {}).items():
+            if isinstance(run_dir, (str, Path)) and run_dir is not True:
+                real = os.path.realpath(run_dir)
+                if os.path.realpath(path).startswith(real.rstrip(os.sep) + os.sep):
+                    raise ConfigError(f"{str(path)!r} lies inside the run archive {str(run_dir)!r}; give a path outside it", field=field)
+        seen[field] = path
 
 
 def html_path(value: str | Path | None, name: str = "html") -> Path | None:

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
 from .lifecycle import run_blocking
 from .fit import ArchiveFit, select_run
-from .outputs import output_path
+from .outputs import output_path, refuse_overwrite
 from .backend import load_model
 from .record import recorded_now
 from .settings import ReplaySettings
@@ -62,6 +62,7 @@ class ReplayRun:
         s = self.settings
         span = parse_span(s.target_span) if isinstance(s.target_span, str) else s.target_span
         self.out_path = output_path(s.out, "out")
+        refuse_overwrite({"out": self.out_path}, run_dirs={"RUN_DIR": self.run_dir})
         manifest = read_manifest(self.run_dir)
         run = select_run(manifest, s.run_id)
         check_replayable(self.run_dir, manifest, run)

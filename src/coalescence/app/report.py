@@ -24,6 +24,7 @@ def report_source(
     budget: int | None = None,
     seed: int | None = None,
     run_id: str | None = None,
+    conversation: int | None = None,
 ) -> ReportInput:
     """Read a report's input: an ``--out`` JSON document, or a run archive directory.
 
@@ -34,6 +35,7 @@ def report_source(
             input with that method; else 32 x players, as ``replay``).
         seed: run archive only: the sampling plans' seed (default: the run's).
         run_id: run archive only: which run (default: the last one).
+        conversation: run archive only: fit only this conversation (0-based; default: every one).
 
     Returns:
         The explanations to show.
@@ -49,7 +51,7 @@ def report_source(
     path = Path(source)
     if path.is_dir():
         try:
-            document = fit_archive(path, methods=methods, budget=budget, seed=seed, run_id=run_id)
+            document = fit_archive(path, methods=methods, budget=budget, seed=seed, run_id=run_id, conversation=conversation)
         except ArchiveError as exc:  # the archive modules name their argument RUN_DIR or archive; here it is SOURCE
             if exc.field not in ("RUN_DIR", "archive"):
                 raise

@@ -121,7 +121,15 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
     from ..backends.registry import load_tokenizer, resolve_model
     from ..masking.render import ChatRenderer
 
+    if index < 0:
+        raise ConfigError(f"numbers conversations from 0; got {index}", field="conversation")
     if isinstance(source, (str, Path)) and Path(source).is_dir():
+        given = _rendering_options(settings, options)
+        if given:
+            raise ConfigError(
+                "applies to an input; a run archive is shown as its run rendered it (its model, players and policy)",
+                field=given[0],
+            )
         snapshot, policy, model, now = _from_archive(Path(source), index)
     else:
         from ..snapshot import ConversationSnapshot
@@ -133,11 +141,19 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
         # the rendering's settings alone: no estimator limits a conversation shown
         base = settings if settings is not None else RunSettings()
         if options:
+            unknown = sorted(set(options) - {f.name for f in dataclasses.fields(RunSettings)})
+            if unknown:
+                raise ConfigError(f"unknown option {unknown[0]!r}; give settings by their names (model, unit, roles, absence_policy, ...)", field=unknown[0])
             base = dataclasses.replace(base, **options)
         base = dataclasses.replace(base, method="loo", budget=None, target_stderr=None, interactions=None, index=None, out=None, html=None, archive=None)
+        if _is_out_document(source):
+            raise InputError(
+                "is an explanation document (--out); show takes an input, or the run archive the explanation names",
+                field="SOURCE",
+            )
         run = ExplainRun(source, base)
-        if not 0 <= index < len(run.conversations):
-            raise InputError(f"the input holds {len(run.conversations)} conversation(s); index {index} is past the end", field="index")
+        if not index < len(run.conversations):
+            raise InputError(f"the input holds {len(run.conversations)} conversation(s), numbered from 0; got {index}", field="conversation")
         conversation = run.conversations[index]
         if conversation.target is None:
             raise InputError(
@@ -163,6 +179,31 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
     )
 
 
+_RENDERING = ("model", "unit", "roles", "template", "absence_policy", "placeholder", "system_absent", "empty_turns", "merge_adjacent")
+
+
+def _rendering_options(settings: Any, options: dict[str, Any]) -> list[str]:
+    """The rendering settings given other than their defaults (an archive has its own)."""
+    from .settings import RunSettings
+
+    default = RunSettings()
+    given = [name for name in _RENDERING if settings is not None and getattr(settings, name) != getattr(default, name)]
+    return given + sorted(options)
+
+
+def _is_out_document(source: Any) -> bool:
+    """Whether ``source`` is an explanation document written by ``--out`` (not an input)."""
+    import json
+
+    if not isinstance(source, (str, Path)) or not str(source).endswith(".json") or not Path(source).is_file():
+        return False
+    try:
+        data = json.loads(Path(source).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and ("snapshot_id" in data or "explanations" in data or "hierarchy" in data)
+
+
 def _from_archive(run_dir: Path, index: int) -> tuple[Any, Any, str, Any]:
     """The archive's last run: its ``index``-th snapshot, its absence policy, its model, its date."""
     from ..archive.reader import read_manifest
@@ -177,7 +218,7 @@ def _from_archive(run_dir: Path, index: int) -> tuple[Any, Any, str, Any]:
     run = runs[-1]
     ids = list(run.get("snapshot_ids") or ())
     if not 0 <= index < len(ids):
-        raise InputError(f"the run holds {len(ids)} snapshot(s); index {index} is past the end", field="index")
+        raise InputError(f"the run holds {len(ids)} conversation(s), numbered from 0; got {index}", field="conversation")
     records = {r["snapshot_id"]: r for r in manifest.get("snapshots") or []}
     snapshot = ConversationSnapshot.from_dict(records[ids[index]])
     policy_record = run.get("absence_policy") or {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..app.lifecycle import RunFailed, Session, write_after_run
@@ -132,12 +133,14 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ..app.outputs import html_path
+    from ..app.outputs import html_path, refuse_overwrite
     from ..app.report import report_source
     from ..report import render_report, write_report
 
     out = html_path(args.output, "output")
     assert out is not None
+    is_dir = Path(args.source).is_dir()
+    refuse_overwrite({"output": out}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if is_dir else None)
     methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
     if methods is not None and not methods:
         raise ConfigError("give at least one method, e.g. --method exact", field="method")
@@ -156,12 +159,22 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from ..app.compare import compare
-    from ..app.outputs import output_path
+    from ..app.outputs import output_path, refuse_overwrite
     from ..archive.writer import write_json_atomic
 
     out = output_path(args.out, "out")
+    refuse_overwrite(
+        {"out": out},
+        sources={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if not Path(s).is_dir()},
+        run_dirs={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if Path(s).is_dir()},
+    )
     methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
-    comparison = compare(args.sources, methods=methods, budget=args.budget, seed=args.seed, top_k=args.top_k, snapshot=args.conversation)
+    sources = [s for s in args.sources if not Path(s).is_dir()]
+    if sources and (args.method or args.budget is not None or args.seed is not None or args.run) and len(sources) == len(args.sources):
+        raise ConfigError("applies to run archive directories; every SOURCE here is an --out document", field="method" if args.method else "budget" if args.budget is not None else "seed" if args.seed is not None else "run")
+    comparison = compare(
+        args.sources, methods=methods, budget=args.budget, seed=args.seed, top_k=args.top_k, snapshot=args.conversation, run_id=args.run
+    )
     if out is not None:
         write_after_run(lambda: write_json_atomic(out, comparison.to_dict(), field="out"), out)
     print(comparison.format())

@@ -199,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     cm.add_argument("--method", default=None, help="run archives: comma-separated methods fitted (default: the run's method)")
     cm.add_argument("--budget", type=positive_int, default=None, help="run archives: sampling budget (default: the run's, else 32 x players)")
     cm.add_argument("--seed", type=seed, default=None, help="run archives: seed of the sampling plans (default: the run's)")
+    cm.add_argument("--run", default=None, help="run archives: run id (default: the last run)")
     cm.add_argument("--top-k", type=positive_int, default=3, help="k of the top-k overlap (default: %(default)s)")
     cm.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a batch, from 0 (default: 0)")
     cm.add_argument("--out", metavar="JSON", default=None, help="also write the comparison as JSON here")

@@ -171,7 +171,7 @@ def _messages(doc: Mapping[str, Any], players: list[dict[str, Any]]) -> list[dic
     return out
 
 
-def _answer(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
+def _answer(doc: Mapping[str, Any], section: str, scale_name: str = "robust") -> dict[str, Any]:
     """The answer's tokens shaded by ``logprob_full - logprob_empty``, or why there are none."""
     target = doc["target"]
     utility = doc.get("utility") or (doc.get("utility_detail") or {}).get("kind") or "logprob"
@@ -204,7 +204,7 @@ def _answer(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
         (t["logprob_full"] - t["logprob_empty"]) if t.get("logprob_full") is not None and t.get("logprob_empty") is not None else None
         for t in tokens
     ]
-    scale = DivergingScale.for_values(deltas)
+    scale = DivergingScale.for_values(deltas, scale_name)
     lo, hi = (span if isinstance(span, list) and len(span) == 2 else (0, len(tokens)))
     n_answer = len(target)
     rows = []
@@ -225,7 +225,7 @@ def _answer(doc: Mapping[str, Any], section: str) -> dict[str, Any]:
             }
         )
     view["tokens"] = rows
-    view["scale"] = _legend(scale, "nats")
+    view["scale"] = _legend(scale, "nats", scale_name)
     return view
 
 
@@ -265,7 +265,7 @@ def _reading(doc: Mapping[str, Any], unit: str, has_se: bool) -> list[str]:
     return lines
 
 
-def _legend(scale: DivergingScale, unit: str) -> dict[str, Any]:
+def _legend(scale: DivergingScale, unit: str, requested: str = "robust") -> dict[str, Any]:
     stops = scale.stops(17)
     return {
         "gradient": ", ".join(f"{c} {100 * k / (len(stops) - 1):g}%" for k, (_, c) in enumerate(stops)),
@@ -275,7 +275,11 @@ def _legend(scale: DivergingScale, unit: str) -> dict[str, Any]:
         ],
         "unit": unit,
         "neutral": neutral_color(),
-        "scale": scale.describe(unit),
+        "scale": (
+            f"robust, {scale.describe(unit)}"
+            if scale.knee is not None
+            else scale.describe(unit) + (" (robust: no value dwarfs the rest, so linear)" if requested == "robust" else "")
+        ),
     }
 
 
@@ -370,8 +374,8 @@ def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archiv
         "players": players,
         "ranked": ranked,
         "has_se": has_se,
-        "legend": _legend(scale, unit),
-        "answer": _answer(doc, section),
+        "legend": _legend(scale, unit, scale_name),
+        "answer": _answer(doc, section, scale_name),
         "chart": Markup(chart),
         "facts": _facts(doc, unit, archive),
         "notes": [str(n) for n in doc.get("notes") or ()],
