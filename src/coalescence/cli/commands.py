@@ -139,8 +139,9 @@ def _report(args: argparse.Namespace) -> int:
 
     out = html_path(args.output, "output")
     assert out is not None
-    is_dir = Path(args.source).is_dir()
-    refuse_overwrite({"output": out}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if is_dir else None)
+    is_dir = Path(args.source).is_dir()  # a directory that is no run archive is refused by report_source
+    archive = is_dir and (Path(args.source) / "manifest.json").is_file()
+    refuse_overwrite({"output": out}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if archive else None)
     methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
     if methods is not None and not methods:
         raise ConfigError("give at least one method, e.g. --method exact", field="method")
@@ -166,7 +167,7 @@ def _compare(args: argparse.Namespace) -> int:
     refuse_overwrite(
         {"out": out},
         sources={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if not Path(s).is_dir()},
-        run_dirs={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if Path(s).is_dir()},
+        run_dirs={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if (Path(s) / "manifest.json").is_file()},
     )
     methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
     sources = [s for s in args.sources if not Path(s).is_dir()]
