@@ -188,6 +188,7 @@ def test_the_notebook_views_are_short_and_the_report_one_call_away(chat, tiny_mo
     full = e.report()
     assert compact.count("<mark") == n and "<svg" not in compact  # the conversation, no chart
     assert "<svg" in full._repr_html_() and len(compact) < len(full._repr_html_()) / 2
+    assert "robust" in full._repr_html_() and "robust" not in e.report(scale="linear")._repr_html_()  # the scale asked for
     page = e.report(tmp_path / "report.html")
     assert (tmp_path / "report.html").read_text(encoding="utf-8") == page.html
     assert page.html.startswith("<!DOCTYPE html>") and "<script" not in page.html.lower()

@@ -92,7 +92,7 @@ class ReportView:
         self.html = render_report(document, scale=scale)
 
     def _repr_html_(self) -> str:
-        return explanation_fragment(self.document, compact=False)
+        return explanation_fragment(self.document, compact=False, scale=self.scale)
 
     def save(self, path: str | Path) -> Path:
         """Write the page to ``path`` (atomically, see :func:`write_report`); returns the path."""

@@ -500,7 +500,7 @@ def _entry_heading(report: ReportInput, entry: Entry, k: int) -> str:
     return f"Snapshot {str(doc.get('snapshot_id', ''))[:12]} \u00b7 {doc.get('method', '')}"
 
 
-def explanation_fragment(document: Mapping[str, Any], *, compact: bool = True, top: int = 5) -> str:
+def explanation_fragment(document: Mapping[str, Any], *, compact: bool = True, top: int = 5, scale: str = "robust") -> str:
     """One explanation's view as an HTML fragment (its style scoped to it), e.g. for a notebook.
 
     Args:
@@ -508,6 +508,7 @@ def explanation_fragment(document: Mapping[str, Any], *, compact: bool = True, t
         compact: the highlighted conversation, the ``top`` players and the legend only (about the
             size of shap's text plot); ``False``: the whole report's view (chart, table, facts).
         top: the players listed in the compact view.
+        scale: the colour scale, ``robust`` or ``linear`` (:mod:`.colors`).
 
     Returns:
         A ``<div class="coalescence-report">`` element with its ``<style>``: no script, no URL.
@@ -518,5 +519,5 @@ def explanation_fragment(document: Mapping[str, Any], *, compact: bool = True, t
     from .sources import from_document
 
     report = from_document(document, "")
-    views = [_entry_view(entry, f"ex{k}", "Explanation", report.archive) for k, entry in enumerate(report.entries)]
+    views = [_entry_view(entry, f"ex{k}", "Explanation", report.archive, scale) for k, entry in enumerate(report.entries)]
     return _environment().get_template("fragment.html.j2").render(entries=views, version=__version__, compact=compact, top=top)
