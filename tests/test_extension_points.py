@@ -58,6 +58,10 @@ async def test_a_registered_utility_runs_to_its_closed_form(least_registered, ch
     explanation = await engine.explain(snap, make_estimator("exact"), DropPolicy())
     np.testing.assert_allclose(explanation.values, np.array(expected) / n_target, atol=1e-5)
     assert explanation.utility == "min_logprob" and explanation.utility_unit == "nats"
+    from coalescence.report import render_report
+
+    page = render_report(explanation.to_dict())  # a teacher-forced kind: the answer shown token by token
+    assert page.count('class="tok') == len(explanation.to_dict()["answer_tokens"]) > 1
 
 
 def test_without_registration_it_is_no_utility():

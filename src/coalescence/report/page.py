@@ -28,7 +28,6 @@ from .sources import Entry, ReportInput
 
 __all__ = ("explanation_fragment", "rank_ranges", "render_page")
 
-_TEACHER_FORCED = ("logprob", "mean_logprob", "logit_prob", "prob")
 
 
 def _fmt(x: Any, *, sign: bool = False) -> str:
@@ -187,7 +186,9 @@ def _answer(doc: Mapping[str, Any], section: str, scale_name: str = "robust") ->
             "cuts": bool(detail.get("span_cuts_token")),
             "tokens": f"{span[0]}:{span[1]}" if isinstance(span, list) else "",
         }
-    if utility not in _TEACHER_FORCED:
+    from ..utility import UTILITIES
+
+    if utility not in UTILITIES or not UTILITIES[utility].teacher_forced:  # a registered kind included
         view["note"] = (
             f"The {utility} utility regenerates answers and compares them with this one; it has no "
             "per-token scores, so the answer is shown as text."
