@@ -57,7 +57,7 @@ def build(run_dir: Path) -> None:
 
 
 def rows_seen(run_dir: Path) -> list[tuple[str, float]]:
-    """What the README's plain pyarrow read of ``parts`` sees: (key, utility) rows, sorted."""
+    """What docs/archive.md's plain pyarrow read of ``parts`` sees: (key, utility) rows, sorted."""
     table = ds.dataset(run_dir / "parts", format="parquet").to_table()
     return sorted(zip(table["coalition_key"].to_pylist(), table["utility"].to_pylist(), strict=True))
 

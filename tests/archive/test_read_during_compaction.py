@@ -5,7 +5,7 @@ listed, whatever a compaction does meanwhile, and sees each coalition key exactl
 set it sees is one the writer had flushed at some instant (a prefix of the keys, in the order written).
 Before the fix, a compaction removed the generation it replaced at once, so a read listing it
 failed with FileNotFoundError. A plain read through the ``parts`` link itself cannot be made
-immune: its paths resolve through the link again when opened (see the README).
+immune: its paths resolve through the link again when opened (see docs/archive.md).
 """
 
 from __future__ import annotations
