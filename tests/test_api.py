@@ -140,6 +140,15 @@ def test_unknown_options_are_refused_by_name(chat, tiny_model_dir):
     with pytest.raises(ConfigError) as info:
         coalescence.explain(chat, model=str(tiny_model_dir), unitt="sentence")
     assert info.value.field == "unitt" and "unit" in info.value.message
+    # the list names every keyword explain() takes, the model and backend ones too
+    accepted = info.value.message.split("use one of ", 1)[1].split(", ")
+    assert {"model", "device", "dtype", "batch_size", "backend", "progress", "unit", "method", "budget"} <= set(accepted)
+    # an Explainer holds its model: the backend options given to explain() are refused, saying whose they are
+    explainer = coalescence.Explainer(str(tiny_model_dir))
+    with pytest.raises(ConfigError) as info:
+        explainer.explain(chat, device="cpu")
+    assert info.value.field == "device" and "are the Explainer's" in info.value.message
+    assert "device" not in info.value.message.split("use one of ", 1)[1].split(", ")
 
 
 def test_estimator_policy_and_utility_objects_run_as_their_names(chat, tiny_model_dir):
@@ -169,6 +178,13 @@ def test_estimator_policy_and_utility_objects_run_as_their_names(chat, tiny_mode
         with pytest.raises(ConfigError) as info:
             coalescence.explain(chat, **common, method=KernelSHAP(budget=12, seed=3), **given)
         assert info.value.field == field
+    # an object built without a seed has its default one; the message says where the seed goes
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, **common, method=KernelSHAP(budget=12), seed=5)
+    assert info.value.field == "seed" and "KernelSHAP(..., seed=5)" in info.value.message and "--" not in info.value.message
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, **common, method="kernelshap", budget=3)
+    assert info.value.field == "budget" and info.value.message.startswith("3 is below the minimum") and "--" not in info.value.message
     with pytest.raises(ConfigError) as info:
         coalescence.explain(chat, **common, method=object())
     assert info.value.field == "method"

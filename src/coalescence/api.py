@@ -44,10 +44,14 @@ _BACKEND_OPTIONS = ("backend", "device", "dtype", "batch_size")
 _RUN_OPTIONS = frozenset(f.name for f in fields(RunSettings)) - {"model", *_BACKEND_OPTIONS}
 
 
-def _settings(model: str, backend_options: dict[str, Any], options: dict[str, Any]) -> RunSettings:
+def _settings(model: str, backend_options: dict[str, Any], options: dict[str, Any], *, loaded: bool = False) -> RunSettings:
+    """The run's settings; an unknown keyword is refused naming every keyword the call takes (an
+    :class:`Explainer` (``loaded``) has its model and backend options already)."""
     unknown = sorted(set(options) - _RUN_OPTIONS)
     if unknown:
-        raise ConfigError(f"unknown option {unknown[0]!r}; use one of {', '.join(sorted(_RUN_OPTIONS))}", field=unknown[0])
+        accepted = _RUN_OPTIONS | {"progress"} | (set() if loaded else {"model", *_BACKEND_OPTIONS})
+        hint = "; the model and its backend options are the Explainer's" if loaded and unknown[0] in {"model", *_BACKEND_OPTIONS} else ""
+        raise ConfigError(f"unknown option {unknown[0]!r}{hint}; use one of {', '.join(sorted(accepted))}", field=unknown[0])
     return RunSettings(model=model, **backend_options, **options)
 
 
@@ -112,7 +116,7 @@ class Explainer:
         **options: Any,
     ) -> Any:
         """Explain a conversation's answer (see :func:`explain`), with this model."""
-        settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options))
+        settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options), loaded=True)
         return _result(explain_run(source, settings, backend=self.backend, progress=_progress(progress)))
 
     async def explain_async(
@@ -128,7 +132,7 @@ class Explainer:
         **options: Any,
     ) -> Any:
         """:meth:`explain` for code already in an event loop (asyncio or trio)."""
-        settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options))
+        settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options), loaded=True)
         return _result(await explain_run_async(source, settings, backend=self.backend, progress=_progress(progress)))
 
 
@@ -210,7 +214,7 @@ async def explain_async(
     return _result(await explain_run_async(source, settings, progress=_progress(progress)))
 
 
-_SWEEP_OPTIONS = _RUN_OPTIONS - {"method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"}
+_SWEEP_OPTIONS = (_RUN_OPTIONS | {*_BACKEND_OPTIONS}) - {"method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"}
 
 
 def sweep(

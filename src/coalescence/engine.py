@@ -501,7 +501,7 @@ class Engine:
         last = estimator_for(budget)
         if not last.capabilities.reports_stderr:
             raise ConfigError(
-                f"--method {last.name} reports no standard errors; use a method that does (permutation, kernelshap, "
+                f"method {last.name} reports no standard errors; use a method that does (permutation, kernelshap, "
                 "regression-msr, banzhaf)",
                 field="target_stderr",
             )

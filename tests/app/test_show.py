@@ -80,3 +80,12 @@ def test_bad_coalitions_are_one_line_naming_the_players(chat, tiny_model_dir):
         assert info.value.field == "coalition"
     code, out, err = cli(["show", str(chat), "--model", str(tiny_model_dir), "--unit", "turn", "--coalition", "without:user[9]"])
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("coalescence: error: --coalition: no player 'user[9]'")
+    # a label of another unit says which unit names it; one of the players' own unit says nothing more
+    turns, sentences = ["system[0]", "user[1]"], ["system[0].s0", "user[1].s0", "user[1].s1"]
+    for label, labels, unit in (("user[1].s2", turns, "sentence"), ("user[1]", sentences, "turn"), ("user[1].p0", sentences, "paragraph")):
+        with pytest.raises(ConfigError) as info:
+            parse_coalition(f"without:{label}", labels)
+        assert f"({label} names a {unit}: render the input with the unit {unit}, --unit {unit})" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        parse_coalition("without:user[1].s7", sentences)
+    assert "names a" not in info.value.message

@@ -268,8 +268,10 @@ def test_the_python_entry_is_the_command(swept, tiny_model_dir, tmp_path):
     import coalescence
 
     _, data, _, table = swept
+    # the backend options are sweep()'s keywords as explain()'s (batch_size 1: the values of another batching)
     result = coalescence.sweep(
-        data, methods=METHODS, budgets=BUDGETS, seeds=SEEDS, out=tmp_path / "py", model=str(tiny_model_dir), unit="sentence"
+        data, methods=METHODS, budgets=BUDGETS, seeds=SEEDS, out=tmp_path / "py", model=str(tiny_model_dir), unit="sentence",
+        batch_size=1, device="cpu",
     )
     assert result.path == tmp_path / "py" / "results.parquet" and result.run_dir == tmp_path / "py" / "archive"
     assert len(result.rows) == len(table)

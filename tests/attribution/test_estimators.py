@@ -132,7 +132,7 @@ def test_exact_refuses_seventeen_players_before_planning() -> None:
     with pytest.raises(EstimatorError) as info:
         ExactShapley().plan(17)  # raises at the call, not on first iteration
     assert info.value.field == "method"
-    assert "131072" in info.value.message and "--method regression-msr" in info.value.message
+    assert "131072" in info.value.message and "method regression-msr with a budget" in info.value.message
     ExactShapley().validate(16)
 
 

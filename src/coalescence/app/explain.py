@@ -119,9 +119,9 @@ class ExplainRun:
             n_players = on_line(k, self.is_batch, lambda c=conversation, u=unit: count_players(c, unit=u, roles=s.roles, at_most=at_most))
             if at_most is not None and n_players > at_most:
                 raise EstimatorError(
-                    f"{f'input line {k + 1}: ' if self.is_batch else ''}--unit {unit} gives at least {n_players} players "
-                    f"(counting stopped there), and --method {s.method_name} allows at most {at_most}; use a coarser "
-                    "--unit, or --method regression-msr with --budget N, or --method loo",
+                    f"{f'input line {k + 1}: ' if self.is_batch else ''}unit {unit} gives at least {n_players} players "
+                    f"(counting stopped there), and method {s.method_name} allows at most {at_most}; use a coarser "
+                    "unit, or method regression-msr with a budget, or method loo",
                     field="method",
                 )
             self.validate_game(n_players)

@@ -50,6 +50,8 @@ class Option:
         cli: ``False`` for a field of the Python API alone (e.g. a loaded backend).
         cli_default: the command line's default when it differs from the API's (e.g. ``archive``:
             the CLI always keeps one); set by :func:`option`'s ``cli_default`` (``has_cli_default``).
+        section: the ``--help`` section (a group's title) it is shown in, when not its declaring
+            group's: a field a command redeclares with another default stays with its kind.
     """
 
     help: Text = ""
@@ -63,6 +65,7 @@ class Option:
     cli: bool = True
     cli_default: Any = None
     has_cli_default: bool = False
+    section: str | None = None
 
 
 def option(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
@@ -131,11 +134,13 @@ def add_options(
     """
     help, defaults = help or {}, defaults or {}
     sections: dict[str, Any] = {}  # by title: a group that extends another shares its section
-    for group, f, opt in option_fields(cls):
+    # a field shown in another group's section comes first there (``--model`` before the model's other options)
+    for group, f, opt in sorted(option_fields(cls), key=lambda item: item[2].section is None):
         if f.name in exclude:
             continue
-        if group.title not in sections:
-            sections[group.title] = parser.add_argument_group(group.title or None, group.description)
+        title = group.title if opt.section is None else opt.section
+        if title not in sections:
+            sections[title] = parser.add_argument_group(title or None, group.description if opt.section is None else None)
         text = help.get(f.name, opt.help() if callable(opt.help) else opt.help)
         if f.name in defaults:
             default = defaults[f.name]
@@ -156,7 +161,7 @@ def add_options(
                 kwargs["metavar"] = opt.metavar
         if opt.required:
             kwargs["required"] = True
-        sections[group.title].add_argument(*flags, **kwargs)
+        sections[title].add_argument(*flags, **kwargs)
 
 
 def settings_from(cls: type, args: argparse.Namespace, *, exclude: tuple[str, ...] = (), **given: Any) -> Any:

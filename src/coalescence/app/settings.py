@@ -182,7 +182,13 @@ class RunSettings(
             carried = getattr(est, name, None)
             given = getattr(self, name)
             if given != default and given != carried:
-                raise ConfigError(f"the estimator object carries its own ({name}={carried!r}); drop {name} or make it agree", field=name)
+                what = type(est).__name__
+                raise ConfigError(
+                    f"{given!r} disagrees with the estimator object's own {name}={carried!r} (an object's {name} is its "
+                    f"constructor's, its default when not given): give it to the object, {what}(..., {name}={given!r}), "
+                    f"and leave {name} out",
+                    field=name,
+                )
             object.__setattr__(self, name, carried if carried is not None or name != "seed" else given)
 
     def _take_policy_object(self) -> None:
@@ -378,9 +384,12 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         "(by default replay keeps the run's --target-span/--target-substring unless new ones are given)",
     )
     model: str | None = option(
-        None, help="model alias (smollm2-135m), local model directory, .gguf file or hub id (replay: evaluate coalitions the archive lacks)"
+        None,
+        section=ModelSettings.title,
+        help="model alias (smollm2-135m), local model directory, .gguf file or hub id: evaluate the coalitions the "
+        "archive lacks (default: none; every coalition a plan needs must be archived)",
     )
-    out: str | Path | None = option(None, metavar="JSON", help='write {"explanations": [...]} as JSON here')
+    out: str | Path | None = option(None, metavar="JSON", help='write {"run_dir", "run_id", "explanations": [...]} as JSON here')
 
     def __post_init__(self) -> None:
         from ..attribution.estimators import ESTIMATORS, estimator_class, is_method

@@ -11,6 +11,7 @@ model and its recorded date, exactly as the run rendered them). Only the tokeniz
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,21 @@ class ShownCoalition:
         return "\n".join(lines)
 
 
+_LABEL_UNITS = ((r"\.s\d+$", "sentence"), (r"\.p\d+$", "paragraph"), (r"\.w\d+$", "word"), (r"^[a-z]+\[\d+\]$", "turn"))
+"""A label's form -> the unit whose players are labelled so (``user[1].s2``: a sentence)."""
+
+
+def _unit_hint(label: str, labels: Sequence[str]) -> str:
+    """`` (LABEL names a sentence: ...)`` when ``label`` has the form of another unit's labels."""
+    def unit_of(text: str) -> str | None:
+        return next((unit for pattern, unit in _LABEL_UNITS if re.search(pattern, text)), None)
+
+    unit, here = unit_of(label), {unit_of(x) for x in labels}
+    if unit is None or unit in here:
+        return ""
+    return f" ({label} names a {unit}: render the input with the unit {unit}, --unit {unit})"
+
+
 def parse_coalition(spec: str, labels: Sequence[str]) -> tuple[str, np.ndarray]:
     """``(name, present)`` of a coalition spec (module docs) over players ``labels``.
 
@@ -80,7 +96,7 @@ def parse_coalition(spec: str, labels: Sequence[str]) -> tuple[str, np.ndarray]:
             label = text[len(prefix) :]
             if label not in labels:
                 shown = ", ".join(labels[:12]) + (", ..." if n > 12 else "")
-                raise ConfigError(f"no player {label!r}; the players are {shown}", field="coalition")
+                raise ConfigError(f"no player {label!r}{_unit_hint(label, labels)}; the players are {shown}", field="coalition")
             present = np.zeros(n, dtype=bool) if alone else np.ones(n, dtype=bool)
             present[list(labels).index(label)] = alone
             return f"{prefix.rstrip(':')} {label}", present

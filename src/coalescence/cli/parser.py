@@ -59,8 +59,9 @@ def _subcommand(sub: Any, name: str, *, example: str, **kwargs: Any) -> argparse
 def _add_display_options(p: argparse.ArgumentParser) -> None:
     from ..app.options import positive_float
 
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument(
+    g = p.add_argument_group("progress and logging")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    g.add_argument(
         "--progress-every",
         type=positive_float,
         default=30.0,
@@ -68,7 +69,7 @@ def _add_display_options(p: argparse.ArgumentParser) -> None:
         help="when stderr is not a terminal (a log file, CI): a plain progress line at most this often, "
         "never carriage returns (default: %(default)s)",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
+    g.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -238,7 +238,7 @@ class Banzhaf(SampledEstimator):
         if missing:
             logger.warning(
                 "banzhaf: %s of %s players are never or always present in the %s samples; "
-                "their values are NaN; raise --budget", missing, n, z.shape[0],
+                "their values are NaN; raise the budget", missing, n, z.shape[0],
             )
             values[(m_in == 0) | (m_out == 0)] = np.nan
         v_empty, v_full = float(u[plan.empty_row]), float(u[plan.full_row])

@@ -459,8 +459,8 @@ class SampledEstimator:
         minimum = self.min_budget(n)
         if self.budget < minimum:
             raise ConfigError(
-                f"--budget {self.budget} is below the minimum of {self._minimum_text(n, minimum)} for {self.what} "
-                f"with {n} players{self.minimum_why}; raise --budget",
+                f"{self.budget} is below the minimum of {self._minimum_text(n, minimum)} for {self.what} "
+                f"with {n} players{self.minimum_why}; raise the budget",
                 field="budget",
             )
 
@@ -489,7 +489,7 @@ def check_budget_seed(budget: object, seed: object) -> None:
         ConfigError: a bad budget (``field="budget"``) or seed (``field="seed"``), quoting it.
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ConfigError(f"--budget must be a positive integer, got {budget!r}", field="budget")
+        raise ConfigError(f"must be a positive integer, got {budget!r}", field="budget")
     check_seed(seed)
 
 

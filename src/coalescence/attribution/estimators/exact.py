@@ -98,8 +98,8 @@ class ExactShapley:
             raise EstimatorError(
                 f"exact Shapley needs 2^n model evaluations; {n} players would need "
                 f"{(1 << n) if n <= 40 else f'2^{n}'} > "
-                f"the limit of 2^{self.MAX_PLAYERS}; use --method regression-msr with --budget N (the sampling method with the lowest error), "
-                "or --method loo",
+                f"the limit of 2^{self.MAX_PLAYERS}; use method regression-msr with a budget (the sampling method with the lowest error), "
+                "or method loo",
                 field="method",
             )
         if self.interactions is not None and self.interactions > n:

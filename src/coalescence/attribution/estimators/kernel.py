@@ -396,7 +396,7 @@ def _kkt(a: np.ndarray, b: np.ndarray, total: float) -> tuple[np.ndarray, np.nda
     if rank < n + 1:
         logger.warning(
             "kernelshap: the sampled coalitions do not identify all %s values (rank %s of %s); "
-            "returning the minimum-norm solution without standard errors; raise --budget",
+            "returning the minimum-norm solution without standard errors; raise the budget",
             n, rank, n + 1,
         )
         return solution[:n], None
@@ -545,7 +545,7 @@ class KernelSHAP(SampledEstimator):
         if unknown:
             logger.info(
                 "kernelshap: %s of %s standard errors unknown (%s distinct pairs, %s needed; budget %s "
-                "of 2^n = %s); raise --budget", unknown, n, distinct.shape[0], least, budget, 1 << n,
+                "of 2^n = %s); raise the budget", unknown, n, distinct.shape[0], least, budget, 1 << n,
             )
         diagnostics = {
             "stderr_dof": float(n_pairs - 1),

@@ -224,7 +224,7 @@ class RegressionMSR(KernelSHAP):
         coef = _proxies(x, y, x.T @ (weights[:, None] * x), x.T @ (weights * y))
         singular = coef is None
         if singular:  # fewer distinct coalitions than players + 1: the minimum-norm fit
-            logger.warning("regression-msr: the %s coalitions do not identify a linear proxy of %s players; raise --budget", z.shape[0], n)
+            logger.warning("regression-msr: the %s coalitions do not identify a linear proxy of %s players; raise the budget", z.shape[0], n)
             coef = np.linalg.lstsq(np.sqrt(weights)[:, None] * x, np.sqrt(weights) * y, rcond=None)[0]
         values = coef[1:] + _adjustment(z, y, sizes, weights, coef)
         shift = (total - values.sum()) / n

@@ -230,7 +230,7 @@ class PermutationShapley(SampledEstimator):
                 else "equal samples for those players"
             )
             logger.info(
-                "permutation: %s of %s standard errors unknown (%s pairs: %s); raise --budget",
+                "permutation: %s of %s standard errors unknown (%s pairs: %s); raise the budget",
                 unknown, n, n_pairs, why,
             )
         v_empty = float(u[plan.index[0, 0, 0]])

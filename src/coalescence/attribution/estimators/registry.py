@@ -105,7 +105,7 @@ def interaction_settings(method: str, interactions: int | None, index: str | Non
     if not indices:
         able = [name for name, c in ESTIMATORS.items() if c.capabilities.interaction_indices]
         raise ConfigError(
-            f"method {method} computes no interactions; use --method {' or '.join(able)}, or a shapiq "
+            f"method {method} computes no interactions; use method {' or '.join(able)}, or a shapiq "
             "interaction approximator (e.g. shapiq:KernelSHAPIQ, shapiq:SVARMIQ)",
             field="interactions",
         )
