@@ -132,29 +132,42 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
-    from ..app.outputs import html_path, refuse_overwrite
-    from ..app.report import report_source
-    from ..report import render_report, write_report
-
-    out = html_path(args.output, "output")
-    assert out is not None
-    is_dir = Path(args.source).is_dir()  # a directory that is no run archive is refused by report_source
-    archive = is_dir and (Path(args.source) / "manifest.json").is_file()
-    refuse_overwrite({"output": out}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if archive else None)
-    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
-    if methods is not None and not methods:
-        raise ConfigError("give at least one method, e.g. --method exact", field="method")
-    report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
+def _drawn(draw: Any, field: str) -> Any:
+    """``draw()``; a drawing library's failure is a :class:`ReportError` (exit 4, one line)."""
     try:
-        page = render_report(report, scale=args.scale)
+        return draw()
     except CoalescenceError:
         raise
     except Exception as exc:  # a drawing library's failure: exit 4, one line, not a model failure
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise ReportError(f"the report could not be drawn ({type(exc).__name__}: {first})", field="output") from exc
-    write_report(out, page, field="output")
-    print(f"report: {out}")
+        raise ReportError(f"the report could not be drawn ({type(exc).__name__}: {first})", field=field) from exc
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..app.outputs import html_path, refuse_overwrite
+    from ..app.report import report_source
+    from ..report import render_report, write_chart_image, write_report
+
+    if args.output is None and args.image is None:
+        raise ConfigError("give the HTML file written (-o report.html), --image chart.png, or both", field="output")
+    out = html_path(args.output, "output")
+    image = html_path(args.image, "image")  # matplotlib draws the image too
+    is_dir = Path(args.source).is_dir()  # a directory that is no run archive is refused by report_source
+    archive = is_dir and (Path(args.source) / "manifest.json").is_file()
+    refuse_overwrite(
+        {"output": out, "image": image}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if archive else None
+    )
+    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
+    if methods is not None and not methods:
+        raise ConfigError("give at least one method, e.g. --method exact", field="method")
+    report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
+    if out is not None:
+        page = _drawn(lambda: render_report(report, scale=args.scale), "output")
+        write_report(out, page, field="output")
+        print(f"report: {out}")
+    if image is not None:
+        _drawn(lambda: write_chart_image(image, report, scale=args.scale, field="image"), "image")
+        print(f"image: {image}")
     return 0
 
 

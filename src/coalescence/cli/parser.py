@@ -51,6 +51,18 @@ NOT_RENDERING = (
 )  # fmt: skip
 
 
+def _image_path(text: str) -> str:
+    """``report --image``: a path ending in ``.png`` or ``.svg`` (the image's format)."""
+    from pathlib import Path
+
+    from ..report.chart import IMAGE_FORMATS
+
+    if Path(text).suffix.lower().lstrip(".") not in IMAGE_FORMATS:
+        accepted = ", ".join(f".{s}" for s in IMAGE_FORMATS)
+        raise argparse.ArgumentTypeError(f"{text!r} has no image suffix; accepted suffixes: {accepted}")
+    return text
+
+
 def _subcommand(sub: Any, name: str, *, example: str, **kwargs: Any) -> argparse.ArgumentParser:
     """A subcommand whose ``--help`` ends with one example command, then the exit codes."""
     return sub.add_parser(name, epilog=f"example:\n  {example}\n\n{EXIT_CODES}", **kwargs)
@@ -154,16 +166,25 @@ def build_parser() -> argparse.ArgumentParser:
     rep = _subcommand(
         sub,
         "report",
-        example="coalescence report runs/eiffel -o eiffel.html",
+        example="coalescence report runs/eiffel -o eiffel.html --image eiffel.png",
         help="write explanations as one self-contained HTML page",
         description="Write the explanations of SOURCE as one self-contained HTML page (no script, no "
         "network request; opens from disk offline): the conversation with each player highlighted by "
-        "its value, the answer's tokens, a ranked bar chart and the run's facts. SOURCE is a JSON "
-        "document written by explain --out or replay --out (single, JSONL batch, hierarchy, replay), "
-        "or a run archive directory, fitted with --method from the coalitions it holds, with no model.",
+        "its value, the answer's tokens, a ranked bar chart and the run's facts; --image writes the ranked "
+        "bar chart as a PNG or SVG file. "
+        "SOURCE is a JSON document written by explain --out or replay --out (single, JSONL batch, hierarchy, "
+        "replay), or a run archive directory, fitted with --method from the coalitions it holds, with no model.",
     )
     rep.add_argument("source", metavar="SOURCE", help="an --out JSON document or a run archive directory")
-    rep.add_argument("-o", "--output", metavar="HTML", required=True, help="the HTML file written")
+    rep.add_argument("-o", "--output", metavar="HTML", default=None, help="the HTML file written (give -o, --image or both)")
+    rep.add_argument(
+        "--image",
+        metavar="PATH",
+        type=_image_path,
+        default=None,
+        help="write the ranked bar chart as an image: PNG or SVG by the suffix (.png, .svg), the page's chart "
+        "(same labels, colours, error bars), one panel per explanation",
+    )
     rep.add_argument(
         "--method", default=None, help=f"run archive: comma-separated methods fitted ({','.join(METHODS)}) (default: the run's method)"
     )

@@ -22,12 +22,11 @@ import jinja2
 from markupsafe import Markup, escape
 
 from .._version import __version__
-from .chart import bar_chart_svg
+from .chart import BarChart, bar_chart_svg, chart_image
 from .colors import DivergingScale, neutral_color
 from .sources import Entry, ReportInput
 
-__all__ = ("explanation_fragment", "rank_ranges", "render_page")
-
+__all__ = ("chart_images", "explanation_chart", "explanation_fragment", "rank_ranges", "render_page")
 
 
 def _fmt(x: Any, *, sign: bool = False) -> str:
@@ -140,7 +139,7 @@ def _players(doc: Mapping[str, Any], section: str, unit: str, scale_name: str = 
                 "sign": sign,
                 "tip": f"{p['label']} \u201c{_snippet(text, 40)}\u201d: {shown} {unit} \u00b7 rank {rank_text} of {n}",
                 "text": text,
-                "short": f"{p['label']} {_snippet(text, 28)}",
+                "short": _short_label(p["label"], text),
             }
         )
     return out, scale
@@ -351,16 +350,83 @@ def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple
     ]
 
 
+def _unit(doc: Mapping[str, Any]) -> str:
+    return str(doc.get("value_unit") or (doc.get("utility_detail") or {}).get("unit") or "nats")
+
+
+def _short_label(label: str, text: str) -> str:
+    """A bar's label: the player's label and the start of its text."""
+    return f"{label} {_snippet(text, 28)}"
+
+
+def explanation_chart(doc: Mapping[str, Any], *, scale: str = "robust", title: str = "") -> BarChart:
+    """The ranked bar chart of one explanation document, as the page draws it (labels, colour
+    scale, standard errors).
+
+    Args:
+        doc: an explanation document (``--out`` schema, checked by :func:`~.sources.load_source`).
+        scale: the colour scale, ``robust`` or ``linear`` (:mod:`.colors`).
+        title: the chart's title in an image of several.
+
+    Returns:
+        The chart's data (:class:`~.chart.BarChart`).
+    """
+    players = doc["players"]
+    texts = [doc["messages"][p["message_index"]]["content"][p["start"] : p["end"]] for p in players]
+    values = tuple(p.get("value") for p in players)
+    has_se = any(p.get("stderr") is not None for p in players)
+    return BarChart(
+        labels=tuple(_short_label(p["label"], t) for p, t in zip(players, texts, strict=True)),
+        values=values,
+        stderr=tuple(p.get("stderr") for p in players) if has_se else None,
+        unit=_unit(doc),
+        scale=DivergingScale.for_values(values, scale),
+        title=title,
+    )
+
+
+def chart_images(report: ReportInput, *, scale: str = "robust", format: str = "png") -> bytes:  # noqa: A002
+    """The ranked bar charts of a report as one image file: the page's charts (same labels,
+    colours and error bars), one panel per explanation (both levels of a hierarchy), titled by the
+    page's headings when there are several.
+
+    Args:
+        report: the explanations (:func:`~coalescence.report.load_source`).
+        scale: the colour scale, ``robust`` or ``linear``.
+        format: ``png`` or ``svg`` (:data:`~.chart.IMAGE_FORMATS`).
+
+    Returns:
+        The image file's bytes.
+
+    Raises:
+        BackendUnavailable: matplotlib is not installed (with the install command).
+    """
+    many = len(report.entries) > 1
+    charts = []
+    for k, entry in enumerate(report.entries):
+        heading = _entry_heading(report, entry, k) if many else ""
+        if entry.hierarchy is None:
+            charts.append(explanation_chart(entry.document, scale=scale, title=heading))
+            continue
+        units = entry.hierarchy.get("units") or ["coarse", "fine"]
+        prefix = f"{heading} \u00b7 " if heading else ""
+        charts.append(explanation_chart(entry.document, scale=scale, title=f"{prefix}coarse level: {units[0]}"))
+        if entry.fine is not None:
+            charts.append(explanation_chart(entry.fine, scale=scale, title=f"{prefix}fine level: {units[1]}"))
+    return chart_image(charts, format=format)
+
+
 def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archive: str | None, scale_name: str = "robust") -> dict[str, Any]:
-    unit = str(doc.get("value_unit") or (doc.get("utility_detail") or {}).get("unit") or "nats")
+    unit = _unit(doc)
     players, scale = _players(doc, section, unit, scale_name)
     has_se = any(p.get("stderr") is not None for p in doc["players"])
+    bars = explanation_chart(doc, scale=scale_name)
     chart = bar_chart_svg(
-        [p["short"] for p in players],
-        [p["value"] for p in players],
-        [p["stderr"] for p in players] if has_se else None,
+        bars.labels,
+        bars.values,
+        bars.stderr,
         unit=unit,
-        scale=scale,
+        scale=bars.scale,
         chart_id=f"{section}-chart",
         title=f"{heading}: values of {len(players)} players, largest first",
     )
