@@ -170,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="write explanations as one self-contained HTML page",
         description="Write the explanations of SOURCE as one self-contained HTML page (no script, no "
         "network request; opens from disk offline): the conversation with each player highlighted by "
-        "its value, the answer's tokens, a ranked bar chart and the run's facts; --image writes the ranked "
-        "bar chart as a PNG or SVG file. "
+        "its value, the answer's tokens, a ranked bar chart, the pairwise interactions of an --interactions "
+        "run as a heatmap, and the run's facts; --image writes the ranked bar chart as a PNG or SVG file. "
         "SOURCE is a JSON document written by explain --out or replay --out (single, JSONL batch, hierarchy, "
         "replay), or a run archive directory, fitted with --method from the coalitions it holds, with no model.",
     )

@@ -24,6 +24,7 @@ from markupsafe import Markup, escape
 from .._version import __version__
 from .chart import BarChart, bar_chart_svg, chart_image
 from .colors import DivergingScale, neutral_color
+from .heatmap import TIMES, heatmap_svg, pair_terms
 from .sources import Entry, ReportInput
 
 __all__ = ("chart_images", "explanation_chart", "explanation_fragment", "rank_ranges", "render_page")
@@ -317,6 +318,55 @@ def _interactions(doc: Mapping[str, Any], unit: str) -> list[tuple[str, str]]:
     return [("interactions", f"{index}, orders 2..{order}, {len(terms)} sets, in {unit} ({what}); largest: {top}")]
 
 
+def _interaction_view(doc: Mapping[str, Any], players: list[dict[str, Any]], unit: str, section: str, scale_name: str = "robust", top: int = 20) -> dict[str, Any] | None:
+    """The heatmap of the order-2 interaction terms, its legend and a table of the largest terms;
+    ``None`` when the document has no pair terms."""
+    terms = pair_terms(doc)
+    if terms is None:
+        return None
+    index = str(doc.get("interaction_index") or "interaction")
+    scale = DivergingScale.for_values(terms.pairs.values(), scale_name)
+    title = f"{index} pair interactions, in {unit}"
+    svg = heatmap_svg(
+        terms,
+        [p["short"] for p in players],
+        [p["label"] for p in players],
+        unit=unit,
+        scale=scale,
+        chart_id=f"{section}-pairs",
+        title=title,
+        fmt=_fmt,
+    )
+    largest = sorted(terms.pairs.items(), key=lambda t: (-abs(t[1]), t[0]))[:top]
+    order = doc.get("interaction_order")
+    higher = isinstance(order, int) and order > 2
+    return {
+        "index": index,
+        "title": title,
+        "svg": Markup(svg),
+        "legend": _legend(scale, unit, scale_name),
+        "n_shown": len(terms.shown),
+        "n_pairs": len(terms.pairs),
+        "selection": (
+            f"Only the {len(terms.shown)} players of the {terms.n_top} largest pair terms by |value| are shown "
+            f"(of {terms.n_players} players): a {terms.n_players} \u00d7 {terms.n_players} matrix would be too large to read."
+            if len(terms.shown) < terms.n_players
+            else ""
+        ),
+        "higher": f"Terms of orders 3..{order} are not drawn; the largest are listed under \u201cThe run\u201d." if higher else "",
+        "rows": [
+            {
+                "pair": f"{players[a]['label']}{TIMES}{players[b]['label']}",
+                "texts": f"\u201c{_snippet(players[a]['text'], 36)}\u201d{TIMES}\u201c{_snippet(players[b]['text'], 36)}\u201d",
+                "value": v,
+                "color": scale.color(v),
+                "text_color": scale.text_color(v),
+            }
+            for (a, b), v in largest
+        ],
+    }
+
+
 def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple[str, str]]:
     values = [p.get("value") for p in doc["players"] if p.get("value") is not None]
     v_empty, v_full, gap = doc.get("v_empty"), doc.get("v_full"), doc.get("efficiency_gap")
@@ -445,6 +495,7 @@ def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archiv
         "answer": _answer(doc, section, scale_name),
         "chart": Markup(chart),
         "facts": _facts(doc, unit, archive),
+        "interactions": _interaction_view(doc, players, unit, section, scale_name),
         "notes": [str(n) for n in doc.get("notes") or ()],
         "reading": _reading(doc, unit, has_se),
         "summary": {
