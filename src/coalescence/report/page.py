@@ -451,10 +451,8 @@ def chart_images(report: ReportInput, *, scale: str = "robust", format: str = "p
     Raises:
         BackendUnavailable: matplotlib is not installed (with the install command).
     """
-    many = len(report.entries) > 1
     charts = []
-    for k, entry in enumerate(report.entries):
-        heading = _entry_heading(report, entry, k) if many else ""
+    for entry, heading in zip(report.entries, _headings(report), strict=True):
         if entry.hierarchy is None:
             charts.append(explanation_chart(entry.document, scale=scale, title=heading))
             continue
@@ -588,10 +586,10 @@ def render_page(report: ReportInput, *, scale: str = "robust") -> str:
         BackendUnavailable: matplotlib is not installed (with the install command).
     """
     many = len(report.entries) > 1
-    views = []
-    for k, entry in enumerate(report.entries):
-        heading = _entry_heading(report, entry, k) if many else "Explanation"
-        views.append(_entry_view(entry, f"ex{k}", heading, report.archive, scale))
+    views = [
+        _entry_view(entry, f"ex{k}", heading or "Explanation", report.archive, scale)
+        for k, (entry, heading) in enumerate(zip(report.entries, _headings(report), strict=True))
+    ]
     first = report.entries[0].document
     title = (
         f"coalescence report: {len(report.entries)} explanations"
@@ -611,11 +609,27 @@ def render_page(report: ReportInput, *, scale: str = "robust") -> str:
     )
 
 
-def _entry_heading(report: ReportInput, entry: Entry, k: int) -> str:
-    doc = entry.document
+def _headings(report: ReportInput) -> list[str]:
+    """Each entry's heading on a page of several (``""`` for a page of one): a batch's inputs by
+    number; a replay's or an archive's explanations by method, conversation (when there are
+    several) and run, never by a hash."""
+    entries = report.entries
+    if len(entries) < 2:
+        return [""] * len(entries)
     if report.kind == "batch":
-        return f"Input {k + 1}"
-    return f"Snapshot {str(doc.get('snapshot_id', ''))[:12]} \u00b7 {doc.get('method', '')}"
+        return [f"Input {k + 1}" for k in range(len(entries))]
+    ids = list(dict.fromkeys(str(e.document.get("snapshot_id")) for e in entries))
+    run = report.extra.get("run_id")
+    names = []
+    for entry in entries:
+        doc = entry.document
+        parts = [str(doc.get("method") or (entry.hierarchy or {}).get("method") or "explanation")]
+        if len(ids) > 1:
+            parts.append(f"conversation {ids.index(str(doc.get('snapshot_id'))) + 1} of {len(ids)}")
+        if run:
+            parts.append(f"run {run}")
+        names.append(" \u00b7 ".join(parts))
+    return [name if names.count(name) == 1 else f"{name} (#{names[:k + 1].count(name)})" for k, name in enumerate(names)]
 
 
 def explanation_fragment(document: Mapping[str, Any], *, compact: bool = True, top: int = 5, scale: str = "robust") -> str:
