@@ -173,12 +173,14 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from ..app.compare import compare
-    from ..app.outputs import output_path, refuse_overwrite
+    from ..app.outputs import html_path, output_path, refuse_overwrite
     from ..archive.writer import write_json_atomic
+    from ..report import write_report
 
     out = output_path(args.out, "out")
+    html = html_path(args.html, "html")
     refuse_overwrite(
-        {"out": out},
+        {"out": out, "html": html},
         sources={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if not Path(s).is_dir()},
         run_dirs={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if (Path(s) / "manifest.json").is_file()},
     )
@@ -191,7 +193,12 @@ def _compare(args: argparse.Namespace) -> int:
     )
     if out is not None:
         write_after_run(lambda: write_json_atomic(out, comparison.to_dict(), field="out"), out)
+    if html is not None:
+        page = _drawn(lambda: comparison.to_html(scale=args.scale), "html")
+        write_report(html, page, field="html")
     print(comparison.format())
+    if html is not None:
+        print(f"html: {html}")
     return 0
 
 

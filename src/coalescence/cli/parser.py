@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     cm = _subcommand(
         sub,
         "compare",
-        example="coalescence compare runs/eiffel --method exact,kernelshap,lasso --budget 64",
+        example="coalescence compare runs/eiffel --method exact,kernelshap,lasso --budget 64 --html compare.html",
         help="compare explanations of one conversation side by side",
         description="Print the values of several explanations of one conversation side by side, players in the "
         "first one's rank order, with each one's agreement with the first (Spearman rank correlation, top-k "
@@ -224,6 +224,19 @@ def build_parser() -> argparse.ArgumentParser:
     cm.add_argument("--top-k", type=positive_int, default=3, help="k of the top-k overlap (default: %(default)s)")
     cm.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a batch, from 0 (default: 0)")
     cm.add_argument("--out", metavar="JSON", default=None, help="also write the comparison as JSON here")
+    cm.add_argument(
+        "--html",
+        metavar="PATH",
+        default=None,
+        help="also write the comparison as one self-contained HTML page here: values and ranks side by side, the "
+        "agreement, one bar chart per explanation on one scale",
+    )
+    cm.add_argument(
+        "--scale",
+        choices=("robust", "linear"),
+        default="robust",
+        help="--html: colour scale of the values (as coalescence report) (default: %(default)s)",
+    )
 
     sh = _subcommand(
         sub,
