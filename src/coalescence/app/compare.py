@@ -85,6 +85,21 @@ class Comparison:
             lines.append(f"  {c.name}: {agreement}{error}")
         return "\n".join(lines)
 
+    def to_html(self, *, scale: str = "robust") -> str:
+        """The comparison as one self-contained HTML page: values and ranks side by side, the
+        agreement (and the error against exact), one bar chart per explanation on one scale
+        (:func:`coalescence.report.comparison.render_comparison`).
+
+        Args:
+            scale: the colour scale, ``robust`` or ``linear``.
+
+        Raises:
+            BackendUnavailable: matplotlib is not installed (with the install command).
+        """
+        from ..report.comparison import render_comparison
+
+        return render_comparison(self.to_dict(), scale=scale)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: players, unit, top_k and one record per column."""
         return {

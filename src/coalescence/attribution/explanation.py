@@ -404,16 +404,18 @@ class Explanation:
         columns = ["label", "role", "message_index", "start", "end", "text", "value", "stderr", "rank"]
         return pd.DataFrame(rows, columns=columns)
 
-    def plot(self, ax: Any = None, *, top: int | None = None) -> Any:
+    def plot(self, ax: Any = None, *, top: int | None = None, scale: str = "robust") -> Any:
         """The ranked bar chart of the values (largest at the top), with standard errors as error
-        bars where the method has them, on a matplotlib Axes: the HTML report's chart (each bar
-        labelled by the player's label and the start of its text, coloured by the report's robust
-        colour scale). Labels are drawn as plain text (``parse_math=False``: a ``$`` in a label is a
-        dollar sign, not mathtext).
+        bars where the method has them, on a matplotlib Axes: the HTML report's chart, drawn by the
+        same code (:func:`coalescence.report.chart.draw_bars`: each bar labelled by the player's
+        label and the start of its text, coloured by the report's colour scale). Labels are drawn
+        as plain text (``parse_math=False``: a ``$`` in a label is a dollar sign, not mathtext).
+        :meth:`save_chart` writes the chart as an image file.
 
         Args:
             ax: the Axes to draw on (default: a new figure's).
             top: draw only the ``top`` players by value.
+            scale: the colour scale, ``robust`` or ``linear`` (over every player's value).
 
         Returns:
             The ``matplotlib.axes.Axes``.
@@ -422,29 +424,43 @@ class Explanation:
             BackendUnavailable: matplotlib is not installed (with the install command).
         """
         plt = _optional("matplotlib.pyplot")
+        from ..report.chart import draw_bars
+        from ..report.colors import DivergingScale
+
         order = self.ranking()[: top if top is not None else None]
         est = self.estimate
-        labels = [_bar_label(self.snapshot.players[i]) for i in order]
-        values = [float(est.values[i]) for i in order]
-        errors = None if est.stderr is None else [float(est.stderr[i]) for i in order]
+        labels = [_bar_label(p) for p in self.snapshot.players]
+        values = [float(v) for v in est.values]
+        errors = None if est.stderr is None else [float(s) for s in est.stderr]
         if ax is None:
-            _, ax = plt.subplots(figsize=(7, 0.35 * len(order) + 1.2))
-        try:
-            from ..report.colors import DivergingScale
-
-            scale = DivergingScale.for_values([float(v) for v in est.values])
-            colors = [scale.color(v) for v in values]
-        except ImportError:  # the report's scale needs nothing matplotlib lacks; a stripped install falls back
-            colors = ["#2166ac" if v >= 0 else "#b2182b" for v in values]
-        ax.barh(range(len(order)), values, xerr=errors, color=colors, edgecolor="#4d4d4d", linewidth=0.5, capsize=3)
+            _, ax = plt.subplots(figsize=(7, 0.35 * len(order) + 1.2), layout="constrained")
         # labels are text, never mathtext: "lunch $5 vs taxi $60" stays as written
-        ax.set_yticks(range(len(order)), labels, parse_math=False)
-        ax.invert_yaxis()
-        ax.axvline(0.0, color="black", linewidth=0.8)
-        ax.set_xlabel(f"{est.method} value ({self.utility_unit})", parse_math=False)
-        title = f"{self.utility_description or self.utility}: v(full) - v(empty) = {est.v_full - est.v_empty:+.3f}"
+        scale_ = DivergingScale.for_values(values, scale)
+        draw_bars(ax, labels, values, errors, unit=self.utility_unit, scale=scale_, order=order)
+        title = f"{est.method}: {self.utility_description or self.utility}, v(full) - v(empty) = {est.v_full - est.v_empty:+.3f}"
         ax.set_title(title, parse_math=False)
         return ax
+
+    def save_chart(self, path: str | Path, *, scale: str = "robust") -> Path:
+        """Write the ranked bar chart as an image file, PNG or SVG by the suffix of ``path``: the
+        chart of the HTML report and of ``coalescence report SOURCE --image PATH`` (same labels,
+        colours, error bars), drawn by matplotlib, written through a temporary file and a rename.
+
+        Args:
+            path: the image file, ``.png`` (150 dpi) or ``.svg``.
+            scale: the colour scale, ``robust`` or ``linear``.
+
+        Returns:
+            ``path``.
+
+        Raises:
+            ConfigError: another suffix (nothing is written).
+            BackendUnavailable: matplotlib is not installed (with the install command).
+            ArchiveError, ArchiveWriteError: the file cannot be written; ``path`` is as it was.
+        """
+        from ..report import write_chart_image
+
+        return write_chart_image(path, self.to_dict(), scale=scale, field="path")
 
     def format_table(self, *, snippet: int = 60) -> str:
         """A ranked plain-text table and a summary, for a terminal.

@@ -10,7 +10,10 @@
   and a printed summary, with the error against exact when exact is among the methods.
 - ``coalescence archive info RUN_DIR`` / ``coalescence archive compact RUN_DIR``.
 - ``coalescence report SOURCE -o report.html``: the explanations of an ``--out`` document or a run
-  archive as one self-contained HTML page (``explain --html PATH`` writes it after the run).
+  archive as one self-contained HTML page (``explain --html PATH`` writes it after the run);
+  ``--image chart.png`` (or ``.svg``) writes its ranked bar chart as an image.
+- ``coalescence compare A B ...``: explanations of one conversation side by side, with their
+  agreement (``--out`` JSON, ``--html`` one self-contained page).
 
 Exit codes, the same for every command (every error is one line on stderr): see
 :mod:`coalescence.cli.exit_codes` (and the end of every ``--help``). The package: :mod:`.parser`

@@ -132,40 +132,55 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
-    from ..app.outputs import html_path, refuse_overwrite
-    from ..app.report import report_source
-    from ..report import render_report, write_report
-
-    out = html_path(args.output, "output")
-    assert out is not None
-    is_dir = Path(args.source).is_dir()  # a directory that is no run archive is refused by report_source
-    archive = is_dir and (Path(args.source) / "manifest.json").is_file()
-    refuse_overwrite({"output": out}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if archive else None)
-    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
-    if methods is not None and not methods:
-        raise ConfigError("give at least one method, e.g. --method exact", field="method")
-    report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
+def _drawn(draw: Any, field: str) -> Any:
+    """``draw()``; a drawing library's failure is a :class:`ReportError` (exit 4, one line)."""
     try:
-        page = render_report(report, scale=args.scale)
+        return draw()
     except CoalescenceError:
         raise
     except Exception as exc:  # a drawing library's failure: exit 4, one line, not a model failure
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise ReportError(f"the report could not be drawn ({type(exc).__name__}: {first})", field="output") from exc
-    write_report(out, page, field="output")
-    print(f"report: {out}")
+        raise ReportError(f"the report could not be drawn ({type(exc).__name__}: {first})", field=field) from exc
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..app.outputs import html_path, refuse_overwrite
+    from ..app.report import report_source
+    from ..report import render_report, write_chart_image, write_report
+
+    if args.output is None and args.image is None:
+        raise ConfigError("give the HTML file written (-o report.html), --image chart.png, or both", field="output")
+    out = html_path(args.output, "output")
+    image = html_path(args.image, "image")  # matplotlib draws the image too
+    is_dir = Path(args.source).is_dir()  # a directory that is no run archive is refused by report_source
+    archive = is_dir and (Path(args.source) / "manifest.json").is_file()
+    refuse_overwrite(
+        {"output": out, "image": image}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if archive else None
+    )
+    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
+    if methods is not None and not methods:
+        raise ConfigError("give at least one method, e.g. --method exact", field="method")
+    report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
+    if out is not None:
+        page = _drawn(lambda: render_report(report, scale=args.scale), "output")
+        write_report(out, page, field="output")
+        print(f"report: {out}")
+    if image is not None:
+        _drawn(lambda: write_chart_image(image, report, scale=args.scale, field="image"), "image")
+        print(f"image: {image}")
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
     from ..app.compare import compare
-    from ..app.outputs import output_path, refuse_overwrite
+    from ..app.outputs import html_path, output_path, refuse_overwrite
     from ..archive.writer import write_json_atomic
+    from ..report import write_report
 
     out = output_path(args.out, "out")
+    html = html_path(args.html, "html")
     refuse_overwrite(
-        {"out": out},
+        {"out": out, "html": html},
         sources={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if not Path(s).is_dir()},
         run_dirs={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if (Path(s) / "manifest.json").is_file()},
     )
@@ -178,7 +193,12 @@ def _compare(args: argparse.Namespace) -> int:
     )
     if out is not None:
         write_after_run(lambda: write_json_atomic(out, comparison.to_dict(), field="out"), out)
+    if html is not None:
+        page = _drawn(lambda: comparison.to_html(scale=args.scale), "html")
+        write_report(html, page, field="html")
     print(comparison.format())
+    if html is not None:
+        print(f"html: {html}")
     return 0
 
 

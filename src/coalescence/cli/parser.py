@@ -51,6 +51,18 @@ NOT_RENDERING = (
 )  # fmt: skip
 
 
+def _image_path(text: str) -> str:
+    """``report --image``: a path ending in ``.png`` or ``.svg`` (the image's format)."""
+    from pathlib import Path
+
+    from ..report.chart import IMAGE_FORMATS
+
+    if Path(text).suffix.lower().lstrip(".") not in IMAGE_FORMATS:
+        accepted = ", ".join(f".{s}" for s in IMAGE_FORMATS)
+        raise argparse.ArgumentTypeError(f"{text!r} has no image suffix; accepted suffixes: {accepted}")
+    return text
+
+
 def _subcommand(sub: Any, name: str, *, example: str, **kwargs: Any) -> argparse.ArgumentParser:
     """A subcommand whose ``--help`` ends with one example command, then the exit codes."""
     return sub.add_parser(name, epilog=f"example:\n  {example}\n\n{EXIT_CODES}", **kwargs)
@@ -155,16 +167,25 @@ def build_parser() -> argparse.ArgumentParser:
     rep = _subcommand(
         sub,
         "report",
-        example="coalescence report runs/eiffel -o eiffel.html",
+        example="coalescence report runs/eiffel -o eiffel.html --image eiffel.png",
         help="write explanations as one self-contained HTML page",
         description="Write the explanations of SOURCE as one self-contained HTML page (no script, no "
         "network request; opens from disk offline): the conversation with each player highlighted by "
-        "its value, the answer's tokens, a ranked bar chart and the run's facts. SOURCE is a JSON "
-        "document written by explain --out or replay --out (single, JSONL batch, hierarchy, replay), "
-        "or a run archive directory, fitted with --method from the coalitions it holds, with no model.",
+        "its value, the answer's tokens, a ranked bar chart, the pairwise interactions of an --interactions "
+        "run as a heatmap, and the run's facts; --image writes the ranked bar chart as a PNG or SVG file. "
+        "SOURCE is a JSON document written by explain --out or replay --out (single, JSONL batch, hierarchy, "
+        "replay), or a run archive directory, fitted with --method from the coalitions it holds, with no model.",
     )
     rep.add_argument("source", metavar="SOURCE", help="an --out JSON document or a run archive directory")
-    rep.add_argument("-o", "--output", metavar="HTML", required=True, help="the HTML file written")
+    rep.add_argument("-o", "--output", metavar="HTML", default=None, help="the HTML file written (give -o, --image or both)")
+    rep.add_argument(
+        "--image",
+        metavar="PATH",
+        type=_image_path,
+        default=None,
+        help="write the ranked bar chart as an image: PNG or SVG by the suffix (.png, .svg), the page's chart "
+        "(same labels, colours, error bars), one panel per explanation",
+    )
     rep.add_argument(
         "--method", default=None, help=f"run archive: comma-separated methods fitted ({','.join(METHODS)}) (default: the run's method)"
     )
@@ -188,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     cm = _subcommand(
         sub,
         "compare",
-        example="coalescence compare runs/eiffel --method exact,kernelshap,lasso --budget 64",
+        example="coalescence compare runs/eiffel --method exact,kernelshap,lasso --budget 64 --html compare.html",
         help="compare explanations of one conversation side by side",
         description="Print the values of several explanations of one conversation side by side, players in the "
         "first one's rank order, with each one's agreement with the first (Spearman rank correlation, top-k "
@@ -204,6 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
     cm.add_argument("--top-k", type=positive_int, default=3, help="k of the top-k overlap (default: %(default)s)")
     cm.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a batch, from 0 (default: 0)")
     cm.add_argument("--out", metavar="JSON", default=None, help="also write the comparison as JSON here")
+    cm.add_argument(
+        "--html",
+        metavar="PATH",
+        default=None,
+        help="also write the comparison as one self-contained HTML page here: values and ranks side by side, the "
+        "agreement, one bar chart per explanation on one scale",
+    )
+    cm.add_argument(
+        "--scale",
+        choices=("robust", "linear"),
+        default="robust",
+        help="--html: colour scale of the values (as coalescence report) (default: %(default)s)",
+    )
 
     sh = _subcommand(
         sub,

@@ -22,12 +22,12 @@ import jinja2
 from markupsafe import Markup, escape
 
 from .._version import __version__
-from .chart import bar_chart_svg
+from .chart import BarChart, bar_chart_svg, chart_image
 from .colors import DivergingScale, neutral_color
+from .heatmap import TIMES, heatmap_svg, pair_terms
 from .sources import Entry, ReportInput
 
-__all__ = ("explanation_fragment", "rank_ranges", "render_page")
-
+__all__ = ("chart_images", "explanation_chart", "explanation_fragment", "rank_ranges", "render_page")
 
 
 def _fmt(x: Any, *, sign: bool = False) -> str:
@@ -140,7 +140,7 @@ def _players(doc: Mapping[str, Any], section: str, unit: str, scale_name: str = 
                 "sign": sign,
                 "tip": f"{p['label']} \u201c{_snippet(text, 40)}\u201d: {shown} {unit} \u00b7 rank {rank_text} of {n}",
                 "text": text,
-                "short": f"{p['label']} {_snippet(text, 28)}",
+                "short": _short_label(p["label"], text),
             }
         )
     return out, scale
@@ -318,6 +318,55 @@ def _interactions(doc: Mapping[str, Any], unit: str) -> list[tuple[str, str]]:
     return [("interactions", f"{index}, orders 2..{order}, {len(terms)} sets, in {unit} ({what}); largest: {top}")]
 
 
+def _interaction_view(doc: Mapping[str, Any], players: list[dict[str, Any]], unit: str, section: str, scale_name: str = "robust", top: int = 20) -> dict[str, Any] | None:
+    """The heatmap of the order-2 interaction terms, its legend and a table of the largest terms;
+    ``None`` when the document has no pair terms."""
+    terms = pair_terms(doc)
+    if terms is None:
+        return None
+    index = str(doc.get("interaction_index") or "interaction")
+    scale = DivergingScale.for_values(terms.pairs.values(), scale_name)
+    title = f"{index} pair interactions, in {unit}"
+    svg = heatmap_svg(
+        terms,
+        [p["short"] for p in players],
+        [p["label"] for p in players],
+        unit=unit,
+        scale=scale,
+        chart_id=f"{section}-pairs",
+        title=title,
+        fmt=_fmt,
+    )
+    largest = sorted(terms.pairs.items(), key=lambda t: (-abs(t[1]), t[0]))[:top]
+    order = doc.get("interaction_order")
+    higher = isinstance(order, int) and order > 2
+    return {
+        "index": index,
+        "title": title,
+        "svg": Markup(svg),
+        "legend": _legend(scale, unit, scale_name),
+        "n_shown": len(terms.shown),
+        "n_pairs": len(terms.pairs),
+        "selection": (
+            f"Only the {len(terms.shown)} players of the {terms.n_top} largest pair terms by |value| are shown "
+            f"(of {terms.n_players} players): a {terms.n_players} \u00d7 {terms.n_players} matrix would be too large to read."
+            if len(terms.shown) < terms.n_players
+            else ""
+        ),
+        "higher": f"Terms of orders 3..{order} are not drawn; the largest are listed under \u201cThe run\u201d." if higher else "",
+        "rows": [
+            {
+                "pair": f"{players[a]['label']}{TIMES}{players[b]['label']}",
+                "texts": f"\u201c{_snippet(players[a]['text'], 36)}\u201d{TIMES}\u201c{_snippet(players[b]['text'], 36)}\u201d",
+                "value": v,
+                "color": scale.color(v),
+                "text_color": scale.text_color(v),
+            }
+            for (a, b), v in largest
+        ],
+    }
+
+
 def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple[str, str]]:
     values = [p.get("value") for p in doc["players"] if p.get("value") is not None]
     v_empty, v_full, gap = doc.get("v_empty"), doc.get("v_full"), doc.get("efficiency_gap")
@@ -351,16 +400,81 @@ def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple
     ]
 
 
+def _unit(doc: Mapping[str, Any]) -> str:
+    return str(doc.get("value_unit") or (doc.get("utility_detail") or {}).get("unit") or "nats")
+
+
+def _short_label(label: str, text: str) -> str:
+    """A bar's label: the player's label and the start of its text."""
+    return f"{label} {_snippet(text, 28)}"
+
+
+def explanation_chart(doc: Mapping[str, Any], *, scale: str = "robust", title: str = "") -> BarChart:
+    """The ranked bar chart of one explanation document, as the page draws it (labels, colour
+    scale, standard errors).
+
+    Args:
+        doc: an explanation document (``--out`` schema, checked by :func:`~.sources.load_source`).
+        scale: the colour scale, ``robust`` or ``linear`` (:mod:`.colors`).
+        title: the chart's title in an image of several.
+
+    Returns:
+        The chart's data (:class:`~.chart.BarChart`).
+    """
+    players = doc["players"]
+    texts = [doc["messages"][p["message_index"]]["content"][p["start"] : p["end"]] for p in players]
+    values = tuple(p.get("value") for p in players)
+    has_se = any(p.get("stderr") is not None for p in players)
+    return BarChart(
+        labels=tuple(_short_label(p["label"], t) for p, t in zip(players, texts, strict=True)),
+        values=values,
+        stderr=tuple(p.get("stderr") for p in players) if has_se else None,
+        unit=_unit(doc),
+        scale=DivergingScale.for_values(values, scale),
+        title=title,
+    )
+
+
+def chart_images(report: ReportInput, *, scale: str = "robust", format: str = "png") -> bytes:  # noqa: A002
+    """The ranked bar charts of a report as one image file: the page's charts (same labels,
+    colours and error bars), one panel per explanation (both levels of a hierarchy), titled by the
+    page's headings when there are several.
+
+    Args:
+        report: the explanations (:func:`~coalescence.report.load_source`).
+        scale: the colour scale, ``robust`` or ``linear``.
+        format: ``png`` or ``svg`` (:data:`~.chart.IMAGE_FORMATS`).
+
+    Returns:
+        The image file's bytes.
+
+    Raises:
+        BackendUnavailable: matplotlib is not installed (with the install command).
+    """
+    charts = []
+    for entry, heading in zip(report.entries, _headings(report), strict=True):
+        if entry.hierarchy is None:
+            charts.append(explanation_chart(entry.document, scale=scale, title=heading))
+            continue
+        units = entry.hierarchy.get("units") or ["coarse", "fine"]
+        prefix = f"{heading} \u00b7 " if heading else ""
+        charts.append(explanation_chart(entry.document, scale=scale, title=f"{prefix}coarse level: {units[0]}"))
+        if entry.fine is not None:
+            charts.append(explanation_chart(entry.fine, scale=scale, title=f"{prefix}fine level: {units[1]}"))
+    return chart_image(charts, format=format)
+
+
 def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archive: str | None, scale_name: str = "robust") -> dict[str, Any]:
-    unit = str(doc.get("value_unit") or (doc.get("utility_detail") or {}).get("unit") or "nats")
+    unit = _unit(doc)
     players, scale = _players(doc, section, unit, scale_name)
     has_se = any(p.get("stderr") is not None for p in doc["players"])
+    bars = explanation_chart(doc, scale=scale_name)
     chart = bar_chart_svg(
-        [p["short"] for p in players],
-        [p["value"] for p in players],
-        [p["stderr"] for p in players] if has_se else None,
+        bars.labels,
+        bars.values,
+        bars.stderr,
         unit=unit,
-        scale=scale,
+        scale=bars.scale,
         chart_id=f"{section}-chart",
         title=f"{heading}: values of {len(players)} players, largest first",
     )
@@ -379,6 +493,7 @@ def _explanation_view(doc: Mapping[str, Any], section: str, heading: str, archiv
         "answer": _answer(doc, section, scale_name),
         "chart": Markup(chart),
         "facts": _facts(doc, unit, archive),
+        "interactions": _interaction_view(doc, players, unit, section, scale_name),
         "notes": [str(n) for n in doc.get("notes") or ()],
         "reading": _reading(doc, unit, has_se),
         "summary": {
@@ -471,10 +586,10 @@ def render_page(report: ReportInput, *, scale: str = "robust") -> str:
         BackendUnavailable: matplotlib is not installed (with the install command).
     """
     many = len(report.entries) > 1
-    views = []
-    for k, entry in enumerate(report.entries):
-        heading = _entry_heading(report, entry, k) if many else "Explanation"
-        views.append(_entry_view(entry, f"ex{k}", heading, report.archive, scale))
+    views = [
+        _entry_view(entry, f"ex{k}", heading or "Explanation", report.archive, scale)
+        for k, (entry, heading) in enumerate(zip(report.entries, _headings(report), strict=True))
+    ]
     first = report.entries[0].document
     title = (
         f"coalescence report: {len(report.entries)} explanations"
@@ -494,11 +609,27 @@ def render_page(report: ReportInput, *, scale: str = "robust") -> str:
     )
 
 
-def _entry_heading(report: ReportInput, entry: Entry, k: int) -> str:
-    doc = entry.document
+def _headings(report: ReportInput) -> list[str]:
+    """Each entry's heading on a page of several (``""`` for a page of one): a batch's inputs by
+    number; a replay's or an archive's explanations by method, conversation (when there are
+    several) and run, never by a hash."""
+    entries = report.entries
+    if len(entries) < 2:
+        return [""] * len(entries)
     if report.kind == "batch":
-        return f"Input {k + 1}"
-    return f"Snapshot {str(doc.get('snapshot_id', ''))[:12]} \u00b7 {doc.get('method', '')}"
+        return [f"Input {k + 1}" for k in range(len(entries))]
+    ids = list(dict.fromkeys(str(e.document.get("snapshot_id")) for e in entries))
+    run = report.extra.get("run_id")
+    names = []
+    for entry in entries:
+        doc = entry.document
+        parts = [str(doc.get("method") or (entry.hierarchy or {}).get("method") or "explanation")]
+        if len(ids) > 1:
+            parts.append(f"conversation {ids.index(str(doc.get('snapshot_id'))) + 1} of {len(ids)}")
+        if run:
+            parts.append(f"run {run}")
+        names.append(" \u00b7 ".join(parts))
+    return [name if names.count(name) == 1 else f"{name} (#{names[:k + 1].count(name)})" for k, name in enumerate(names)]
 
 
 def explanation_fragment(document: Mapping[str, Any], *, compact: bool = True, top: int = 5, scale: str = "robust") -> str:
