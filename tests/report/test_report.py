@@ -209,7 +209,7 @@ def test_standard_errors_are_shown_where_the_method_has_them(permutation: Run) -
     for mark, p in zip(page.marks, permutation.doc["players"], strict=True):
         assert p["stderr"] is not None
         assert f"\u00b1 {p['stderr']:.3e}" in mark["title"] or f"\u00b1 {p['stderr']:.4f}" in mark["title"]
-    assert "bars: ±1 standard error" in html  # the chart's axis label: error bars drawn
+    assert "error bars: ±1 standard error" in html  # the chart's axis label: error bars drawn
 
 
 # -- colours ------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def test_chart_labels_are_drawn_as_written() -> None:
     texts = svg_texts(svg)
     for label in LABELS:  # each label is one text element holding exactly its characters
         assert label in texts, texts
-    assert "value (nats $); bars: ±1 standard error" in texts
+    assert "value (nats $)" in texts and "error bars: ±1 standard error" in texts
     assert "font-style:italic" not in svg and "DejaVu Sans Oblique" not in svg  # mathtext draws x italic
 
 

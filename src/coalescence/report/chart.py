@@ -129,7 +129,7 @@ def draw_bars(
         rect.set_gid(f"bar-{i}")
     ax.set_yticks(range(n), [labels[i] for i in order], parse_math=False)
     ax.axvline(0.0, color="#000000", linewidth=0.8)
-    ax.set_xlabel(f"value ({unit})" + ("; bars: ±1 standard error" if errors is not None else ""), parse_math=False)
+    ax.set_xlabel(f"value ({unit})" + ("\nerror bars: ±1 standard error" if errors is not None else ""), parse_math=False)
     ax.set_ylim(n - 0.5, -0.5)  # the first at the top
     if xlim is not None:
         ax.set_xlim(*xlim)
