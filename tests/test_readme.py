@@ -124,7 +124,7 @@ def test_docs_output_example_holds_the_recorded_numbers():
     tokens = DOCUMENT["answer_tokens"]
     for quoted in (
         f'"v_empty": {DOCUMENT["v_empty"]:.2f}, "v_full": {DOCUMENT["v_full"]:.2f}',
-        f'"value": {system["value"]:.4f}',
+        f'"start": {system["start"]}, "end": {system["end"]}, "text": "You are a concise assistant ...", "value": {system["value"]:.4f}',
         f'{{"text": "It", "start": 0, "end": 2, "logprob_full": {tokens[0]["logprob_full"]:.2f}, "logprob_empty": {tokens[0]["logprob_empty"]:.2f}}}',
         f'"logprob_full": {tokens[-1]["logprob_full"]:.2f}, "logprob_empty": {tokens[-1]["logprob_empty"]:.2f}}}',
         f'"target_token_count": {DOCUMENT["target_token_count"]}',

@@ -67,6 +67,12 @@ def test_one_archive_refitted_with_several_methods(run):
     code, printed, err = cli(["compare", str(run / "exact.json"), str(run / "run"), "--method", "loo"])
     assert code == 0, err
     assert "exact@exact.json" in printed and "loo@run" in printed
+    # in Python, as on the command line: one archive alone and the methods as one comma-separated string
+    from coalescence.app.compare import compare
+
+    same = compare(str(run / "run"), methods="exact,loo,banzhaf", budget=32, top_k=2).to_dict()
+    assert [c["name"] for c in same["columns"]] == ["exact", "loo", "banzhaf"]
+    assert [c["values"] for c in same["columns"]] == [c["values"] for c in doc["columns"]]
 
 
 def test_one_explanation_or_two_conversations_are_refused(run, tiny_model_dir, tmp_path):

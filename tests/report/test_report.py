@@ -436,6 +436,28 @@ def test_report_of_the_replay_and_batch_documents(batch: Run, tmp_path: Path) ->
         assert [page.messages[(f"ex{k}", i)] for i in range(len(messages))] == [m["content"] for m in messages]
 
 
+def test_several_methods_of_one_conversation_are_no_dataset(batch: Run, tmp_path: Path) -> None:
+    """The summary pools one explanation per conversation: a replay of one method on two
+    conversations shows it; the same document with a second method's explanation of each
+    conversation, or two methods of one conversation, shows none (each player would be counted
+    once per method)."""
+    out = tmp_path / "loo.json"
+    code, _, stderr = run_cli(["replay", str(batch.run_dir), "--method", "loo", "--out", str(out)])
+    assert code == 0, stderr
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert len({d["snapshot_id"] for d in doc["explanations"]}) == 2
+    other = [dict(d, method="banzhaf") for d in doc["explanations"]]  # another method's values of the same players
+    cases = {
+        "one method, two conversations": (doc["explanations"], True),
+        "two methods, two conversations": (doc["explanations"] + other, False),
+        "two methods, one conversation": ([doc["explanations"][0], other[0]], False),
+    }
+    for name, (explanations, summarised) in cases.items():
+        path = tmp_path / "case.json"
+        path.write_text(json.dumps(dict(doc, explanations=explanations)), encoding="utf-8")
+        assert ('id="summary"' in render_report(load_source(path))) is summarised, name
+
+
 def test_archive_lacking_coalitions_names_the_replay_command(batch: Run, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     line = assert_refused(["report", str(batch.run_dir), "-o", str(out), "--method", "kernelshap", "--budget", "40"], "--method", out)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from report_runs import SECOND, TRICKY, Run, explain, prompt_messages
+from report_runs import SECOND, TRICKY, Run, explain, prompt_messages, run_cli
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL = "apt-get install chromium chromium-driver"
@@ -242,3 +242,22 @@ def permutation_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
     run = explain(tmp_path_factory.mktemp("b-perm"), tiny_model_dir, TRICKY, "--unit", "sentence", "--method", "permutation", "--budget", "40")
     assert run.code == 0, run.stderr
     return run
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_compare_page_fits_the_width(browser: Any, permutation_run: Run, tmp_path: Path, width: int) -> None:
+    """``compare --html`` at a phone's width and a laptop's: nothing runs past the page's right edge
+    (the table scrolls in its own box, the charts take one column), the text column keeps words on
+    its lines, and the page requests nothing."""
+    page = tmp_path / "compare.html"
+    code, _, stderr = run_cli(["compare", str(permutation_run.run_dir), "--method", "permutation,loo", "--html", str(page)])
+    assert code == 0, stderr
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": width, "height": 844, "deviceScaleFactor": 1, "mobile": width < 500})
+    try:
+        loaded = open_page(browser, page)
+        assert loaded["requests"] == [loaded["url"]] and loaded["console"] == []
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= width
+        widths = browser.execute_script("return [...document.querySelectorAll('table.compare td.snippet')].map(e => e.getBoundingClientRect().width)")
+        assert widths and min(widths) >= 150
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})

@@ -123,9 +123,9 @@ class Comparison:
 
 
 def compare(
-    sources: Sequence[str | Path | Mapping[str, Any]],
+    sources: str | Path | Mapping[str, Any] | Sequence[str | Path | Mapping[str, Any]],
     *,
-    methods: Sequence[str] | None = None,
+    methods: str | Sequence[str] | None = None,
     budget: int | None = None,
     seed: int | None = None,
     top_k: int = 3,
@@ -137,8 +137,9 @@ def compare(
     Args:
         sources: ``--out`` documents (paths or parsed), or run archive directories (fitted with
             ``methods``, default the run's own, as ``coalescence report``); one archive with several
-            ``methods`` compares the methods.
-        methods, budget, seed: for archives, as ``coalescence report``.
+            ``methods`` compares the methods. One source may be given alone.
+        methods: for archives: method names, or one comma-separated string (``"exact,loo"``).
+        budget, seed: for archives, as ``coalescence report``.
         top_k: the k of the top-k overlap (>= 1).
         snapshot: which conversation of a batch or an archive of several (0-based; an archive fits
             that one alone).
@@ -154,6 +155,10 @@ def compare(
     from ..report.sources import from_document
     from .report import report_source
 
+    if isinstance(sources, str | Path | Mapping):
+        sources = [sources]
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
     if top_k < 1:
         raise ConfigError(f"must be at least 1, got {top_k}", field="top_k")
     if snapshot < 0:

@@ -20,7 +20,7 @@ _FIELD = "SOURCE"
 def report_source(
     source: str | Path,
     *,
-    methods: Sequence[str] | None = None,
+    methods: str | Sequence[str] | None = None,
     budget: int | None = None,
     seed: int | None = None,
     run_id: str | None = None,
@@ -30,7 +30,8 @@ def report_source(
 
     Args:
         source: a JSON file written by ``explain --out`` or ``replay --out``, or a run directory.
-        methods: run archive only: the estimators fitted (default: the run's own method).
+        methods: run archive only: the estimators fitted, names or one comma-separated string
+            (default: the run's own method).
         budget: run archive only: the sampling methods' budget (default: the run's, for a run of one
             input with that method; else 32 x players, as ``replay``).
         seed: run archive only: the sampling plans' seed (default: the run's).
@@ -48,6 +49,8 @@ def report_source(
         EstimatorError: the archive lacks coalitions a plan needs (the message says how to
             evaluate them with ``coalescence replay RUN_DIR --model``).
     """
+    if isinstance(methods, str):
+        methods = [m.strip() for m in methods.split(",") if m.strip()]
     path = Path(source)
     if path.is_dir():
         try:

@@ -17,7 +17,7 @@
     141  standard output closed (e.g. piped into head)
     143  terminated (SIGTERM)
 
-Signals and a closed output (mechanics in :mod:`coalescence._interrupts`): the first SIGINT or
+Signals and a closed output: the first SIGINT or
 SIGTERM during a run cancels it inside the event loop (a signal handler never raises there): the
 model call in flight is waited for (its rows are recomputed on resume), every row the archive took
 is flushed, the run is closed with status ``interrupted``, exit 130 or 143; outside a run (loading, printing) it stops the command at once. A second signal

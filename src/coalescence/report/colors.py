@@ -180,12 +180,12 @@ class DivergingScale:
             ticks[3:3] = [(self.knee, self.position(self.knee), False)]
         return ticks
 
-    def describe(self, unit: str) -> str:
-        """The scale in words, for the page."""
+    def describe(self, unit: str, what: str = "|value|") -> str:
+        """The scale in words, for the page (``what``: the quantity whose percentile is the knee)."""
         if self.knee is None:
             return f"linear from \u2212{_short(self.halfrange)} to +{_short(self.halfrange)} {unit}"
         return (
-            f"linear up to \u00b1{_short(self.knee)} {unit} (the {KNEE_PERCENTILE}th percentile of |value|, "
+            f"linear up to \u00b1{_short(self.knee)} {unit} (the {KNEE_PERCENTILE}th percentile of {what}, "
             f"{round(100 * KNEE_SHARE)}% of the shades), compressed beyond to the largest, \u00b1{_short(self.halfrange)}"
         )
 

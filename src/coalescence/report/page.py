@@ -226,7 +226,7 @@ def _answer(doc: Mapping[str, Any], section: str, scale_name: str = "robust") ->
             }
         )
     view["tokens"] = rows
-    view["scale"] = _legend(scale, "nats", scale_name)
+    view["scale"] = _legend(scale, "nats", scale_name, what="|change| of the tokens")
     return view
 
 
@@ -266,7 +266,7 @@ def _reading(doc: Mapping[str, Any], unit: str, has_se: bool) -> list[str]:
     return lines
 
 
-def _legend(scale: DivergingScale, unit: str, requested: str = "robust") -> dict[str, Any]:
+def _legend(scale: DivergingScale, unit: str, requested: str = "robust", what: str = "|value|") -> dict[str, Any]:
     stops = scale.stops(17)
     return {
         "gradient": ", ".join(f"{c} {100 * k / (len(stops) - 1):g}%" for k, (_, c) in enumerate(stops)),
@@ -277,9 +277,9 @@ def _legend(scale: DivergingScale, unit: str, requested: str = "robust") -> dict
         "unit": unit,
         "neutral": neutral_color(),
         "scale": (
-            f"robust, {scale.describe(unit)}"
+            f"robust, {scale.describe(unit, what)}"
             if scale.knee is not None
-            else scale.describe(unit) + (" (robust: no value dwarfs the rest, so linear)" if requested == "robust" else "")
+            else scale.describe(unit, what) + (" (robust: no value dwarfs the rest, so linear)" if requested == "robust" else "")
         ),
     }
 
@@ -537,9 +537,14 @@ def _entry_view(entry: Entry, section: str, heading: str, archive: str | None, s
 def _dataset_summary(views: Sequence[dict[str, Any]], top: int = 10) -> dict[str, Any] | None:
     """A batch's summary: the values by role and by message position (players, mean, standard
     deviation, mean |value|), and the largest |values| across the conversations, linked to them;
-    ``None`` for fewer than two explanations or mixed units."""
+    ``None`` for fewer than two explanations, mixed units, or anything but one method's explanation
+    of each of several conversations (several methods of one conversation pool no conversations:
+    their values would count each player once per method)."""
     mains = [v["main"] for v in views if v.get("kind") == "explanation"]
-    if len(mains) < 2 or len({m["unit"] for m in mains}) != 1:
+    if len(mains) < 2 or len({m["unit"] for m in mains}) != 1 or len({m["method"] for m in mains}) != 1:
+        return None
+    snapshots = [m["summary"]["snapshot"] for m in mains]
+    if len(set(snapshots)) != len(snapshots):
         return None
 
     def stats(values: list[float]) -> dict[str, Any]:
