@@ -27,6 +27,16 @@ missing ones with the model into the pool (otherwise those cells print ``-``). T
 share of its recording chunk) plus its fit; ContextCite's is its recorded wall time scaled to b
 ablations plus its fit. The wall-clock race, both tools on one model side by side, is
 ``--wall BUDGET``.
+
+One sample of coalitions per budget is one draw: ``--resamples R`` judges R draws per budget below
+256 instead, for ``auto`` (its sparse surrogate: cross-validated Lasso on every coalition) and
+ContextCite alike: each draw is b coalitions taken at random (``numpy`` seed 1000 + draw) from the
+256 of the method's own recorded run (coalescence's seed-0 keep-half plan, its empty and full
+coalitions always in; ContextCite's 256 recorded ablations), itself a random keep-half design of b
+coalitions, fitted by the method's own solver; ``cc-solver`` is ContextCite's solver (its Lasso
+and logit-p utility) on auto's draws, so that auto against it is the solver alone. The table gives
+each measure's median and interquartile range over the draws and P(auto >= ContextCite), the share
+of the R x R pairs of draws in which auto's is at least ContextCite's.
 """
 
 from __future__ import annotations
@@ -163,6 +173,71 @@ def evaluate(game, pool: Pool, methods, budgets, seeds) -> list[dict]:
     return rows
 
 
+def resampled(game, pool: Pool, budgets: list[int], draws: int) -> list[dict]:
+    """``auto`` and ContextCite on ``draws`` random sub-designs of their own 256 recorded coalitions at
+    each budget below 256 (module docs), judged alike."""
+    from context_cite.solver import LassoRegression
+
+    from coalescence.attribution.estimators.lasso import LassoSurrogate
+    from long_games import unpack
+
+    held = held_out(game.n)
+    held_u = pool.lookup(held)[0]
+    ours = np.array(list(LassoSurrogate(budget=256, seed=0, holdout=0.0).plan(game.n)), dtype=bool)
+    ours_u = pool.lookup(ours)[0]
+    t = pq.read_table(DATA / f"{game.name}_contextcite.parquet")
+    tokens = int(t.schema.metadata[b"response_tokens"])
+    theirs = unpack(t["mask"].to_pylist(), game.n)
+    theirs_out = np.asarray(t["logit_prob"].to_pylist(), dtype=np.float32)
+    rows = []
+    for budget in (b for b in budgets if b < 256):
+        for draw in range(draws):
+            rng = np.random.default_rng(1000 + draw)
+            pick = np.concatenate([[0, 1], 2 + rng.choice(len(ours) - 2, budget - 2, replace=False)])
+            surrogate = LassoSurrogate(budget=budget, seed=draw, holdout=0.0)
+            values, _ = surrogate._fit_surrogate(ours[pick], ours_u[pick])
+            rows.append({"game": game.name, "method": "auto", "budget": budget, "draw": draw, "values": values})
+            # ContextCite's solver on the same coalitions: its logit-p utility, per answer token
+            p = np.exp(np.minimum(ours_u[pick], -1e-12))
+            weight, _ = LassoRegression().fit(ours[pick], (ours_u[pick] - np.log1p(-p)).astype(np.float32), tokens)
+            rows.append({"game": game.name, "method": "cc-solver", "budget": budget, "draw": draw,
+                         "values": np.asarray(weight, dtype=np.float64)})
+            pick = rng.choice(len(theirs), budget, replace=False)
+            weight, _ = LassoRegression().fit(theirs[pick], theirs_out[pick], tokens)
+            rows.append({"game": game.name, "method": "contextcite", "budget": budget, "draw": draw,
+                         "values": np.asarray(weight, dtype=np.float64)})
+    for row in rows:
+        row.update(judge(game, pool, row["values"], held, held_u))
+    return rows
+
+
+def resampled_table(rows: list[dict]) -> str:
+    lines = [
+        "| game | budget | draws | measure | auto median (IQR) | cc-solver on auto's coalitions | ContextCite median (IQR) | P(auto >= ContextCite) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for game, budget in sorted({(r["game"], r["budget"]) for r in rows}, key=lambda k: (k[0], k[1])):
+        rs = [r for r in rows if r["game"] == game and r["budget"] == budget]
+        for key in ("lds", "drop@3", "drop@5"):
+            got = {m: [r[key] for r in rs if r["method"] == m and r[key] is not None] for m in ("auto", "cc-solver", "contextcite")}
+            a, c = got["auto"], got["contextcite"]
+            if not a or not c:
+                continue
+            better = np.mean([x >= y for x in a for y in c])
+
+            def q(xs):
+                if not xs:
+                    return "-"
+                lo, med, hi = np.percentile(xs, [25, 50, 75])
+                return f"{med:.3f} ({lo:.3f}-{hi:.3f})" if key == "lds" else f"{med:.2f} ({lo:.2f}-{hi:.2f})"
+
+            lines.append(f"| {game} | {budget} | {len(a)} | {key} | {q(a)} | {q(got['cc-solver'])} | {q(c)} | {better:.2f} |")
+    gold = [r["gold_rank"] for r in rows]
+    lines.append("")
+    lines.append(f"gold rank 1 in {sum(g == 1 for g in gold)} of {len(gold)} explanations (every method, draw and budget)")
+    return "\n".join(lines)
+
+
 def record_removals(game, pool: Pool, rows: list[dict], backend: str) -> int:
     wanted = np.array([removal(game.n, r["values"], k) for r in rows for k in KS], dtype=bool)
     missing = pool.missing(wanted)
@@ -257,6 +332,8 @@ def main() -> None:
     ap.add_argument("--wall-backends", default="hf,vllm", help="coalescence's backends in the race")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved repeats of the race")
     ap.add_argument("--batch-size", type=int, default=16, help="coalescence's batch size in the race")
+    ap.add_argument("--resamples", type=int, default=0, metavar="R",
+                    help="instead: auto and ContextCite on R random sub-designs per budget below 256 (module docs)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     budgets = [int(b) for b in args.budgets.split(",") if b]
@@ -267,6 +344,20 @@ def main() -> None:
         for name in args.games.split(","):
             race += wall_race(load_game(name), args.wall, [b for b in args.wall_backends.split(",") if b], args.repeats, args.batch_size)
         print(wall_table(race))
+        return
+    if args.resamples:
+        rows = []
+        for name in args.games.split(","):
+            game = load_game(name)
+            pool = Pool.open(game)
+            got = resampled(game, pool, budgets, args.resamples)
+            if args.record:
+                scored = record_removals(game, pool, got, args.backend)
+                if scored:
+                    print(f"{name}: scored {scored} top-k removal coalitions", file=sys.stderr)
+                    got = resampled(game, pool, budgets, args.resamples)
+            rows += got
+        print(resampled_table(rows))
         return
     rows: list[dict] = []
     for name in args.games.split(","):
