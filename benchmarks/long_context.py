@@ -178,6 +178,7 @@ def resampled(game, pool: Pool, budgets: list[int], draws: int) -> list[dict]:
     each budget below 256 (module docs), judged alike."""
     from context_cite.solver import LassoRegression
 
+    from coalescence.attribution.estimators.auto import AutoMethod
     from coalescence.attribution.estimators.lasso import LassoSurrogate
     from long_games import unpack
 
@@ -194,7 +195,7 @@ def resampled(game, pool: Pool, budgets: list[int], draws: int) -> list[dict]:
         for draw in range(draws):
             rng = np.random.default_rng(1000 + draw)
             pick = np.concatenate([[0, 1], 2 + rng.choice(len(ours) - 2, budget - 2, replace=False)])
-            surrogate = LassoSurrogate(budget=budget, seed=draw, holdout=0.0)
+            surrogate, _ = AutoMethod(budget=budget, seed=draw).choose(game.n)  # the sparse surrogate here
             values, _ = surrogate._fit_surrogate(ours[pick], ours_u[pick])
             rows.append({"game": game.name, "method": "auto", "budget": budget, "draw": draw, "values": values})
             # ContextCite's solver on the same coalitions: its logit-p utility, per answer token

@@ -36,7 +36,7 @@ def test_the_choice_follows_players_and_budget(n: int, budget: int, chosen: str)
     assert estimator.name == chosen
     assert why.startswith(f"method auto ran {chosen}: {budget} evaluations for {n} players")
     if chosen == "lasso":
-        assert estimator.holdout == 0.0 and "not Shapley values" in why
+        assert estimator.holdout == 0.0 and estimator.cv_rule == "dense-1se" and "not Shapley values" in why
 
 
 def test_many_players_on_a_small_budget_recover_a_sparse_game() -> None:

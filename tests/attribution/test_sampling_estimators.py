@@ -244,6 +244,46 @@ def test_lasso_fixed_alpha_and_lds_drops_on_a_nonlinear_game() -> None:
     assert np.isnan(run(LassoSurrogate(budget=400, seed=0), table).diagnostics["lds"])
 
 
+def test_lasso_dense_one_standard_error_rule() -> None:
+    """``cv_rule="dense-1se"``: among the alphas LassoCV tries, the smallest whose mean squared error
+    over the 5 folds is at most the least mean error plus its standard error (the folds' standard
+    deviation / sqrt(5)); the values are the Lasso at that alpha on every training row (in the
+    estimator's seeded order, ``default_rng([seed, 1])``, which sets the folds). Computed
+    here with scikit-learn on the same rows and folds. On a game with many small effects under one
+    large one it keeps at least as many players as the least-error alpha, and more here."""
+    from sklearn.linear_model import Lasso, LassoCV
+    from sklearn.model_selection import KFold
+
+    from coalescence.attribution.estimators.base import library_seed
+
+    rng = np.random.default_rng(4)
+    weights = np.zeros(40)
+    weights[7] = 20.0
+    weights[rng.choice(40, 12, replace=False)] += rng.normal(0, 0.6, 12)
+    game = AdditiveGame(weights=weights, constant=-40.0)
+    more = 0
+    for seed in range(6):
+        dense = LassoSurrogate(budget=48, seed=seed, holdout=0.0, cv_rule="dense-1se")
+        rows = rows_of(dense, 40)
+        u = game(rows) + np.random.default_rng(seed).normal(0, 0.5, len(rows))
+        got, least = dense.fit(rows, u), LassoSurrogate(budget=48, seed=seed, holdout=0.0).fit(rows, u)
+        order = np.random.default_rng([seed, 1]).permutation(len(rows))  # the estimator's seeded shuffle of its rows
+        x, u = rows[order].astype(np.float64), u[order]
+        cv = LassoCV(cv=KFold(n_splits=5, shuffle=True, random_state=library_seed(seed)), max_iter=10_000).fit(x, u)
+        mean, se = cv.mse_path_.mean(axis=1), cv.mse_path_.std(axis=1) / np.sqrt(5)
+        alpha = cv.alphas_[mean <= mean.min() + se[np.argmin(mean)]].min()
+        assert got.diagnostics["alpha"] == pytest.approx(alpha, rel=1e-12)
+        assert got.diagnostics["alpha"] <= least.diagnostics["alpha"]
+        np.testing.assert_allclose(got.values, Lasso(alpha=alpha, max_iter=10_000).fit(x, u).coef_, atol=1e-9)
+        assert got.diagnostics["nonzero"] == np.count_nonzero(got.values) >= least.diagnostics["nonzero"]
+        more += got.diagnostics["nonzero"] > least.diagnostics["nonzero"]
+        assert int(np.argmax(got.values)) == 7
+    assert more >= 3  # the least-error alpha leaves players tied at 0 that the rule tells apart
+    with pytest.raises(ConfigError) as info:
+        LassoSurrogate(budget=48, cv_rule="1se")
+    assert info.value.field == "cv_rule"
+
+
 def test_lasso_logit_utility() -> None:
     game = AdditiveGame(weights=[-0.1, -0.4, -0.2, -0.3] * 2, constant=-0.05)  # log-probs < 0
     est = LassoSurrogate(budget=256, seed=0, utility="logit")

@@ -6,7 +6,9 @@ players on long contexts" and "Estimator leaderboard"):
 - **many players on a small budget** (``n > SURROGATE_MIN_PLAYERS`` and
   ``budget < SURROGATE_BELOW * n``: ContextCite's regime, e.g. 70 sentences and 32-256
   evaluations): the sparse linear surrogate of :class:`~.lasso.LassoSurrogate` fitted on every
-  evaluated coalition (``holdout=0``; cross-validated L1 penalty). With fewer evaluations than a
+  evaluated coalition (``holdout=0``; the L1 penalty the smallest within one standard error of the
+  best cross-validated one, ``cv_rule="dense-1se"``: as accurate by cross-validation, it orders
+  more players, which the top-k removal measures of ``benchmarks/RESULTS.md`` reward). With fewer evaluations than a
   few per player no Shapley estimator is accurate, and the surrogate is what predicts the game
   best (its linear datamodeling score) and ranks the sentences that matter first (Cohen-Wang et
   al. 2024, "ContextCite"). Its values are the surrogate's coefficients, not Shapley values, and
@@ -72,10 +74,12 @@ class AutoMethod:
         """
         n = check_n_players(n_players)
         if n > SURROGATE_MIN_PLAYERS and self.budget < SURROGATE_BELOW * n:
-            return LassoSurrogate(budget=self.budget, seed=self.seed, holdout=0.0), (
+            return LassoSurrogate(budget=self.budget, seed=self.seed, holdout=0.0, cv_rule="dense-1se"), (
                 f"method auto ran lasso: {self.budget} evaluations for {n} players is below "
                 f"{SURROGATE_BELOW} per player, where a sparse linear surrogate (ContextCite's) predicts "
-                "the game better than any Shapley estimator; the values are its coefficients, not Shapley values"
+                "the game better than any Shapley estimator (its penalty the smallest within one standard error "
+                "of the best cross-validated one, so that more players are told apart); the values are its "
+                "coefficients, not Shapley values"
             )
         return RegressionMSR(budget=self.budget, seed=self.seed), (
             f"method auto ran regression-msr: {self.budget} evaluations for {n} players "

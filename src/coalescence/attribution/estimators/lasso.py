@@ -8,7 +8,14 @@ a LASSO linear model ``v(S) ~= intercept + sum_{i in S} w_i``; the attribution o
     (1 / (2 m)) * ||y - intercept - X w||^2 + alpha * ||w||_1
 
 over the m training coalitions, with ``alpha`` given or chosen by 5-fold
-:class:`sklearn.linear_model.LassoCV` on shuffled folds seeded by ``seed``.
+:class:`sklearn.linear_model.LassoCV` on shuffled folds seeded by ``seed``: by default the alpha of
+the least mean squared error over the folds (``cv_rule="min"``), or with ``cv_rule="dense-1se"`` the
+smallest alpha whose mean error is within one standard error (over the folds) of that least one.
+That is the one-standard-error rule of Breiman et al. (1984; Hastie, Tibshirani & Friedman, "The
+Elements of Statistical Learning", 2nd ed., section 7.10) turned toward the denser end: every
+alpha within one standard error predicts about as well by cross-validation, and the smallest
+keeps the most players apart, so that a ranking does not fall back on ties at 0 (what
+``method auto`` takes on many players and a small budget).
 
 The coalitions are those of :func:`~coalescence.attribution.estimators.banzhaf.uniform_plan` (the
 same ``(n, budget, seed)`` plans the same coalitions as :class:`Banzhaf`, so one pool serves both).
@@ -37,7 +44,7 @@ from ...errors import ConfigError, EstimatorError
 from .banzhaf import uniform_plan
 from .base import Capabilities, Estimate, SampledEstimator, check_pool, gather, library_seed, pool_lookup
 
-__all__ = ("HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate")
+__all__ = ("CV_RULES", "HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate")
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,9 @@ MIN_BUDGET = 16
 
 UTILITIES: tuple[str, ...] = ("logprob", "logit")
 """Accepted ``utility`` transforms."""
+
+CV_RULES: tuple[str, ...] = ("min", "dense-1se")
+"""How the cross-validated penalty is chosen (module docs)."""
 
 _CV_FOLDS = 5
 
@@ -78,18 +88,23 @@ class LassoSurrogate(SampledEstimator):
             ``"logit"`` (logit of the probability).
         holdout: the share of the distinct planned coalitions held out to score the surrogate (its
             LDS), in ``[0, 0.5]``; 0 fits on every coalition (no LDS: NaN), as ContextCite does.
+        cv_rule: with ``alpha=None``, how the cross-validated alpha is chosen: ``"min"`` (least
+            mean error) or ``"dense-1se"`` (the smallest alpha within one standard error of it;
+            module docs).
 
     Attributes:
         name: ``"lasso"``.
 
     Raises:
         ConfigError: a bad budget (``field="budget"``), seed (``field="seed"``), alpha
-            (``field="alpha"``) or utility (``field="utility"``), quoting it.
+            (``field="alpha"``), utility (``field="utility"``) or cv_rule (``field="cv_rule"``),
+            quoting it.
     """
 
     alpha: float | None = None
     utility: str = "logprob"
     holdout: float = HOLDOUT_FRACTION
+    cv_rule: str = "min"
     name: str = field(default="lasso", init=False)
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
     what: ClassVar[str] = "the LASSO surrogate"
@@ -112,6 +127,8 @@ class LassoSurrogate(SampledEstimator):
                 f"utility must be one of {', '.join(UTILITIES)}, got {self.utility!r}",
                 field="utility",
             )
+        if self.cv_rule not in CV_RULES:
+            raise ConfigError(f"must be one of {', '.join(CV_RULES)}, got {self.cv_rule!r}", field="cv_rule")
 
     def min_budget(self, n_players: int) -> int:
         """``min(16, 2^n)``."""
@@ -183,6 +200,13 @@ class LassoSurrogate(SampledEstimator):
             folds = KFold(n_splits=min(_CV_FOLDS, train.size), shuffle=True, random_state=library_seed(self.seed))
             model = LassoCV(cv=folds, max_iter=10_000).fit(x[train], u[train])
             alpha = float(model.alpha_)
+            if self.cv_rule == "dense-1se":
+                errors = model.mse_path_  # [n_alphas, n_folds]
+                mean = errors.mean(axis=1)
+                se = errors.std(axis=1) / math.sqrt(errors.shape[1])
+                best = int(np.argmin(mean))
+                alpha = float(model.alphas_[mean <= mean[best] + se[best]].min())
+                model = Lasso(alpha=alpha, max_iter=10_000).fit(x[train], u[train])
         else:
             alpha = self.alpha
             model = Lasso(alpha=alpha, max_iter=10_000).fit(x[train], u[train])
@@ -194,6 +218,7 @@ class LassoSurrogate(SampledEstimator):
         diagnostics = {
             "lds": lds,
             "alpha": alpha,
+            "nonzero": float(np.count_nonzero(model.coef_)),
             "intercept": float(model.intercept_),
             "n_train": float(train.size),
             "n_heldout": float(held.size),
