@@ -143,7 +143,6 @@ def judge(game, pool: Pool, values: np.ndarray, held: np.ndarray, held_u: np.nda
 def evaluate(game, pool: Pool, methods, budgets, seeds) -> list[dict]:
     held = held_out(game.n)
     held_u = pool.lookup(held)[0]
-    masks = None
     rows = []
     for method in methods:
         for budget in [None] if method == "loo" else budgets:
