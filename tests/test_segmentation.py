@@ -266,5 +266,5 @@ def test_exact_refuses_a_long_message_before_the_model_loads(tmp_path, capsys):
     argv = ["explain", str(path), "--unit", "sentence", "--model", str(tmp_path / "no-model"), "--archive", str(run_dir)]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("coalescence: error: --method: --unit sentence gives at least 17 players") and err.count("\n") == 1
+    assert err.startswith("coalescence: error: --method: unit sentence gives at least 17 players") and err.count("\n") == 1
     assert not run_dir.exists()
