@@ -3,27 +3,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import numpy as np
 import pytest
 
-from coalescence.cli import main
-
-MESSAGES = [
-    {"role": "system", "content": "You answer from the context."},
-    {"role": "user", "content": "The Eiffel Tower was completed in 1889.\nBig Ben was finished in 1859.\n- Pisa took two centuries.\nWhen was the tower completed?"},
-    {"role": "assistant", "content": "In 1889."},
-]
+from compare_runs import MESSAGES, cli, compare_run  # noqa: F401 (a fixture)
 
 
-def cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def spearman_by_formula(a, b) -> float:
@@ -33,23 +20,13 @@ def spearman_by_formula(a, b) -> float:
     return 1 - 6 * float(np.sum((ra - rb) ** 2)) / (n * (n * n - 1))
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_model_dir):
-    where = tmp_path_factory.mktemp("compare")
-    source = where / "chat.json"
-    source.write_text(json.dumps({"messages": MESSAGES}), encoding="utf-8")
-    code, _, err = cli(["explain", str(source), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact",
-                        "--archive", str(where / "run"), "--out", str(where / "exact.json"), "--no-progress"])  # fmt: skip
-    assert code == 0, err
-    return where
 
-
-def test_one_archive_refitted_with_several_methods(run):
-    out = run / "cmp.json"
-    code, printed, err = cli(["compare", str(run / "run"), "--method", "exact,loo,banzhaf", "--budget", "32", "--top-k", "2", "--out", str(out)])
+def test_one_archive_refitted_with_several_methods(compare_run, tmp_path):
+    out = tmp_path / "cmp.json"
+    code, printed, err = cli(["compare", str(compare_run / "run"), "--method", "exact,loo,banzhaf", "--budget", "32", "--top-k", "2", "--out", str(out)])
     assert code == 0, err
     doc = json.loads(out.read_text(encoding="utf-8"))
-    exact_doc = json.loads((run / "exact.json").read_text(encoding="utf-8"))
+    exact_doc = json.loads((compare_run / "exact.json").read_text(encoding="utf-8"))
     exact = [p["value"] for p in exact_doc["players"]]
     assert [c["name"] for c in doc["columns"]] == ["exact", "loo", "banzhaf"]
     np.testing.assert_allclose(doc["columns"][0]["values"], exact, atol=1e-9)  # the archive refits what the run computed
@@ -64,26 +41,26 @@ def test_one_archive_refitted_with_several_methods(run):
     assert doc["columns"][0]["spearman"] == pytest.approx(1.0) and len(doc["players"]) == n
     assert "loo: Spearman" in printed and "error against exact" in printed
     # an --out document and the archive compare as two sources
-    code, printed, err = cli(["compare", str(run / "exact.json"), str(run / "run"), "--method", "loo"])
+    code, printed, err = cli(["compare", str(compare_run / "exact.json"), str(compare_run / "run"), "--method", "loo"])
     assert code == 0, err
     assert "exact@exact.json" in printed and "loo@run" in printed
     # in Python, as on the command line: one archive alone and the methods as one comma-separated string
     from coalescence.app.compare import compare
 
-    same = compare(str(run / "run"), methods="exact,loo,banzhaf", budget=32, top_k=2).to_dict()
+    same = compare(str(compare_run / "run"), methods="exact,loo,banzhaf", budget=32, top_k=2).to_dict()
     assert [c["name"] for c in same["columns"]] == ["exact", "loo", "banzhaf"]
     assert [c["values"] for c in same["columns"]] == [c["values"] for c in doc["columns"]]
 
 
-def test_one_explanation_or_two_conversations_are_refused(run, tiny_model_dir, tmp_path):
-    code, out, err = cli(["compare", str(run / "exact.json")])
+def test_one_explanation_or_two_conversations_are_refused(compare_run, tiny_model_dir, tmp_path):
+    code, out, err = cli(["compare", str(compare_run / "exact.json")])
     assert code == 2 and out == "" and err.count("\n") == 1 and "at least two explanations" in err
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"messages": MESSAGES[:2] + [{"role": "assistant", "content": "In 1859."}]}), encoding="utf-8")
     code, _, err = cli(["explain", str(other), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "loo",
                         "--archive", str(tmp_path / "run2"), "--out", str(tmp_path / "other-out.json"), "--no-progress"])  # fmt: skip
     assert code == 0, err
-    code, out, err = cli(["compare", str(run / "exact.json"), str(tmp_path / "other-out.json")])
+    code, out, err = cli(["compare", str(compare_run / "exact.json"), str(tmp_path / "other-out.json")])
     assert code == 2 and out == "" and "compare explanations of one conversation" in err
 
 
@@ -102,14 +79,14 @@ def test_an_archive_of_several_conversations_fits_the_one_asked_for(tmp_path, ti
     assert code == 2 and "--conversation: the run holds 2 conversation(s)" in err
 
 
-def test_no_output_overwrites_what_it_reads(run, tmp_path):
+def test_no_output_overwrites_what_it_reads(compare_run, tmp_path):
     copy = tmp_path / "copy.json"
-    copy.write_text((run / "exact.json").read_text(encoding="utf-8"), encoding="utf-8")
+    copy.write_text((compare_run / "exact.json").read_text(encoding="utf-8"), encoding="utf-8")
     before = copy.read_bytes()
     for argv, option in (
-        (["compare", str(copy), str(run / "run"), "--out", str(copy)], "--out"),
+        (["compare", str(copy), str(compare_run / "run"), "--out", str(copy)], "--out"),
         (["report", str(copy), "-o", str(copy)], "--output"),
-        (["replay", str(run / "run"), "--method", "loo", "--out", str(run / "run" / "manifest.json")], "--out"),
+        (["replay", str(compare_run / "run"), "--method", "loo", "--out", str(compare_run / "run" / "manifest.json")], "--out"),
     ):
         code, out, err = cli(argv)
         assert code == 2 and out == "" and err.startswith(f"coalescence: error: {option}: ") and err.count("\n") == 1, err
@@ -120,5 +97,5 @@ def test_no_output_overwrites_what_it_reads(run, tmp_path):
         code, _, err = cli(["explain", str(chat), "--model", "smollm2-135m", "--no-progress", *extra])  # refused before any model loads
         assert code == 2 and err.startswith(f"coalescence: error: {option}: "), err
     assert json.loads(chat.read_text(encoding="utf-8")) == {"messages": MESSAGES}
-    code, _, err = cli(["archive", "info", str(run / "run")])
+    code, _, err = cli(["archive", "info", str(compare_run / "run")])
     assert code == 0, err  # the manifest is intact

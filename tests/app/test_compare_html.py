@@ -5,9 +5,7 @@ value axis for every chart)."""
 
 from __future__ import annotations
 
-import contextlib
 import html
-import io
 import json
 import re
 from html.parser import HTMLParser
@@ -17,23 +15,12 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from coalescence.cli import main
+from compare_runs import cli, compare_run  # noqa: F401 (a fixture)
 
 pytest.importorskip("matplotlib")
 
-MESSAGES = [
-    {"role": "system", "content": "You answer from the context."},
-    {"role": "user", "content": "The Eiffel Tower was completed in 1889.\nBig Ben was finished in 1859.\n- Pisa took two centuries.\nWhen was the tower completed?"},
-    {"role": "assistant", "content": "In 1889."},
-]
 METHODS = ("exact", "loo", "banzhaf")
 
-
-def cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 class Tables(HTMLParser):
@@ -67,21 +54,12 @@ class Tables(HTMLParser):
             self._cell.append(data)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    where = tmp_path_factory.mktemp("compare-html")
-    source = where / "chat.json"
-    source.write_text(json.dumps({"messages": MESSAGES}), encoding="utf-8")
-    code, _, err = cli(["explain", str(source), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact",
-                        "--archive", str(where / "run"), "--out", str(where / "exact.json"), "--no-progress"])  # fmt: skip
-    assert code == 0, err
-    return where
-
 
 @pytest.fixture(scope="module")
-def page(run: Path) -> tuple[str, dict, str]:
-    out, page = run / "cmp.json", run / "cmp.html"
-    code, printed, err = cli(["compare", str(run / "run"), "--method", ",".join(METHODS), "--budget", "32", "--out", str(out), "--html", str(page)])
+def page(compare_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, str]:
+    where = tmp_path_factory.mktemp("compare-page")
+    out, page = where / "cmp.json", where / "cmp.html"
+    code, printed, err = cli(["compare", str(compare_run / "run"), "--method", ",".join(METHODS), "--budget", "32", "--out", str(out), "--html", str(page)])
     assert code == 0, err
     assert printed.endswith(f"html: {page}\n")
     return page.read_text(encoding="utf-8"), json.loads(out.read_text(encoding="utf-8")), printed
@@ -145,15 +123,15 @@ def test_one_chart_per_explanation_on_one_value_axis(page: tuple[str, dict, str]
     assert len(zeros) == 1 and max(per_unit) == pytest.approx(min(per_unit), rel=1e-2)
 
 
-def test_html_never_overwrites_a_source(run: Path, tmp_path: Path) -> None:
+def test_html_never_overwrites_a_source(compare_run: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy.json"
-    copy.write_bytes((run / "exact.json").read_bytes())
+    copy.write_bytes((compare_run / "exact.json").read_bytes())
     before = copy.read_bytes()
     for argv in (
-        ["compare", str(copy), str(run / "run"), "--method", "loo", "--html", str(copy)],
-        ["compare", str(run / "run"), "--method", "exact,loo", "--html", str(run / "run" / "page.html")],
-        ["compare", str(run / "run"), "--method", "exact,loo", "--out", str(tmp_path / "a"), "--html", str(tmp_path / "a")],
+        ["compare", str(copy), str(compare_run / "run"), "--method", "loo", "--html", str(copy)],
+        ["compare", str(compare_run / "run"), "--method", "exact,loo", "--html", str(compare_run / "run" / "page.html")],
+        ["compare", str(compare_run / "run"), "--method", "exact,loo", "--out", str(tmp_path / "a"), "--html", str(tmp_path / "a")],
     ):
         code, out, err = cli(argv)
         assert code == 2 and out == "" and err.startswith("coalescence: error: --html: ") and err.count("\n") == 1, err
-    assert copy.read_bytes() == before and not (run / "run" / "page.html").exists() and not (tmp_path / "a").exists()
+    assert copy.read_bytes() == before and not (compare_run / "run" / "page.html").exists() and not (tmp_path / "a").exists()

@@ -157,8 +157,6 @@ def compare(
 
     if isinstance(sources, str | Path | Mapping):
         sources = [sources]
-    if isinstance(methods, str):
-        methods = [m.strip() for m in methods.split(",") if m.strip()]
     if top_k < 1:
         raise ConfigError(f"must be at least 1, got {top_k}", field="top_k")
     if snapshot < 0:

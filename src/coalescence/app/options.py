@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -21,6 +21,7 @@ __all__ = (
     "Option",
     "SettingsGroup",
     "add_options",
+    "names",
     "option",
     "option_fields",
     "positive_float",
@@ -169,6 +170,13 @@ def settings_from(cls: type, args: argparse.Namespace, *, exclude: tuple[str, ..
     those in ``exclude``, as :func:`add_options`), and ``given`` fields set by the command itself."""
     values = {f.name: getattr(args, f.name) for _, f, _ in option_fields(cls) if hasattr(args, f.name) and f.name not in exclude}
     return cls(**(values | given))
+
+
+def names(value: str | Iterable[str]) -> tuple[str, ...]:
+    """The names in a comma-separated string or a sequence of names, stripped, empty ones left out:
+    ``"exact, loo"`` and ``["exact", "loo"]`` both give ``("exact", "loo")``."""
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(item.strip() for item in items if item.strip())
 
 
 # -- the options' text parsers (argparse ``type=``): a bad value is one line naming the option ----------------

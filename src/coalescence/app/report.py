@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import ArchiveError, ConfigError
 from ..report.sources import ReportInput, from_document, load_source
 from .fit import fit_archive
+from .options import names
 
 __all__ = ("report_source",)
 
@@ -50,7 +51,7 @@ def report_source(
             evaluate them with ``coalescence replay RUN_DIR --model``).
     """
     if isinstance(methods, str):
-        methods = [m.strip() for m in methods.split(",") if m.strip()]
+        methods = names(methods)
     path = Path(source)
     if path.is_dir():
         try:

@@ -35,7 +35,7 @@ from .groups import (
     utility_kinds,
     method_list_help,
 )
-from .options import option, positive_int
+from .options import names, option, positive_int
 from .options import seed as seed_type
 
 __all__ = (
@@ -113,7 +113,7 @@ class RunSettings(
             self._take_estimator_object()
 
         if self.roles is not None:
-            roles = tuple(r.strip() for r in ((self.roles.split(",")) if isinstance(self.roles, str) else self.roles) if r.strip())
+            roles = names(self.roles)
             if not roles:
                 raise ConfigError("give at least one role, e.g. user,system", field="roles")
             object.__setattr__(self, "roles", roles)
@@ -399,7 +399,7 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         if self.seed is not None:
             check_seed(self.seed)
 
-        methods = tuple(m.strip() for m in ((self.methods.split(",")) if isinstance(self.methods, str) else self.methods) if m.strip())
+        methods = names(self.methods)
         unknown = [m for m in methods if not is_method(m)]
         if not methods or unknown:
             raise ConfigError(

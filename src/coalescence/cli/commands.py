@@ -144,6 +144,7 @@ def _drawn(draw: Any, field: str) -> Any:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from ..app.options import names
     from ..app.outputs import html_path, refuse_overwrite
     from ..app.report import report_source
     from ..report import render_report, write_chart_image, write_report
@@ -157,7 +158,7 @@ def _report(args: argparse.Namespace) -> int:
     refuse_overwrite(
         {"output": out, "image": image}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if archive else None
     )
-    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
+    methods = names(args.method) if args.method is not None else None
     if methods is not None and not methods:
         raise ConfigError("give at least one method, e.g. --method exact", field="method")
     report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
@@ -173,6 +174,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from ..app.compare import compare
+    from ..app.options import names
     from ..app.outputs import html_path, output_path, refuse_overwrite
     from ..archive.writer import write_json_atomic
     from ..report import write_report
@@ -184,7 +186,7 @@ def _compare(args: argparse.Namespace) -> int:
         sources={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if not Path(s).is_dir()},
         run_dirs={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if (Path(s) / "manifest.json").is_file()},
     )
-    methods = [m.strip() for m in args.method.split(",") if m.strip()] if args.method is not None else None
+    methods = names(args.method) if args.method is not None else None
     sources = [s for s in args.sources if not Path(s).is_dir()]
     if sources and (args.method or args.budget is not None or args.seed is not None or args.run) and len(sources) == len(args.sources):
         raise ConfigError("applies to run archive directories; every SOURCE here is an --out document", field="method" if args.method else "budget" if args.budget is not None else "seed" if args.seed is not None else "run")

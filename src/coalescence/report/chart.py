@@ -13,6 +13,7 @@ group with the id ``bar-<player index>`` (scoped by the chart's id on a page).
 
 from __future__ import annotations
 
+import html
 import io
 import math
 import re
@@ -194,7 +195,7 @@ def inline_svg(svg: str, prefix: str, label: str) -> str:
     svg = _METADATA.sub("", svg, count=1)
     svg = _NAMESPACES.sub("", svg.split(">", 1)[0]) + ">" + svg.split(">", 1)[1]
     svg = _scope_ids(svg, prefix)
-    return svg.replace("<svg", f'<svg role="img" aria-label="{_attr(label)}"', 1).strip()
+    return svg.replace("<svg", f'<svg role="img" aria-label="{html.escape(label)}"', 1).strip()
 
 
 def chart_image(charts: Sequence[BarChart], *, format: str) -> bytes:  # noqa: A002 (matplotlib's word)
@@ -249,8 +250,3 @@ def _scope_ids(svg: str, prefix: str) -> str:
     svg = re.sub(r'(\bid=")([^"]+)', ref, svg)
     svg = re.sub(r'(href="#)([^"]+)', ref, svg)
     return re.sub(r"(url\(#)([^)]+)", ref, svg)
-
-
-def _attr(text: str) -> str:
-    """``text`` escaped for a double-quoted attribute."""
-    return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")

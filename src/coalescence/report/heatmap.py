@@ -15,6 +15,7 @@ coincide.
 
 from __future__ import annotations
 
+import html
 import io
 import math
 import re
@@ -170,11 +171,6 @@ def _add_titles(svg: str, tips: Mapping[str, str]) -> str:
         if tip is None:
             return match.group(0)
         path = _DECIMALS.sub(r"\1", " ".join(match.group(2).split()))
-        return f'<g id="{match.group(1)}"><title>{_text(tip)}</title><path d="{path}"'
+        return f'<g id="{match.group(1)}"><title>{html.escape(tip, quote=False)}</title><path d="{path}"'
 
     return _CELL.sub(add, svg)
-
-
-def _text(text: str) -> str:
-    """``text`` escaped for element content."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
