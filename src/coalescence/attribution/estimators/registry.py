@@ -13,10 +13,10 @@ from .banzhaf import Banzhaf
 from .base import Estimator, check_interactions
 from .exact import ExactShapley
 from .kernel import KernelSHAP
-from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .msr import RegressionMSR
 from .permutation import PermutationShapley
+from .proxy import ControlVariateLasso, TwoFidelityShapley
 from .shapiq_adapter import PREFIX, approximator_estimator
 
 __all__ = ("ESTIMATORS", "METHODS", "estimator_class", "interaction_settings", "is_method", "make_estimator", "methods_with", "register_estimator")
@@ -28,10 +28,14 @@ ESTIMATORS: dict[str, type] = {
     "kernelshap": KernelSHAP,
     "regression-msr": RegressionMSR,
     "banzhaf": Banzhaf,
-    "lasso": LassoSurrogate,
+    "lasso": ControlVariateLasso,
+    "proxy-shapley": TwoFidelityShapley,
     "auto": AutoMethod,
 }
-"""Estimator classes by method name (the CLI's ``--method`` choices)."""
+"""Estimator classes by method name (the CLI's ``--method`` choices). ``lasso`` is the LASSO
+surrogate in its two-fidelity-capable form (:class:`~.proxy.ControlVariateLasso`: without a proxy
+game it is :class:`~.lasso.LassoSurrogate`); ``proxy-shapley`` is regression-msr's two-fidelity
+form (:class:`~.proxy.TwoFidelityShapley`)."""
 
 
 def __getattr__(name: str) -> tuple[str, ...]:
