@@ -76,6 +76,13 @@ more than about 1.1x regression-msr's error from 6n coalitions on. Each ``psi_p`
 ``v(N) - v(empty)``, so the estimate is efficient to float precision when ``phi(c)`` is
 (RegressionMSR's is).
 
+``cross_fit=False`` is the same decomposition without cross-fitting: b by least squares of v on
+``[1, c]`` over the exact coalitions, then ``b phi(c) + RegressionMSR(v - b c)`` on them (the
+regression-adjusted estimator of the residual game, its own linear proxy fitted in-sample). It is
+what ``phi(v) = b phi(c) + phi(v - b c)`` reads as literally; measured on the tests' analytic game it
+has 0.15-0.6x the cross-fitted estimate's error from 3n to 12n coalitions, and the bias of
+regression-msr itself (4 standard errors of the mean over 200 seeds at 6n, as regression-msr alone).
+
 With every coalition in the exact plan (``budget >= 2^n``) the values are the exact Shapley values
 of v (the proxy is not used). Standard errors: the ``psi_p`` are the terms of a mean, and their
 delete-one replicates give Tukey's jackknife t interval (:func:`.kernel.jackknife_t_stderr`: the
@@ -567,6 +574,10 @@ class TwoFidelityShapley(RegressionMSR):
             (then ``phi(c)`` is exact).
         control: the control game, one of :data:`CONTROLS`, or None (default) for the one whose
             ``psi`` spread least (module docs).
+        cross_fit: True (default): the unbiased cross-fitted estimate. False: b fitted on the
+            exact coalitions themselves, then ``b phi(c) + RegressionMSR(v - b c)`` on the same
+            coalitions (module docs: lower error on small budgets, RegressionMSR's bias of order
+            1/m; its standard errors are RegressionMSR's of the residual game, b held fixed).
 
     Attributes:
         name: ``"proxy-shapley"``.
@@ -578,6 +589,7 @@ class TwoFidelityShapley(RegressionMSR):
 
     proxy_budget: int | None = None
     control: str | None = None
+    cross_fit: bool = True
     name: str = field(default="proxy-shapley", init=False)
     what: ClassVar[str] = "proxy-shapley"
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True, two_fidelity=True)
@@ -585,6 +597,8 @@ class TwoFidelityShapley(RegressionMSR):
     def __post_init__(self) -> None:
         RegressionMSR.__post_init__(self)
         _check_proxy_budget(self.proxy_budget)
+        if self.cross_fit not in (True, False):
+            raise ConfigError(f"must be True or False, got {self.cross_fit!r}", field="cross_fit")
         if self.control is not None and self.control not in CONTROLS:
             raise ConfigError(f"must be one of {', '.join(CONTROLS)} or None, got {self.control!r}", field="control")
 
@@ -657,18 +671,27 @@ class TwoFidelityShapley(RegressionMSR):
         proxy_estimate = proxy.fit(proxy_masks, proxy_utilities)
         phi_c = proxy_estimate.values
         se_c = np.zeros(n) if proxy_estimate.stderr is None else np.asarray(proxy_estimate.stderr)
-        fit = cross_fitted_shapley(
-            plan.rows, plan.pairs, plan.enumerated, plan.sampled_mass, u, c, phi_c, control=self.control,
-        )
-        values, psi, b, kind, multiplicity = fit.values, fit.psi, fit.b, fit.control, fit.multiplicity
-        n_draws = int(multiplicity.sum())
         v_empty, v_full = float(u[0]), float(u[1])
-        stderr = np.full(n, np.nan)
-        se_exact = np.full(n, np.nan)
-        if psi.shape[0] >= 2 and not budget_near_all(n, self.budget):
-            replicates = (n_draws * values[None] - psi) / (n_draws - 1)  # [D, n] the mean without one draw
-            se_exact = jackknife_t_stderr(replicates, multiplicity, n_draws, max(float(np.max(np.abs(u))), 1e-300))
+        if not self.cross_fit:  # b in-sample, regression-msr on the residual game v - b c (module docs)
+            x = np.column_stack([np.ones(u.shape[0]), c])
+            b = float(np.linalg.lstsq(x, u, rcond=None)[0][1]) if np.ptp(c) > 0 else 0.0
+            residual = RegressionMSR.fit(self, plan.rows, u - b * c)
+            values = b * phi_c + residual.values
+            se_exact = residual.stderr if residual.stderr is not None else np.full(n, np.nan)
             stderr = np.sqrt(se_exact**2 + (b * se_c) ** 2)
+            kind, n_draws = "a + b c, then regression-msr", int(plan.pairs.shape[0])
+        else:
+            fit = cross_fitted_shapley(
+                plan.rows, plan.pairs, plan.enumerated, plan.sampled_mass, u, c, phi_c, control=self.control,
+            )
+            values, psi, b, kind, multiplicity = fit.values, fit.psi, fit.b, fit.control, fit.multiplicity
+            n_draws = int(multiplicity.sum())
+            stderr = np.full(n, np.nan)
+            se_exact = np.full(n, np.nan)
+            if psi.shape[0] >= 2 and not budget_near_all(n, self.budget):
+                replicates = (n_draws * values[None] - psi) / (n_draws - 1)  # [D, n] the mean without one draw
+                se_exact = jackknife_t_stderr(replicates, multiplicity, n_draws, max(float(np.max(np.abs(u))), 1e-300))
+                stderr = np.sqrt(se_exact**2 + (b * se_c) ** 2)
         unknown = int(np.count_nonzero(np.isnan(stderr)))
         diagnostics = {
             **common,
@@ -678,11 +701,14 @@ class TwoFidelityShapley(RegressionMSR):
             "stderr_exact_part": float(np.sqrt(np.nanmean(se_exact**2))) if np.any(np.isfinite(se_exact)) else math.nan,
             "stderr_proxy_part": float(np.sqrt(np.nanmean((b * se_c) ** 2))) if np.any(np.isfinite(se_c)) else math.nan,
             "control_linear": float(kind in ("c+linear", "linear")),
-            "control_proxy": float(kind in ("c+linear", "c")),
+            "control_proxy": float(kind in ("c+linear", "c") or not self.cross_fit),
+            "cross_fit": float(self.cross_fit),
         }
         note = (
             f"two-fidelity {self.name}: {len(plan.keys)} exact and {k_proxy} proxy coalitions; the proxy game entered as a "
-            f"cross-fitted control variate ({kind}) with mean coefficient b = {b:.3g} (its correlation with the exact game on the "
+            + (f"cross-fitted control variate ({kind}) with mean coefficient b = {b:.3g}" if self.cross_fit
+               else f"control variate fitted on the exact coalitions (b = {b:.3g}), regression-msr on v - b c")
+            + " (its correlation with the exact game on the "
             f"exact coalitions: Pearson {pearson:.3f}); the values are of the exact game"
         )
         return Estimate.from_values(
