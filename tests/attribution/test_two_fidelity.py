@@ -78,18 +78,7 @@ def two_fidelity(budget: int, seed: int, proxy: np.ndarray = C, **options):
 
 def test_the_proxy_is_correlated_but_its_shapley_values_are_not_the_games() -> None:
     assert 0.85 < np.corrcoef(V, C)[0, 1] < 0.99
-    brute = np.zeros(N)  # the Shapley subset formula, to check the closed form once
-    index = {tuple(row): k for k, row in enumerate(MASKS.tolist())}
-    from math import factorial
-
-    for i in range(N):
-        for k, row in enumerate(MASKS):
-            if not row[i]:
-                s = int(row.sum())
-                with_i = row.copy()
-                with_i[i] = True
-                brute[i] += factorial(s) * factorial(N - s - 1) / factorial(N) * (V[index[tuple(with_i.tolist())]] - V[k])
-    np.testing.assert_allclose(PHI, brute, atol=1e-12)
+    np.testing.assert_allclose(PHI, _exact_shapley_of(V), atol=1e-12)  # the closed form, checked once
     assert np.max(np.abs(shapley_of(_OTHER, N) - PHI)) > 0.2
 
 
@@ -271,3 +260,33 @@ def test_auto_runs_the_two_fidelity_form_of_its_choice() -> None:
     assert len(list(auto.proxy_plan(N))) == min(16 * 40, 1 << N)
     surrogate = AutoMethod(budget=32, seed=0).two_fidelity(40)[0]  # 40 players, under 5 per player
     assert isinstance(surrogate, ControlVariateLasso) and surrogate.cv_rule == "dense-1se" and surrogate.holdout == 0.0
+
+
+def test_the_in_sample_form_is_b_phi_c_plus_regression_msr_of_the_residual_game() -> None:
+    """cross_fit=False: b is the least-squares slope of v on c over the exact plan's coalitions
+    (numpy.polyfit), phi(c) the proxy's exact values at a proxy budget of 2^n, and the rest
+    regression-msr of the game v - b c."""
+    rows = _rows(40, 4)
+    slope = np.polyfit(C[rows], V[rows], 1)[0]
+    expected = slope * shapley_of(_OTHER, N) + RegressionMSR(budget=40, seed=4).fit(MASKS, V - slope * C).values
+    expected += slope * (0.6 * _exact_shapley_of(np.sin(MASKS @ _THETA)))
+    estimate = two_fidelity(40, 4, cross_fit=False, proxy_budget=1 << N)
+    np.testing.assert_allclose(estimate.values, expected, atol=1e-9)
+    assert estimate.diagnostics["b"] == pytest.approx(slope, rel=1e-9)
+    assert abs(estimate.efficiency_gap) < 1e-9
+
+
+def _exact_shapley_of(values: np.ndarray) -> np.ndarray:
+    """The Shapley subset formula over MASKS (every coalition), for a game with no closed form."""
+    from math import factorial
+
+    index = {tuple(row): k for k, row in enumerate(MASKS.tolist())}
+    out = np.zeros(N)
+    for i in range(N):
+        for k, row in enumerate(MASKS):
+            if not row[i]:
+                s = int(row.sum())
+                with_i = row.copy()
+                with_i[i] = True
+                out[i] += factorial(s) * factorial(N - s - 1) / factorial(N) * (values[index[tuple(with_i.tolist())]] - values[k])
+    return out
