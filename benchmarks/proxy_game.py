@@ -192,7 +192,7 @@ def shapley_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def lasso_rows(name: str, data: Path, masks, u, proxy: dict, ratio: float, budgets, multiples, draws) -> list[dict]:
+def lasso_rows(name: str, data: Path, masks, u, proxy: dict, ratio: float, budgets, multiples, draws, fixed=()) -> list[dict]:
     try:
         from context_cite.solver import LassoRegression
     except ImportError:  # the benchmark extra; ContextCite's rows are then left out
@@ -241,8 +241,7 @@ def lasso_rows(name: str, data: Path, masks, u, proxy: dict, ratio: float, budge
                 p = np.random.default_rng(1000 + draw).choice(len(theirs), m, replace=False)
                 weight, _ = LassoRegression().fit(theirs[p], theirs_out[p], tokens)
                 rows.append({"game": name, "method": "contextcite", "exact": m, "proxy": 0, "cost": m, "lds": lds(np.asarray(weight, dtype=float))})
-            for k in multiples:
-                kk = min(k * m, len(pr_masks))
+            for kk in sorted({min(k * m, len(pr_masks)) for k in multiples} | {min(k, len(pr_masks)) for k in fixed}):
                 sel = np.random.default_rng(2000 + draw).choice(len(pr_masks), kk, replace=False)
                 phi_c, _ = LassoSurrogate(budget=kk, seed=draw, holdout=0.0)._fit_surrogate(pr_masks[sel], pr_c[sel])
                 rows.append({"game": name, "method": "proxy alone", "exact": 0, "proxy": kk, "cost": kk * ratio, "lds": lds(phi_c)})
@@ -278,6 +277,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="16,32,64")
     ap.add_argument("--lasso-budgets", default="8,16,32,64")
     ap.add_argument("--multiples", default="4,8,16,32")
+    ap.add_argument("--proxy-fixed", default="", help="proxy coalition counts tried besides the multiples (LASSO part)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)  # regression-msr's "raise the budget" at 16 exact coalitions
     multiples = [int(x) for x in args.multiples.split(",")]
@@ -298,7 +298,8 @@ def main() -> None:
         masks, u = exact_pool(name, args.data)
         print(f"{name}: rule {rule}, {len(proxy)} proxy coalitions, proxy/exact tokens per row {ratio:.4f}", file=sys.stderr)
         if name in LONG_GAMES:
-            lasso += lasso_rows(name, args.data, masks, u, proxy, ratio, [int(x) for x in args.lasso_budgets.split(",")], multiples, args.draws)
+            fixed = [int(x) for x in args.proxy_fixed.split(",") if x]
+            lasso += lasso_rows(name, args.data, masks, u, proxy, ratio, [int(x) for x in args.lasso_budgets.split(",")], multiples, args.draws, fixed)
         else:
             shapley += shapley_rows(name, masks, u, proxy, [int(x) for x in args.budgets.split(",")], multiples, range(args.seeds))
     if shapley:
