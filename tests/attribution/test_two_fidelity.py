@@ -94,7 +94,7 @@ def test_efficiency_and_diagnostics_on_a_sampled_plan() -> None:
     assert abs(estimate.efficiency_gap) < 1e-9  # every term keeps v(N) - v(empty)
     d = estimate.diagnostics
     assert d["exact_evaluations"] == estimate.n_evaluations <= 40
-    assert d["proxy_evaluations"] == min(16 * 40, 1 << N)
+    assert d["proxy_evaluations"] == min(max(16 * 40, 16 * N), 1 << N)
     assert d["proxy_pearson"] == pytest.approx(np.corrcoef(V[_rows(40, 1)], C[_rows(40, 1)])[0, 1])
     assert 0.3 < d["b"] < 2.0
     assert np.all(np.isfinite(estimate.stderr)) and np.all(estimate.stderr > 0)
@@ -257,9 +257,10 @@ def test_auto_runs_the_two_fidelity_form_of_its_choice() -> None:
     estimate = auto.fit_two_fidelity(MASKS, V, MASKS, C)
     assert estimate.method == "auto:proxy-shapley"
     np.testing.assert_allclose(estimate.values, two_fidelity(40, 2).values, atol=0)
-    assert len(list(auto.proxy_plan(N))) == min(16 * 40, 1 << N)
+    assert len(list(auto.proxy_plan(N))) == min(max(16 * 40, 16 * N), 1 << N)
+    assert len(list(ControlVariateLasso(budget=32, seed=0).proxy_plan(70))) == max(16 * 32, 16 * 70)
     surrogate = AutoMethod(budget=32, seed=0).two_fidelity(40)[0]  # 40 players, under 5 per player
-    assert isinstance(surrogate, ControlVariateLasso) and surrogate.cv_rule == "dense-1se" and surrogate.holdout == 0.0
+    assert isinstance(surrogate, ControlVariateLasso) and surrogate.cv_rule == "min" and surrogate.holdout == 0.0
 
 
 def test_the_in_sample_form_is_b_phi_c_plus_regression_msr_of_the_residual_game() -> None:

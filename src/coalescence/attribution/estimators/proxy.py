@@ -127,6 +127,8 @@ __all__ = (
     "CrossFit",
     "cross_fitted_shapley",
     "PROXY_BUDGET_MULTIPLE",
+    "PROXY_PER_PLAYER",
+    "default_proxy_budget",
     "PROXY_FITS",
     "ControlVariateLasso",
     "TwoFidelityShapley",
@@ -138,8 +140,15 @@ __all__ = (
 logger = logging.getLogger(__name__)
 
 PROXY_BUDGET_MULTIPLE = 16
-"""Default proxy budget: this many proxy coalitions per exact one (``benchmarks/RESULTS.md``,
-"Two-fidelity estimators"), capped at 2^n."""
+"""Default proxy budget: at least this many proxy coalitions per exact one, and at least
+:data:`PROXY_PER_PLAYER` per player, capped at 2^n (``benchmarks/RESULTS.md``, "Two-fidelity
+estimators": the control-variate LASSO's LDS on the long games grows with the proxy coalitions up to
+about 1,024 for 67-73 players, whatever the exact budget; proxy-shapley's error on 10-12 players is
+the same from 4 per exact coalition on). A proxy row computes about 1/100 of an exact row's tokens
+on those games (19 tail tokens against 1,943)."""
+
+PROXY_PER_PLAYER = 16
+"""Default proxy budget's floor per player (see :data:`PROXY_BUDGET_MULTIPLE`)."""
 
 PROXY_FITS: tuple[str, ...] = ("lasso", "shapley")
 """How :class:`ControlVariateLasso` fits ``phi(c)`` on the proxy pool (module docs)."""
@@ -165,9 +174,23 @@ def proxy_seed(seed: int) -> int:
     return int(np.random.SeedSequence([int(seed), 0x70726F78]).generate_state(1, dtype=np.uint32)[0])
 
 
+def default_proxy_budget(budget: int, n_players: int) -> int:
+    """``max(PROXY_BUDGET_MULTIPLE * budget, PROXY_PER_PLAYER * n)``, capped at 2^n: the proxy
+    coalitions planned when none are given.
+
+    Args:
+        budget: the exact game's budget (distinct coalitions).
+        n_players: number of players n >= 1.
+    """
+    k = max(PROXY_BUDGET_MULTIPLE * budget, PROXY_PER_PLAYER * n_players)
+    return min(k, 1 << n_players) if n_players < 62 else k
+
+
 def _proxy_budget(budget: int, proxy_budget: int | None, n_players: int) -> int:
-    """``proxy_budget`` or ``PROXY_BUDGET_MULTIPLE * budget``, capped at 2^n."""
-    k = PROXY_BUDGET_MULTIPLE * budget if proxy_budget is None else proxy_budget
+    """``proxy_budget`` or :func:`default_proxy_budget`, capped at 2^n."""
+    if proxy_budget is None:
+        return default_proxy_budget(budget, n_players)
+    k = proxy_budget
     return min(k, 1 << n_players) if n_players < 62 else k
 
 
@@ -281,7 +304,7 @@ class ControlVariateLasso(LassoSurrogate):
         budget, seed, alpha, utility, holdout, cv_rule: as :class:`~.lasso.LassoSurrogate` (the
             exact game's plan and fit).
         proxy_budget: distinct proxy coalitions of :meth:`proxy_plan` (keep-half, seeded by
-            :func:`proxy_seed`), or None for ``PROXY_BUDGET_MULTIPLE * budget``; capped at 2^n.
+            :func:`proxy_seed`), or None for :func:`default_proxy_budget`; capped at 2^n.
         proxy_fit: how ``phi(c)`` is fitted on the proxy pool: ``"lasso"`` (the LASSO surrogate of
             c, least-error penalty) or ``"shapley"`` (RegressionMSR of c on KernelSHAP's plan).
 
@@ -570,8 +593,8 @@ class TwoFidelityShapley(RegressionMSR):
     Args:
         budget, seed: as :class:`~.msr.RegressionMSR` (KernelSHAP's plan of the exact game).
         proxy_budget: distinct proxy coalitions (KernelSHAP's plan seeded by
-            :func:`proxy_seed`), or None for ``PROXY_BUDGET_MULTIPLE * budget``; capped at 2^n
-            (then ``phi(c)`` is exact).
+            :func:`proxy_seed`), or None for :func:`default_proxy_budget`; capped at 2^n (then
+            ``phi(c)`` is exact).
         control: the control game, one of :data:`CONTROLS`, or None (default) for the one whose
             ``psi`` spread least (module docs).
         cross_fit: True (default): the unbiased cross-fitted estimate. False: b fitted on the
