@@ -55,9 +55,11 @@ and the estimate is the mean of ``psi_p`` over the P draws. Since draw p is inde
 other draws, ``E[psi_p | f_(p)] = phi(f_(p)) + phi(v - f_(p)) = phi(v)``: the estimate is unbiased
 whatever the fit (leave-one-out cross-fitting; Chernozhukov et al. 2018, "Double/debiased machine
 learning", for the principle), where fitting b on the same draws (RegressionMSR's in-sample
-proxy) carries a bias of order 1/m: measured on an analytic game over 200 seeds, ``phi(c) b +
-RegressionMSR(v - b c)`` with b fitted in-sample is off by 4-6 of its standard errors of the mean at
-48 exact coalitions, this estimator by none (``benchmarks/RESULTS.md``). (It is unbiased given the
+proxy) carries a bias of order 1/m: ``b phi(c) + RegressionMSR(v - b c)`` with b fitted in-sample
+is off by 4.1 standard errors of its mean at 48 exact coalitions on the tests' analytic game (200
+seeds) and by 5.8-6.2 on the demo at 64 (40 seeds), as regression-msr alone is; this estimator by
+at most 2.9, what 10 players' largest of 10 normal deviates gives (``benchmarks/RESULTS.md``,
+"Two-fidelity estimators"). (It is unbiased given the
 number of draws: the plan stops at a budget of distinct coalitions, so P depends on how often draws
 repeat, which is rare away from 2^n.) The leave-one-out fits are rank-2 changes of one Gram
 matrix, solved in batches.
@@ -68,20 +70,23 @@ one that its coalitions identify and keeps the one whose ``psi_p`` spread least 
 players of their sample variance). The controls with linear terms are candidates only when the plan
 has at least ``3 (n + 2)`` coalitions besides the two each fit leaves out
 (:data:`LINEAR_ROWS_PER_TERM`): with fewer, their leave-one-out fits are noisy, and choosing the
-least spread among few draws understates the spread (88% coverage at 3n coalitions, n = 8).
+least spread among few draws understates the spread (87-89% coverage at 3n-4n coalitions, n = 8).
 Each candidate is unbiased; keeping the least spread one adds a selection bias that the
 unbiasedness tests (300 seeds) do not detect. Measured: with a good proxy and few coalitions the
 proxy alone is the better control; the linear terms are what keeps a useless proxy from costing
 more than about 1.1x regression-msr's error from 6n coalitions on. Each ``psi_p`` sums to
 ``v(N) - v(empty)``, so the estimate is efficient to float precision when ``phi(c)`` is
-(RegressionMSR's is).
+(RegressionMSR's is). Measured with the shared-KV proxy (Pearson 0.86-0.90 with the exact game):
+0.29x regression-msr's median error at 16 exact coalitions on the demo (n = 10), 0.65x at 32, 0.93x
+at 64; on eiffel12 (n = 12) 0.42x, 0.41x and 0.93x.
 
 ``cross_fit=False`` is the same decomposition without cross-fitting: b by least squares of v on
 ``[1, c]`` over the exact coalitions, then ``b phi(c) + RegressionMSR(v - b c)`` on them (the
 regression-adjusted estimator of the residual game, its own linear proxy fitted in-sample). It is
 what ``phi(v) = b phi(c) + phi(v - b c)`` reads as literally; measured on the tests' analytic game it
-has 0.15-0.6x the cross-fitted estimate's error from 3n to 12n coalitions, and the bias of
-regression-msr itself (4 standard errors of the mean over 200 seeds at 6n, as regression-msr alone).
+has 0.15-0.6x the cross-fitted estimate's error from 3n to 12n coalitions (its residual is nearly
+additive, which regression-msr's in-sample linear fit takes out), but 1.3-2.6x on the demo and
+eiffel12 at 16-32, and the bias of regression-msr itself.
 
 With every coalition in the exact plan (``budget >= 2^n``) the values are the exact Shapley values
 of v (the proxy is not used). Standard errors: the ``psi_p`` are the terms of a mean, and their
