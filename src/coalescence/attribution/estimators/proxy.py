@@ -58,7 +58,8 @@ learning", for the principle), where fitting b on the same draws (RegressionMSR'
 proxy) carries a bias of order 1/m: ``b phi(c) + RegressionMSR(v - b c)`` with b fitted in-sample
 is off by 4.1 standard errors of its mean at 48 exact coalitions on the tests' analytic game (200
 seeds) and by 5.8-6.2 on the demo at 64 (40 seeds), as regression-msr alone is; this estimator by
-at most 2.9, what 10 players' largest of 10 normal deviates gives (``benchmarks/RESULTS.md``,
+at most 1.7 on the analytic game and 3.4 on the real ones (eiffel12 at 32: with 40 seeds, the
+largest of 12 players' t statistics exceeds 3.4 about 2% of the time) (``benchmarks/RESULTS.md``,
 "Two-fidelity estimators"). (It is unbiased given the
 number of draws: the plan stops at a budget of distinct coalitions, so P depends on how often draws
 repeat, which is rare away from 2^n.) The leave-one-out fits are rank-2 changes of one Gram
