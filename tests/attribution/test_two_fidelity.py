@@ -107,12 +107,13 @@ def _rows(budget: int, seed: int) -> np.ndarray:
     return plan @ (1 << np.arange(N))
 
 
-SEEDS = range(300)
+SEEDS = range(200)
 
 
 @pytest.fixture(scope="module")
 def draws() -> dict:
-    """Two-fidelity estimates and the proxy-only ones over 300 seeds at budgets 24, 48 and 96."""
+    """Two-fidelity estimates over 200 seeds at budgets 24, 48 and 96, the in-sample form's at 48,
+    and the proxy-only ones."""
     out = {}
     for budget in (24, 48, 96):
         est = [two_fidelity(budget, seed) for seed in SEEDS]
@@ -121,6 +122,7 @@ def draws() -> dict:
         [RegressionMSR(budget=16 * 24, seed=s).fit(MASKS, C).values for s in range(20)]
     )
     out["proxy-only"] = proxy_only
+    out["in-sample"] = np.array([two_fidelity(48, seed, cross_fit=False).values for seed in SEEDS])
     return out
 
 
@@ -131,13 +133,19 @@ def test_the_error_falls_as_the_exact_budget_grows(draws) -> None:
 
 @pytest.mark.parametrize("budget", [24, 48, 96])
 def test_the_mean_over_seeds_is_the_exact_shapley_value(draws, budget) -> None:
-    """Unbiased: over 300 seeds the mean is within 3.5 of its standard errors of the closed form,
-    for every player; the proxy's own values (what a proxy-only estimate converges to) are not."""
+    """Unbiased: over 200 seeds the mean is within 3.5 of its standard errors of the closed form,
+    for every player. Biased estimators fail the same check: the proxy's own values (what a
+    proxy-only estimate converges to), and at 48 the in-sample form (b fitted on the same
+    coalitions, regression-msr of v - b c: 4.1 standard errors off)."""
     values = draws[budget][0]
     mean, sem = values.mean(axis=0), values.std(axis=0, ddof=1) / np.sqrt(values.shape[0])
     assert np.all(np.abs(mean - PHI) <= 3.5 * sem), (mean - PHI) / sem
-    proxy_only = draws["proxy-only"]  # a biased estimator fails the same check
+    proxy_only = draws["proxy-only"]
     assert np.any(np.abs(proxy_only.mean(axis=0) - PHI) > 3.5 * sem)
+    if budget == 48:
+        in_sample = draws["in-sample"]
+        z = np.abs(in_sample.mean(axis=0) - PHI) / (in_sample.std(axis=0, ddof=1) / np.sqrt(in_sample.shape[0]))
+        assert np.max(z) > 3.5, z
 
 
 def test_the_standard_errors_cover_about_95_percent(draws) -> None:
@@ -223,7 +231,7 @@ def test_control_variate_lasso_recovers_planted_weights() -> None:
 
 
 def test_control_variate_lasso_lds_beats_the_lasso_alone_on_a_small_budget() -> None:
-    """The attributions' LDS (Spearman of sum_{i in S} phi_i with v(S)) over every coalition, 10 seeds."""
+    """The attributions' LDS (Spearman of sum_{i in S} phi_i with v(S)) over every coalition, 6 seeds."""
     n = 12
     masks = every_coalition(n)
     terms, _ = dividend_game(n, seed=4)
@@ -235,11 +243,11 @@ def test_control_variate_lasso_lds_beats_the_lasso_alone_on_a_small_budget() -> 
         return 0.0 if np.ptp(predicted) == 0 else float(spearmanr(predicted, v).statistic)
 
     ours, alone = [], []
-    for seed in range(10):
-        est = ControlVariateLasso(budget=16, seed=seed, holdout=0.0, proxy_budget=512)
+    for seed in range(6):
+        est = ControlVariateLasso(budget=16, seed=seed, holdout=0.0, proxy_budget=256)
         ours.append(lds(est.fit_two_fidelity(masks, v, masks, c).values))
         alone.append(lds(est.fit(masks, v).values))
-    assert np.median(ours) > np.median(alone) + 0.05, (np.median(ours), np.median(alone))
+    assert np.median(ours) > np.median(alone) + 0.05, (np.median(ours), np.median(alone))  # measured 0.91 against 0.68
 
 
 # --- registration ------------------------------------------------------------------------------
