@@ -124,7 +124,7 @@ from .base import (
     pool_lookup,
 )
 from .kernel import _build_plan, jackknife_t_stderr, size_probabilities
-from .lasso import CV_RULES, LassoSurrogate, _to_logit, choose_alpha
+from .lasso import LassoSurrogate, _to_logit, choose_alpha
 from .msr import RegressionMSR, _proxies
 
 __all__ = (
