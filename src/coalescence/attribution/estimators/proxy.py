@@ -77,9 +77,10 @@ unbiasedness tests (300 seeds) do not detect. Measured: with a good proxy and fe
 proxy alone is the better control; the linear terms are what keeps a useless proxy from costing
 more than about 1.1x regression-msr's error from 6n coalitions on. Each ``psi_p`` sums to
 ``v(N) - v(empty)``, so the estimate is efficient to float precision when ``phi(c)`` is
-(RegressionMSR's is). Measured with the shared-KV proxy (Pearson 0.86-0.90 with the exact game):
-0.29x regression-msr's median error at 16 exact coalitions on the demo (n = 10), 0.65x at 32, 0.93x
-at 64; on eiffel12 (n = 12) 0.42x, 0.41x and 0.93x.
+(RegressionMSR's is). Measured with the shared-KV proxy (Pearson 0.84-0.95 with the exact game),
+median error against regression-msr's at 32 exact coalitions: 0.65x on the demo (n = 10), 0.41x on
+eiffel12 (n = 12), 0.56x and 0.38x on the 14-player games; 0.29-0.79x at 16; 0.88-0.96x at 64,
+where regression-msr's own linear fit is as good as the proxy.
 
 ``cross_fit=False`` is the same decomposition without cross-fitting: b by least squares of v on
 ``[1, c]`` over the exact coalitions, then ``b phi(c) + RegressionMSR(v - b c)`` on them (the
