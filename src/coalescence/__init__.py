@@ -19,7 +19,7 @@ itself (coalitions through the scheduler, collator and backend).
 """
 
 from ._version import __version__
-from .api import Explainer, explain, explain_async, sweep
+from .api import Explainer, evaluate, explain, explain_async, sweep
 from .app.show import ShownCoalition, show_coalition
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
@@ -92,6 +92,7 @@ __all__ = (
     "UtilitySpec",
     "__version__",
     "coalition_key",
+    "evaluate",
     "explain",
     "explain_async",
     "explain_hierarchical",
