@@ -149,3 +149,27 @@ def test_strict_json_of_the_exact_shapley_values(game_run, chatml_tokenizer, tmp
     rho = spearmanr(held.astype(float) @ np.array(shapley), [v(s) for s in held]).statistic
     assert r.lds.estimate == pytest.approx(rho, abs=1e-6)
     assert payload["results"][0]["lds"]["estimate"] == pytest.approx(rho, abs=1e-6)
+
+
+def test_document_with_no_archive_recreates_its_game_in_a_new_one(game_run, chatml_tokenizer, tmp_path):
+    """A document that names no archive, given a new --archive: the game is re-created from the
+    document (same snapshot, model, policy, utility), and its values agree with the run's archive."""
+    where, _ = game_run
+    doc = json.loads((where / "run.json").read_text())
+    doc["archive"] = None
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    with pytest.raises(coalescence.ConfigError, match="names no run archive") as refused:
+        coalescence.evaluate(tmp_path / "doc.json")
+    assert refused.value.field == "archive"
+    backend = make_backend(chatml_tokenizer)
+    fresh = coalescence.evaluate(tmp_path / "doc.json", archive=tmp_path / "new", backend=backend, seed=2)
+    assert fresh.model_evaluations == sum(backend.calls) > 0
+    manifest = coalescence.read_manifest(tmp_path / "new")
+    assert manifest["runs"][0]["snapshot_ids"] == [doc["snapshot_id"]]
+    (r,) = fresh.results
+    held = np.random.default_rng([2, 0]).random((32, 6)) < 0.5
+    phi = [p["value"] for p in doc["players"]]
+    rho = spearmanr(held.astype(float) @ np.array(phi), [v(s) for s in held]).statistic
+    assert r.lds.estimate == pytest.approx(rho, abs=1e-6)
+    again = coalescence.evaluate(tmp_path / "doc.json", archive=tmp_path / "new", seed=2)
+    assert again.model_evaluations == 0 and again.to_dict()["results"] == fresh.to_dict()["results"]

@@ -381,7 +381,12 @@ def evaluate_source(source: str | Path, settings: Any, *, backend: Any = None, p
         raise InputError(f"{str(source)!r} does not exist; give a run archive directory or an --out JSON document", field="RUN_OR_DOC")
     refuse_overwrite({"out": out_path}, sources={} if is_dir else {"RUN_OR_DOC": source}, run_dirs={"RUN_OR_DOC": source} if is_dir else None)
     if is_dir:
-        report = report_source(path, methods=s.methods, budget=s.budget, run_id=s.run_id, conversation=s.conversation)
+        try:
+            report = report_source(path, methods=s.methods, budget=s.budget, run_id=s.run_id, conversation=s.conversation)
+        except CoalescenceError as exc:  # the report names its argument SOURCE; here it is RUN_OR_DOC
+            if exc.field != "SOURCE":
+                raise
+            raise type(exc)(exc.message, field="RUN_OR_DOC") from exc
         run_dir = path
     else:
         if s.methods is not None or s.budget is not None or s.run_id is not None:
@@ -389,8 +394,10 @@ def evaluate_source(source: str | Path, settings: Any, *, backend: Any = None, p
             raise ConfigError(f"applies to a run archive directory; {str(source)!r} is an --out document", field=field)
         try:
             report = report_source(path)
-        except InputError as exc:
-            raise InputError(exc.message, field="RUN_OR_DOC") from exc
+        except CoalescenceError as exc:
+            if exc.field != "SOURCE":
+                raise
+            raise type(exc)(exc.message, field="RUN_OR_DOC") from exc
         named = s.archive or report.archive
         if not named:
             raise ConfigError(
@@ -433,6 +440,7 @@ class _Game:
         from .fit import ArchiveFit
 
         self.run_dir, self.settings, self.backend = run_dir, settings, backend
+        self.where = "RUN_OR_DOC" if source_dir else "archive"  # the argument that named the archive
         if not (run_dir / "manifest.json").is_file():
             if source_dir:
                 raise InputError(f"{str(run_dir)!r} is no run archive", field="RUN_OR_DOC")
@@ -457,7 +465,7 @@ class _Game:
 
         runs = manifest.get("runs") or []
         if not runs:
-            raise ArchiveError(f"{self.run_dir} records no run", field="archive")
+            raise ArchiveError(f"{self.run_dir} records no run", field=self.where)
         if self.settings.run_id is not None:
             return select_run(manifest, self.settings.run_id)
         sid = doc.get("snapshot_id")
@@ -465,7 +473,7 @@ class _Game:
         if not holding:
             raise InputError(
                 f"run archive {str(self.run_dir)!r} does not hold snapshot {str(sid)[:12]} of the explanation; give the archive of its run",
-                field="archive",
+                field=self.where,
             )
         detail = doc.get("utility_detail") or {"kind": doc.get("utility")}
         try:
@@ -482,7 +490,7 @@ class _Game:
         if sid not in (self.run.get("snapshot_ids") or ()) or sid not in self.records:
             raise InputError(
                 f"run {self.run['run_id']} of {str(self.run_dir)!r} does not hold snapshot {str(sid)[:12]} of the explanation",
-                field="archive",
+                field=self.where,
             )
         doc_utility = doc.get("utility")
         if doc_utility is not None and doc_utility != self.utility.kind:
@@ -612,7 +620,59 @@ class _Game:
         return executed
 
     def _create(self, documents: Sequence[Mapping[str, Any]]) -> None:
-        raise ConfigError(
-            f"{str(self.run_dir)!r} is no run archive; give the run archive of the explanation's run",
-            field="archive",
-        )
+        """Re-create the explanation's game from its document in the new archive ``run_dir``: the
+        conversation segmented again by its unit (its snapshot id must come back), its model, absence
+        policy and utility; the run is recorded there with its snapshot (no coalition yet)."""
+        from ..masking.policies import get_policy
+        from ..utility import UtilitySpec
+        from .explain import ExplainRun
+        from .settings import RunSettings
+
+        ids = list(dict.fromkeys(str(d.get("snapshot_id")) for d in documents))
+        doc = documents[0]
+        if len(ids) != 1:
+            raise InputError(
+                f"the document explains {len(ids)} conversations and names no run archive; re-create one at a time with --conversation K",
+                field="conversation",
+            )
+        if any("extra" in p for p in doc.get("players") or ()):
+            raise InputError("the document's players were declared over several spans; evaluate it with the run archive of its run", field="archive")
+        s = self.settings
+        try:
+            policy = get_policy(str(doc.get("absence_policy")), **dict(doc.get("absence_params") or {}))
+            utility = UtilitySpec.from_dict(dict(doc.get("utility_detail") or {"kind": doc.get("utility")}))
+        except (CoalescenceError, TypeError, ValueError) as exc:
+            raise InputError(f"the document's absence policy or utility cannot be re-created: {exc}", field="RUN_OR_DOC") from exc
+        source = {"messages": list(doc.get("messages") or ()), "target": doc.get("target")}
+        roles = tuple(dict.fromkeys(str(p.get("role")) for p in doc.get("players") or ()))
+        model = s.model or str(doc.get("model_id"))
+        options = {k: getattr(s, k) for k in ("backend", "vllm_url", "device", "dtype", "batch_size", "flush_rows", "flush_seconds")}
+        settings = RunSettings(
+            model=model, unit=str(doc.get("unit")), roles=roles, absence_policy=policy, utility=utility, method="loo",
+            archive=self.run_dir, **options,
+        )  # fmt: skip
+        run = ExplainRun(source, settings, backend=self.backend)
+        if not run.conversations:
+            raise InputError("the document holds no conversation", field="RUN_OR_DOC")
+        run.preflight()
+        run.load()
+        try:
+            snap = run.snapshots[0]
+            if snap.snapshot_id != ids[0]:
+                raise InputError(
+                    f"segmenting the document's conversation again gives snapshot {snap.snapshot_id[:12]}, not its "
+                    f"{ids[0][:12]} (a generated answer, or players declared by hand); evaluate it with the run archive of its run",
+                    field="archive",
+                )
+            model_record = run.engine.model
+            if (model_record.get("id"), model_record.get("revision")) != (doc.get("model_id"), doc.get("model_revision")):
+                raise InputError(
+                    f"the model is {model_record.get('id')} {model_record.get('revision')}, the explanation's "
+                    f"{doc.get('model_id')} {doc.get('model_revision')}; give its model",
+                    field="model",
+                )
+            run.open_archive()
+        finally:
+            if run.archive is not None:
+                run.archive.close(status="complete")
+        self.backend = run.backend  # loaded once: it evaluates the coalitions too
