@@ -98,6 +98,17 @@ def test_the_readme_compare_example_is_what_compare_prints_now(capsys):
     assert printed == expected
 
 
+def test_the_readme_evaluate_example_is_what_evaluate_prints_now(capsys):
+    block = _block("evaluate")
+    command, expected = block.split("\n", 1)
+    args = command.split()[1:]
+    assert args[:2] == ["evaluate", "runs/eiffel-<time>"]
+    assert cli.main(["evaluate", str(DEMO / "eiffel-run"), *args[2:], "--no-progress"]) == 0
+    printed = capsys.readouterr().out.replace(str(DEMO / "eiffel-run"), "runs/eiffel-<time>")
+    assert printed == expected
+    assert "0 evaluated with the model" in printed  # the exact run holds every coalition: the archive is not written
+
+
 def test_the_numbers_the_prose_quotes_are_the_recorded_runs():
     gap = DOCUMENT["v_full"] - DOCUMENT["v_empty"]
     fact, question, pisa = _player("1889")["value"], _player("Question:")["value"], _player("Pisa")["value"]
