@@ -46,6 +46,7 @@ __all__ = (
     "linear_datamodeling_score",
     "random_removals",
     "removal_drops",
+    "removal_rows",
 )
 
 DROP_KS = (1, 3, 5)
@@ -398,14 +399,23 @@ def evaluate_source(source: str | Path, settings: Any, *, backend: Any = None, p
             if exc.field != "SOURCE":
                 raise
             raise type(exc)(exc.message, field="RUN_OR_DOC") from exc
-        named = s.archive or report.archive
-        if not named:
+        if s.archive is not None:
+            run_dir = Path(s.archive)
+        elif not report.archive:
             raise ConfigError(
                 f"{str(source)!r} names no run archive; give --archive RUN_DIR: the run archive of its run (or a new "
                 "directory: the game is re-created from the document there)",
                 field="archive",
             )
-        run_dir = Path(named)
+        else:  # as written (relative to where explain ran), else relative to the document
+            named = Path(report.archive)
+            run_dir = named if named.is_absolute() or (named / "manifest.json").is_file() else path.parent / named
+            if not (run_dir / "manifest.json").is_file():
+                raise InputError(
+                    f"the run archive the document names, {report.archive!r}, is not there; give --archive RUN_DIR (its run "
+                    "archive, or a new directory: the game is re-created from the document there)",
+                    field="archive",
+                )
     documents = [e.document for e in report.entries]
     if not is_dir and s.conversation is not None:
         ids = list(dict.fromkeys(str(d.get("snapshot_id")) for d in documents))
@@ -485,6 +495,7 @@ class _Game:
 
     def _item(self, doc: Mapping[str, Any]) -> _Item:
         from ..snapshot import ConversationSnapshot
+        from ..utility import UtilitySpec
 
         sid = doc.get("snapshot_id")
         if sid not in (self.run.get("snapshot_ids") or ()) or sid not in self.records:
@@ -492,11 +503,15 @@ class _Game:
                 f"run {self.run['run_id']} of {str(self.run_dir)!r} does not hold snapshot {str(sid)[:12]} of the explanation",
                 field=self.where,
             )
-        doc_utility = doc.get("utility")
-        if doc_utility is not None and doc_utility != self.utility.kind:
+        detail = doc.get("utility_detail") or {"kind": doc.get("utility")}
+        try:
+            wanted = UtilitySpec.from_dict(dict(detail)).to_dict()
+        except (CoalescenceError, TypeError, ValueError) as exc:
+            raise InputError(f"the explanation's utility {detail} cannot be read: {exc}", field="RUN_OR_DOC") from exc
+        if wanted != self.utility.to_dict():
             raise InputError(
-                f"the {doc.get('method')} explanation is of utility {doc_utility}; run {self.run['run_id']} measured "
-                f"{self.utility.kind}: evaluate it against the run of its own utility (--run)",
+                f"the {doc.get('method')} explanation is of utility {wanted}; run {self.run['run_id']} measured "
+                f"{self.utility.to_dict()}: evaluate it against the run of its own utility (--run), or replay that utility first",
                 field="run",
             )
         try:
