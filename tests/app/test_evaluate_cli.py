@@ -52,3 +52,24 @@ def test_bad_source_is_one_line_exit_2(tmp_path, kind):
 def test_too_few_coalitions_names_the_option(compare_run):
     code, out, err = cli(["evaluate", str(compare_run / "run"), "--coalitions", "1", "--no-progress"])
     assert code == 2 and out == "" and err.startswith("coalescence: error: --coalitions: must be an integer >= 2"), err
+
+
+def test_missing_coalitions_are_evaluated_with_the_runs_model_once(tmp_path, tiny_model_dir):
+    """A leave-one-out run holds n + 1 coalitions: evaluate loads the run's model (no --model given)
+    for the rest and archives them; the same command again makes no model evaluation."""
+    from compare_runs import MESSAGES
+
+    source = tmp_path / "chat.json"
+    source.write_text(json.dumps({"messages": MESSAGES}), encoding="utf-8")
+    code, _, err = cli(["explain", str(source), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "loo",
+                        "--archive", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
+    assert code == 0, err
+    before = read_rows(tmp_path / "run").num_rows
+    code, first, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "8", "--no-progress"])
+    assert code == 0, err
+    evaluated = int(first.rsplit("coalitions: ", 1)[1].split(" evaluated")[0])
+    assert evaluated > 0 and read_rows(tmp_path / "run").num_rows == before + evaluated
+    code, second, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "8", "--no-progress"])
+    assert code == 0, err
+    assert "coalitions: 0 evaluated with the model" in second
+    assert first.rsplit("\n", 2)[0] == second.rsplit("\n", 2)[0]  # the same numbers, from the archive
