@@ -618,20 +618,18 @@ class _Game:
                     await engine.evaluate(snap, self.fit.policy, rows)
             return executed[0]
 
-        # the run's record keeps its own status and statistics: these rows only add to its pool
-        status = "interrupted"
+        # the run's record keeps its own status and statistics whatever happens here: these rows
+        # only add to its pool (an interrupted or failed evaluation keeps what it evaluated)
         try:
             executed = run_blocking(evaluate)
-            status = str(run.get("status") or "complete")
-        except CoalescenceError:
-            status = "failed"
-            raise
         finally:
             engine.archive = None
             try:
-                archive.close(status=status, statistics=run.get("statistics") or {})
+                if hasattr(progress, "close"):
+                    progress.close()
+                archive.close(status=str(run.get("status") or "complete"), statistics=run.get("statistics") or {})
             finally:
-                engine.close(status=status)
+                engine.close()
         return executed
 
     def _create(self, documents: Sequence[Mapping[str, Any]]) -> None:
