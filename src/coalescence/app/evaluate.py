@@ -416,6 +416,8 @@ def evaluate_source(source: str | Path, settings: Any, *, backend: Any = None, p
                     "archive, or a new directory: the game is re-created from the document there)",
                     field="archive",
                 )
+    if not is_dir:  # the output may not land inside the archive the coalitions go to
+        refuse_overwrite({"out": out_path}, run_dirs={"archive": run_dir})
     documents = [e.document for e in report.entries]
     if not is_dir and s.conversation is not None:
         ids = list(dict.fromkeys(str(d.get("snapshot_id")) for d in documents))
