@@ -166,6 +166,7 @@ def test_document_with_no_archive_recreates_its_game_in_a_new_one(game_run, chat
     assert fresh.model_evaluations == sum(backend.calls) > 0
     manifest = coalescence.read_manifest(tmp_path / "new")
     assert manifest["runs"][0]["snapshot_ids"] == [doc["snapshot_id"]]
+    assert manifest["runs"][0]["run_config"]["command"] == "evaluate" and "method" not in manifest["runs"][0]["run_config"]
     (r,) = fresh.results
     held = np.random.default_rng([2, 0]).random((32, 6)) < 0.5
     phi = [p["value"] for p in doc["players"]]

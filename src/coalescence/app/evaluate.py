@@ -20,7 +20,10 @@ count, their number and the seed, so later evaluations of the same game reuse th
 ordinary exact coalition of the game: it is written into the run archive under its coalition key,
 where a later ``evaluate`` or a ``replay`` finds it with no model call. Replays fit on their
 estimator's plan only (:func:`~coalescence.engine.pool_from_store` looks up the plan's rows), so
-the added rows cannot change what they fit.
+the added rows cannot change what they fit. A hierarchical explanation is evaluated at its coarse
+level. A document that names no run archive re-creates its game in a new one (``archive``): its
+conversation segmented again by its unit (the snapshot id must come back), its model, policy and
+utility; that run records ``command: evaluate`` and no method.
 """
 
 from __future__ import annotations
@@ -666,7 +669,11 @@ class _Game:
             model=model, unit=str(doc.get("unit")), roles=roles, absence_policy=policy, utility=utility, method="loo",
             archive=self.run_dir, **options,
         )  # fmt: skip
-        run = ExplainRun(source, settings, backend=self.backend)
+        class _Recreated(ExplainRun):
+            def run_config(self) -> dict[str, Any]:  # no method fitted here: the run holds the game's coalitions only
+                return {"command": "evaluate", "explanation": {"method": doc.get("method"), "snapshot_id": ids[0]}}
+
+        run = _Recreated(source, settings, backend=self.backend)
         if not run.conversations:
             raise InputError("the document holds no conversation", field="RUN_OR_DOC")
         run.preflight()
