@@ -588,6 +588,25 @@ def test_target_stderr_needs_a_method_with_standard_errors(tmp_path: Path, cwd: 
     assert "standard errors" in line
 
 
+def test_auto_with_a_target_stderr_samples_with_the_estimator_it_chooses(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # 4 players at budget 12: auto's rule (at most 16 players) runs regression-msr, which reports
+    # standard errors, so the rounds run with it instead of a refusal claiming there are none
+    code, stdout, stderr, doc, _ = explain(tmp_path, tiny_model_dir, "auto", "--method", "auto", "--budget", "12", "--target-stderr", "1e-9")
+    assert code == 0, stderr
+    assert doc["method"] == "auto:regression-msr" and doc["stopping"]["reason"] in ("budget", "exact")
+    assert doc["n_evaluations"] <= 12 and any(note.startswith("method auto ran regression-msr") for note in doc["notes"])
+
+
+def test_auto_with_a_target_stderr_is_refused_where_it_chooses_lasso(tmp_path: Path, cwd: Path, capsys, tiny_model_dir: Path) -> None:
+    # 18 players at budget 40 (below 5 per player): auto runs lasso, which reports no standard
+    # errors; the refusal names that choice, before anything is written
+    conversation = {"messages": [CONVERSATION["messages"][0], {"role": "user", "content": SEVENTEEN}, CONVERSATION["messages"][2]]}
+    path = write_input(tmp_path, conversation)
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "auto", "--budget", "40", "--target-stderr", "0.1"]
+    line = assert_refused(argv, "--target-stderr", tmp_path, cwd, capsys)
+    assert "auto chooses lasso for 18 players at budget 40" in line and "reports no standard errors" in line
+
+
 # -- utilities: per-token scores, answer sub-spans, kinds --------------------------------------
 
 

@@ -61,7 +61,7 @@ class AutoMethod:
     budget: int
     seed: int = 0
     name: str = field(default="auto", init=False)
-    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False, chooses=True)
 
     def __post_init__(self) -> None:
         check_budget_seed(self.budget, self.seed)
