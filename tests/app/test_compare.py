@@ -135,3 +135,24 @@ def test_explanations_in_different_units_are_refused(compare_run, tmp_path):
     assert code == 2 and printed == "" and err.count("\n") == 1, err
     assert "probability" in err and "nats" in err and err.startswith("coalescence: error: SOURCE")
     assert not out.exists() and not html.exists()
+
+
+def test_no_output_goes_into_a_run_archive_that_is_not_read(compare_run, tmp_path):
+    # an archive elsewhere (a copy of the exact run's), not among the sources: a page or a JSON
+    # written into it would sit among its parts, where no archive tool expects a file
+    import shutil
+
+    other = tmp_path / "other-run"
+    shutil.copytree(compare_run / "run", other)
+    before = sorted(p.name for p in other.rglob("*"))
+    doc = str(compare_run / "exact.json")
+    for argv, option in (
+        (["compare", doc, doc, "--html", str(other / "cmp.html")], "--html"),
+        (["compare", doc, doc, "--out", str(other / "parts" / "cmp.json")], "--out"),
+        (["report", doc, "-o", str(other / "report.html")], "--output"),
+        (["report", doc, "--image", str(other / "chart.png")], "--image"),
+    ):
+        code, out, err = cli(argv)
+        assert code == 2 and out == "" and err.startswith(f"coalescence: error: {option}: ") and err.count("\n") == 1, err
+        assert "run archive" in err
+    assert sorted(p.name for p in other.rglob("*")) == before
