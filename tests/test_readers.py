@@ -98,3 +98,16 @@ def test_a_dataframe_and_a_dataset_are_datasets_of_their_rows(jsonl_file, tiny_m
     with pytest.raises(InputError) as info:
         read_source(pd.DataFrame({"messages": [[{"role": "user", "content": "hi"}], [{"role": "robot", "content": "x"}]]}))
     assert info.value.field.startswith("row 1: ")
+
+
+def test_a_dataset_dict_is_refused_naming_its_splits() -> None:
+    # load_dataset(...) without split= gives a DatasetDict: a mapping of split names to Datasets,
+    # not an input dict; the refusal names the splits and how to pick one, not a field never written
+    datasets = pytest.importorskip("datasets", reason="pip install -c constraints.txt -e '.[test]'")
+    records = [as_input(r) for r in ROWS]
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(records), "test": datasets.Dataset.from_list(records[:1])})
+    for call in (lambda: read_source(splits), lambda: coalescence.explain(splits, model="smollm2-135m")):
+        with pytest.raises(InputError) as info:
+            call()
+        assert info.value.field == "input" and "messages" not in info.value.message
+        assert "train, test" in info.value.message and "['train']" in info.value.message

@@ -372,7 +372,8 @@ def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[
 
     Raises:
         InputError: bad input (a dataset's error names the input: ``input 3: messages[0].role``),
-            or a source of another type (field ``input``).
+            a source of another type, or a dictionary of tables (a ``datasets.DatasetDict``,
+            naming its splits: pick one) (field ``input``).
     """
     if isinstance(source, (str, Path)):
         return load_inputs(source, template)
@@ -381,6 +382,13 @@ def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[
         columns, rows, what = table
         return rows_to_conversations(columns, rows, what, template), True
     if isinstance(source, Mapping):
+        splits = [str(k) for k, v in source.items() if _table_rows(v) is not None]
+        if splits and len(splits) == len(source):  # datasets.DatasetDict (load_dataset without split=)
+            raise InputError(
+                f"is a dictionary of dataset splits ({', '.join(splits)}), not one input; pick one split, "
+                f"e.g. source[{splits[0]!r}]",
+                field="input",
+            )
         return [conversation_from_input(source, template)], False
     if isinstance(source, Sequence) and source and all(
         isinstance(item, Mapping) and ("messages" in item or "documents" in item) for item in source
