@@ -23,7 +23,7 @@ from typing import Any
 
 from .conversation import Conversation
 from .errors import InputError
-from .userinput import check_text, parse_json, short_repr
+from .userinput import check_text, parse_json, refuse_misspelt_fields, short_repr
 
 __all__ = (
     "DEFAULT_RAG_TEMPLATE",
@@ -142,6 +142,16 @@ def load_template(path: str | Path | None) -> RagTemplate:
     return RagTemplate(**data)
 
 
+CHAT_FIELDS = ("messages", "target", "players")
+"""The chat form's fields (an input's other fields are ignored, but a near miss of these is refused)."""
+
+RAG_FIELDS = ("documents", "question", "answer")
+"""The RAG form's fields."""
+
+DOCUMENT_FIELDS = ("id", "title", "text")
+"""A RAG document's fields."""
+
+
 def _rag_input(data: Mapping[str, Any], template: RagTemplate) -> dict[str, Any]:
     """The RAG form as a chat input with declared players (one per document)."""
     docs = data.get("documents")
@@ -153,6 +163,7 @@ def _rag_input(data: Mapping[str, Any], template: RagTemplate) -> dict[str, Any]
         where = f"documents[{i}]"
         if not isinstance(doc, Mapping):
             raise InputError('must be an object {"id", "title"?, "text"}', field=where)
+        refuse_misspelt_fields(doc, DOCUMENT_FIELDS, f"{where}.")
         text = doc.get("text")
         if not isinstance(text, str):
             raise InputError(f"must be a string, got {type(text).__name__}", field=f"{where}.text")
@@ -205,7 +216,10 @@ def conversation_from_input(data: Any, template: RagTemplate | None = None) -> C
     if isinstance(data, Mapping) and "documents" in data:
         if "messages" in data:
             raise InputError('give either "messages" or the RAG form "documents", not both', field="documents")
+        refuse_misspelt_fields(data, RAG_FIELDS)
         data = _rag_input(data, template or DEFAULT_RAG_TEMPLATE)
+    elif isinstance(data, Mapping):
+        refuse_misspelt_fields(data, CHAT_FIELDS)
     return Conversation.from_dict(data)
 
 
