@@ -853,3 +853,43 @@ def test_help_sections_hold_the_options_of_their_kind(command: str) -> None:
     assert sections["options"] == ["--help"]
     if command == "replay":
         assert "--model" not in sections["replay"]
+
+
+@pytest.mark.parametrize(
+    ("option", "typo", "meant"),
+    [("--method", "kernalshap", "kernelshap"), ("--utility", "logprb", "logprob"), ("--absence-policy", "plaecholder", "placeholder"), ("--unit", "sentense", "sentence")],
+)
+def test_a_misspelt_name_gets_a_suggestion(tmp_path: Path, capsys, option: str, typo: str, meant: str) -> None:
+    # --method is checked by the estimator registry, the others are argparse choices: one hint for all
+    path = write_input(tmp_path, CONVERSATION)
+    try:
+        code = main(["explain", str(path), "--model", str(tmp_path / "no-model"), option, typo, "--archive", str(tmp_path / "run")])
+    except SystemExit as exc:  # argparse's refusal
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"coalescence: error: {option}: ") and err.count("\n") == 1, err
+    assert f"did you mean {meant}?" in err and not (tmp_path / "run").exists()
+
+
+def test_a_misspelt_name_gets_a_suggestion_in_python() -> None:
+    from coalescence.attribution.estimators import make_estimator
+    from coalescence.conversation import Conversation
+    from coalescence.errors import CoalescenceError
+    from coalescence.masking.policies import get_policy
+    from coalescence.segmentation import segment_players
+    from coalescence.utility import get_utility
+
+    conversation = Conversation.from_dict(CONVERSATION)
+    for call, meant in (
+        (lambda: make_estimator("kernalshap", budget=64), "kernelshap"),
+        (lambda: make_estimator("Banzhaf", budget=64), "banzhaf"),
+        (lambda: get_utility("token-f1"), "token_f1"),
+        (lambda: get_policy("plaecholder"), "placeholder"),
+        (lambda: segment_players(conversation, unit="sentense"), "sentence"),
+    ):
+        with pytest.raises(CoalescenceError) as info:
+            call()
+        assert f"did you mean {meant}?" in str(info.value)
+    with pytest.raises(CoalescenceError) as info:
+        make_estimator("zzz", budget=64)
+    assert "did you mean" not in str(info.value)  # nothing close: no guess
