@@ -111,3 +111,17 @@ def test_a_dataset_dict_is_refused_naming_its_splits() -> None:
             call()
         assert info.value.field == "input" and "messages" not in info.value.message
         assert "train, test" in info.value.message and "['train']" in info.value.message
+
+
+def test_a_nan_inside_a_document_is_absent_as_a_nan_cell_is() -> None:
+    # pandas writes NaN for a missing value, in a cell or inside a record of an object column;
+    # both are absent (as a Parquet null is), neither is refused as a float
+    pd = pytest.importorskip("pandas", reason="pip install -c constraints.txt -e '.[notebook]'")
+    nan = float("nan")
+    docs = [{"id": "p", "title": "Paris", "text": "Paris is in France."}, {"id": "r", "text": "Rome is in Italy."}]
+    expected = conversation_from_input({"documents": docs, "question": "Where is Paris?"})
+    with_nan = [docs[0], {"id": "r", "title": nan, "text": "Rome is in Italy."}]
+    frame = pd.DataFrame({"documents": [with_nan], "question": ["Where is Paris?"], "answer": [nan]})
+    [conversation], _ = read_source(frame)
+    assert conversation == expected
+    assert conversation.target is None  # the NaN answer cell: absent, the model would generate it

@@ -229,11 +229,14 @@ def _prefixed(exc: InputError, line: int) -> InputError:
 
 
 def _absent_nulls(value: Any) -> Any:
-    """A Parquet cell as the JSON input it stands for: a null struct field is an absent field
+    """A table's cell as the JSON input it stands for: a null struct field is an absent field
     (Parquet gives every row's struct every field any row has), except ``content``, whose null
-    is a value (an assistant message that only calls tools)."""
+    is a value (an assistant message that only calls tools). A NaN is a null, inside a record as
+    in a cell (pandas writes NaN for a missing value in an object column and in its records)."""
+    if _is_null(value):
+        return None
     if isinstance(value, Mapping):
-        return {k: _absent_nulls(v) for k, v in value.items() if v is not None or k == "content"}
+        return {k: _absent_nulls(v) for k, v in value.items() if not _is_null(v) or k == "content"}
     if isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray":  # pandas keeps Arrow lists as arrays
         return [_absent_nulls(v) for v in value]
     return value
