@@ -131,7 +131,7 @@ class RunSettings(
             if isinstance(self.method, str):
                 interaction_settings(self.method, self.interactions, self.index)
         if self.target_stderr is not None:
-            if not capabilities.reports_stderr:
+            if not capabilities.reports_stderr and not capabilities.chooses:  # a choice is checked once n is known
                 raise ConfigError(
                     f"method {self.method_name} reports no standard errors; use one of {', '.join(methods_with(reports_stderr=True))}",
                     field="target_stderr",

@@ -35,6 +35,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         match = re.match(r"argument ([^:]+): (.*)", message, re.S)
         field, text = (match.group(1).split("/")[-1], match.group(2)) if match else ("arguments", message)
+        choice = re.match(r"invalid choice: ('[^']*') \(choose from (.*)\)", text, re.S)
+        if choice:  # the one "did you mean" of the package (userinput.closest), for argparse's choices too
+            from ..userinput import did_you_mean
+
+            hint = did_you_mean(choice.group(1)[1:-1], re.findall(r"'([^']*)'", choice.group(2)))
+            text = text.replace(f"invalid choice: {choice.group(1)}", f"invalid choice: {choice.group(1)}{hint}", 1)
         self.exit(2, f"coalescence: error: {field}: {' '.join(text.split())} (see {self.prog} --help)\n")
 
 

@@ -8,6 +8,7 @@ whether it samples within a budget, reports standard errors, a largest n); calle
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ...userinput import did_you_mean
 from .auto import AutoMethod
 from .banzhaf import Banzhaf
 from .base import Estimator, check_interactions
@@ -69,7 +70,9 @@ def estimator_class(method: str) -> type:
         return ESTIMATORS[method]
     except (KeyError, TypeError):
         raise ConfigError(
-            f"unknown method {method!r}; choose one of: {', '.join(ESTIMATORS)}, or shapiq:<Approximator>", field="method"
+            f"unknown method {method!r}{did_you_mean(method, ESTIMATORS)}; choose one of: {', '.join(ESTIMATORS)}, or "
+            "shapiq:<Approximator>",
+            field="method",
         ) from None
 
 

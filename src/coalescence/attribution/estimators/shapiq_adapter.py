@@ -171,11 +171,9 @@ def approximator_estimator(method: str) -> type:
                 f"shapiq, e.g. the one `make install` sets up in .venv-shapiq)"
             )
         if not hint:
-            import difflib
+            from ...userinput import did_you_mean
 
-            lowered = {n.lower(): n for n in names}
-            close = [lowered[name.lower()]] if name.lower() in lowered else difflib.get_close_matches(name, names, n=1)
-            hint = f" (did you mean shapiq:{close[0]}?)" if close else ""
+            hint = did_you_mean(name, names, prefix="shapiq:")
         raise ConfigError(f"shapiq has no approximator {name!r}{hint}; choose one of: {', '.join(names)}", field="method")
     valid, params = runtime.describe(name)
     fixed = _parse_options(method, name, option_text, params)
