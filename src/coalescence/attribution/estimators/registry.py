@@ -18,7 +18,7 @@ from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .msr import RegressionMSR
 from .permutation import PermutationShapley
-from .shapiq_adapter import PREFIX, approximator_estimator
+from .shapiq import PREFIX, approximator_estimator
 
 __all__ = ("ESTIMATORS", "METHODS", "estimator_class", "interaction_settings", "is_method", "make_estimator", "methods_with", "register_estimator")
 
@@ -58,7 +58,7 @@ def register_estimator(name: str, cls: type) -> None:
 
 def estimator_class(method: str) -> type:
     """The estimator class registered as ``method``, or made for a shapiq approximator
-    (``"shapiq:<Approximator>"``, :mod:`.shapiq_adapter`).
+    (``"shapiq:<Approximator>"``, :mod:`.shapiq`).
 
     Raises:
         ConfigError: unknown method (field ``method``).
