@@ -23,7 +23,8 @@ from markupsafe import Markup
 from .._version import __version__
 from .chart import bar_chart_svg, ranked_order
 from .colors import DivergingScale
-from .page import _environment, _legend, _ranks, _short_label
+from .page import _environment
+from .views import _legend, _ranks, _short_label
 
 __all__ = ("render_comparison",)
 
