@@ -48,6 +48,10 @@ from .scheduler import Progress, ResultStore, SchedulerStatistics
 from .segmentation import segment_players
 from .snapshot import ConversationSnapshot
 from .utility import GenerationConfig, UtilitySpec
+from .attribution.explanation import set_formatter as _set_formatter
+from .report.formatter import ExplanationFormatter as _ExplanationFormatter
+
+_set_formatter(_ExplanationFormatter())  # explanations present themselves through the report (it reads them)
 
 __all__ = (
     "AbsencePolicy",
