@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from .archive.writer import RunArchive
-from .attribution.estimators.base import Estimator
+from .attribution.estimators.base import Estimator, for_target_stderr
 from .attribution.explanation import AnswerToken, Explanation, answer_tokens
 from .backends.base import ScoringBackend, check_backend, run_record_of
 from .conversation import Conversation
@@ -76,6 +76,52 @@ def counting_evaluations() -> Iterator[list[int]]:
         yield box
     finally:
         _EXECUTED.reset(token)
+
+
+def _fitting_round(
+    estimator_for: Callable[[int], Estimator],
+    n_players: int,
+    planned: set[bytes],
+    *,
+    budget: int,
+    low: int,
+    high: int,
+) -> tuple[int, Estimator, list[np.ndarray], set[bytes]] | None:
+    """The round of a target standard error that keeps the distinct coalitions within ``budget``.
+
+    ``high``'s plan when, with the coalitions ``planned`` by earlier rounds, it stays within
+    ``budget``; otherwise the largest round budget in ``(low, high)`` whose plan does (bisection:
+    ``low``'s plan, all in ``planned``, fits; ``high``'s does not), or ``None`` when none above
+    ``low`` fits.
+
+    Args:
+        estimator_for: ``budget -> estimator``, each plan a pure function of its budget.
+        n_players: the game's n.
+        planned: the packed masks (little-endian bytes) of the earlier rounds' coalitions.
+        budget: the most distinct coalitions over all rounds.
+        low, high: the last round's budget (0: none) and this round's.
+
+    Returns:
+        ``(round budget, estimator, its plan's rows, their packed masks)``, or ``None``.
+    """
+
+    def plan(b: int) -> tuple[int, Estimator, list[np.ndarray], set[bytes]]:
+        estimator = estimator_for(b)
+        rows = list(estimator.plan(n_players))
+        return b, estimator, rows, {np.packbits(r, bitorder="little").tobytes() for r in rows}
+
+    best = plan(high)
+    if len(planned | best[3]) <= budget:
+        return best
+    found = None
+    while high - low > 1:
+        mid = (low + high) // 2
+        candidate = plan(mid)
+        if len(planned | candidate[3]) <= budget:
+            low, found = mid, candidate
+        else:
+            high = mid
+    return found
 
 
 class Engine:
@@ -473,10 +519,13 @@ class Engine:
         """Sample in rounds until every player's standard error is below ``target_stderr``.
 
         Round k fits ``estimator_for(first_budget * 2**k)`` (the budget capped at ``budget``; the
-        factory keeps the seed). The sampling plans draw sequentially from one seeded generator, so a larger
-        budget's plan extends the smaller one's and earlier rounds' coalitions are served from the
-        hot store: the total number of model evaluations is that of the last round's plan, never
-        more than ``budget``. :attr:`Explanation.stopping` says why sampling stopped: ``"target"``
+        factory keeps the seed). Earlier rounds' coalitions are served from the hot store, and
+        ``budget`` caps the distinct coalitions of all rounds together: where a round's plan would
+        take them past it (two budgets' plans need not nest: KernelSHAP's larger budget enumerates
+        more coalition sizes), the round samples at the largest budget whose plan still fits
+        (``_fitting_round``), and is the last. A method that chooses its estimator by the game
+        (``capabilities.chooses``, e.g. ``auto``) runs its rounds with the estimator it chooses for
+        ``budget``, and is refused only when that one reports no standard errors. :attr:`Explanation.stopping` says why sampling stopped: ``"target"``
         (every standard error known and below the target), ``"exact"`` (the budget covered every
         coalition, so the values are exact) or ``"budget"`` (the budget was spent first). A NaN
         (unknown) standard error never meets the target: the estimators report NaN where their
@@ -498,21 +547,20 @@ class Engine:
             ConfigError: a method without standard errors, a non-positive target, or a budget
                 below the method's minimum.
         """
-        last = estimator_for(budget)
-        if not last.capabilities.reports_stderr:
-            raise ConfigError(
-                f"method {last.name} reports no standard errors; use a method that does (permutation, kernelshap, "
-                "regression-msr, banzhaf)",
-                field="target_stderr",
-            )
+        n = snapshot.n_players
+        last, chosen = for_target_stderr(estimator_for(budget), n)
+        if chosen is not None:  # the rounds sample with the estimator chosen for the whole budget
+            picked = last
+            estimator_for = lambda b: replace(picked, budget=b)  # noqa: E731
         if not target_stderr > 0:
             raise ConfigError(f"must be > 0, got {target_stderr!r}", field="target_stderr")
-        n = snapshot.n_players
         last.validate(n)
         self.resolved_utility(snapshot, policy)
         t0 = time.perf_counter()
+        planned: set[bytes] = set()  # the distinct coalitions of the rounds so far: at most ``budget``
         with counting_evaluations() as executed:
             round_budget = min(budget, first_budget or max(16, 4 * n))
+            previous = 0  # the last round's budget (0: none yet)
             rounds = 0
             while True:
                 estimator = estimator_for(round_budget)
@@ -521,9 +569,17 @@ class Engine:
                 except ConfigError:
                     round_budget = budget  # the first round would be below the method's minimum
                     continue
-                masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
+                fitted = _fitting_round(estimator_for, n, planned, budget=budget, low=previous, high=round_budget)
+                if fitted is None:  # no budget above the last round's fits: stop with its estimate
+                    reason = "budget"
+                    break
+                capped = fitted[0] < round_budget
+                round_budget, estimator, rows, keys = fitted
+                planned |= keys
+                masks, utilities = await self.evaluate(snapshot, policy, rows)
                 estimate = estimator.fit(masks, utilities)
                 rounds += 1
+                previous = round_budget
                 if estimate.stderr is None:
                     reason, worst, unknown = "exact", 0.0, 0
                     break
@@ -535,10 +591,12 @@ class Engine:
                 if worst < target_stderr:
                     reason = "target"
                     break
-                if round_budget >= budget:
+                if capped or round_budget >= budget:
                     reason = "budget"
                     break
                 round_budget = min(budget, 2 * round_budget)
+        if chosen is not None:
+            estimate = replace(estimate, method=chosen[0], notes=(*estimate.notes, chosen[1]))
         stopping = {
             "reason": reason,
             "target_stderr": target_stderr,
@@ -546,7 +604,7 @@ class Engine:
             "unknown_stderr": unknown,
             "rounds": rounds,
             "budget": budget,
-            "last_round_budget": round_budget,
+            "last_round_budget": previous,
         }
         return self._explanation(snapshot, policy, estimate, t0, executed[0], stopping=stopping)
 

@@ -160,7 +160,12 @@ class ExplainRun:
         Raises:
             EstimatorError, ConfigError: as the estimator's ``validate``.
         """
-        self.settings.estimator(n_players).validate(n_players)
+        estimator = self.settings.estimator(n_players)
+        estimator.validate(n_players)
+        if self.settings.target_stderr is not None:  # auto's choice is known once n is
+            from ..attribution.estimators.base import for_target_stderr
+
+            for_target_stderr(estimator, n_players)
 
     def plan(self, n_players: int) -> Iterable[np.ndarray]:
         """Every coalition the run evaluates for a game of ``n_players`` (rendered by :meth:`preflight`)."""

@@ -252,8 +252,9 @@ class EstimatorSettings(SettingsGroup):
         None,
         type=positive_float,
         metavar="NATS",
-        help="permutation, kernelshap, regression-msr, banzhaf: sample in doubling rounds until every player's "
-        "standard error is below NATS or --budget is spent (the output says which)",
+        help="permutation, kernelshap, regression-msr, banzhaf (and auto where it chooses regression-msr): sample in "
+        "doubling rounds until every player's standard error is below NATS or --budget (distinct evaluations of all "
+        "rounds together) is spent (the output says which)",
     )
 
 

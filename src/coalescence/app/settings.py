@@ -39,6 +39,7 @@ from .options import names, option, positive_int
 from .options import seed as seed_type
 
 __all__ = (
+    "EvaluateSettings",
     "ReplaySettings",
     "RunResult",
     "RunSettings",
@@ -130,7 +131,7 @@ class RunSettings(
             if isinstance(self.method, str):
                 interaction_settings(self.method, self.interactions, self.index)
         if self.target_stderr is not None:
-            if not capabilities.reports_stderr:
+            if not capabilities.reports_stderr and not capabilities.chooses:  # a choice is checked once n is known
                 raise ConfigError(
                     f"method {self.method_name} reports no standard errors; use one of {', '.join(methods_with(reports_stderr=True))}",
                     field="target_stderr",
@@ -437,6 +438,78 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         if self.interactions is not None or self.index is not None:
             return interaction_settings(method, self.interactions, self.index)
         return recorded_interactions(run, method)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
+    """The settings of ``coalescence evaluate`` (its options, by their library names; see
+    :mod:`coalescence.app.evaluate`).
+
+    Args:
+        coalitions: held-out keep-half coalitions the LDS is computed over (>= 2).
+        seed: the seed of the held-out coalitions, the random removals and the bootstrap.
+        random_draws: random k-subsets removed per k, against the top k (>= 2).
+        methods: run archive: the estimators fitted (default: the run's method); the explanations
+            of an ``--out`` document are its own.
+        budget, run_id: run archive: as ``replay`` (run_id also picks the run of a document's archive).
+        conversation: which conversation of a batch (0-based; default: every one).
+        archive: an ``--out`` document's run archive when it names none (or another copy).
+        model, backend, vllm_url, device, dtype, batch_size: the model that evaluates the coalitions
+            the archive lacks (default model: the run's).
+        flush_rows, flush_seconds, skip_corrupt: archive options.
+        out: the JSON document written.
+
+    Raises:
+        ConfigError: fewer than 2 coalitions or random draws, an unknown method.
+    """
+
+    title: ClassVar[str] = "evaluate"
+
+    coalitions: int = option(32, type=positive_int, help="held-out keep-half coalitions of the LDS (default: %(default)s)")
+    seed: int = option(0, type=seed_type, help="seed of the held-out coalitions, the random removals and the bootstrap (default: %(default)s)")
+    random_draws: int = option(
+        8, type=positive_int, metavar="N", help="random k-player removals per k, the baseline of the top-k drop (default: %(default)s)"
+    )
+    methods: tuple[str, ...] | str | None = option(
+        None, flag="--method", metavar="METHOD[,METHOD...]", help="run archive: comma-separated methods fitted and evaluated (default: the run's method)"
+    )
+    budget: int | None = option(
+        None, type=positive_int, help="run archive: sampling methods' budget (default: the run's, for its method; else 32 x players)"
+    )
+    run_id: str | None = option(None, flag="--run", help="run id in the archive (default: the last run holding the conversation)")
+    conversation: int | None = option(None, type=int, metavar="K", help="which conversation of a batch, from 0 (default: every one)")
+    archive: str | Path | None = option(
+        None, metavar="RUN_DIR", help="an --out document: its run archive, when it names none (default: the one it names)"
+    )
+    model: str | None = option(
+        None,
+        section=ModelSettings.title,
+        help="model alias (smollm2-135m), local model directory, .gguf file or hub id: evaluates the coalitions the "
+        "archive lacks (default: the run's model)",
+    )
+    out: str | Path | None = option(None, metavar="JSON", help="also write the evaluation as JSON here")
+
+    def __post_init__(self) -> None:
+        from ..attribution.estimators import ESTIMATORS, is_method
+        from ..attribution.estimators.base import check_seed
+
+        check_ray_settings(self)
+        check_seed(self.seed)
+        for name in ("coalitions", "random_draws"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise ConfigError(f"must be an integer >= 2, got {value!r}", field=name)
+        if self.conversation is not None and (isinstance(self.conversation, bool) or not isinstance(self.conversation, int) or self.conversation < 0):
+            raise ConfigError(f"numbers conversations from 0; got {self.conversation!r}", field="conversation")
+        if self.methods is not None:
+            methods = names(self.methods)
+            unknown = [m for m in methods if not is_method(m)]
+            if not methods or unknown:
+                raise ConfigError(
+                    f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(ESTIMATORS)}",
+                    field="method",
+                )
+            object.__setattr__(self, "methods", methods)
 
 
 def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:

@@ -204,6 +204,22 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from ..app.evaluate import evaluate_source
+    from ..app.options import settings_from
+    from ..app.settings import EvaluateSettings
+    from ..scheduler.progress import TqdmProgress
+
+    settings = settings_from(EvaluateSettings, args)
+    _quiet_transformers(args)
+    progress = TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every)
+    evaluation = evaluate_source(args.source, settings, progress=progress)
+    print(evaluation.format())
+    if settings.out is not None:
+        print(f"json: {settings.out}")
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from ..app.options import settings_from
     from ..app.settings import RunSettings
@@ -231,5 +247,5 @@ def _archive(args: argparse.Namespace) -> int:
 
 
 
-COMMANDS = {"explain": _explain, "replay": _replay, "sweep": _sweep, "compare": _compare, "show": _show, "archive": _archive, "report": _report}
+COMMANDS = {"explain": _explain, "replay": _replay, "sweep": _sweep, "compare": _compare, "evaluate": _evaluate, "show": _show, "archive": _archive, "report": _report}
 """The subcommands' functions by name: ``function(args) -> exit code``."""

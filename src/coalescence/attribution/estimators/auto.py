@@ -68,7 +68,7 @@ class AutoMethod:
     seed: int = 0
     proxy_budget: int | None = None
     name: str = field(default="auto", init=False)
-    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False, two_fidelity=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False, chooses=True, two_fidelity=True)
 
     def __post_init__(self) -> None:
         check_budget_seed(self.budget, self.seed)
@@ -89,10 +89,14 @@ class AutoMethod:
                 "of the best cross-validated one, so that more players are told apart); the values are its "
                 "coefficients, not Shapley values"
             )
+        if n < 62 and self.budget >= (1 << n):  # every coalition: 2^n evaluations, whatever the budget above it
+            return RegressionMSR(budget=self.budget, seed=self.seed), (
+                f"method auto ran regression-msr: {n} players have {1 << n} coalitions, all evaluated within the budget "
+                f"of {self.budget} (exact Shapley values)"
+            )
         return RegressionMSR(budget=self.budget, seed=self.seed), (
             f"method auto ran regression-msr: {self.budget} evaluations for {n} players "
-            + ("covers every coalition (exact Shapley values)" if self.budget >= (1 << min(n, 62)) else
-               (f"is at least {SURROGATE_BELOW} per player" if n > SURROGATE_MIN_PLAYERS else f"with at most {SURROGATE_MIN_PLAYERS} players"))
+            + (f"is at least {SURROGATE_BELOW} per player" if n > SURROGATE_MIN_PLAYERS else f"with at most {SURROGATE_MIN_PLAYERS} players")
             + ", where regression-adjusted Monte Carlo is the most accurate Shapley estimator measured"
         )
 

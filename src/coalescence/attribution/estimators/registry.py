@@ -8,6 +8,7 @@ whether it samples within a budget, reports standard errors, a largest n); calle
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ...userinput import did_you_mean
 from .auto import AutoMethod
 from .banzhaf import Banzhaf
 from .base import Estimator, check_interactions
@@ -17,7 +18,7 @@ from .loo import LeaveOneOut
 from .msr import RegressionMSR
 from .permutation import PermutationShapley
 from .proxy import ControlVariateLasso, TwoFidelityShapley
-from .shapiq_adapter import PREFIX, approximator_estimator
+from .shapiq import PREFIX, approximator_estimator
 
 __all__ = ("ESTIMATORS", "METHODS", "estimator_class", "interaction_settings", "is_method", "make_estimator", "methods_with", "register_estimator")
 
@@ -61,7 +62,7 @@ def register_estimator(name: str, cls: type) -> None:
 
 def estimator_class(method: str) -> type:
     """The estimator class registered as ``method``, or made for a shapiq approximator
-    (``"shapiq:<Approximator>"``, :mod:`.shapiq_adapter`).
+    (``"shapiq:<Approximator>"``, :mod:`.shapiq`).
 
     Raises:
         ConfigError: unknown method (field ``method``).
@@ -73,7 +74,9 @@ def estimator_class(method: str) -> type:
         return ESTIMATORS[method]
     except (KeyError, TypeError):
         raise ConfigError(
-            f"unknown method {method!r}; choose one of: {', '.join(ESTIMATORS)}, or shapiq:<Approximator>", field="method"
+            f"unknown method {method!r}{did_you_mean(method, ESTIMATORS)}; choose one of: {', '.join(ESTIMATORS)}, or "
+            "shapiq:<Approximator>",
+            field="method",
         ) from None
 
 
