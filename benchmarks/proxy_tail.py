@@ -132,8 +132,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(DATA), help="where --write puts the Parquet files")
     ap.add_argument("--model", default="smollm2-135m", help="the model (a --model value: the alias, or a directory)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--attention-ab", default="", help="a game: time split vs dense-mask proxy rows vs an exact row, then stop")
+    ap.add_argument("--ab-rows", type=int, default=32)
+    ap.add_argument("--ab-repeats", type=int, default=3)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.attention_ab:
+        attention_ab(args.attention_ab, args.ab_rows, args.ab_repeats, args.model, args.device)
+        return
     from scipy.stats import pearsonr, spearmanr
 
     from coalescence import load_backend
@@ -239,6 +245,55 @@ def main() -> None:
         if args.write:
             write(Path(args.out), name, n, masks, utility, columns, layouts, exact_row_tokens)
     print("\n".join(lines))
+
+
+def attention_ab(name: str, rows: int, repeats: int, model: str, device: str) -> None:
+    """Wall time of ``rows`` proxy rows (rule after-last-player) with the prefix-split attention
+    (per-query prefix columns, block-diagonal local part) against the dense 4-D mask under plain
+    ``sdpa``, and of exact rows of the same coalitions, interleaved (A, B, C, A, B, C...); the
+    shared KV comes from the prefix cache in both proxy variants (run once before)."""
+    from coalescence import load_backend
+    from coalescence.backends.base import ScoreRequest
+    from coalescence.masking.policies import DropPolicy
+    from coalescence.masking.proxy import proxy_layout
+    from coalescence.masking.render import ChatRenderer
+
+    snapshot, _, _, held = load(name)
+    backend = load_backend(model, dtype="float32", device=device)
+    renderer = ChatRenderer(backend.tokenizer)
+    policy = DropPolicy()
+    target = renderer.target_tokens(snapshot, policy)
+    layout = proxy_layout(renderer, snapshot, target, tail="after-last-player", policy=policy)
+    coalitions = np.resize(held, (rows, snapshot.n_players))
+    proxy_reqs = [layout.request(row) for row in coalitions]
+    exact = ScoreRequest(prompt_ids=tuple(renderer.coalition_prompt(snapshot, policy, coalitions[0], target)), target_ids=target.ids)
+    backend.score_proxy(proxy_reqs[:1])  # the shared KV into the prefix cache
+    split = backend.split_attention
+    times: dict[str, list[float]] = {"split": [], "dense": [], "exact": []}
+    values: dict[str, np.ndarray] = {}
+    for _ in range(repeats):
+        for variant in ("split", "dense", "exact"):
+            backend.split_attention = split if variant == "split" else False
+            t0 = time.perf_counter()
+            if variant == "exact":
+                backend.prefix_cache.clear()
+                backend.score([exact])
+                backend.split_attention = split
+                backend.score_proxy(proxy_reqs[:1])  # the shared KV back (not timed)
+            else:
+                values[variant] = np.array([r.utility for r in backend.score_proxy(proxy_reqs)])
+            times[variant].append(time.perf_counter() - t0)
+    backend.split_attention = split
+    per_row = {k: np.median(v) / (1 if k == "exact" else rows) for k, v in times.items()}
+    print(
+        f"{name}: P={layout.tail_start}, tail {layout.tail_tokens} tokens, {rows} proxy rows per call, {repeats} rounds "
+        f"(split attention {'on' if split else 'unavailable'}); max |split - dense| "
+        f"{np.abs(values['split'] - values['dense']).max():.2e} nats"
+    )
+    print("| variant | median s per row | ratio to dense | ratio to an exact row |")
+    print("|---|---|---|---|")
+    for k in ("split", "dense", "exact"):
+        print(f"| {k} | {per_row[k]:.4f} | {per_row[k] / per_row['dense']:.2f} | {per_row[k] / per_row['exact']:.3f} |")
 
 
 def write(out: Path, name, n, masks, utility, columns, layouts, exact_row_tokens) -> None:

@@ -24,7 +24,7 @@ FAMILY_NAMES = ("chatml", "llama3", "llama2", "qwen3")
 ANSWER = "It was completed in 1889."
 
 
-def proxy_conversation(*, system_last: bool = False) -> Conversation:
+def proxy_conversation() -> Conversation:
     """A one-message RAG prompt (context sentences, then the question, all players) with a system
     prompt first (or, for templates that fold it, first anyway)."""
     return Conversation(
