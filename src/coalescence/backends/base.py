@@ -402,6 +402,8 @@ class ScoringBackend(Protocol):
         max_context: the longest sequence (tokens, prompt + target or prompt + new tokens) the
             model accepts; longer rows are refused before any model call.
         max_batch_size: rows per model call when the engine is given no ``batch_size`` (>= 1).
+        supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game (issue 37);
+            False (the default of :class:`BackendBase`): it raises ``BackendError``.
         shutdown_with_engine: whether :meth:`Engine.close` (and a run that fails to start)
             calls :meth:`shutdown`: ``True`` for a backend that owns processes or a cluster the
             run started (Ray workers, an in-process vLLM engine).
@@ -526,9 +528,9 @@ class BackendBase:
     :meth:`score` and :meth:`generate_batch`.
 
     The defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
-    shutdown with the engine, no proxy game (``supports_proxy`` False, :meth:`score_proxy` raises), zero statistics, one lane (the backend itself), no notes, no run
-    record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy :meth:`generate_batch`
-    request.
+    shutdown with the engine, no proxy game (``supports_proxy`` False, :meth:`score_proxy`
+    raises), zero statistics, one lane (the backend itself), no notes, no run record, a no-op
+    :meth:`shutdown`, and :meth:`generate` as one greedy :meth:`generate_batch` request.
     """
 
     fingerprint: str = ""

@@ -39,6 +39,11 @@ All are exact up to float rounding (fp32: within 1e-4 nats of the plain path); w
 and the engine's depth-first order the positions run come within a few percent of the token-trie
 lower bound (see benchmarks/RESULTS.md, "Prefix sharing").
 
+The shared-KV proxy game (:meth:`HFBackend.score_proxy`, issue 37) reuses the same parts: the
+shared KV resumed from the prefix cache, rows' tails laid side by side in one row with an additive
+4-D mask (as the tree rows are), and prefix-split attention that also reads the mask's prefix
+columns (per-row hidden players) and runs equal-length rows' local parts as a batch of blocks.
+
 Generation (:meth:`HFBackend.generate_batch`) decodes the rows of a batch together: prompts
 left-padded, one ``model.generate`` call per ``max_batch_size`` rows (one row per greedy request,
 one per sample of a sampled request). Sampling draws each row's tokens by inverse CDF from a
@@ -140,6 +145,8 @@ class HFBackend(BackendBase):
             again alone (default: 1e-5 for float32, 1e-2 for 16-bit dtypes).
 
     Attributes:
+        supports_proxy: True (the proxy game, :meth:`score_proxy`) unless the model has
+            sliding-window attention, which the proxy's block mask does not model.
         eos_token_ids: the token ids every decode (:meth:`generate`, :meth:`generate_batch`)
             stops at: the model's generation-config ``eos_token_id`` (an int or a list), then the
             tokenizer's EOS (the chat template's end-of-turn) when it is not among them.
@@ -411,7 +418,8 @@ class HFBackend(BackendBase):
                     end += 1
                 chunk = rows[at:end]
                 computed_prefix = shared - resumed if at == 0 else 0
-                results += self._proxy_forward(chunk, _fork(cache) if shared else self._resumed_cache((), None, 0), shared, computed_prefix)
+                fork = _fork(cache) if shared else self._resumed_cache((), None, 0)  # the forward extends its own
+                results += self._proxy_forward(chunk, fork, shared, computed_prefix)
                 at = end
         return results, ran
 
