@@ -169,3 +169,18 @@ def test_unknown_tail_rule_and_bad_requests_are_refused(setup):
         assert info.value.field == field
     ok = ProxyScoreRequest(**base, tail_start=4, hidden=((1, 2), (2, 4)))
     assert ok.hidden == ((1, 2), (2, 4)) and ok.n_tokens == 5
+
+
+def test_a_generated_answer_is_scored_after_the_generation_prompt(setup):
+    tokenizer, renderer, snapshot, _ = setup
+    ids = tuple(tokenizer(ANSWER, add_special_tokens=False).input_ids)
+    conv = proxy_conversation()
+    generated = Conversation(messages=conv.messages, target=tokenizer.decode(list(ids)), target_ids=ids)
+    snap = ConversationSnapshot.build(generated, unit="sentence")
+    target = renderer.target_tokens(snap, DropPolicy())
+    layout = proxy_layout(renderer, snap, target)
+    # the exact game scores a generated answer after the generation prompt (messages + header)
+    assert list(layout.prompt_ids) == renderer.encode_prompt(list(conv.messages))
+    assert layout.target_ids == target.ids and layout.target_ids[: len(ids)] == ids
+    last = max(b for ranges in layout.player_ranges for _, b in ranges)
+    assert layout.tail_start == last and _decode(tokenizer, layout.prompt_ids[:last]).endswith("When was it completed?")
