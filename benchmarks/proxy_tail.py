@@ -273,16 +273,18 @@ def attention_ab(name: str, rows: int, repeats: int, model: str, device: str) ->
     values: dict[str, np.ndarray] = {}
     for _ in range(repeats):
         for variant in ("split", "dense", "exact"):
-            backend.split_attention = split if variant == "split" else False
-            t0 = time.perf_counter()
+            backend.split_attention = False if variant == "dense" else split
             if variant == "exact":
                 backend.prefix_cache.clear()
+                t0 = time.perf_counter()
                 backend.score([exact])
+                times[variant].append(time.perf_counter() - t0)
                 backend.split_attention = split
                 backend.score_proxy(proxy_reqs[:1])  # the shared KV back (not timed)
             else:
+                t0 = time.perf_counter()
                 values[variant] = np.array([r.utility for r in backend.score_proxy(proxy_reqs)])
-            times[variant].append(time.perf_counter() - t0)
+                times[variant].append(time.perf_counter() - t0)
     backend.split_attention = split
     per_row = {k: np.median(v) / (1 if k == "exact" else rows) for k, v in times.items()}
     print(

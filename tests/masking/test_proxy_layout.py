@@ -184,3 +184,23 @@ def test_a_generated_answer_is_scored_after_the_generation_prompt(setup):
     assert layout.target_ids == target.ids and layout.target_ids[: len(ids)] == ids
     last = max(b for ranges in layout.player_ranges for _, b in ranges)
     assert layout.tail_start == last and _decode(tokenizer, layout.prompt_ids[:last]).endswith("When was it completed?")
+
+
+def test_a_question_after_the_context_is_in_the_tail_under_after_last_player_only(setup):
+    tokenizer, renderer, _, _ = setup
+    content = "Context: It is 330 m tall. It was completed in 1889.\n\nQuestion: When was it completed?"
+    a, b = content.index("It is"), content.index("It was")
+    data = {
+        "messages": [{"role": "user", "content": content}],
+        "target": ANSWER,
+        "players": [{"message": 0, "start": a, "end": b - 1}, {"message": 0, "start": b, "end": content.index("\n")}],
+    }
+    from coalescence.inputs import conversation_from_input
+
+    snapshot = ConversationSnapshot.build(conversation_from_input(data), unit="sentence")
+    target = renderer.target_tokens(snapshot, DropPolicy())
+    after = proxy_layout(renderer, snapshot, target, tail="after-last-player")
+    answer = proxy_layout(renderer, snapshot, target, tail="answer")
+    assert after.tail_start < answer.tail_start
+    assert "Question: When was it completed?" in _decode(tokenizer, after.prompt_ids[after.tail_start :])
+    assert "Question" not in _decode(tokenizer, answer.prompt_ids[answer.tail_start :])
