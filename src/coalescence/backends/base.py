@@ -23,6 +23,7 @@ __all__ = (
     "GenerateRequest",
     "PROTOCOL_MEMBERS",
     "GenerateResult",
+    "ProxyScoreRequest",
     "ScoreRequest",
     "ScoreResult",
     "ScoringBackend",
@@ -68,6 +69,59 @@ class ScoreRequest:
             raise ConfigError("a score request needs at least one prompt token", field="prompt_ids")
         if not self.target_ids:
             raise ConfigError("a score request needs at least one target token", field="target_ids")
+
+    @property
+    def n_tokens(self) -> int:
+        """Total sequence length, prompt + target."""
+        return len(self.prompt_ids) + len(self.target_ids)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProxyScoreRequest:
+    """One row of the shared-KV proxy game (``docs/proxy.md``): the full conversation's KV once,
+    the tail's attention masked per coalition.
+
+    The row is scored as one forward over ``prompt_ids + target_ids[:-1]`` at the original
+    positions in which a query at position ``p < tail_start`` sees every key ``q <= p`` (the
+    shared KV, computed with every player present) and a query at ``p >= tail_start`` sees key
+    ``q`` iff ``q <= p`` and ``q`` lies in no ``hidden`` range. Only the tail is computed per row.
+
+    Args:
+        prompt_ids: the full conversation's scoring prompt (every player present).
+        target_ids: the answer's token ids (at least one).
+        tail_start: ``1 <= tail_start <= len(prompt_ids)``: positions before it are the shared KV.
+        hidden: sorted, disjoint, half-open token ranges ``(a, b)`` of the absent players' tokens
+            (before or inside the tail), masked out of the tail's attention.
+        prefix_group: as :class:`ScoreRequest` (a hint, not part of the value).
+
+    Raises:
+        ConfigError: an empty prompt or target, a ``tail_start`` outside the prompt, or hidden
+            ranges that are empty, unsorted, overlapping or outside the prompt.
+    """
+
+    prompt_ids: tuple[int, ...]
+    target_ids: tuple[int, ...]
+    tail_start: int
+    hidden: tuple[tuple[int, int], ...] = ()
+    prefix_group: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ConfigError("a proxy request needs at least one prompt token", field="prompt_ids")
+        if not self.target_ids:
+            raise ConfigError("a proxy request needs at least one target token", field="target_ids")
+        if not 1 <= self.tail_start <= len(self.prompt_ids):
+            raise ConfigError(
+                f"must lie in [1, {len(self.prompt_ids)}] (the prompt), got {self.tail_start}", field="tail_start"
+            )
+        last = 0
+        for a, b in self.hidden:
+            if not last <= a < b <= len(self.prompt_ids):
+                raise ConfigError(
+                    f"hidden ranges must be sorted, disjoint, non-empty and inside the prompt, got {self.hidden}",
+                    field="hidden",
+                )
+            last = b
 
     @property
     def n_tokens(self) -> int:
@@ -340,6 +394,8 @@ class ScoringBackend(Protocol):
         shutdown_with_engine: whether :meth:`Engine.close` (and a run that fails to start)
             calls :meth:`shutdown`: ``True`` for a backend that owns processes or a cluster the
             run started (Ray workers, an in-process vLLM engine).
+        supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game (a backend
+            that cannot says ``False``, and a run there uses exact rows only).
     """
 
     model_id: str
@@ -350,6 +406,7 @@ class ScoringBackend(Protocol):
     max_context: int
     max_batch_size: int
     shutdown_with_engine: bool
+    supports_proxy: bool
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """Score each request with teacher forcing; one result per request, in order.
@@ -364,6 +421,16 @@ class ScoringBackend(Protocol):
         Raises:
             BatchFailed: a row longer than ``max_context`` (refused before any model call: the
                 statistics do not change), the model call failed, or it returned non-finite values.
+        """
+        ...
+
+    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """Score each row of the shared-KV proxy game (:class:`ProxyScoreRequest`); one result per
+        request, in order, as :meth:`score` (``tokens_reused``: the shared KV's positions).
+
+        Raises:
+            BackendError: the backend has no proxy game (``supports_proxy`` is False).
+            BatchFailed: as :meth:`score`.
         """
         ...
 
@@ -451,6 +518,15 @@ class BackendBase:
     fingerprint: str = ""
     max_batch_size: int = DEFAULT_BATCH_SIZE
     shutdown_with_engine: bool = False
+    supports_proxy: bool = False
+
+    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """No proxy game here.
+
+        Raises:
+            BackendError: always (the backend says ``supports_proxy = False``).
+        """
+        raise BackendError(f"{type(self).__name__} has no shared-KV proxy game; run exact rows only (proxy_game='none')")
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
         """One greedy :class:`GenerateRequest` through :meth:`generate_batch`.

@@ -110,6 +110,10 @@ class Capabilities:
         budget_per_player: the default budget is this many evaluations per player.
         interaction_indices: the interaction indices it also computes (``interactions=k``,
             ``index=...``; e.g. ``("SII", "k-SII")``); empty for a method of values only.
+        two_fidelity: it also takes the shared-KV proxy game's pool (``proxy_budget``,
+            ``proxy_plan(n)``, ``fit_two_fidelity(masks, utilities, proxy_masks, proxy_utilities)``)
+            to reduce the variance of its estimate of the exact game; where no proxy is played it
+            fits the exact pool alone (``fit``).
     """
 
     needs_budget: bool
@@ -117,6 +121,7 @@ class Capabilities:
     max_players: int | None = None
     budget_per_player: int = 32
     interaction_indices: tuple[str, ...] = ()
+    two_fidelity: bool = False
 
     def default_budget(self, n_players: int) -> int | None:
         """The budget used when none is given: ``budget_per_player * n``, or ``None`` when the
