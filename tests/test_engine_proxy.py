@@ -134,6 +134,12 @@ async def test_proxy_rows_are_their_own_game_in_keys_archive_and_resume(chatml_t
     reused = [r for r, g in zip(rows["tokens_reused"].to_pylist(), games, strict=True) if g == GAME]
     assert min(reused) > 0
 
+    from coalescence.archive.reader import archive_info, format_archive_info
+
+    info = archive_info(tmp_path / "run")
+    assert info["games"] == {"exact": 2**n, GAME: 2**n}
+    assert f"games           {2**n} exact, {2**n} {GAME}" in format_archive_info(info)
+
     # resume: both fidelities come back from the archive with no model call
     calls = len(backend.calls)
     again = Engine(backend, archive=RunArchive.open(tmp_path / "run", {"test": True}), batch_size=4, proxy_game="after-last-player")

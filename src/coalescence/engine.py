@@ -36,7 +36,7 @@ from .segmentation import segment_players
 from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
-from .masking.proxy import TAIL_RULES, ProxyLayout, proxy_game_name, proxy_layout
+from .masking.proxy import TAIL_RULES, ProxyLayout, proxy_layout
 from .masking.render import ChatRenderer, TargetTokens
 from .pipeline import BackendCall, CoalitionRequest, Measurement, ScoringPipeline
 from .scheduler.buckets import LengthBuckets, share_order
@@ -48,8 +48,10 @@ from .utility import ResolvedUtility, UtilitySpec
 
 __all__ = (
     "UTILITY",
+    "PROXY_GAME",
     "game_utility",
     "proxy_agreement",
+    "proxy_game_name",
     "counting_evaluations",
     "Engine",
     "fill_measurements",
@@ -320,7 +322,7 @@ class Engine:
         layout = self._layouts.get(cache_key)
         if layout is None:
             assert self.proxy_game is not None
-            layout = proxy_layout(self.renderer, snapshot, self.target_tokens(snapshot, policy), tail=self.proxy_game)
+            layout = proxy_layout(self.renderer, snapshot, self.target_tokens(snapshot, policy), tail=self.proxy_game, policy=policy)
             self._layouts[cache_key] = layout
         return layout
 
@@ -757,6 +759,16 @@ def key_for(
         model_sha256=model.get("sha256"),
         template_now=model.get("template_now"),
     )
+
+
+PROXY_GAME = "kv-proxy"
+"""The shared-KV proxy game's name stem; a game's full name adds its tail rule (:func:`proxy_game_name`)."""
+
+
+def proxy_game_name(tail: str) -> str:
+    """The name of the proxy game with tail rule ``tail``, as keys and archive rows carry it:
+    ``"kv-proxy:<tail>"`` (e.g. ``"kv-proxy:after-last-player"``)."""
+    return f"{PROXY_GAME}:{tail}"
 
 
 def proxy_agreement(

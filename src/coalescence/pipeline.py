@@ -56,7 +56,7 @@ class CoalitionRequest:
         present: ``[n_players]`` bool, the coalition.
         evaluation_key: the key of its model evaluation (its measurement, whatever the reduction).
         game: ``"exact"`` (the coalition rendered and scored as it is), or the name of the
-            shared-KV proxy game (:func:`~coalescence.masking.proxy.proxy_game_name`) whose row
+            shared-KV proxy game (:func:`~coalescence.engine.proxy_game_name`) whose row
             it is (the full conversation's KV, the tail's attention masked).
     """
 

@@ -45,6 +45,20 @@ def _snip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
+def _proxy_line(proxy: Mapping[str, Any]) -> str:
+    """The printout's line on a two-fidelity fit: the rows of each game and how well they agree."""
+    r, rho = proxy.get("pearson"), proxy.get("spearman")
+    agreement = (
+        f"correlation with the exact rows r = {r:.3f}, Spearman {rho:.3f} over {proxy.get('shared', 0)} coalitions"
+        if r is not None and rho is not None
+        else f"no correlation with the exact rows defined over {proxy.get('shared', 0)} coalitions"
+    )
+    return (
+        f"proxy game {proxy['game']}: {proxy['coalitions']} coalitions ({proxy.get('evaluations', 0)} computed in this "
+        f"session), {agreement}; a control variate only: the values are the exact game's"
+    )
+
+
 def _num(x: float | None) -> float | None:
     if x is None:
         return None
@@ -525,6 +539,8 @@ class Explanation:
             f"wall time = {self.wall_seconds:.1f} s"
             + (f"   ({rate:.1f} evaluations/s)" if math.isfinite(rate) else "   (no model evaluations in this session)"),
         ]
+        if self.proxy is not None:
+            lines.append(_proxy_line(self.proxy))
         if self.stopping is not None:
             st = self.stopping
             what = {

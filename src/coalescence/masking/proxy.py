@@ -10,15 +10,10 @@ import numpy as np
 from ..backends.base import ProxyScoreRequest
 from ..errors import ConfigError
 
-__all__ = ("DEFAULT_TAIL", "TAIL_RULES", "ProxyLayout", "proxy_game_name", "proxy_layout")
+__all__ = ("DEFAULT_TAIL", "TAIL_RULES", "ProxyLayout", "proxy_layout")
 
 TAIL_RULES = ("after-last-player", "last-turn", "answer")
 DEFAULT_TAIL = "after-last-player"
-
-
-def proxy_game_name(tail: str) -> str:
-    """The name of the proxy game with tail rule ``tail`` (in keys and archive rows): ``kv-proxy:<tail>``."""
-    return f"kv-proxy:{tail}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +38,7 @@ class ProxyLayout:
         )
 
 
-def proxy_layout(renderer: Any, snapshot: Any, target: Any, *, tail: str = DEFAULT_TAIL) -> ProxyLayout:
+def proxy_layout(renderer: Any, snapshot: Any, target: Any, *, tail: str = DEFAULT_TAIL, policy: Any = None) -> ProxyLayout:
     if tail not in TAIL_RULES:
         raise ConfigError(f"unknown tail rule {tail!r}; choose one of {', '.join(TAIL_RULES)}", field="proxy_game")
     text = target.full_text
