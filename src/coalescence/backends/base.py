@@ -78,25 +78,27 @@ class ScoreRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProxyScoreRequest:
-    """One row of the shared-KV proxy game (``docs/proxy.md``): the full conversation's KV once,
-    the tail's attention masked per coalition.
+    """One row of the shared-KV proxy game (issue 37; :mod:`coalescence.masking.proxy` builds them).
 
-    The row is scored as one forward over ``prompt_ids + target_ids[:-1]`` at the original
-    positions in which a query at position ``p < tail_start`` sees every key ``q <= p`` (the
-    shared KV, computed with every player present) and a query at ``p >= tail_start`` sees key
-    ``q`` iff ``q <= p`` and ``q`` lies in no ``hidden`` range. Only the tail is computed per row.
+    Semantics (what a backend computes; the tests' reference is one plain forward with this 4-D
+    mask): a causal forward over ``prompt_ids + target_ids[:-1]`` at the original positions in
+    which a query at position ``p < tail_start`` sees every key ``q <= p`` (the shared KV, computed
+    with every player present), and a query at ``p >= tail_start`` sees key ``q`` iff ``q <= p``
+    and ``q`` is in no ``hidden`` range. The result is the :class:`ScoreResult` of the target
+    read from that forward's logits (``token_logprobs`` ``[n_target]`` float32 nats).
 
     Args:
-        prompt_ids: the full conversation's scoring prompt (every player present).
-        target_ids: the answer's token ids (at least one).
+        prompt_ids: the full prompt (every player present).
+        target_ids: the token ids whose log-probabilities are summed (at least one).
         tail_start: ``1 <= tail_start <= len(prompt_ids)``: positions before it are the shared KV.
-        hidden: sorted, disjoint, half-open token ranges ``(a, b)`` of the absent players' tokens
-            (before or inside the tail), masked out of the tail's attention.
-        prefix_group: as :class:`ScoreRequest` (a hint, not part of the value).
+        hidden: sorted, disjoint, non-empty half-open token ranges ``[a, b)`` of ``prompt_ids``
+            (the absent players' tokens), masked out of the tail's attention, before or inside
+            the tail; position 0 is never hidden (a query must see at least one key).
+        prefix_group: the batching hint of :class:`ScoreRequest`.
 
     Raises:
-        ConfigError: an empty prompt or target, a ``tail_start`` outside the prompt, or hidden
-            ranges that are empty, unsorted, overlapping or outside the prompt.
+        ConfigError: an empty prompt or target, ``tail_start`` out of range, or ``hidden`` not
+            sorted disjoint non-empty ranges inside ``[1, len(prompt_ids))``.
     """
 
     prompt_ids: tuple[int, ...]
@@ -110,18 +112,19 @@ class ProxyScoreRequest:
             raise ConfigError("a proxy request needs at least one prompt token", field="prompt_ids")
         if not self.target_ids:
             raise ConfigError("a proxy request needs at least one target token", field="target_ids")
-        if not 1 <= self.tail_start <= len(self.prompt_ids):
-            raise ConfigError(
-                f"must lie in [1, {len(self.prompt_ids)}] (the prompt), got {self.tail_start}", field="tail_start"
-            )
-        last = 0
-        for a, b in self.hidden:
-            if not last <= a < b <= len(self.prompt_ids):
+        n = len(self.prompt_ids)
+        if isinstance(self.tail_start, bool) or not isinstance(self.tail_start, int) or not 1 <= self.tail_start <= n:
+            raise ConfigError(f"must be an int in [1, {n}] (the prompt's length), got {self.tail_start!r}", field="tail_start")
+        hidden = tuple((int(a), int(b)) for a, b in self.hidden)
+        prev = 1
+        for a, b in hidden:
+            if not prev <= a < b <= n:
                 raise ConfigError(
-                    f"hidden ranges must be sorted, disjoint, non-empty and inside the prompt, got {self.hidden}",
+                    f"must be sorted, disjoint, non-empty token ranges inside [1, {n}), got {self.hidden!r}",
                     field="hidden",
                 )
-            last = b
+            prev = b
+        object.__setattr__(self, "hidden", hidden)
 
     @property
     def n_tokens(self) -> int:
@@ -270,6 +273,11 @@ class ScoringStatistics:
             on the prefix-sharing path.
         groups_plain: prefix groups scored on the plain path (one right-padded forward of
             whole rows); a batch scored plainly as a whole counts each of its groups.
+        proxy_rows: proxy-game rows scored (:meth:`ScoringBackend.score_proxy`); the counters
+            above count exact rows only, but ``prefix_forwards`` counts the proxy's shared KV too.
+        proxy_tokens_computed: token positions the proxy rows ran (their tails, and each shared
+            KV's positions not served from the prefix cache).
+        proxy_tokens_reused: shared KV positions the proxy rows read instead of running them.
     """
 
     batches: int = 0
@@ -285,6 +293,9 @@ class ScoringStatistics:
     redone_alone: int = 0
     groups_shared: int = 0
     groups_plain: int = 0
+    proxy_rows: int = 0
+    proxy_tokens_computed: int = 0
+    proxy_tokens_reused: int = 0
 
 
 def _check_batch(requests: Sequence[Any], results: Any, kind: type, item: str) -> None:
@@ -425,12 +436,18 @@ class ScoringBackend(Protocol):
         ...
 
     def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
-        """Score each row of the shared-KV proxy game (:class:`ProxyScoreRequest`); one result per
-        request, in order, as :meth:`score` (``tokens_reused``: the shared KV's positions).
+        """Score rows of the shared-KV proxy game (:class:`ProxyScoreRequest` has the semantics);
+        one result per request, in order. Only a backend whose ``supports_proxy`` is True can.
+
+        Returns:
+            One :class:`ScoreResult` per request: ``token_logprobs`` ``[n_target]`` float32 nats,
+            ``utility`` their float64 sum, ``tokens_computed`` the positions run for the row,
+            ``tokens_reused`` the shared KV positions it read.
 
         Raises:
-            BackendError: the backend has no proxy game (``supports_proxy`` is False).
-            BatchFailed: as :meth:`score`.
+            BackendError: the backend has no proxy game (``supports_proxy`` False).
+            BatchFailed: a row longer than ``max_context`` (before any model call), or the model
+                call failed.
         """
         ...
 
@@ -510,7 +527,7 @@ class BackendBase:
     :meth:`score` and :meth:`generate_batch`.
 
     The defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
-    shutdown with the engine, zero statistics, one lane (the backend itself), no notes, no run
+    shutdown with the engine, no proxy game (``supports_proxy`` False, :meth:`score_proxy` raises), zero statistics, one lane (the backend itself), no notes, no run
     record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy :meth:`generate_batch`
     request.
     """
@@ -521,12 +538,15 @@ class BackendBase:
     supports_proxy: bool = False
 
     def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
-        """No proxy game here.
+        """No proxy game here (``supports_proxy`` False): a backend that can overrides both.
 
         Raises:
-            BackendError: always (the backend says ``supports_proxy = False``).
+            BackendError: always, naming the backend.
         """
-        raise BackendError(f"{type(self).__name__} has no shared-KV proxy game; run exact rows only (proxy_game='none')")
+        raise BackendError(
+            f"the {type(self).__name__} backend has no proxy game (shared-KV rows need the transformers "
+            "backend); run the exact game only (--proxy-game none)"
+        )
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
         """One greedy :class:`GenerateRequest` through :meth:`generate_batch`.
