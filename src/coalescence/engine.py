@@ -36,6 +36,7 @@ from .segmentation import segment_players
 from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
+from .masking.proxy import TAIL_RULES, ProxyLayout, proxy_layout
 from .masking.render import ChatRenderer, TargetTokens
 from .pipeline import BackendCall, CoalitionRequest, Measurement, ScoringPipeline
 from .scheduler.buckets import LengthBuckets, share_order
@@ -47,6 +48,10 @@ from .utility import ResolvedUtility, UtilitySpec
 
 __all__ = (
     "UTILITY",
+    "PROXY_GAME",
+    "game_utility",
+    "proxy_agreement",
+    "proxy_game_name",
     "counting_evaluations",
     "Engine",
     "fill_measurements",
@@ -140,6 +145,9 @@ class Engine:
         now: the instant chat templates that write the date render (default: pinned when the
             engine is made, see :class:`~coalescence.masking.render.ChatRenderer`); a resumed or
             replayed run passes the one its manifest records.
+        proxy_game: the tail rule of the shared-KV proxy game that two-fidelity estimators use
+            (:data:`~coalescence.masking.proxy.TAIL_RULES`), or ``None`` (the default): exact rows
+            only. The proxy is played only where it is defined and measured (:meth:`proxy_refusal`).
 
     Every model evaluation's measurement (per-token log-probabilities, or generated texts) is
     kept by its evaluation key (:attr:`measurements`, filled from an attached archive too), so a
@@ -147,8 +155,9 @@ class Engine:
     model call (counted as a cache hit).
 
     Raises:
-        ConfigError: ``batch_size`` < 1, or a backend that lacks a member of
-            :class:`~coalescence.backends.base.ScoringBackend` (naming them).
+        ConfigError: ``batch_size`` < 1, a backend that lacks a member of
+            :class:`~coalescence.backends.base.ScoringBackend` (naming them), or an unknown
+            ``proxy_game`` tail rule.
         InputError: the backend's tokenizer has no chat template.
     """
 
@@ -163,8 +172,12 @@ class Engine:
         buckets: LengthBuckets | None = None,
         utility: UtilitySpec | None = None,
         now: datetime | None = None,
+        proxy_game: str | None = None,
     ) -> None:
         check_backend(backend)
+        if proxy_game is not None and proxy_game not in TAIL_RULES:
+            raise ConfigError(f"unknown tail rule {proxy_game!r}; choose one of {', '.join(TAIL_RULES)}", field="proxy_game")
+        self.proxy_game = proxy_game
         self.backend = backend
         self.utility = utility if utility is not None else UtilitySpec()
         self.measurements: dict[str, Measurement] = {}
@@ -175,7 +188,7 @@ class Engine:
         self.progress: Progress = progress if progress is not None else NullProgress()
         # one monotone count over every evaluation of this engine (conversations in flight at once)
         self._progress_tally = ProgressTally(self.progress)
-        self.batch_size = batch_size or int(backend.max_batch_size)
+        self.batch_size = int(backend.max_batch_size) if batch_size is None else batch_size
         if self.batch_size < 1:
             raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
         self.renderer = ChatRenderer(backend.tokenizer, now=now)
@@ -187,6 +200,7 @@ class Engine:
         self._shared: dict[Any, ScoringPipeline] = {}
         self._users: dict[Any, int] = {}
         self._targets: dict[str, TargetTokens] = {}
+        self._layouts: dict[Any, ProxyLayout] = {}
         self._closed = False
 
     # -- statistics ---------------------------------------------------------------------------
@@ -316,13 +330,47 @@ class Engine:
             self._resolved[cache_key] = cached
         return cached
 
-    def key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
-        """The coalition key of ``mask`` under this engine's model and utility."""
-        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot, policy).coalition_utility())
+    def key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask, *, game: str = "exact") -> str:
+        """The coalition key of ``mask`` under this engine's model and utility, in ``game``
+        (``"exact"``, or a proxy game's name: its rows are keyed apart, :func:`game_utility`)."""
+        utility = game_utility(self.resolved_utility(snapshot, policy).coalition_utility(), game)
+        return key_for(snapshot, policy, self.model, mask, utility=utility)
 
-    def evaluation_key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
-        """The key of ``mask``'s model evaluation (its measurement, whatever the reduction)."""
-        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot, policy).evaluation_utility())
+    def evaluation_key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask, *, game: str = "exact") -> str:
+        """The key of ``mask``'s model evaluation (its measurement, whatever the reduction), in ``game``."""
+        utility = game_utility(self.resolved_utility(snapshot, policy).evaluation_utility(), game)
+        return key_for(snapshot, policy, self.model, mask, utility=utility)
+
+    # -- the proxy game -------------------------------------------------------------------------
+    def proxy_refusal(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> str | None:
+        """Why this engine does not play the proxy game for ``snapshot`` under ``policy``, as a
+        sentence, or ``None`` when it does.
+
+        The proxy game is played where it is defined and was measured: a backend that scores it
+        (``supports_proxy``), a teacher-forced utility (the answer's ids are fixed, so the tail is
+        one sequence for every coalition) and the ``drop`` policy (an absent player's tokens are
+        simply unseen; a placeholder would have to be written into the shared KV).
+        """
+        if self.proxy_game is None:
+            return "the proxy game is off (proxy_game none)"
+        if not self.backend.supports_proxy:
+            return f"backend {type(self.backend).__name__} cannot score the shared-KV proxy game"
+        if not self.resolved_utility(snapshot, policy).spec.teacher_forced:
+            return "the utility generates a new answer per coalition, which the proxy game does not score"
+        if policy.id != "drop":
+            return f"the proxy game is defined for the drop policy only, not {policy.id}"
+        return None
+
+    def proxy_layout(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> ProxyLayout:
+        """The proxy game's layout of ``snapshot`` (cached): the full prompt, its players' token
+        ranges and the tail's start by this engine's tail rule."""
+        cache_key = (snapshot.snapshot_id, policy)
+        layout = self._layouts.get(cache_key)
+        if layout is None:
+            assert self.proxy_game is not None
+            layout = proxy_layout(self.renderer, snapshot, self.target_tokens(snapshot, policy), tail=self.proxy_game, policy=policy)
+            self._layouts[cache_key] = layout
+        return layout
 
     def attach_archive(self, archive: RunArchive) -> int:
         """Record results in ``archive`` and serve the coalitions it already holds from the store.
@@ -392,6 +440,7 @@ class Engine:
                 target_tokens=self.target_tokens,
                 resolved_utility=self.resolved_utility,
                 measurements=self.measurements,
+                proxy_layout=self.proxy_layout,
             )
         self._users[lane] = self._users.get(lane, 0) + 1
         return lane, shared
@@ -411,6 +460,8 @@ class Engine:
         snapshot: ConversationSnapshot,
         policy: AbsencePolicy,
         coalitions: Iterable[np.ndarray],
+        *,
+        game: str = "exact",
     ) -> tuple[np.ndarray, np.ndarray]:
         """Utilities of the distinct coalitions among ``coalitions``.
 
@@ -422,6 +473,8 @@ class Engine:
             snapshot: the conversation and its players.
             policy: the absence policy.
             coalitions: 1-D bool rows ``[n_players]`` (True = present), possibly repeated.
+            game: ``"exact"`` (default), or the proxy game's name (:func:`proxy_game_name` of the
+                engine's tail rule): its rows are keyed, scored and archived as that game's.
 
         Returns:
             ``masks`` ``[m, n_players]`` bool (distinct, first-seen order) and ``utilities``
@@ -435,6 +488,10 @@ class Engine:
         if self._closed:
             raise EngineClosed("the engine is closed")
         self.resolved_utility(snapshot, policy)
+        if game != "exact":
+            refused = self.proxy_refusal(snapshot, policy)
+            if refused is not None or game != proxy_game_name(self.proxy_game or ""):
+                raise ConfigError(f"cannot evaluate rows of {game}: {refused or 'not this engine’s proxy game'}", field="proxy_game")
         distinct: dict[bytes, np.ndarray] = {}
         requested = 0
         for row in coalitions:
@@ -460,14 +517,19 @@ class Engine:
             mask = PackedMask(words, snapshot.n_players)
             jobs.append(
                 CoalitionJob(
-                    coalition_key=self.key(snapshot, policy, mask),
+                    coalition_key=self.key(snapshot, policy, mask, game=game),
                     snapshot_id=snapshot.snapshot_id,
                     request=CoalitionRequest(
-                        snapshot=snapshot, policy=policy, present=row, evaluation_key=self.evaluation_key(snapshot, policy, mask)
+                        snapshot=snapshot,
+                        policy=policy,
+                        present=row,
+                        evaluation_key=self.evaluation_key(snapshot, policy, mask, game=game),
+                        game=game,
                     ),
                     absence_policy=policy.id,
                     mask=mask,
                     model_id=self.backend.model_id,
+                    game=game,
                 )
             )
         lane, pipeline = self._acquire(snapshot.snapshot_id)
@@ -500,11 +562,31 @@ class Engine:
             BatchFailed: a model call failed.
         """
         t0 = time.perf_counter()
-        estimator.validate(snapshot.n_players)
+        n = snapshot.n_players
+        estimator.validate(n)
         self.resolved_utility(snapshot, policy)
+        two = estimator.capabilities.two_fidelity
+        refused = self.proxy_refusal(snapshot, policy) if two else None
         with counting_evaluations() as executed:
-            masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
-        return self._explanation(snapshot, policy, estimator.fit(masks, utilities), t0, executed[0])
+            masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
+            if not two or refused is not None:
+                estimate = estimator.fit(masks, utilities)
+                proxy = None
+                if two and self.proxy_game is not None:  # asked for, not playable here: say why
+                    estimate = replace(estimate, notes=(*estimate.notes, f"exact rows only: {refused}"))
+            else:
+                game = proxy_game_name(self.proxy_game or "")
+                # the proxy game on its own plan and on every exact coalition (the control variate
+                # needs c(S) where v(S) is known); its rows are counted apart from the exact ones
+                with counting_evaluations() as proxied:
+                    pmasks, putilities = await self.evaluate(
+                        snapshot, policy, itertools.chain(estimator.proxy_plan(n), masks), game=game
+                    )
+                estimate = estimator.fit_two_fidelity(masks, utilities, pmasks, putilities)
+                proxy = {"game": game, "coalitions": len(pmasks), "evaluations": proxied[0]} | proxy_agreement(
+                    masks, utilities, pmasks, putilities
+                )
+        return self._explanation(snapshot, policy, estimate, t0, executed[0], proxy=proxy)
 
     async def explain_until(
         self,
@@ -617,6 +699,7 @@ class Engine:
         executed: int,
         *,
         stopping: dict[str, Any] | None = None,
+        proxy: dict[str, Any] | None = None,
     ) -> Explanation:
         return Explanation(
             snapshot=snapshot,
@@ -635,6 +718,7 @@ class Engine:
             notes=self._notes(snapshot, policy) + tuple(estimate.notes),
             stopping=stopping,
             answer_tokens=self.answer_tokens(snapshot, policy),
+            proxy=proxy,
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
@@ -735,6 +819,50 @@ def key_for(
     )
 
 
+PROXY_GAME = "kv-proxy"
+"""The shared-KV proxy game's name stem; a game's full name adds its tail rule (:func:`proxy_game_name`)."""
+
+
+def proxy_game_name(tail: str) -> str:
+    """The name of the proxy game with tail rule ``tail``, as keys and archive rows carry it:
+    ``"kv-proxy:<tail>"`` (e.g. ``"kv-proxy:after-last-player"``)."""
+    return f"{PROXY_GAME}:{tail}"
+
+
+def proxy_agreement(
+    masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
+) -> dict[str, Any]:
+    """How well the proxy game tracks the exact one on the coalitions scored in both.
+
+    Args:
+        masks: ``[m, n]`` bool and ``utilities`` ``[m]`` float64: the exact game's pool.
+        proxy_masks: ``[k, n]`` bool and ``proxy_utilities`` ``[k]`` float64: the proxy's pool.
+
+    Returns:
+        ``{"shared": count, "pearson": r, "spearman": rho}``: Pearson's and Spearman's correlation
+        of v(S) and the proxy c(S) over the shared coalitions (``None`` under three shared
+        coalitions or with a constant side: no correlation is defined).
+    """
+    from scipy.stats import pearsonr, spearmanr
+
+    proxy = {PackedMask.from_bools(row).words: u for row, u in zip(proxy_masks, proxy_utilities, strict=True)}
+    pairs = [(float(u), float(proxy[w])) for row, u in zip(masks, utilities, strict=True) if (w := PackedMask.from_bools(row).words) in proxy]
+    out: dict[str, Any] = {"shared": len(pairs), "pearson": None, "spearman": None}
+    if len(pairs) >= 3:
+        v, c = np.array(pairs).T
+        if np.ptp(v) > 0 and np.ptp(c) > 0:
+            out["pearson"] = float(pearsonr(v, c).statistic)
+            out["spearman"] = float(spearmanr(v, c).statistic)
+    return out
+
+
+def game_utility(utility: Mapping[str, Any], game: str) -> Mapping[str, Any]:
+    """The utility part of a key in ``game``: the utility itself for the exact game (its keys are
+    those of every archive written before proxy games), with ``"game"`` added for a proxy game,
+    so a proxy row never shares a key with an exact one."""
+    return utility if game == "exact" else {**utility, "game": game}
+
+
 def utility_detail(resolved: ResolvedUtility) -> dict[str, Any]:
     """The utility of an explanation as recorded in its JSON document."""
     out = resolved.spec.to_dict()
@@ -789,6 +917,7 @@ def pool_from_store(
     *,
     utility: ResolvedUtility | None = None,
     measurements: Mapping[str, Measurement] | None = None,
+    game: str = "exact",
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The stored utilities of the distinct coalitions among ``coalitions``, with no model.
 
@@ -798,13 +927,14 @@ def pool_from_store(
     Args:
         utility: the utility (default: ``logprob`` over the whole target).
         measurements: measurements by evaluation key (see :func:`fill_measurements`).
+        game: ``"exact"`` (default) or the proxy game whose rows to take (:func:`game_utility`).
 
     Returns:
         ``masks`` ``[m, n_players]`` bool and ``utilities`` ``[m]`` float64 (the utility's unit)
         of the coalitions found, and the number of distinct coalitions missing.
     """
-    ckey = utility.coalition_utility() if utility is not None else UTILITY
-    ekey = utility.evaluation_utility() if utility is not None else None
+    ckey = game_utility(utility.coalition_utility() if utility is not None else UTILITY, game)
+    ekey = game_utility(utility.evaluation_utility(), game) if utility is not None else None
     seen: set[bytes] = set()
     found, values = [], []
     missing = 0

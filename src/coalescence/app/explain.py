@@ -192,6 +192,8 @@ class ExplainRun:
         }
         if s.interactions is not None:
             config["interactions"] = {"order": s.interactions, "index": interaction_settings(s.method_name, s.interactions, s.index)[1]}
+        if s.capabilities.two_fidelity and s.proxy_tail is not None:
+            config["proxy"] = {"tail": s.proxy_tail, "budget": s.proxy_budget}
         if s.hierarchy is not None:
             config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
         return config
@@ -289,7 +291,9 @@ class ExplainRun:
                 s, loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
             )
         try:
-            self.engine = Engine(self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility, now=self.now)
+            self.engine = Engine(
+                self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility, now=self.now, proxy_game=s.proxy_tail
+            )
             self._snapshots()
         except BaseException:
             if owned and self.backend.shutdown_with_engine:  # e.g. the Ray workers this run started
@@ -441,6 +445,8 @@ class ExplainRun:
         fit = {"method": s.method_name, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
         if s.interactions is not None:
             fit["interactions"] = [s.interactions, s.index]
+        if s.capabilities.two_fidelity and s.proxy_tail is not None:
+            fit["proxy"] = [s.proxy_tail, s.proxy_budget]
         return json.dumps({"snapshot_id": snap.snapshot_id, "fit": fit}, sort_keys=True)
 
     def _restored(self, snap: Any) -> Any:

@@ -46,6 +46,7 @@ __all__ = (
     "interaction_settings",
     "recorded_budget",
     "recorded_interactions",
+    "recorded_proxy",
     "recorded_run_config",
     "recorded_seed",
 )
@@ -146,6 +147,7 @@ class RunSettings(
                 f"methods ({', '.join(methods_with(needs_budget=True))}, shapiq:NAME)",
                 field="budget",
             )
+        self._check_proxy(capabilities)
         if not isinstance(self.absence_policy, str):
             self._take_policy_object()
         elif self.absence_policy == "placeholder":
@@ -165,6 +167,33 @@ class RunSettings(
         check_ray_settings(self)
         self.policy()  # a bad rule or placeholder is refused now
         self.utility_spec()
+
+    def _check_proxy(self, capabilities: Any) -> None:
+        """Refuse a proxy setting that cannot apply (an unknown game, a proxy budget for a method
+        that fits the exact game alone, or with the proxy game off)."""
+        from .groups import proxy_games
+
+        if self.proxy_game not in proxy_games():
+            raise ConfigError(f"unknown proxy game {self.proxy_game!r}; choose one of {', '.join(proxy_games())}", field="proxy_game")
+        if self.proxy_budget is not None:
+            if not capabilities.two_fidelity:
+                from ..attribution.estimators import methods_with
+
+                raise ConfigError(
+                    f"method {self.method_name} fits the exact game alone; a proxy budget applies to the two-fidelity "
+                    f"methods ({', '.join(methods_with(two_fidelity=True))})",
+                    field="proxy_budget",
+                )
+            if self.proxy_game == "none":
+                raise ConfigError("the proxy game is off (proxy_game none); drop one of them", field="proxy_budget")
+
+    @property
+    def proxy_tail(self) -> str | None:
+        """The proxy game's tail rule the engine plays (``auto``: the measured default), or
+        ``None`` for exact rows only."""
+        from ..masking.proxy import DEFAULT_TAIL
+
+        return None if self.proxy_game == "none" else DEFAULT_TAIL if self.proxy_game == "auto" else self.proxy_game
 
     # -- objects given instead of names ------------------------------------------------------
     def _take_estimator_object(self) -> None:
@@ -288,7 +317,8 @@ class RunSettings(
         budget = self.budget
         if budget is None:
             budget = self.capabilities.default_budget(n_players)
-        return make_estimator(self.method, budget=budget, seed=self.seed, interactions=self.interactions, index=self.index)
+        proxy = {"proxy_budget": self.proxy_budget} if self.proxy_budget is not None else {}
+        return make_estimator(self.method, budget=budget, seed=self.seed, interactions=self.interactions, index=self.index, **proxy)
 
     def estimator_for_budget(self) -> Any:
         """``budget -> estimator`` of the run's method at that budget (the rounds of ``target_stderr``)."""
@@ -534,6 +564,16 @@ def recorded_budget(run: Mapping[str, Any], method: str) -> int | None:
     if one_input and method == config.get("method") and isinstance(budget, int) and not isinstance(budget, bool):
         return budget
     return None
+
+
+def recorded_proxy(run: Mapping[str, Any]) -> tuple[str, int | None] | None:
+    """``(tail rule, proxy budget or None)`` of the proxy game a run played with a two-fidelity
+    method, or ``None`` (an exact-only run, or one written before proxy games)."""
+    proxy = recorded_run_config(run).get("proxy")
+    if not isinstance(proxy, Mapping) or not isinstance(proxy.get("tail"), str):
+        return None
+    budget = proxy.get("budget")
+    return proxy["tail"], budget if isinstance(budget, int) and not isinstance(budget, bool) else None
 
 
 def recorded_seed(run: Mapping[str, Any]) -> int:

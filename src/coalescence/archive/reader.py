@@ -268,7 +268,9 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
         A JSON-ready dict: schema version, runs (a run the manifest records as ``running`` whose
         writer is gone, killed before it could close, as ``interrupted`` with ``killed`` true: the
         lock dies with its process, :func:`~coalescence.archive.layout.lock_holder`), snapshots
-        (id, rows), coalitions, cache-hit rate,
+        (id, rows), coalitions, rows per game
+        (``{"exact": rows, "kv-proxy:<tail>": rows}``: the proxy game's rows only reduce the variance
+        of estimates of the exact game), cache-hit rate,
         tokens computed and reused, model time (seconds), first/last write (UTC ISO), parts (and
         how many carry no digest, written before schema version 3), parts skipped by this read
         (``skip_corrupt``), parts quarantined earlier, and bytes.
@@ -297,6 +299,9 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
             sizes = np.maximum(calls["batch_size"].to_numpy(), 1)
             model_seconds = float((elapsed / sizes).sum() / 1e3)
     created = table["created_at"] if n else None
+    # the two fidelities: rows of the exact game (null in parts written before proxy games) and of a proxy game
+    games = pc.fill_null(table["game"], "exact").to_pylist() if n else []
+    per_game = {g: games.count(g) for g in sorted(set(games), key=lambda g: (g != "exact", g))}
     return {
         "run_dir": str(run_dir),
         "schema_version": manifest["schema_version"],
@@ -304,6 +309,7 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
         "runs": _runs(run_dir, manifest.get("runs") or []),
         "snapshots": [{"snapshot_id": sid, "coalitions": c} for sid, c in sorted(per_snapshot.items())],
         "coalitions": n,
+        "games": per_game,
         "cache_hit_rate": float(pc.mean(table["cache_hit"].cast(pa.float64())).as_py()) if n else 0.0,
         "tokens_computed": int(pc.sum(table["tokens_computed"]).as_py() or 0) if n else 0,
         "tokens_reused": int(pc.sum(table["tokens_reused"]).as_py() or 0) if n else 0,
@@ -359,6 +365,13 @@ def format_archive_info(info: Mapping[str, Any]) -> str:
     for s in info["snapshots"]:
         lines.append(f"snapshot        {s['snapshot_id'][:16]}  {s['coalitions']} coalitions")
     lines.append(f"coalitions      {info['coalitions']} in {info['parts']} parts, {info['bytes']} bytes")
+    games = info.get("games") or {}
+    if any(g != "exact" for g in games):
+        lines.append(
+            "games           "
+            + ", ".join(f"{c} {g}" for g, c in games.items())
+            + " (proxy rows only reduce the variance of the exact game's estimates)"
+        )
     if info["unverified_parts"]:
         lines.append(
             f"unverified      {info['unverified_parts']} parts written before schema version 3 carry no digest; "

@@ -203,6 +203,11 @@ class Explanation:
         answer_tokens: for teacher-forced utilities, every scored answer token with its
             log-probability in the full and the empty coalition of the game (from the evaluations'
             per-token measurements); ``None`` for regenerate utilities or when unknown.
+        proxy: for a two-fidelity fit, the shared-KV proxy game that reduced its variance:
+            ``{"game": name, "coalitions": distinct proxy rows used, "evaluations": proxy rows
+            the model computed in this run, "shared": coalitions scored in both games,
+            "pearson", "spearman": the proxy's correlation with the exact game on those}``
+            (the values are always the exact game's); ``None`` otherwise.
     """
 
     snapshot: ConversationSnapshot
@@ -221,6 +226,7 @@ class Explanation:
     notes: tuple[str, ...] = ()
     stopping: dict[str, Any] | None = None
     answer_tokens: tuple[AnswerToken, ...] | None = None
+    proxy: dict[str, Any] | None = None
 
     @property
     def values(self) -> Any:
@@ -282,6 +288,7 @@ class Explanation:
             "messages": [m.as_dict() for m in self.snapshot.conversation.messages],
             "players": players,
             "answer_tokens": None if self.answer_tokens is None else [t.to_dict() for t in self.answer_tokens],
+            "proxy": None if self.proxy is None else {k: (_num(v) if isinstance(v, float) else v) for k, v in self.proxy.items()},
         } | self._interactions_dict()
 
     def top_interactions(self, k: int | None = None) -> list[tuple[tuple[int, ...], float]]:
@@ -360,6 +367,7 @@ class Explanation:
                 wall_seconds=0.0,
                 notes=tuple(document.get("notes") or ()) + notes,
                 stopping=document.get("stopping"),
+                proxy=document.get("proxy"),
                 answer_tokens=None
                 if tokens is None
                 else tuple(

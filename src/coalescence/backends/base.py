@@ -407,6 +407,8 @@ class ScoringBackend(Protocol):
         shutdown_with_engine: whether :meth:`Engine.close` (and a run that fails to start)
             calls :meth:`shutdown`: ``True`` for a backend that owns processes or a cluster the
             run started (Ray workers, an in-process vLLM engine).
+        supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game (a backend
+            that cannot says ``False``, and a run there uses exact rows only).
     """
 
     model_id: str
@@ -417,6 +419,7 @@ class ScoringBackend(Protocol):
     max_context: int
     max_batch_size: int
     shutdown_with_engine: bool
+    supports_proxy: bool
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """Score each request with teacher forcing; one result per request, in order.
@@ -433,8 +436,6 @@ class ScoringBackend(Protocol):
                 statistics do not change), the model call failed, or it returned non-finite values.
         """
         ...
-
-    supports_proxy: bool
 
     def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
         """Score rows of the shared-KV proxy game (:class:`ProxyScoreRequest` has the semantics);

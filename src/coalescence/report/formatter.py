@@ -130,7 +130,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
         f"wall time = {explanation.wall_seconds:.1f} s"
         + (f"   ({rate:.1f} evaluations/s)" if math.isfinite(rate) else "   (no model evaluations in this session)"),
     ]
-    proxy = getattr(explanation, "proxy", None)  # a two-fidelity fit's proxy game (issue 37), where the result has one
+    proxy = explanation.proxy  # a two-fidelity fit's proxy game
     if proxy is not None:
         lines.append(proxy_line(proxy))
     if explanation.stopping is not None:

@@ -120,7 +120,13 @@ def interaction_settings(method: str, interactions: int | None, index: str | Non
 
 
 def make_estimator(
-    method: str, *, budget: int | None = None, seed: int = 0, interactions: int | None = None, index: str | None = None
+    method: str,
+    *,
+    budget: int | None = None,
+    seed: int = 0,
+    interactions: int | None = None,
+    index: str | None = None,
+    proxy_budget: int | None = None,
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -133,6 +139,8 @@ def make_estimator(
         interactions: the highest interaction order (2 or more) for a method whose capabilities
             list interaction indices; ``None`` for values only.
         index: the interaction index (default ``"k-SII"``).
+        proxy_budget: the distinct proxy coalitions of a two-fidelity method (its capabilities
+            say ``two_fidelity``; ``None``: the method's default, a multiple of ``budget``).
 
     Returns:
         an :class:`~coalescence.attribution.estimators.base.Estimator`.
@@ -140,9 +148,12 @@ def make_estimator(
     Raises:
         ConfigError: unknown method (field ``method``), a sampling method without a valid
             budget or with a bad seed (field ``budget`` / ``seed``), or interactions the method does
-            not compute (field ``interactions`` / ``index``).
+            not compute (field ``interactions`` / ``index``), or a proxy budget for a method that
+            fits the exact game alone (field ``proxy_budget``).
     """
     cls = estimator_class(method)
+    if proxy_budget is not None and not cls.capabilities.two_fidelity:
+        raise ConfigError(f"method {method} fits the exact game alone; it takes no proxy budget", field="proxy_budget")
     extra: dict[str, object] = {}
     if interactions is not None or index is not None:
         interactions, index = interaction_settings(method, interactions, index)
@@ -153,4 +164,6 @@ def make_estimator(
         raise ConfigError(
             f"method {method} needs a budget of model evaluations; pass a budget (e.g. 2000)", field="budget"
         )
+    if proxy_budget is not None:
+        extra["proxy_budget"] = proxy_budget
     return cls(budget=budget, seed=seed, **extra)
