@@ -162,7 +162,7 @@ def test_rows_split_into_forwards_within_the_mask_limit(game):
 
 
 def test_a_backend_without_the_proxy_game_refuses(chatml_tokenizer):
-    backend = FakeBackend(chatml_tokenizer)
+    backend = FakeBackend(chatml_tokenizer, supports_proxy=False)
     assert backend.supports_proxy is False
     request = ProxyScoreRequest(prompt_ids=(1, 2, 3), target_ids=(4,), tail_start=2)
     with pytest.raises(BackendError, match="FakeBackend backend has no proxy game"):
