@@ -215,11 +215,6 @@ def coalition_key(
     """
     if not isinstance(mask, PackedMask):
         raise MaskError(f"mask must be a PackedMask, got {type(mask).__name__}", field="mask")
-    model: dict[str, Any] = {"id": model_id, "revision": model_revision, "dtype": dtype}
-    if model_sha256 is not None:
-        model["sha256"] = model_sha256
-    if template_now is not None:
-        model["template_now"] = template_now
     schema = KEY_SCHEMA if model_sha256 is not None else 1
     n_bits = mask.n_bits
     # the fixed part of the payload is encoded once per distinct setting (one per snapshot, policy
@@ -234,6 +229,11 @@ def coalition_key(
         memo = (snapshot_id, policy_id, model_id, model_revision, dtype, model_sha256, template_now, *sigs)
         parts = _key_memo.get(memo)
     if parts is None:
+        model: dict[str, Any] = {"id": model_id, "revision": model_revision, "dtype": dtype}
+        if model_sha256 is not None:
+            model["sha256"] = model_sha256
+        if template_now is not None:
+            model["template_now"] = template_now
         if memo is None:  # nested or unusual values: the whole payload, encoded as written
             payload = {
                 "schema": schema,

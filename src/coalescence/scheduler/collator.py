@@ -4,9 +4,9 @@ There is no background task and no timer. :meth:`Collator.serve` appends the req
 a queue and acquires one :class:`anyio.Lock`. The task that holds it (the *leader*) takes its own
 record plus the compatible queued records (same batch key, in queue order, up to
 ``max_batch_size``), runs one backend call in a worker thread (``anyio.to_thread.run_sync``,
-shielded so a cancelled leader never abandons it), fills every member's result slot and sets
-their events on the event-loop thread. A waiter whose record was served by another leader is woken
-at delivery and returns without a call. The lock holder is the only caller of the backend, so one
+shielded so a cancelled leader never abandons it) and fills every member's result slot on the
+event-loop thread. A waiter whose record was served by another leader takes the lock after it,
+finds its slot filled and returns without a call. The lock holder is the only caller of the backend, so one
 call is in flight at a time by construction; requests that arrive while a call runs accumulate,
 so the running call is the collation window. ``max_batch_size=1`` is strict serialisation through
 the same code path.
@@ -83,9 +83,12 @@ _RESERVED = "n_candidates"
 _QUEUED, _TAKEN, _DONE, _CANCELLED = "queued", "taken", "done", "cancelled"
 
 
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
 def _frozen_mapping(value: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
     if value is None:
-        return MappingProxyType({})
+        return _EMPTY
     if not isinstance(value, Mapping):
         raise ConfigError(f"must be a mapping, got {value!r}", field=name)
     for key in value:
@@ -205,12 +208,11 @@ def scoring_backend(backend: ScoringBackend) -> CollatorBackend:
 class _Slot:
     """Mutable per-record state, touched only on the event-loop thread."""
 
-    __slots__ = ("event", "ok", "owner", "state", "value")
+    __slots__ = ("ok", "owner", "state", "value")
 
     def __init__(self) -> None:
         self.owner: Collator | None = None
         self.state: str | None = None
-        self.event: anyio.Event | None = None
         self.ok = False
         self.value: Any = None
 
@@ -245,8 +247,9 @@ class CollatorRecord:
             raise ConfigError(f"must be a positive integer, got {self.n_candidates!r}", field="n_candidates")
         if not (isinstance(self.batch_key, str) and len(self.batch_key) == 64):
             raise ConfigError(f"must be 64 hex digits, got {self.batch_key!r}", field="batch_key")
-        object.__setattr__(self, "call_kwargs", MappingProxyType(dict(self.call_kwargs)))
-        object.__setattr__(self, "row_kwargs", MappingProxyType(dict(self.row_kwargs)))
+        # most records carry no kwargs: they share one empty read-only mapping
+        object.__setattr__(self, "call_kwargs", MappingProxyType(dict(self.call_kwargs)) if self.call_kwargs else _EMPTY)
+        object.__setattr__(self, "row_kwargs", MappingProxyType(dict(self.row_kwargs)) if self.row_kwargs else _EMPTY)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -523,7 +526,6 @@ class Collator:
             raise ConfigError(f"this record was already served (state {slot.state})", field="record")
         if self._closed:
             raise EngineClosed("the collator is closed; no new requests are served")
-        slot.event = anyio.Event()
         # queue and wait in one step (no checkpoint in between), then take the lock: the holder
         # leads a batch unless its record was already served by an earlier leader
         slot.state = _QUEUED
@@ -538,7 +540,6 @@ class Collator:
                 self._withdraw(record)
                 slot.state = _CANCELLED
             raise
-        await slot.event.wait()  # already set: delivery precedes _DONE
         if slot.ok:
             return slot.value
         raise slot.value
@@ -598,8 +599,6 @@ class Collator:
         for member, (ok, value) in zip(batch, report.outcomes, strict=True):
             slot = member._slot
             slot.ok, slot.value, slot.state = ok, value, _DONE
-            assert slot.event is not None
-            slot.event.set()
 
     def _invoke(self, batch: list[CollatorRecord]) -> list[Any]:
         """One backend call (worker thread); checks one output per row."""

@@ -31,10 +31,12 @@ class Flight(Generic[T]):
     Created by :class:`SingleFlight`; users only read it through :meth:`SingleFlight.do`.
     """
 
-    __slots__ = ("_event", "abandoned", "error", "followers", "value")
+    __slots__ = ("_event", "_landed", "abandoned", "error", "followers", "value")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        # the event is made by the first follower: most flights have none
+        self._event: anyio.Event | None = None
+        self._landed = False
         self.value: T | None = None
         self.error: Exception | None = None
         self.abandoned = False
@@ -43,10 +45,16 @@ class Flight(Generic[T]):
     def land(self, value: T | None, error: Exception | None, *, abandoned: bool = False) -> None:
         """Record the outcome and wake every follower."""
         self.value, self.error, self.abandoned = value, error, abandoned
-        self._event.set()
+        self._landed = True
+        if self._event is not None:
+            self._event.set()
 
     async def wait(self) -> None:
         """Wait until the flight lands."""
+        if self._event is None:
+            self._event = anyio.Event()
+            if self._landed:
+                self._event.set()
         await self._event.wait()
 
 
