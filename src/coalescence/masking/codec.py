@@ -222,9 +222,10 @@ def coalition_key(
     memo: tuple[Any, ...] | None = None
     parts = None
     sigs = (_signature(policy_params), _signature(utility), _signature(generation or {}))
-    if None not in sigs and type(n_bits) is int and all(
-        v is None or type(v) is str
-        for v in (snapshot_id, policy_id, model_id, model_revision, dtype, model_sha256, template_now)
+    if (
+        None not in sigs and type(n_bits) is int and type(snapshot_id) is str and type(policy_id) is str
+        and type(model_id) is str and type(model_revision) is str and type(dtype) is str
+        and (model_sha256 is None or type(model_sha256) is str) and (template_now is None or type(template_now) is str)
     ):
         memo = (snapshot_id, policy_id, model_id, model_revision, dtype, model_sha256, template_now, *sigs)
         parts = _key_memo.get(memo)
