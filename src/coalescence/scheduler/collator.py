@@ -5,8 +5,11 @@ a queue and acquires one :class:`anyio.Lock`. The task that holds it (the *leade
 record plus the compatible queued records (same batch key, in queue order, up to
 ``max_batch_size``), runs one backend call in a worker thread (``anyio.to_thread.run_sync``,
 shielded so a cancelled leader never abandons it) and fills every member's result slot on the
-event-loop thread. A waiter whose record was served by another leader takes the lock after it,
-finds its slot filled and returns without a call. The lock holder is the only caller of the backend, so one
+event-loop thread. A request that finds the lock held waits for the end of that call (one event per
+call, set once the lock is released, so every waiter wakes in one step rather than through a chain
+of lock hand-offs); it then returns its filled slot without a call, or, still queued, takes the
+free lock and leads the next batch: that of the oldest queued record, whichever waiter woke first,
+so batches form in queue order on every event loop. The lock holder is the only caller of the backend, so one
 call is in flight at a time by construction; requests that arrive while a call runs accumulate,
 so the running call is the collation window. ``max_batch_size=1`` is strict serialisation through
 the same code path.
@@ -314,7 +317,9 @@ class Collator:
         self._max = max_batch_size
         self._buckets = buckets
         self._lock = anyio.Lock()
+        self._round: anyio.Event | None = None  # set when the lock holder releases it
         self._queues: dict[str, dict[int, CollatorRecord]] = {}
+        self._fifo: dict[int, CollatorRecord] = {}  # every queued record, oldest first
         self._closed = False
         self._inert: set[str] = set()
         self._warned: set[str] = set()
@@ -530,11 +535,22 @@ class Collator:
         # leads a batch unless its record was already served by an earlier leader
         slot.state = _QUEUED
         self._queues.setdefault(record.batch_key, {})[id(record)] = record
+        self._fifo[id(record)] = record
         try:
             while slot.state != _DONE:
-                async with self._lock:
-                    if slot.state == _QUEUED:
-                        await self._lead(record)
+                if self._lock.locked():
+                    # a call is running: wait for its end with every other waiter (no checkpoint
+                    # between the check and the wait, so the release cannot be missed)
+                    if self._round is None:
+                        self._round = anyio.Event()
+                    await self._round.wait()
+                    continue
+                try:
+                    async with self._lock:
+                        if slot.state == _QUEUED:  # lead the oldest queued record's batch
+                            await self._lead(next(iter(self._fifo.values())))
+                finally:
+                    self._end_round()
         except BaseException:
             if slot.state == _QUEUED:
                 self._withdraw(record)
@@ -544,7 +560,14 @@ class Collator:
             return slot.value
         raise slot.value
 
+    def _end_round(self) -> None:
+        """Wake every request waiting for the end of the call (the lock is free again)."""
+        round_, self._round = self._round, None
+        if round_ is not None:
+            round_.set()
+
     def _withdraw(self, record: CollatorRecord) -> None:
+        self._fifo.pop(id(record), None)
         queue = self._queues.get(record.batch_key)
         if queue is not None:
             queue.pop(id(record), None)
@@ -552,7 +575,7 @@ class Collator:
                 del self._queues[record.batch_key]
 
     def _take(self, record: CollatorRecord) -> list[CollatorRecord]:
-        """The leader's batch: its record, then compatible queued ones in queue order."""
+        """The batch led for ``record``: it, then compatible queued ones in queue order."""
         self._withdraw(record)
         batch = [record]
         if record.n_candidates == 1:
@@ -560,6 +583,7 @@ class Collator:
             limit = record.max_rows or self._max
             for rid in list(queue)[: limit - 1]:
                 batch.append(queue.pop(rid))
+                del self._fifo[rid]
             if not queue:
                 self._queues.pop(record.batch_key, None)
         for member in batch:
