@@ -87,6 +87,7 @@ _QUEUED, _TAKEN, _DONE, _CANCELLED = "queued", "taken", "done", "cancelled"
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_MEMO_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
@@ -374,16 +375,26 @@ class Collator:
 
     def _batch_key(self, call: dict[str, Any], row: dict[str, Any], single: bool, extra: tuple[Any, ...]) -> str:
         """:func:`batch_key`, memoised for hashable inputs (most requests share a handful of keys)."""
-        scalars = (str, int, float, bool, type(None))
-        if not all(type(v) in scalars for v in (*call.values(), *extra)):
-            return batch_key(call, set(row), single_candidate=single, key_extra=extra)
-        # type tags keep 1, 1.0 and True apart, as the canonical encoding does
-        memo = (
-            tuple((k, type(v), v) for k, v in sorted(call.items())),
-            tuple(sorted(row)),
-            single,
-            tuple((type(v), v) for v in extra),
-        )
+        # type tags keep 1, 1.0 and True apart, as the canonical encoding does, and floats go by
+        # repr so 0.0 and -0.0 (equal, but encoded apart) do too
+        tagged = []
+        for v in extra:
+            t = type(v)
+            if t not in _MEMO_SCALARS:
+                return batch_key(call, set(row), single_candidate=single, key_extra=extra)
+            tagged.append((t, repr(v) if t is float else v))
+        if call or row:
+            for v in call.values():
+                if type(v) not in _MEMO_SCALARS:
+                    return batch_key(call, set(row), single_candidate=single, key_extra=extra)
+            memo: tuple[Any, ...] = (
+                tuple((k, type(v), repr(v) if type(v) is float else v) for k, v in sorted(call.items())),
+                tuple(sorted(row)),
+                single,
+                tuple(tagged),
+            )
+        else:
+            memo = ((), (), single, tuple(tagged))
         key = self._key_memo.get(memo)
         if key is None:
             key = batch_key(call, set(row), single_candidate=single, key_extra=extra)
@@ -431,6 +442,20 @@ class Collator:
         """
         if self._closed:
             raise EngineClosed("the collator is closed; no new requests are admitted")
+        if call_kwargs is None and row_kwargs is None and not self._static_call and not self._static_row and (
+            self._buckets is None or n_tokens is None
+        ):
+            # no kwargs anywhere (the scoring path): the checks below have nothing to check
+            if not isinstance(key_extra, tuple):
+                raise ConfigError(f"must be a tuple, got {key_extra!r}", field="key_extra")
+            if isinstance(n_candidates, bool) or not isinstance(n_candidates, int) or n_candidates < 1:
+                raise ConfigError(f"must be a positive integer, got {n_candidates!r}", field="n_candidates")
+            record = CollatorRecord(
+                prompt=prompt, call_kwargs=_EMPTY, row_kwargs=_EMPTY, n_candidates=n_candidates,
+                batch_key=self._batch_key({}, {}, n_candidates == 1, key_extra),
+            )
+            record._slot.owner = self
+            return record
         max_rows = 0
         if self._buckets is not None and n_tokens is not None:
             ceiling = self._buckets.bucket(n_tokens)

@@ -104,25 +104,21 @@ class SingleFlight(Generic[T]):
         while True:
             flight = self._flights.get(key)
             if flight is None:
-                value, error = await self._lead(key, work)
-                return value, error, False
+                break
             flight.followers += 1
             await flight.wait()
             if flight.abandoned:
                 continue  # the leader was cancelled: claim the key again
             return flight.value, flight.error, True  # type: ignore[return-value]
-
-    async def _lead(
-        self, key: Hashable, work: Callable[[], Awaitable[T]]
-    ) -> tuple[T | None, Exception | None]:
-        flight: Flight[T] = Flight()
+        # the leader (inline rather than in a coroutine of its own: one frame less per evaluation)
+        flight = Flight()
         self._flights[key] = flight
         try:
             value = await work()
         except Exception as exc:
             self._release(key, flight)
             flight.land(None, exc)
-            return None, exc
+            return None, exc, False
         except BaseException:
             # cancellation or interrupt: hand the key to a follower
             self._release(key, flight)
@@ -132,7 +128,7 @@ class SingleFlight(Generic[T]):
             raise
         self._release(key, flight)
         flight.land(value, None)
-        return value, None
+        return value, None, False
 
     def _release(self, key: Hashable, flight: Flight[T]) -> None:
         if self._flights.get(key) is flight:
