@@ -209,6 +209,7 @@ class VLLMBackend(BackendBase):
             "gpu_memory_utilization": memory_fraction,
             **_kv_cache_kwargs(kv_cache_gib),
             "seed": seed,
+            "use_tqdm_on_load": False,  # the run's own progress is the only bar (as app.backend.quiet_loading_bars)
             **({"block_size": block_size} if block_size else {}),
         }
         from vllm.platforms import current_platform
