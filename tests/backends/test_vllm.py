@@ -450,7 +450,7 @@ def test_a_server_of_other_weights_is_refused_before_the_run(server, answered, t
     [
         (ANSWERED, ("--utility", "exact_match"), "--utility"),
         (ANSWERED, ("--utility", "token_f1", "--num-samples", "2", "--temperature", "0.7"), "--utility"),
-        ({"messages": ANSWERED["messages"][:2]}, (), "--target"),  # no answer: it would be generated
+        ({"messages": ANSWERED["messages"][:2]}, (), "target"),  # no answer: it would be generated (an input field)
     ],
 )
 def test_what_a_server_cannot_do_is_refused_before_anything_is_written(server, tmp_path, capsys, conversation, extra, field):

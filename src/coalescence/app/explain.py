@@ -257,9 +257,9 @@ class ExplainRun:
         renderer = ChatRenderer(tokenizer, now=self.now)
         if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
             identity["template_now"] = renderer.now.isoformat()
-        check_model_identity(self.run_dir, identity, new_run=s.new_run)
         engine = self.backend.identity() if self.backend is not None else {"backend": backend_of_settings(s)}
         check_backend(self.run_dir, engine, names_only=True)  # before the weights load or the server is asked
+        check_model_identity(self.run_dir, identity, new_run=s.new_run)
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             on_line(k, self.is_batch, self._check_game, renderer, conversation, unit)
 
