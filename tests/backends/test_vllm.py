@@ -475,3 +475,21 @@ def test_the_rescored_note_counts_the_conversations_own_requests(subject):
     for group in ("first", "second"):
         assert backend.run_notes(group) == ("vllm: 1 requests rescored without the prefix cache (cached prefix reached a target)",)
     assert backend.run_notes("never scored") == ()
+
+
+def test_the_docs_server_command_is_the_one_the_tests_start():
+    """docs/scaling.md's server command line (vLLM's API server as a module: `vllm serve` does not
+    start on the CPU build) is the one :func:`start_server` runs, options for options, plus what
+    the docs say to add on the CPU."""
+    from vllm_engines import server_command
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text(encoding="utf-8")
+    [line] = [x.strip() for x in docs.splitlines() if x.strip().startswith("python -m vllm.")]
+    words = line.split()
+    assert words[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    ours = server_command("/models/SmolLM2-135M-Instruct", 8000, max_model_len=8193)
+    assert ours[ours.index("-m") + 1] == words[2]
+    options = dict(zip(words[3::2], words[4::2], strict=True))
+    for name, value in options.items():
+        assert ours[ours.index(name) + 1] == value, name
+    assert {"--block-size", "--enforce-eager"} <= set(ours) and "add\n  `--block-size 32 --enforce-eager`" in docs
