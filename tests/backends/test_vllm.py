@@ -153,6 +153,9 @@ def test_cli_explain_on_vllm_equals_the_transformers_backend(tmp_path):
         proc = _cli("explain", str(example), "--backend", backend, "--model", "smollm2-135m", "--unit", "sentence",
                     "--method", "exact", "--out", str(out), "--no-progress", env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
+        # --no-progress: nothing on stderr before or after the coalitions (vLLM's start-up log, its
+        # logged chat-template warm-up traceback, its import warnings, torch's NUMA note are quieted)
+        assert proc.stderr == "", proc.stderr[:3000]
         values[backend] = json.loads(out.read_text())
     hf, vl = values["hf"], values["vllm"]
     pairs = _values(hf), _values(vl)
@@ -197,6 +200,7 @@ def test_ray_workers_on_vllm_give_the_transformers_values(tmp_path):
         assert got["v_full"] == pytest.approx(want["v_full"], abs=TOLERANCE)
     record = json.loads((tmp_path / "ray-vllm" / "manifest.json").read_text())["runs"][-1]
     assert record["ray"]["workers"] == 2 and all(c > 0 for c in record["ray"]["calls_per_worker"])
+    assert record["backend"] == {"backend": "vllm"}  # the workers' engine, not Ray
     # on the CPU each engine computes in its actor's process with the torch threads it was given:
     # the node's CPUs divided among its two workers
     assert record["ray"]["threads_per_worker"] == [max(1, (os.cpu_count() or 1) // 2)] * 2
