@@ -10,6 +10,7 @@ engine's values, whatever its runs) or rendered dated templates on another day
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ __all__ = (
     "run_record",
     "same_measurement",
 )
+
+logger = logging.getLogger(__name__)
 
 
 def recorded_now(run_dir: Path, value: Any) -> datetime:
@@ -92,8 +95,6 @@ def check_backend(run_dir: Path | None, identity: dict[str, str], *, names_only:
     Raises:
         ArchiveError: another backend scored a run of the archive (one line naming both).
     """
-    import logging
-
     from ..archive.reader import read_manifest
 
     if run_dir is None or not (run_dir / "manifest.json").is_file():
@@ -114,7 +115,7 @@ def check_backend(run_dir: Path | None, identity: dict[str, str], *, names_only:
                 field="archive",
             )
     if unknown and not names_only:
-        logging.getLogger(__name__).warning(
+        logger.warning(
             "the archive %s has %d run(s) written before coalescence recorded the backend; their rows are taken as "
             "%s's, and this run records it",
             run_dir, unknown, identity["backend"],
