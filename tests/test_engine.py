@@ -235,7 +235,7 @@ async def test_the_engine_reads_lanes_notes_records_and_shutdown_from_the_backen
         def release_lane(self, lane):
             self.released.append(lane)
 
-        def run_notes(self):
+        def run_notes(self, snapshot_id=""):
             return ("two fake lanes",)
 
         def run_record(self):

@@ -722,7 +722,7 @@ class Engine:
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
-        extra = tuple(self.backend.run_notes())
+        extra = tuple(self.backend.run_notes(snapshot.snapshot_id))
         return self.resolved_utility(snapshot, policy).notes() + self._template_notes(snapshot, policy) + extra
 
     def _template_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:

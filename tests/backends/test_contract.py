@@ -206,7 +206,12 @@ def test_every_backend_has_every_member_of_the_protocol(make):
     assert isinstance(backend.lane(lane), ScoringBackend)
     backend.release_lane(lane)
     assert all(isinstance(note, str) for note in backend.run_notes())
-    assert not {"status", "statistics"} & set(run_record_of(backend))  # the run record's own keys stay its own
+    assert all(isinstance(note, str) for note in backend.run_notes("snapshot"))  # one conversation's notes
+    assert not {"status", "statistics", "backend"} & set(run_record_of(backend))  # the run record's own keys stay its own
+    # the engine that computes the values (recorded with each run) is the backend's name under contract
+    identity = backend.identity()
+    assert identity["backend"] == next(name for name, factory in SUBJECTS.items() if factory is make)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in identity.items())
 
 
 def test_an_object_missing_members_is_refused_naming_them(chatml_tokenizer):

@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
 from .lifecycle import run_blocking
 from .outputs import check_run_dir
-from .record import check_model_identity, check_same_date, run_record, same_measurement
+from .record import backend_of_settings, check_backend, check_model_identity, check_same_date, run_record, same_measurement
 from .outputs import html_path, on_line, output_path, refuse_overwrite
 from .backend import load_model
 from .record import recorded_now
@@ -109,6 +109,8 @@ class ExplainRun:
         for k, conversation in enumerate(self.conversations):
             if conversation.target is not None:  # a generated target is checked once it exists
                 on_line(k, self.is_batch, self.utility.locate, conversation.target)
+        if s.vllm_url:
+            self._check_server_can()
         # an estimator's player limit (exact: 16) stops the count early: a long text is refused
         # after a few sentences, not after segmenting all of it
         at_most = self.player_limit()
@@ -129,6 +131,30 @@ class ExplainRun:
         if isinstance(s.archive, (str, Path)):
             self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
         self.now = self.pinned_now()
+
+    def _check_server_can(self) -> None:
+        """Refuse what a ``vllm serve`` run cannot do (it scores teacher-forced answers only:
+        :class:`~coalescence.backends.vllm.VLLMServerBackend` does not generate), before anything
+        is loaded or written.
+
+        Raises:
+            ConfigError: a utility that generates answers (field ``utility``).
+            InputError: a conversation without an answer (it would be generated; field ``target``).
+        """
+        if not self.utility.teacher_forced:
+            raise ConfigError(
+                f"{self.utility.kind} compares generated answers, and a run through --vllm-url only scores given ones; use "
+                "a log-probability utility (logprob, mean_logprob, logit_prob, prob) or --backend vllm/hf to generate",
+                field="utility",
+            )
+        for k, conversation in enumerate(self.conversations):
+            if conversation.target is None:
+                raise InputError(
+                    f"{f'input line {k + 1}: ' if self.is_batch else ''}the conversation has no answer to explain, and a run "
+                    "through --vllm-url does not generate one; give the answer (a final assistant message or target), or "
+                    "use --backend vllm or hf to generate it",
+                    field="target",
+                )
 
     def pinned_now(self) -> datetime:
         """The instant chat templates that write the date render in this run: the one the archive's
@@ -230,12 +256,16 @@ class ExplainRun:
             config = load_config(source)
             max_context = model_context(config, tokenizer)
             fingerprint = model_fingerprint(source)
-            identity = {"id": source.model_id, "revision": source.revision, "dtype": s.dtype, "sha256": fingerprint}
+            # a server computes in its own dtype: its runs are keyed as dtype "server" (VLLMServerBackend.dtype)
+            dtype = "server" if s.vllm_url else s.dtype
+            identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
             self._loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
         self.max_context = max_context
         renderer = ChatRenderer(tokenizer, now=self.now)
         if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
             identity["template_now"] = renderer.now.isoformat()
+        engine = self.backend.identity() if self.backend is not None else {"backend": backend_of_settings(s)}
+        check_backend(self.run_dir, engine, names_only=True)  # before the weights load or the server is asked
         check_model_identity(self.run_dir, identity, new_run=s.new_run)
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             on_line(k, self.is_batch, self._check_game, renderer, conversation, unit)
@@ -350,6 +380,7 @@ class ExplainRun:
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
             self.run_dir = Path("runs") / f"{stamp}-{self.snapshots[0].snapshot_id[:12]}"
         description = self.description()
+        check_backend(self.run_dir, description["backend"])
         check_same_date(self.run_dir, description, self.now)
         try:
             archive = RunArchive.open(
@@ -486,6 +517,7 @@ class ExplainRun:
     def document(self, explanations: Sequence[Any]) -> dict[str, Any]:
         """The ``--out`` document: one explanation's, or ``{"archive", "explanations"}`` for a batch."""
         where = {"archive": str(self.run_dir)} if self.archive is not None else {}
+        where |= {"backend": dict(self.backend.identity())} if self.backend is not None else {}
         documents = [e.to_dict() | where for e in explanations]
         if self.is_batch:
             return {"archive": str(self.run_dir) if self.archive is not None else None, "explanations": documents}

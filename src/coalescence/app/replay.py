@@ -17,7 +17,7 @@ from .lifecycle import run_blocking
 from .fit import ArchiveFit, select_run
 from .outputs import output_path, refuse_overwrite
 from .backend import load_model
-from .record import recorded_now
+from .record import check_backend, recorded_now
 from .settings import ReplaySettings, recorded_proxy
 
 __all__ = (
@@ -185,6 +185,12 @@ class ReplayRun:
                 f"the model is {engine.model}, but the run was evaluated with {self.run['model']}; give the run's model",
                 field="model",
             )
+        try:
+            check_backend(self.run_dir, backend.identity())  # the archive holds one engine's values
+        except BaseException:
+            if backend.shutdown_with_engine:
+                backend.shutdown()
+            raise
         for snap in self.snapshots:
             engine.resolved_utility(snap, self.fit_.policy)
         self.engine = engine
@@ -197,6 +203,7 @@ class ReplayRun:
         s, run = self.settings, self.run
         description = {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics")}
         description |= {"utility": self.utility.to_dict(), "snapshots": [self.records[i] for i in run["snapshot_ids"]]}
+        description["backend"] = dict(self.engine.backend.identity())
         self.archive = RunArchive.open(
             self.run_dir,
             description,

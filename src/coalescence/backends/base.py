@@ -503,14 +503,28 @@ class ScoringBackend(Protocol):
         """Give back a lane taken by :meth:`acquire_lane` (its evaluation ended)."""
         ...
 
-    def run_notes(self) -> tuple[str, ...]:
-        """Sentences added to every explanation's notes (e.g. Ray workers lost); ``()`` for none."""
+    def run_notes(self, snapshot_id: str = "") -> tuple[str, ...]:
+        """Sentences added to an explanation's notes (e.g. Ray workers lost); ``()`` for none.
+
+        Args:
+            snapshot_id: the explained conversation (the ``prefix_group`` of its requests), for
+                notes that count its own requests; ``""``: the whole run's."""
+        ...
+
+    def identity(self) -> dict[str, str]:
+        """The engine that computes the values, part of the run's identity (recorded in the
+        archive manifest's run record as ``backend`` and in the ``--out`` document): at least
+        ``{"backend": name}`` (``hf``, ``vllm``, ``vllm-server``; Ray workers name the backend
+        they run), and for a server the model it serves (``served_model``). A run is never
+        resumed on another identity: two engines of one model differ beyond float tolerance in
+        bfloat16, and their samplers differ. Coalition keys do not include it (one archive holds
+        one engine's values)."""
         ...
 
     def run_record(self) -> dict[str, Any]:
         """What the archive manifest's run record keeps of the backend, under keys of its own
-        (:class:`~coalescence.distributed.RayBackend`: ``{"ray": {...}}``; never ``status`` or
-        ``statistics``); ``{}`` for nothing. Read when the engine closes."""
+        (:class:`~coalescence.distributed.RayBackend`: ``{"ray": {...}}``; never ``status``,
+        ``statistics`` or ``backend``); ``{}`` for nothing. Read when the engine closes."""
         ...
 
     def shutdown(self) -> None:
@@ -520,7 +534,7 @@ class ScoringBackend(Protocol):
         ...
 
 
-_RESERVED_RECORD_KEYS = frozenset({"status", "statistics"})
+_RESERVED_RECORD_KEYS = frozenset({"status", "statistics", "backend"})
 
 
 class BackendBase:
@@ -530,8 +544,9 @@ class BackendBase:
 
     The defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
     shutdown with the engine, no proxy game (``supports_proxy`` False, :meth:`score_proxy`
-    raises), zero statistics, one lane (the backend itself), no notes, no run record, a no-op
-    :meth:`shutdown`, and :meth:`generate` as one greedy :meth:`generate_batch` request.
+    raises), zero statistics, one lane (the backend itself), no notes, the class's name as its
+    identity, no run record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy
+    :meth:`generate_batch` request.
     """
 
     fingerprint: str = ""
@@ -576,9 +591,14 @@ class BackendBase:
     def release_lane(self, lane: Hashable | None) -> None:
         """Nothing to give back (one lane)."""
 
-    def run_notes(self) -> tuple[str, ...]:
+    def run_notes(self, snapshot_id: str = "") -> tuple[str, ...]:
         """No notes."""
         return ()
+
+    def identity(self) -> dict[str, str]:
+        """``{"backend": "<module>.<class>"}``: the backend's class names its engine (a backend
+        registered by name overrides it with that name)."""
+        return {"backend": f"{type(self).__module__}.{type(self).__qualname__}"}
 
     def run_record(self) -> dict[str, Any]:
         """Nothing recorded."""

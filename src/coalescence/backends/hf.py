@@ -250,6 +250,10 @@ class HFBackend(BackendBase):
             raise ConfigError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}", field="dtype")
         return getattr(torch, name)
 
+    def identity(self) -> dict[str, str]:
+        """``{"backend": "hf"}``."""
+        return {"backend": "hf"}
+
     def statistics(self) -> ScoringStatistics:
         """A snapshot of the counters over every :meth:`score` and generation call (see :class:`ScoringStatistics`)."""
         return self._stats

@@ -212,6 +212,10 @@ class FakeBackend(BackendBase):
         with self._waiting:
             return self._waiting.wait_for(lambda: self._in_call > 0, timeout)
 
+    def identity(self) -> dict[str, str]:
+        """``{"backend": "fake"}``."""
+        return {"backend": "fake"}
+
     def statistics(self) -> ScoringStatistics:
         """The counters over every call (see :class:`ScoringStatistics`): ``tokens_computed`` is
         every row's ``n_tokens`` (the fake shares no prefix); refused rows count nothing."""

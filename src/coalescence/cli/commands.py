@@ -27,11 +27,24 @@ def session() -> Session:
 
 
 def _quiet_transformers(args: argparse.Namespace) -> None:
+    """Third-party loading noise off unless ``--verbose``: transformers' warnings and bars, and
+    vLLM's start-up (its INFO/WARNING log of the engine's configuration, a logged traceback of a
+    chat-template warm-up it cannot do without a tokenizer, deprecation warnings of its imports,
+    torch's C++ NUMA note); their errors stay, and so do coalescence's own warnings."""
     if not args.verbose:
+        import logging
+        import os
+        import warnings
+
         import transformers
 
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        logging.getLogger("vllm").setLevel(logging.ERROR)  # what it logs while importing, before its own configuration
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm\.")
 
 
 def _notify(args: argparse.Namespace) -> Any:
