@@ -138,6 +138,8 @@ class AutoMethod:
             EstimatorError: ``n_players == 0``.
         """
         estimator, why = self.choose(n_players)
+        # the note names what runs: the chosen method with the proxy game as its control variate
+        why = why.replace(f"method auto ran {estimator.name}", f"method auto ran {estimator.name} with the proxy game as a control variate", 1)
         if isinstance(estimator, LassoSurrogate):
             # the least-error penalty: with the proxy in the fit, the denser one lost 0.05 of LDS at
             # 8 exact coalitions and 0.02 at 16, level at 32, +0.014 at 64 (benchmarks/RESULTS.md)
