@@ -541,7 +541,9 @@ def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_m
     assert code == 0, stderr
     assert doc["method"] == method
     assert 2 <= doc["n_evaluations"] <= min(budget, 2**N_PLAYERS)
-    assert read_manifest(run_dir)["rows"] == doc["n_evaluations"]
+    # the archive holds the exact rows and, for a two-fidelity method (lasso), the proxy game's apart
+    assert read_manifest(run_dir)["rows"] == doc["n_evaluations"] + (doc["proxy"] or {}).get("evaluations", 0)
+    assert (doc["proxy"] is not None) == (method == "lasso")
     values = [p["value"] for p in doc["players"]]
     assert sum(values) - (doc["v_full"] - doc["v_empty"]) == pytest.approx(doc["efficiency_gap"], abs=1e-9)
     if method in ("kernelshap", "regression-msr"):
@@ -550,23 +552,26 @@ def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_m
         assert "lds" in doc["diagnostics"] and "diagnostics:" in stdout
 
 
-@pytest.mark.parametrize(("budget", "chosen"), [(40, "lasso"), (100, "regression-msr")])
-def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize(("budget", "chosen", "method"), [(40, "lasso", "lasso"), (100, "regression-msr", "proxy-shapley")])
+def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen: str, method: str, tmp_path: Path, tiny_model_dir: Path) -> None:
     # 18 sentence players (the system prompt and 17 user sentences): auto takes the sparse surrogate
-    # below 5 evaluations per player (90) and regression-msr from there (its docstring's rule)
+    # below 5 evaluations per player (90) and regression-msr from there (its docstring's rule); the
+    # transformers backend plays the proxy game, so each runs in its two-fidelity form (proxy-shapley
+    # is regression-msr with the proxy as a control variate)
     conversation = {"messages": [CONVERSATION["messages"][0], {"role": "user", "content": SEVENTEEN}, CONVERSATION["messages"][2]]}
     code, stdout, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "auto", "--budget", str(budget), conversation=conversation)
     assert code == 0, stderr
     assert len(doc["players"]) == 18
-    assert doc["method"] == f"auto:{chosen}"
-    assert any(note.startswith(f"method auto ran {chosen}: {budget} evaluations for 18 players") for note in doc["notes"])
-    assert f"method auto ran {chosen}" in stdout
+    assert doc["method"] == f"auto:{method}"
+    said = f"method auto ran {chosen} with the proxy game as a control variate: {budget} evaluations for 18 players"
+    assert any(note.startswith(said) for note in doc["notes"])
+    assert said in stdout and doc["proxy"]["game"] == "kv-proxy:after-last-player"
     assert 2 <= doc["n_evaluations"] <= budget
     # a replay with no model fits the same method from the archive
     code, out, err = run_cli(["replay", str(run_dir), "--method", "auto", "--out", str(tmp_path / "replayed.json")])
     assert code == 0, err
     [replayed] = json.loads((tmp_path / "replayed.json").read_text())["explanations"]
-    assert replayed["method"] == f"auto:{chosen}"
+    assert replayed["method"] == f"auto:{method}"
     np.testing.assert_allclose([p["value"] for p in replayed["players"]], [p["value"] for p in doc["players"]], rtol=0, atol=1e-12)
 
 

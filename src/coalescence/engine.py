@@ -33,7 +33,7 @@ from .backends.base import ScoringBackend, check_backend, run_record_of
 from .conversation import Conversation
 from .snapshot import ConversationSnapshot
 from .segmentation import segment_players
-from .errors import ConfigError, EngineClosed, InputError, MaskError
+from .errors import ConfigError, EngineClosed, InputError, MaskError, TemplateRefused
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
 from .masking.proxy import TAIL_RULES, ProxyLayout, proxy_layout
@@ -359,6 +359,10 @@ class Engine:
             return "the utility generates a new answer per coalition, which the proxy game does not score"
         if policy.id != "drop":
             return f"the proxy game is defined for the drop policy only, not {policy.id}"
+        try:
+            self.proxy_layout(snapshot, policy)
+        except (ConfigError, InputError, TemplateRefused) as exc:  # e.g. a player owning the first token
+            return f"the proxy game cannot lay out this conversation ({exc})"
         return None
 
     def proxy_layout(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> ProxyLayout:

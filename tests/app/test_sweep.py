@@ -115,7 +115,8 @@ def test_each_cell_is_the_one_method_explain_run_and_a_refused_budget_is_a_recor
             assert "below the minimum of 16" in r["reason"] and r["values"] is None and r["n_evaluations"] is None
     one_conversation = write_jsonl(tmp_path / "first.jsonl", conversations(1))
     for method, budget, seed in sorted(expected, key=str):
-        options = ["--method", method] + ([] if budget is None else ["--budget", str(budget), "--seed", str(seed)])
+        # a sweep fits every cell from the exact game's rows: the explain run it equals plays no proxy game
+        options = ["--method", method, "--proxy-game", "none"] + ([] if budget is None else ["--budget", str(budget), "--seed", str(seed)])
         lasso_refused = method == "lasso" and budget == 8
         source = one_conversation if lasso_refused else data
         reference = explain_values(tmp_path, source, tiny_model_dir, f"{method}-{budget}-{seed}", *options)

@@ -194,8 +194,11 @@ def test_every_backend_has_every_member_of_the_protocol(make):
     check_backend(backend)
     assert {"fingerprint", "max_batch_size", "acquire_lane", "run_record", "shutdown", "statistics"} <= set(PROTOCOL_MEMBERS)
     assert {"supports_proxy", "score_proxy"} <= set(PROTOCOL_MEMBERS)
-    # the proxy game (issue 37): the transformers backend has it; every other one says so and refuses
-    assert isinstance(backend.supports_proxy, bool) and backend.supports_proxy == isinstance(backend, HFBackend)
+    # the proxy game (issue 37): the transformers backend has it, and the public fake plays one (its
+    # proxy_game); every other one (vLLM, a server) says so and refuses
+    from coalescence.backends.testing import FakeBackend
+
+    assert isinstance(backend.supports_proxy, bool) and backend.supports_proxy == isinstance(backend, (HFBackend, FakeBackend))
     if not backend.supports_proxy:
         with pytest.raises(BackendError, match="no proxy game"):
             backend.score_proxy([ProxyScoreRequest(prompt_ids=(5, 6, 7), target_ids=(8,), tail_start=2)])

@@ -149,7 +149,9 @@ class SweepSettings(SettingsGroup):
         out: the output directory: ``results.parquet`` and, by default, the run archive ``archive/``.
         run: everything else, as an explain run's settings (model, backend, unit, absence policy,
             utility, batch size, conversations in flight, ``archive`` ...); its own method, budget,
-            seed, target standard error, hierarchy, ``out`` and ``html`` do not apply.
+            seed, target standard error, hierarchy, ``out`` and ``html`` do not apply, nor the proxy
+            game: a sweep fits every cell from the exact game's rows alone (what an explain run with
+            ``proxy_game="none"`` fits).
 
     Raises:
         ConfigError: no or an unknown method, a budget or seed that is not an integer of the
@@ -209,6 +211,9 @@ class SweepSettings(SettingsGroup):
         for name in ("method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"):
             if getattr(run, name) != getattr(default, name):
                 raise ConfigError("does not apply to a sweep (its methods, budgets and seeds are the sweep's)", field=name)
+        for name in ("proxy_game", "proxy_budget"):  # every cell is fitted from the one pool of exact rows
+            if getattr(run, name) != getattr(default, name):
+                raise ConfigError("does not apply to a sweep (it fits every cell from the exact game's rows alone)", field=name)
         if run.archive is None or run.archive is True:  # a sweep always keeps its archive, in OUT by default
             object.__setattr__(self, "run", _replace(run, archive=Path(self.out) / "archive"))
         elif run.archive is False:

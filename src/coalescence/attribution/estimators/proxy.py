@@ -108,7 +108,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -401,6 +401,10 @@ class ControlVariateLasso(LassoSurrogate):
             order = rng.permutation(m)
             n_held = max(1, round(self.holdout * m)) if self.holdout > 0 else 0
             held, train = order[:n_held], order[n_held:]
+            if train.size < 4:  # a game of a few coalitions: no room for the control variate's coefficients
+                estimate = self.fit(masks, utilities)
+                why = f"exact rows only: {train.size} exact coalitions to fit are too few for the proxy game's control variate"
+                return replace(estimate, notes=(*estimate.notes, why))
             w, a, b, alpha = fit_lasso_with_covariate(x[train], u[train], c[train], alpha=self.alpha, cv_rule=self.cv_rule, seed=self.seed)
             values = b * phi_c + w
             lds = math.nan
