@@ -7,6 +7,7 @@ contract suite.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.metadata
 import importlib.util
@@ -68,12 +69,25 @@ def _coalition_requests(fam, tok):
     ]
 
 
-def test_values_equal_a_float64_forward_with_the_prefix_cache_on(subject):
+@contextlib.contextmanager
+def scoring(backend, forced: bool):
+    """The backend's scoring path switched for a test (both run on the session's engine)."""
+    saved, backend.forced = backend.forced, forced
+    try:
+        yield backend
+    finally:
+        backend.forced = saved
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "prompt_logprobs"])
+def test_values_equal_a_float64_forward_with_the_prefix_cache_on(subject, forced):
     fam, tok, model, backend = subject
+    assert backend.forced  # the default path
     requests = _coalition_requests(fam, tok)
     assert len(requests) >= 4
-    results = backend.score(requests)
-    results_again = backend.score(requests)  # every prompt now in vLLM's prefix cache
+    with scoring(backend, forced):
+        results = backend.score(requests)
+        results_again = backend.score(requests)  # every prompt now in vLLM's prefix cache
     for req, res, again in zip(requests, results, results_again, strict=True):
         ref = reference(model, req.prompt_ids, req.target_ids)
         assert res.token_logprobs.dtype == np.float32
@@ -81,6 +95,8 @@ def test_values_equal_a_float64_forward_with_the_prefix_cache_on(subject):
         np.testing.assert_allclose(again.token_logprobs, ref, atol=TOLERANCE)
         assert res.tokens_computed + res.tokens_reused == req.n_tokens
         assert again.tokens_reused < len(req.prompt_ids)
+        if forced:  # the prompt alone is the request: all its whole blocks (but the last token) come from the cache
+            assert again.tokens_reused == (len(req.prompt_ids) - 1) // BLOCK * BLOCK
     # the second pass read whole cached blocks of the prompts (a row whose cached blocks would
     # reach its target is rescored without the cache: 0 reused)
     assert any(r.tokens_reused >= BLOCK for r in results_again)
@@ -96,12 +112,31 @@ def test_no_target_position_is_read_from_a_cached_block(subject):
     seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
     a = ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:])
     b = ScoreRequest(prompt_ids=seq[:60], target_ids=seq[60:72])
-    backend.score([a])
-    before = backend.rescored
-    [res] = backend.score([b])
+    with scoring(backend, forced=False):
+        backend.score([a])
+        before = backend.rescored
+        [res] = backend.score([b])
     assert backend.rescored == before + 1
     np.testing.assert_allclose(res.token_logprobs, reference(model, b.prompt_ids, b.target_ids), atol=TOLERANCE)
     assert res.tokens_reused < len(b.prompt_ids)
+
+
+def test_forced_decoding_reads_a_cached_prompt_up_to_its_last_block_and_scores_its_answer(subject):
+    # the same B as above, scored by forced decoding: its 60-token prompt is A's first 60 tokens,
+    # so vLLM serves its first whole block of 32 from the cache (its last token is always computed)
+    # and decodes B's 12 answer tokens forced; no rescoring, the reference's values, and the answer
+    # decoded is B's although A's tokens follow the same prefix
+    fam, tok, model, backend = subject
+    rng = np.random.default_rng(4)
+    seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
+    a = ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:])
+    b = ScoreRequest(prompt_ids=seq[:60], target_ids=tuple(reversed(seq[60:72])))
+    backend.score([a])
+    before = backend.rescored
+    [res] = backend.score([b])
+    assert backend.rescored == before
+    assert res.tokens_reused == BLOCK
+    np.testing.assert_allclose(res.token_logprobs, reference(model, b.prompt_ids, b.target_ids), atol=TOLERANCE)
 
 
 def test_too_long_is_refused_before_vllm_runs(subject):

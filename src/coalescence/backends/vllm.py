@@ -1,14 +1,23 @@
 """vLLM backend: teacher-forced log-probabilities through vLLM's engine (in-process ``vllm.LLM``).
 
-Each :class:`~coalescence.backends.base.ScoreRequest` is one vLLM request on the token ids
-``prompt_ids + target_ids`` (the engine's tokenizer and :class:`~coalescence.masking.ChatRenderer`
-made them, exactly as for the transformers backend: this backend never tokenizes) with
-``SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)``: vLLM returns, per prompt
-position ``i >= 1``, the log-probability of token ``i`` given tokens ``< i``; the rows at the target
-positions are the scores. The requests of a call are submitted in the order they are given (the
-collator's trie order), so shared prefixes meet vLLM's prefix cache.
+Each :class:`~coalescence.backends.base.ScoreRequest` is one vLLM request on token ids the
+engine's tokenizer and :class:`~coalescence.masking.ChatRenderer` made, exactly as for the
+transformers backend (this backend never tokenizes). The requests of a call are submitted in the
+order they are given (the collator's trie order), so shared prefixes meet vLLM's prefix cache.
 
-Prefix caching. vLLM turns its prefix cache off for requests that ask for prompt log-probs; this
+Forced decoding (the default, ``scoring="forced"``). The request is ``prompt_ids`` alone with
+``max_tokens=len(target_ids)``; the engine loads
+:class:`~coalescence.backends.vllm_forcing.ForcedAnswer`, which sets every logit but the
+answer's next token to ``-inf``, so the decoded tokens are the answer's, and the log-probability
+vLLM returns for each (``logprobs=0``, ``logprobs_mode="raw_logprobs"``: from the raw logits,
+before any processor) is log p(target_j | prompt, target_<j). The prompt is read from the prefix
+cache wherever it holds it (all but its last token at most), and the language-model head runs only
+at the answer's positions.
+
+Prompt log-probabilities (``scoring="prompt_logprobs"``). The request is ``prompt_ids +
+target_ids`` with ``SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)``: vLLM
+returns, per prompt position ``i >= 1``, the log-probability of token ``i`` given tokens ``< i``;
+the rows at the target positions are the scores. vLLM turns its prefix cache off for requests that ask for prompt log-probs; this
 backend turns it back on (``skip_reading_prefix_cache=False``), because the entries vLLM returns
 for positions it served from a cached block are *not* computed (they hold garbage, not ``None``).
 A position ``i`` is computed from the hidden state at ``i - 1``, so a request's scores are valid
@@ -144,13 +153,14 @@ class VLLMBackend(BackendBase):
             vLLM's own estimate reads the memory of one NUMA node, which on some machines is a
             fraction of what the process may use, and refuses to start.
         seed: vLLM's engine seed.
-        scoring: ``"prompt_logprobs"`` (default: a row's prompt and answer in one prefill, the
-            answer's log-probabilities read from the prompt log-probabilities, the prefix-cache
-            rule above) or ``"forced"`` (the prompt alone, its answer decoded with every token
+        scoring: ``"forced"`` (default: the prompt alone, its answer decoded with every token
             forced by :class:`~coalescence.backends.vllm_forcing.ForcedAnswer` and the raw
-            log-probabilities returned: the whole prompt may come from the prefix cache, and
-            the language-model head runs on the answer's positions only, at the price of one
-            engine step per answer token).
+            log-probabilities returned: the whole prompt may come from the prefix cache, and the
+            language-model head runs on the answer's positions only, at the price of one engine
+            step per answer token; 1.5x the other path at equal tokens computed on the demo,
+            benchmarks/RESULTS.md) or ``"prompt_logprobs"`` (a row's prompt and answer in one
+            prefill, the answer's log-probabilities read from the prompt log-probabilities, the
+            prefix-cache rule above).
         engine_kwargs: more keyword arguments for ``vllm.LLM`` (``max_num_batched_tokens``, ...).
             On the CPU the defaults are ``enforce_eager=True`` (no torch.compile: minutes less at
             start) and ``distributed_executor_backend="uni"`` with vLLM's engine in this process
@@ -159,6 +169,8 @@ class VLLMBackend(BackendBase):
             the model then computes with this process's torch threads.
 
     Attributes:
+        forced: scoring by forced decoding (``scoring="forced"``); may be switched on a running
+            engine.
         rescored: requests scored again with the prefix cache skipped because their cached
             prefix reached a target position.
         in_process: the engine runs in this process (vLLM's ``uni`` executor: the CPU default,
@@ -166,7 +178,7 @@ class VLLMBackend(BackendBase):
 
     Raises:
         BackendUnavailable: vLLM is not installed, or its engine cannot start on this model.
-        ConfigError: ``max_batch_size`` < 1 or an unknown ``dtype``.
+        ConfigError: ``max_batch_size`` < 1, an unknown ``dtype`` or ``scoring``.
     """
 
     shutdown_with_engine = False
@@ -188,7 +200,7 @@ class VLLMBackend(BackendBase):
         memory_fraction: float = 0.2,
         kv_cache_gib: float | None = None,
         seed: int = 0,
-        scoring: str = "prompt_logprobs",
+        scoring: str = "forced",
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -228,11 +240,12 @@ class VLLMBackend(BackendBase):
             "seed": seed,
             **({"block_size": block_size} if block_size else {}),
         }
-        if self.forced:
-            from .vllm_forcing import ForcedAnswer
+        # loaded for either scoring path (it touches only requests that name a forced answer), so
+        # :attr:`forced` may be switched on a running engine
+        from .vllm_forcing import ForcedAnswer
 
-            kwargs["logits_processors"] = [ForcedAnswer]
-            kwargs["logprobs_mode"] = "raw_logprobs"
+        kwargs["logits_processors"] = [ForcedAnswer]
+        kwargs["logprobs_mode"] = "raw_logprobs"
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
