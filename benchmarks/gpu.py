@@ -96,14 +96,20 @@ def main() -> None:
         from coalescence.backends.registry import float32_directory, resolve_model
         from coalescence.backends.vllm import VLLMBackend
 
+        from coalescence.errors import CoalescenceError
+
         hf = backends["hf"]
         t0 = time.perf_counter()
-        directory = float32_directory(resolve_model(model), fingerprint=hf.fingerprint, tokenizer=hf.tokenizer)
-        backends["vllm"] = VLLMBackend(
-            str(directory), hf.tokenizer, model_id=hf.model_id, revision=hf.revision, fingerprint=hf.fingerprint,
-            max_context=hf.max_context, engine_kwargs={"enforce_eager": args.eager},
-        )  # fmt: skip
-        print(f"vllm start (float32 conversion included): {time.perf_counter() - t0:.1f} s (batch {backends['vllm'].max_batch_size})", flush=True)
+        try:
+            directory = float32_directory(resolve_model(model), fingerprint=hf.fingerprint, tokenizer=hf.tokenizer)
+            backends["vllm"] = VLLMBackend(
+                str(directory), hf.tokenizer, model_id=hf.model_id, revision=hf.revision, fingerprint=hf.fingerprint,
+                max_context=hf.max_context, engine_kwargs={"enforce_eager": args.eager},
+            )  # fmt: skip
+        except CoalescenceError as exc:
+            print(f"vllm rows skipped: the engine did not start ({exc})", flush=True)
+        else:
+            print(f"vllm start (float32 conversion included): {time.perf_counter() - t0:.1f} s (batch {backends['vllm'].max_batch_size})", flush=True)
 
     games = {
         "demo": ("examples/eiffel.json", "exact", None),

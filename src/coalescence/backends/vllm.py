@@ -249,6 +249,11 @@ class VLLMBackend(BackendBase):
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
+        if not on_cpu:
+            # vLLM 0.32's V2 model runner (its GPU default) takes only V2-interface logits
+            # processors; ForcedAnswer is a V1 one, which the V1 runner (still shipped) runs.
+            # Not tested on a GPU here.
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         if on_cpu:
             kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
             kwargs["enforce_eager"] = True
