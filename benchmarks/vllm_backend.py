@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--hf-batch-size", type=int, default=None, help="default: the hf backend's own (16)")
     ap.add_argument("--vllm-batch-size", type=int, default=None, help="default: the vLLM backends' own (a round's rows)")
     ap.add_argument("--dtypes", default="float32", help="vLLM engines' dtypes, one engine each (float32, bfloat16)")
-    ap.add_argument("--scorings", default="prompt_logprobs", help="vLLM engines' scoring paths, one engine each (prompt_logprobs, forced)")
+    ap.add_argument("--scorings", default="forced", help="vLLM engines' scoring paths, one engine each (forced: the default; prompt_logprobs)")
     ap.add_argument("--serve-plain", action="store_true", help="the started server without the forcing processor")
     ap.add_argument("--limit", type=int, default=None, help="only the first N coalitions of each game (a quicker probe)")
     ap.add_argument("--rounds", type=int, default=1, help="run the backends in turn this many times (A, B, A, B: ratios on a loaded machine)")
