@@ -170,7 +170,7 @@ def captum_method(kind: str, game, budget: int, seed: int) -> Result | None:
 
 
 def methods() -> dict[str, object]:
-    from coalescence.attribution.estimators.shapiq_adapter import approximator_names
+    from coalescence.attribution.estimators.shapiq import approximator_names
 
     out: dict[str, object] = {}
     for m in NATIVE:
@@ -292,7 +292,8 @@ def main() -> None:
     budgets = [int(b) for b in args.budgets.split(",")]
     games = [(f"analytic n={n}", MixedGame(int(n), seed=0)) for n in args.players.split(",") if n]
     reals = [load_real(p) for p in args.real.split(",") if p]
-    from coalescence.attribution.estimators.shapiq_adapter import _InProcess, external_shapiq
+    from coalescence.attribution.estimators.shapiq.external import external_shapiq
+    from coalescence.attribution.estimators.shapiq.inprocess import _InProcess
 
     external = external_shapiq()
     print(f"shapiq here: {_InProcess().version()}; external: {external.version() if external else 'none'}")

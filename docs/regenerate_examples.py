@@ -13,7 +13,7 @@ What it does:
    what the command printed (``explain.txt``);
 3. rewrites every block of README.md and docs/*.md between ``<!-- example: NAME -->`` and
    ``<!-- end example -->`` with the current code's output: ``explain`` (the demo's printout),
-   ``compare`` (``coalescence compare`` on the recorded archive); the README's demo printout keeps
+   ``compare`` and ``evaluate`` (run on the recorded archive); the README's demo printout keeps
    the first four rows of the ranked table and the last.
 
 Paths of the temporary run are written as the README's demo names them (``runs/eiffel-<time>``,
@@ -38,6 +38,7 @@ DEMO = ROOT / "docs" / "demo"
 COALESCENCE = [sys.executable, "-m", "coalescence.cli"]
 DEMO_ARGS = ["examples/eiffel.json", "--model", "smollm2-135m", "--unit", "sentence", "--method", "exact"]
 COMPARE_ARGS = ["--method", "exact,kernelshap,lasso,loo", "--budget", "64"]
+EVALUATE_ARGS = ["--method", "exact,lasso", "--budget", "64"]
 BLOCK = re.compile(r"(<!-- example: (?P<name>[\w-]+) -->\n```\n)(?P<body>.*?)(```\n<!-- end example -->)", re.S)
 
 
@@ -58,11 +59,11 @@ def elide(printed: str, keep: int = 4) -> str:
     return "".join(lines[: rows[keep]] + ["   ...\n"] + lines[rows[-1] :])
 
 
-def compare_output() -> str:
-    """``coalescence compare`` on the recorded archive, its path written as the README's."""
-    out = _run(["compare", str(DEMO / "eiffel-run"), *COMPARE_ARGS])
-    command = " ".join(["coalescence compare runs/eiffel-<time>", *COMPARE_ARGS])
-    return command + "\n" + out.replace(str(DEMO / "eiffel-run"), "runs/eiffel-<time>")
+def compare_output(command: str = "compare", args: list[str] = COMPARE_ARGS) -> str:
+    """``coalescence compare`` (or ``evaluate``) on the recorded archive, its path written as the README's."""
+    out = _run([command, str(DEMO / "eiffel-run"), *args, "--no-progress"])
+    line = " ".join([f"coalescence {command} runs/eiffel-<time>", *args])
+    return line + "\n" + out.replace(str(DEMO / "eiffel-run"), "runs/eiffel-<time>")
 
 
 def record_demo() -> str:
@@ -106,6 +107,7 @@ def rewrite(blocks: dict[str, str]) -> list[str]:
 def main() -> None:
     blocks = {"explain": elide(record_demo())}
     blocks["compare"] = compare_output()
+    blocks["evaluate"] = compare_output("evaluate", EVALUATE_ARGS)  # the exact run holds every coalition: no model call
     changed = rewrite(blocks)
     print(f"recorded the demo in {DEMO.relative_to(ROOT)}; rewrote: {', '.join(changed) or 'nothing (unchanged)'}")
     print("now run: .venv/bin/python -m pytest tests/test_readme.py")

@@ -588,6 +588,25 @@ def test_target_stderr_needs_a_method_with_standard_errors(tmp_path: Path, cwd: 
     assert "standard errors" in line
 
 
+def test_auto_with_a_target_stderr_samples_with_the_estimator_it_chooses(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # 4 players at budget 12: auto's rule (at most 16 players) runs regression-msr, which reports
+    # standard errors, so the rounds run with it instead of a refusal claiming there are none
+    code, stdout, stderr, doc, _ = explain(tmp_path, tiny_model_dir, "auto", "--method", "auto", "--budget", "12", "--target-stderr", "1e-9")
+    assert code == 0, stderr
+    assert doc["method"] == "auto:regression-msr" and doc["stopping"]["reason"] in ("budget", "exact")
+    assert doc["n_evaluations"] <= 12 and any(note.startswith("method auto ran regression-msr") for note in doc["notes"])
+
+
+def test_auto_with_a_target_stderr_is_refused_where_it_chooses_lasso(tmp_path: Path, cwd: Path, capsys, tiny_model_dir: Path) -> None:
+    # 18 players at budget 40 (below 5 per player): auto runs lasso, which reports no standard
+    # errors; the refusal names that choice, before anything is written
+    conversation = {"messages": [CONVERSATION["messages"][0], {"role": "user", "content": SEVENTEEN}, CONVERSATION["messages"][2]]}
+    path = write_input(tmp_path, conversation)
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "auto", "--budget", "40", "--target-stderr", "0.1"]
+    line = assert_refused(argv, "--target-stderr", tmp_path, cwd, capsys)
+    assert "auto chooses lasso for 18 players at budget 40" in line and "reports no standard errors" in line
+
+
 # -- utilities: per-token scores, answer sub-spans, kinds --------------------------------------
 
 
@@ -834,3 +853,43 @@ def test_help_sections_hold_the_options_of_their_kind(command: str) -> None:
     assert sections["options"] == ["--help"]
     if command == "replay":
         assert "--model" not in sections["replay"]
+
+
+@pytest.mark.parametrize(
+    ("option", "typo", "meant"),
+    [("--method", "kernalshap", "kernelshap"), ("--utility", "logprb", "logprob"), ("--absence-policy", "plaecholder", "placeholder"), ("--unit", "sentense", "sentence")],
+)
+def test_a_misspelt_name_gets_a_suggestion(tmp_path: Path, capsys, option: str, typo: str, meant: str) -> None:
+    # --method is checked by the estimator registry, the others are argparse choices: one hint for all
+    path = write_input(tmp_path, CONVERSATION)
+    try:
+        code = main(["explain", str(path), "--model", str(tmp_path / "no-model"), option, typo, "--archive", str(tmp_path / "run")])
+    except SystemExit as exc:  # argparse's refusal
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"coalescence: error: {option}: ") and err.count("\n") == 1, err
+    assert f"did you mean {meant}?" in err and not (tmp_path / "run").exists()
+
+
+def test_a_misspelt_name_gets_a_suggestion_in_python() -> None:
+    from coalescence.attribution.estimators import make_estimator
+    from coalescence.conversation import Conversation
+    from coalescence.errors import CoalescenceError
+    from coalescence.masking.policies import get_policy
+    from coalescence.segmentation import segment_players
+    from coalescence.utility import get_utility
+
+    conversation = Conversation.from_dict(CONVERSATION)
+    for call, meant in (
+        (lambda: make_estimator("kernalshap", budget=64), "kernelshap"),
+        (lambda: make_estimator("Banzhaf", budget=64), "banzhaf"),
+        (lambda: get_utility("token-f1"), "token_f1"),
+        (lambda: get_policy("plaecholder"), "placeholder"),
+        (lambda: segment_players(conversation, unit="sentense"), "sentence"),
+    ):
+        with pytest.raises(CoalescenceError) as info:
+            call()
+        assert f"did you mean {meant}?" in str(info.value)
+    with pytest.raises(CoalescenceError) as info:
+        make_estimator("zzz", budget=64)
+    assert "did you mean" not in str(info.value)  # nothing close: no guess

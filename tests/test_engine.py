@@ -183,6 +183,27 @@ async def test_explain_until_target_stderr_rounds(tiny_backend):
     assert info.value.field == "target_stderr"
 
 
+@pytest.mark.parametrize("method", ["kernelshap", "regression-msr", "auto"])
+def test_target_stderr_rounds_never_spend_more_than_the_budget(chatml_tokenizer, method):
+    """The budget caps the distinct coalitions of all rounds together, not each round's: the
+    kernel plans of two budgets are not nested (a larger budget enumerates more sizes), so their
+    union can outgrow the budget (428 distinct rows for budget 400 at n = 10 before the cap)."""
+    import anyio
+
+    from coalescence.attribution.estimators import make_estimator
+    from coalescence.backends.testing import FakeBackend
+
+    snap = ConversationSnapshot.build(Conversation(messages=(Message(role="user", content=" ".join(f"w{i}" for i in range(10))),), target="OK."), unit="word")
+    backend = FakeBackend(chatml_tokenizer)
+    engine = Engine(backend, batch_size=64)
+    estimator_for = lambda budget: make_estimator(method, budget=budget, seed=0)  # noqa: E731
+    explanation = anyio.run(lambda: engine.explain_until(snap, estimator_for, DropPolicy(), budget=400, target_stderr=1e-12))
+    engine.close()
+    assert sum(backend.calls) <= 400  # every row that reached the game, counted by the backend itself
+    assert explanation.n_evaluations == sum(backend.calls) and explanation.stopping["reason"] == "budget"
+    assert explanation.estimate.stderr is not None and np.all(np.isfinite(explanation.estimate.stderr))
+
+
 # twins (symmetric players get exactly equal values) and context refusals are part of every
 # backend's contract: tests/backends/test_contract.py
 
@@ -214,7 +235,7 @@ async def test_the_engine_reads_lanes_notes_records_and_shutdown_from_the_backen
         def release_lane(self, lane):
             self.released.append(lane)
 
-        def run_notes(self):
+        def run_notes(self, snapshot_id=""):
             return ("two fake lanes",)
 
         def run_record(self):

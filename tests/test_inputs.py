@@ -394,3 +394,34 @@ def test_document_template_takes_plain_fields_only(document, words):
 def test_document_template_with_escaped_braces_renders():
     c = conversation_from_input(RAG, RagTemplate(document="{{{id}}} {{text}}: {text}"))
     assert c.messages[1].content.startswith("{a} {text}: Paris is the capital of France.")
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "meant"),
+    [
+        (DECLARED | {"targte": "In France."}, "targte", "target"),
+        (DECLARED | {"player": DECLARED["players"]}, "player", "players"),
+        (RAG | {"answr": "Paris."}, "answr", "answer"),
+        (RAG | {"documents": [{"id": "p", "tittle": "Paris", "text": "Paris is in France."}]}, "documents[0].tittle", "title"),
+    ],
+)
+def test_a_misspelt_optional_field_is_refused_naming_the_closest(tmp_path, capsys, data, field, meant):
+    # an optional field ignored for a typo silently changes the run (the answer explained, the
+    # players); a field close to a known one is refused, naming it, before the model is located
+    with pytest.raises(InputError) as info:
+        conversation_from_input(data)
+    assert info.value.field == field and f"did you mean {meant!r}?" in info.value.message
+    source = tmp_path / "in.json"
+    source.write_text(json.dumps(data))
+    assert main(["explain", str(source), "--model", str(tmp_path / "no-model"), "--archive", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"coalescence: error: {field}: ") and err.count("\n") == 1 and not (tmp_path / "run").exists(), err
+
+
+def test_fields_of_other_names_are_metadata_and_pass() -> None:
+    # dataset rows carry ids and labels: names far from every known field, or a known one with a
+    # suffix (question_id), are not typos
+    plain = conversation_from_input(DECLARED)
+    assert conversation_from_input(DECLARED | {"id": 7, "source": "wiki", "target_id": 3, "label": "x"}) == plain
+    rag = conversation_from_input(RAG)
+    assert conversation_from_input(RAG | {"question_id": "q1", "id": "r1", "split": "dev"}) == rag

@@ -4,9 +4,11 @@ underscore in the module path or the name)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +38,38 @@ def test_all_matches_what_the_module_defines(name: str) -> None:
         if not n.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__ == name
     }
     assert sorted(defined - set(module.__all__)) == []
+
+
+def _imported_modules(path: Path, module: str) -> set[str]:
+    """Every module ``path`` imports, module-level and function-level alike, relative imports
+    resolved against ``module`` (its dotted name); ``from X import name`` counts ``X.name`` too (a
+    submodule imported by name)."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_results_never_import_their_presentation() -> None:
+    """docs/development.md: imports run down the floors only. The report reads explanations; the
+    attribution package (estimators and the result object) imports neither the report nor anything
+    above it (the application layer, the CLI, the API)."""
+    root = Path(coalescence.__file__).parent
+    above = ("coalescence.report", "coalescence.app", "coalescence.cli", "coalescence.api")
+    wrong = []
+    for path in sorted((root / "attribution").rglob("*.py")):
+        module = "coalescence." + ".".join(path.relative_to(root).with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        wrong += [f"{module} -> {m}" for m in _imported_modules(path, module) if m == "coalescence" or m.startswith(above)]
+    assert wrong == []
+    # the reading resolves relative imports, at module level and inside a function
+    assert "coalescence.attribution.interactions" in _imported_modules(root / "attribution" / "estimators" / "exact.py", "coalescence.attribution.estimators.exact")
+    assert "coalescence.report.chart" in _imported_modules(root / "report" / "formatter.py", "coalescence.report.formatter")

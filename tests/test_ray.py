@@ -105,6 +105,7 @@ def test_two_workers_give_the_single_process_values_with_every_coalition_once(tm
     assert record["ray"]["workers"] == 2 and record["ray"]["lost_workers"] == []
     assert all(calls > 0 for calls in record["ray"]["calls_per_worker"]), "conversations went to both workers"
     assert record["run_config"]["ray"]["workers"] == 2
+    assert record["backend"] == {"backend": "hf"}  # Ray places the calls; the workers' transformers compute
 
 
 @pytest.mark.parametrize("how", ["ray.kill", "SIGKILL"])

@@ -98,3 +98,30 @@ def test_a_dataframe_and_a_dataset_are_datasets_of_their_rows(jsonl_file, tiny_m
     with pytest.raises(InputError) as info:
         read_source(pd.DataFrame({"messages": [[{"role": "user", "content": "hi"}], [{"role": "robot", "content": "x"}]]}))
     assert info.value.field.startswith("row 1: ")
+
+
+def test_a_dataset_dict_is_refused_naming_its_splits() -> None:
+    # load_dataset(...) without split= gives a DatasetDict: a mapping of split names to Datasets,
+    # not an input dict; the refusal names the splits and how to pick one, not a field never written
+    datasets = pytest.importorskip("datasets", reason="pip install -c constraints.txt -e '.[test]'")
+    records = [as_input(r) for r in ROWS]
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(records), "test": datasets.Dataset.from_list(records[:1])})
+    for call in (lambda: read_source(splits), lambda: coalescence.explain(splits, model="smollm2-135m")):
+        with pytest.raises(InputError) as info:
+            call()
+        assert info.value.field == "input" and "messages" not in info.value.message
+        assert "train, test" in info.value.message and "['train']" in info.value.message
+
+
+def test_a_nan_inside_a_document_is_absent_as_a_nan_cell_is() -> None:
+    # pandas writes NaN for a missing value, in a cell or inside a record of an object column;
+    # both are absent (as a Parquet null is), neither is refused as a float
+    pd = pytest.importorskip("pandas", reason="pip install -c constraints.txt -e '.[notebook]'")
+    nan = float("nan")
+    docs = [{"id": "p", "title": "Paris", "text": "Paris is in France."}, {"id": "r", "text": "Rome is in Italy."}]
+    expected = conversation_from_input({"documents": docs, "question": "Where is Paris?"})
+    with_nan = [docs[0], {"id": "r", "title": nan, "text": "Rome is in Italy."}]
+    frame = pd.DataFrame({"documents": [with_nan], "question": ["Where is Paris?"], "answer": [nan]})
+    [conversation], _ = read_source(frame)
+    assert conversation == expected
+    assert conversation.target is None  # the NaN answer cell: absent, the model would generate it

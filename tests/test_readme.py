@@ -98,6 +98,26 @@ def test_the_readme_compare_example_is_what_compare_prints_now(capsys):
     assert printed == expected
 
 
+def test_the_readme_evaluate_example_is_what_evaluate_prints_now(capsys):
+    block = _block("evaluate")
+    command, expected = block.split("\n", 1)
+    args = command.split()[1:]
+    assert args[:2] == ["evaluate", "runs/eiffel-<time>"]
+    assert cli.main(["evaluate", str(DEMO / "eiffel-run"), *args[2:], "--no-progress"]) == 0
+    printed = capsys.readouterr().out.replace(str(DEMO / "eiffel-run"), "runs/eiffel-<time>")
+    assert printed == expected
+    assert "0 evaluated with the model" in printed  # the exact run holds every coalition: the archive is not written
+    lds = dict(re.findall(r"^(\w+): .*\n  LDS \(Spearman, 32 keep-half coalitions\): ([+-]\d\.\d+)", printed, re.M))
+    drop = re.search(r"^\s+1\s+([+-]\d+\.\d+)\s+([+-]\d+\.\d+) \[", printed, re.M)
+    assert drop is not None
+    prose = README.split("<!-- example: evaluate -->", 1)[1].split("<!-- end example -->", 1)[1].split("\n\n", 2)[1]
+    for quoted in (
+        f"({float(lds['lasso']):.2f} against\n{float(lds['exact']):.2f})",
+        f"removing it alone costs {float(drop[1]):.1f} nats, against {float(drop[2]):.1f} for a random sentence",
+    ):
+        assert quoted in prose, quoted
+
+
 def test_the_numbers_the_prose_quotes_are_the_recorded_runs():
     gap = DOCUMENT["v_full"] - DOCUMENT["v_empty"]
     fact, question, pisa = _player("1889")["value"], _player("Question:")["value"], _player("Pisa")["value"]

@@ -213,7 +213,7 @@ def test_an_external_shapiq_method_resumes_after_kill_9_and_replays_with_no_mode
     """shapiq:RegressionMSR (shapiq 1.8, run by the external shapiq in Python 3.12) on the real CLI:
     kill -9 mid-run then resume equals an uninterrupted run, every coalition once; replay with no
     model equals the run."""
-    from coalescence.attribution.estimators.shapiq_adapter import ENV_PYTHON, external_shapiq
+    from coalescence.attribution.estimators.shapiq import ENV_PYTHON, external_shapiq
 
     if external_shapiq() is None:
         pytest.skip(f"no external shapiq: `make install` sets one up (.venv-shapiq), or set {ENV_PYTHON}")

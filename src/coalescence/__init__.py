@@ -19,7 +19,7 @@ itself (coalitions through the scheduler, collator and backend).
 """
 
 from ._version import __version__
-from .api import Explainer, explain, explain_async, sweep
+from .api import Explainer, evaluate, explain, explain_async, sweep
 from .app.show import ShownCoalition, show_coalition
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
@@ -48,6 +48,10 @@ from .scheduler import Progress, ResultStore, SchedulerStatistics
 from .segmentation import segment_players
 from .snapshot import ConversationSnapshot
 from .utility import GenerationConfig, UtilitySpec
+from .attribution.explanation import set_formatter as _set_formatter
+from .report.formatter import ExplanationFormatter as _ExplanationFormatter
+
+_set_formatter(_ExplanationFormatter())  # explanations present themselves through the report (it reads them)
 
 __all__ = (
     "AbsencePolicy",
@@ -92,6 +96,7 @@ __all__ = (
     "UtilitySpec",
     "__version__",
     "coalition_key",
+    "evaluate",
     "explain",
     "explain_async",
     "explain_hierarchical",

@@ -14,7 +14,8 @@ Both run the same application layer as the ``coalescence explain`` command
 the command writes with the same settings, and either resumes or replays the other's run.
 :func:`explain_async` / :meth:`Explainer.explain_async` are the twins for code already in an event
 loop (asyncio or trio, e.g. Jupyter's). :func:`sweep` is the ``coalescence sweep`` command: many
-estimators, budgets and seeds fitted from one coalition pool per conversation.
+estimators, budgets and seeds fitted from one coalition pool per conversation. :func:`evaluate` is
+the ``coalescence evaluate`` command: an explanation's faithfulness on fresh exact coalitions.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .attribution.estimators.base import Estimator
 from .errors import ConfigError
 from .utility import UtilitySpec
 
-__all__ = ("DEFAULT_MODEL", "Explainer", "explain", "explain_async", "sweep")
+__all__ = ("DEFAULT_MODEL", "Explainer", "evaluate", "explain", "explain_async", "sweep")
 
 Source = str | Path | dict[str, Any] | list[dict[str, Any]] | Any
 """What an entry point explains: a path, an input dict, a list of messages or of input dicts, or a
@@ -258,3 +259,57 @@ def sweep(
         raise ConfigError(f"unknown option {unknown[0]!r}; use one of {', '.join(sorted(_SWEEP_OPTIONS))}", field=unknown[0])
     run = RunSettings(model=model, unit=unit, archive=archive, **options)
     return sweep_run(source, SweepSettings(methods=methods, budgets=budgets, seeds=seeds, out=out, run=run))
+
+
+def evaluate(
+    source: str | Path,
+    *,
+    coalitions: int = 32,
+    seed: int = 0,
+    method: str | list[str] | tuple[str, ...] | None = None,
+    model: str | None = None,
+    backend: Any = None,
+    archive: str | Path | None = None,
+    out: str | Path | None = None,
+    progress: bool | None = None,
+    **options: Any,
+) -> Any:
+    """How faithful an explanation is on fresh exact coalitions of its game, as ``coalescence
+    evaluate`` (see :mod:`coalescence.app.evaluate`): its LDS (Spearman's rank correlation of
+    ``sum_{i in S} phi_i`` against ``v(S)`` over seeded random keep-half coalitions, with a bootstrap
+    95% interval) and its top-k removal drops (k = 1, 3, 5) against removing k random players.
+
+    Args:
+        source: a run archive directory, or an ``--out`` JSON document.
+        coalitions: held-out keep-half coalitions of the LDS (>= 2).
+        seed: the seed of the coalitions and of the bootstrap.
+        method: run archive: the methods fitted and evaluated (default: the run's).
+        model: the model evaluating the coalitions the archive lacks (default: the run's), by name.
+        backend: a backend name (``hf``, ``vllm``), or a loaded
+            :class:`~coalescence.backends.base.ScoringBackend` used instead of loading ``model``.
+        archive: an ``--out`` document's run archive, when it names none.
+        out: also write the evaluation as JSON here.
+        progress: a progress bar (default: on a terminal).
+        options: the other :class:`~coalescence.app.settings.EvaluateSettings` fields
+            (``random_draws``, ``budget``, ``run_id``, ``conversation``, ``device``, ...).
+
+    Returns:
+        An :class:`~coalescence.app.evaluate.Evaluation` (``.format()``, ``.to_dict()``, ``.results``).
+
+    Raises:
+        InputError, ConfigError, ArchiveError, EstimatorError: as
+            :func:`~coalescence.app.evaluate.evaluate_source`.
+        BackendUnavailable, BatchFailed: the model cannot be loaded, or a model call failed.
+    """
+    from .app.evaluate import evaluate_source
+    from .app.settings import EvaluateSettings
+
+    known = {f.name for f in fields(EvaluateSettings)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"is not an option of evaluate; options: {', '.join(sorted(known))}", field=unknown[0])
+    loaded = backend if backend is not None and not isinstance(backend, str) else None
+    if isinstance(backend, str):
+        options["backend"] = backend
+    settings = EvaluateSettings(coalitions=coalitions, seed=seed, methods=method, model=model, archive=archive, out=out, **options)
+    return evaluate_source(source, settings, backend=loaded, progress=_progress(progress))

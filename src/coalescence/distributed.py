@@ -95,6 +95,7 @@ class ModelWorker:
             "dtype": b.dtype,
             "sha256": str(b.fingerprint or ""),
         }
+        out["identity"] = dict(b.identity())
         out["max_context"] = int(b.max_context)
         out["max_batch_size"] = int(b.max_batch_size)
         out["pads_rows"] = bool(b.pads_rows)
@@ -165,6 +166,10 @@ class _Lane(BackendBase):
         self.max_batch_size = owner.max_batch_size
         self.pads_rows = owner.pads_rows
 
+    def identity(self) -> dict[str, str]:
+        """The workers' backend (:meth:`RayBackend.identity`)."""
+        return self.owner.identity()
+
     def score(self, requests: Sequence[Any]) -> list[Any]:
         return self.owner.call(self.index, "score", list(requests))
 
@@ -214,6 +219,8 @@ class RayBackend(BackendBase):
         self.revision = identity["revision"]
         self.dtype = identity["dtype"]
         self.fingerprint = identity["sha256"]
+        # the workers' backend (as ModelWorker.info reports it; all workers load the same one)
+        self.engine_identity = dict(infos[0].get("identity") or {"backend": "unknown"}) if infos else {"backend": "unknown"}
         self.tokenizer = tokenizer
         self.max_context = int(max_context)
         self.max_batch_size = int(max_batch_size or min(int(info.get("max_batch_size", DEFAULT_BATCH_SIZE)) for info in infos))
@@ -354,6 +361,11 @@ class RayBackend(BackendBase):
             return self._least_loaded()
 
     # -- records ------------------------------------------------------------------------------------
+    def identity(self) -> dict[str, str]:
+        """The backend the workers run (``{"backend": "hf"}``...): Ray places the calls, the
+        workers' engine computes the values."""
+        return dict(self.engine_identity)
+
     def run_record(self) -> dict[str, Any]:
         """What the archive manifest's run record keeps of the workers: ``{"ray": {workers,
         threads_per_worker, nodes, calls_per_worker, lost_workers, calls_run_again}}``."""
@@ -369,8 +381,8 @@ class RayBackend(BackendBase):
                 }
             }
 
-    def run_notes(self) -> tuple[str, ...]:
-        """Explanation notes: the lost workers, if any."""
+    def run_notes(self, snapshot_id: str = "") -> tuple[str, ...]:
+        """Explanation notes: the lost workers, if any (the whole run's)."""
         with self._lock:
             if not self.lost:
                 return ()

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from .archive.writer import RunArchive
-from .attribution.estimators.base import Estimator
+from .attribution.estimators.base import Estimator, for_target_stderr
 from .attribution.explanation import AnswerToken, Explanation, answer_tokens
 from .backends.base import ScoringBackend, check_backend, run_record_of
 from .conversation import Conversation
@@ -36,6 +36,7 @@ from .segmentation import segment_players
 from .errors import ConfigError, EngineClosed, InputError, MaskError
 from .masking.codec import PackedMask, coalition_key
 from .masking.policies import AbsencePolicy
+from .masking.proxy import TAIL_RULES, ProxyLayout, proxy_layout
 from .masking.render import ChatRenderer, TargetTokens
 from .pipeline import BackendCall, CoalitionRequest, Measurement, ScoringPipeline
 from .scheduler.buckets import LengthBuckets, share_order
@@ -47,6 +48,10 @@ from .utility import ResolvedUtility, UtilitySpec
 
 __all__ = (
     "UTILITY",
+    "PROXY_GAME",
+    "game_utility",
+    "proxy_agreement",
+    "proxy_game_name",
     "counting_evaluations",
     "Engine",
     "fill_measurements",
@@ -78,6 +83,52 @@ def counting_evaluations() -> Iterator[list[int]]:
         _EXECUTED.reset(token)
 
 
+def _fitting_round(
+    estimator_for: Callable[[int], Estimator],
+    n_players: int,
+    planned: set[bytes],
+    *,
+    budget: int,
+    low: int,
+    high: int,
+) -> tuple[int, Estimator, list[np.ndarray], set[bytes]] | None:
+    """The round of a target standard error that keeps the distinct coalitions within ``budget``.
+
+    ``high``'s plan when, with the coalitions ``planned`` by earlier rounds, it stays within
+    ``budget``; otherwise the largest round budget in ``(low, high)`` whose plan does (bisection:
+    ``low``'s plan, all in ``planned``, fits; ``high``'s does not), or ``None`` when none above
+    ``low`` fits.
+
+    Args:
+        estimator_for: ``budget -> estimator``, each plan a pure function of its budget.
+        n_players: the game's n.
+        planned: the packed masks (little-endian bytes) of the earlier rounds' coalitions.
+        budget: the most distinct coalitions over all rounds.
+        low, high: the last round's budget (0: none) and this round's.
+
+    Returns:
+        ``(round budget, estimator, its plan's rows, their packed masks)``, or ``None``.
+    """
+
+    def plan(b: int) -> tuple[int, Estimator, list[np.ndarray], set[bytes]]:
+        estimator = estimator_for(b)
+        rows = list(estimator.plan(n_players))
+        return b, estimator, rows, {np.packbits(r, bitorder="little").tobytes() for r in rows}
+
+    best = plan(high)
+    if len(planned | best[3]) <= budget:
+        return best
+    found = None
+    while high - low > 1:
+        mid = (low + high) // 2
+        candidate = plan(mid)
+        if len(planned | candidate[3]) <= budget:
+            low, found = mid, candidate
+        else:
+            high = mid
+    return found
+
+
 class Engine:
     """Evaluates coalitions of conversation snapshots on one backend, each distinct key once.
 
@@ -98,6 +149,9 @@ class Engine:
         now: the instant chat templates that write the date render (default: pinned when the
             engine is made, see :class:`~coalescence.masking.render.ChatRenderer`); a resumed or
             replayed run passes the one its manifest records.
+        proxy_game: the tail rule of the shared-KV proxy game that two-fidelity estimators use
+            (:data:`~coalescence.masking.proxy.TAIL_RULES`), or ``None`` (the default): exact rows
+            only. The proxy is played only where it is defined and measured (:meth:`proxy_refusal`).
 
     Every model evaluation's measurement (per-token log-probabilities, or generated texts) is
     kept by its evaluation key (:attr:`measurements`, filled from an attached archive too), so a
@@ -106,8 +160,9 @@ class Engine:
 
     Raises:
         ConfigError: ``batch_size`` < 1 or above the backend's ``max_batch_size`` (which would
-            split each call again), or a backend that lacks a member of
-            :class:`~coalescence.backends.base.ScoringBackend` (naming them).
+            split each call again), a backend that lacks a member of
+            :class:`~coalescence.backends.base.ScoringBackend` (naming them), or an unknown
+            ``proxy_game`` tail rule.
         InputError: the backend's tokenizer has no chat template.
     """
 
@@ -122,8 +177,12 @@ class Engine:
         buckets: LengthBuckets | None = None,
         utility: UtilitySpec | None = None,
         now: datetime | None = None,
+        proxy_game: str | None = None,
     ) -> None:
         check_backend(backend)
+        if proxy_game is not None and proxy_game not in TAIL_RULES:
+            raise ConfigError(f"unknown tail rule {proxy_game!r}; choose one of {', '.join(TAIL_RULES)}", field="proxy_game")
+        self.proxy_game = proxy_game
         self.backend = backend
         self.utility = utility if utility is not None else UtilitySpec()
         self.measurements: dict[str, Measurement] = {}
@@ -153,6 +212,7 @@ class Engine:
         self._shared: dict[Any, ScoringPipeline] = {}
         self._users: dict[Any, int] = {}
         self._targets: dict[str, TargetTokens] = {}
+        self._layouts: dict[Any, ProxyLayout] = {}
         self._closed = False
 
     # -- statistics ---------------------------------------------------------------------------
@@ -282,13 +342,47 @@ class Engine:
             self._resolved[cache_key] = cached
         return cached
 
-    def key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
-        """The coalition key of ``mask`` under this engine's model and utility."""
-        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot, policy).coalition_utility())
+    def key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask, *, game: str = "exact") -> str:
+        """The coalition key of ``mask`` under this engine's model and utility, in ``game``
+        (``"exact"``, or a proxy game's name: its rows are keyed apart, :func:`game_utility`)."""
+        utility = game_utility(self.resolved_utility(snapshot, policy).coalition_utility(), game)
+        return key_for(snapshot, policy, self.model, mask, utility=utility)
 
-    def evaluation_key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask) -> str:
-        """The key of ``mask``'s model evaluation (its measurement, whatever the reduction)."""
-        return key_for(snapshot, policy, self.model, mask, utility=self.resolved_utility(snapshot, policy).evaluation_utility())
+    def evaluation_key(self, snapshot: ConversationSnapshot, policy: AbsencePolicy, mask: PackedMask, *, game: str = "exact") -> str:
+        """The key of ``mask``'s model evaluation (its measurement, whatever the reduction), in ``game``."""
+        utility = game_utility(self.resolved_utility(snapshot, policy).evaluation_utility(), game)
+        return key_for(snapshot, policy, self.model, mask, utility=utility)
+
+    # -- the proxy game -------------------------------------------------------------------------
+    def proxy_refusal(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> str | None:
+        """Why this engine does not play the proxy game for ``snapshot`` under ``policy``, as a
+        sentence, or ``None`` when it does.
+
+        The proxy game is played where it is defined and was measured: a backend that scores it
+        (``supports_proxy``), a teacher-forced utility (the answer's ids are fixed, so the tail is
+        one sequence for every coalition) and the ``drop`` policy (an absent player's tokens are
+        simply unseen; a placeholder would have to be written into the shared KV).
+        """
+        if self.proxy_game is None:
+            return "the proxy game is off (proxy_game none)"
+        if not self.backend.supports_proxy:
+            return f"backend {type(self.backend).__name__} cannot score the shared-KV proxy game"
+        if not self.resolved_utility(snapshot, policy).spec.teacher_forced:
+            return "the utility generates a new answer per coalition, which the proxy game does not score"
+        if policy.id != "drop":
+            return f"the proxy game is defined for the drop policy only, not {policy.id}"
+        return None
+
+    def proxy_layout(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> ProxyLayout:
+        """The proxy game's layout of ``snapshot`` (cached): the full prompt, its players' token
+        ranges and the tail's start by this engine's tail rule."""
+        cache_key = (snapshot.snapshot_id, policy)
+        layout = self._layouts.get(cache_key)
+        if layout is None:
+            assert self.proxy_game is not None
+            layout = proxy_layout(self.renderer, snapshot, self.target_tokens(snapshot, policy), tail=self.proxy_game, policy=policy)
+            self._layouts[cache_key] = layout
+        return layout
 
     def attach_archive(self, archive: RunArchive) -> int:
         """Record results in ``archive`` and serve the coalitions it already holds from the store.
@@ -365,6 +459,7 @@ class Engine:
                 target_tokens=self.target_tokens,
                 resolved_utility=self.resolved_utility,
                 measurements=self.measurements,
+                proxy_layout=self.proxy_layout,
             )
         self._users[lane] = self._users.get(lane, 0) + 1
         return lane, shared
@@ -384,6 +479,8 @@ class Engine:
         snapshot: ConversationSnapshot,
         policy: AbsencePolicy,
         coalitions: Iterable[np.ndarray],
+        *,
+        game: str = "exact",
     ) -> tuple[np.ndarray, np.ndarray]:
         """Utilities of the distinct coalitions among ``coalitions``.
 
@@ -395,6 +492,8 @@ class Engine:
             snapshot: the conversation and its players.
             policy: the absence policy.
             coalitions: 1-D bool rows ``[n_players]`` (True = present), possibly repeated.
+            game: ``"exact"`` (default), or the proxy game's name (:func:`proxy_game_name` of the
+                engine's tail rule): its rows are keyed, scored and archived as that game's.
 
         Returns:
             ``masks`` ``[m, n_players]`` bool (distinct, first-seen order) and ``utilities``
@@ -408,6 +507,10 @@ class Engine:
         if self._closed:
             raise EngineClosed("the engine is closed")
         self.resolved_utility(snapshot, policy)
+        if game != "exact":
+            refused = self.proxy_refusal(snapshot, policy)
+            if refused is not None or game != proxy_game_name(self.proxy_game or ""):
+                raise ConfigError(f"cannot evaluate rows of {game}: {refused or 'not this engine’s proxy game'}", field="proxy_game")
         distinct: dict[bytes, np.ndarray] = {}
         requested = 0
         for row in coalitions:
@@ -433,14 +536,19 @@ class Engine:
             mask = PackedMask(words, snapshot.n_players)
             jobs.append(
                 CoalitionJob(
-                    coalition_key=self.key(snapshot, policy, mask),
+                    coalition_key=self.key(snapshot, policy, mask, game=game),
                     snapshot_id=snapshot.snapshot_id,
                     request=CoalitionRequest(
-                        snapshot=snapshot, policy=policy, present=row, evaluation_key=self.evaluation_key(snapshot, policy, mask)
+                        snapshot=snapshot,
+                        policy=policy,
+                        present=row,
+                        evaluation_key=self.evaluation_key(snapshot, policy, mask, game=game),
+                        game=game,
                     ),
                     absence_policy=policy.id,
                     mask=mask,
                     model_id=self.backend.model_id,
+                    game=game,
                 )
             )
         lane, pipeline = self._acquire(snapshot.snapshot_id)
@@ -473,11 +581,31 @@ class Engine:
             BatchFailed: a model call failed.
         """
         t0 = time.perf_counter()
-        estimator.validate(snapshot.n_players)
+        n = snapshot.n_players
+        estimator.validate(n)
         self.resolved_utility(snapshot, policy)
+        two = estimator.capabilities.two_fidelity
+        refused = self.proxy_refusal(snapshot, policy) if two else None
         with counting_evaluations() as executed:
-            masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(snapshot.n_players))
-        return self._explanation(snapshot, policy, estimator.fit(masks, utilities), t0, executed[0])
+            masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
+            if not two or refused is not None:
+                estimate = estimator.fit(masks, utilities)
+                proxy = None
+                if two and self.proxy_game is not None:  # asked for, not playable here: say why
+                    estimate = replace(estimate, notes=(*estimate.notes, f"exact rows only: {refused}"))
+            else:
+                game = proxy_game_name(self.proxy_game or "")
+                # the proxy game on its own plan and on every exact coalition (the control variate
+                # needs c(S) where v(S) is known); its rows are counted apart from the exact ones
+                with counting_evaluations() as proxied:
+                    pmasks, putilities = await self.evaluate(
+                        snapshot, policy, itertools.chain(estimator.proxy_plan(n), masks), game=game
+                    )
+                estimate = estimator.fit_two_fidelity(masks, utilities, pmasks, putilities)
+                proxy = {"game": game, "coalitions": len(pmasks), "evaluations": proxied[0]} | proxy_agreement(
+                    masks, utilities, pmasks, putilities
+                )
+        return self._explanation(snapshot, policy, estimate, t0, executed[0], proxy=proxy)
 
     async def explain_until(
         self,
@@ -492,10 +620,13 @@ class Engine:
         """Sample in rounds until every player's standard error is below ``target_stderr``.
 
         Round k fits ``estimator_for(first_budget * 2**k)`` (the budget capped at ``budget``; the
-        factory keeps the seed). The sampling plans draw sequentially from one seeded generator, so a larger
-        budget's plan extends the smaller one's and earlier rounds' coalitions are served from the
-        hot store: the total number of model evaluations is that of the last round's plan, never
-        more than ``budget``. :attr:`Explanation.stopping` says why sampling stopped: ``"target"``
+        factory keeps the seed). Earlier rounds' coalitions are served from the hot store, and
+        ``budget`` caps the distinct coalitions of all rounds together: where a round's plan would
+        take them past it (two budgets' plans need not nest: KernelSHAP's larger budget enumerates
+        more coalition sizes), the round samples at the largest budget whose plan still fits
+        (``_fitting_round``), and is the last. A method that chooses its estimator by the game
+        (``capabilities.chooses``, e.g. ``auto``) runs its rounds with the estimator it chooses for
+        ``budget``, and is refused only when that one reports no standard errors. :attr:`Explanation.stopping` says why sampling stopped: ``"target"``
         (every standard error known and below the target), ``"exact"`` (the budget covered every
         coalition, so the values are exact) or ``"budget"`` (the budget was spent first). A NaN
         (unknown) standard error never meets the target: the estimators report NaN where their
@@ -517,21 +648,20 @@ class Engine:
             ConfigError: a method without standard errors, a non-positive target, or a budget
                 below the method's minimum.
         """
-        last = estimator_for(budget)
-        if not last.capabilities.reports_stderr:
-            raise ConfigError(
-                f"method {last.name} reports no standard errors; use a method that does (permutation, kernelshap, "
-                "regression-msr, banzhaf)",
-                field="target_stderr",
-            )
+        n = snapshot.n_players
+        last, chosen = for_target_stderr(estimator_for(budget), n)
+        if chosen is not None:  # the rounds sample with the estimator chosen for the whole budget
+            picked = last
+            estimator_for = lambda b: replace(picked, budget=b)  # noqa: E731
         if not target_stderr > 0:
             raise ConfigError(f"must be > 0, got {target_stderr!r}", field="target_stderr")
-        n = snapshot.n_players
         last.validate(n)
         self.resolved_utility(snapshot, policy)
         t0 = time.perf_counter()
+        planned: set[bytes] = set()  # the distinct coalitions of the rounds so far: at most ``budget``
         with counting_evaluations() as executed:
             round_budget = min(budget, first_budget or max(16, 4 * n))
+            previous = 0  # the last round's budget (0: none yet)
             rounds = 0
             while True:
                 estimator = estimator_for(round_budget)
@@ -540,9 +670,17 @@ class Engine:
                 except ConfigError:
                     round_budget = budget  # the first round would be below the method's minimum
                     continue
-                masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
+                fitted = _fitting_round(estimator_for, n, planned, budget=budget, low=previous, high=round_budget)
+                if fitted is None:  # no budget above the last round's fits: stop with its estimate
+                    reason = "budget"
+                    break
+                capped = fitted[0] < round_budget
+                round_budget, estimator, rows, keys = fitted
+                planned |= keys
+                masks, utilities = await self.evaluate(snapshot, policy, rows)
                 estimate = estimator.fit(masks, utilities)
                 rounds += 1
+                previous = round_budget
                 if estimate.stderr is None:
                     reason, worst, unknown = "exact", 0.0, 0
                     break
@@ -554,10 +692,12 @@ class Engine:
                 if worst < target_stderr:
                     reason = "target"
                     break
-                if round_budget >= budget:
+                if capped or round_budget >= budget:
                     reason = "budget"
                     break
                 round_budget = min(budget, 2 * round_budget)
+        if chosen is not None:
+            estimate = replace(estimate, method=chosen[0], notes=(*estimate.notes, chosen[1]))
         stopping = {
             "reason": reason,
             "target_stderr": target_stderr,
@@ -565,7 +705,7 @@ class Engine:
             "unknown_stderr": unknown,
             "rounds": rounds,
             "budget": budget,
-            "last_round_budget": round_budget,
+            "last_round_budget": previous,
         }
         return self._explanation(snapshot, policy, estimate, t0, executed[0], stopping=stopping)
 
@@ -578,6 +718,7 @@ class Engine:
         executed: int,
         *,
         stopping: dict[str, Any] | None = None,
+        proxy: dict[str, Any] | None = None,
     ) -> Explanation:
         return Explanation(
             snapshot=snapshot,
@@ -596,10 +737,11 @@ class Engine:
             notes=self._notes(snapshot, policy) + tuple(estimate.notes),
             stopping=stopping,
             answer_tokens=self.answer_tokens(snapshot, policy),
+            proxy=proxy,
         )
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
-        extra = tuple(self.backend.run_notes())
+        extra = tuple(self.backend.run_notes(snapshot.snapshot_id))
         return self.resolved_utility(snapshot, policy).notes() + self._template_notes(snapshot, policy) + extra
 
     def _template_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
@@ -696,6 +838,50 @@ def key_for(
     )
 
 
+PROXY_GAME = "kv-proxy"
+"""The shared-KV proxy game's name stem; a game's full name adds its tail rule (:func:`proxy_game_name`)."""
+
+
+def proxy_game_name(tail: str) -> str:
+    """The name of the proxy game with tail rule ``tail``, as keys and archive rows carry it:
+    ``"kv-proxy:<tail>"`` (e.g. ``"kv-proxy:after-last-player"``)."""
+    return f"{PROXY_GAME}:{tail}"
+
+
+def proxy_agreement(
+    masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
+) -> dict[str, Any]:
+    """How well the proxy game tracks the exact one on the coalitions scored in both.
+
+    Args:
+        masks: ``[m, n]`` bool and ``utilities`` ``[m]`` float64: the exact game's pool.
+        proxy_masks: ``[k, n]`` bool and ``proxy_utilities`` ``[k]`` float64: the proxy's pool.
+
+    Returns:
+        ``{"shared": count, "pearson": r, "spearman": rho}``: Pearson's and Spearman's correlation
+        of v(S) and the proxy c(S) over the shared coalitions (``None`` under three shared
+        coalitions or with a constant side: no correlation is defined).
+    """
+    from scipy.stats import pearsonr, spearmanr
+
+    proxy = {PackedMask.from_bools(row).words: u for row, u in zip(proxy_masks, proxy_utilities, strict=True)}
+    pairs = [(float(u), float(proxy[w])) for row, u in zip(masks, utilities, strict=True) if (w := PackedMask.from_bools(row).words) in proxy]
+    out: dict[str, Any] = {"shared": len(pairs), "pearson": None, "spearman": None}
+    if len(pairs) >= 3:
+        v, c = np.array(pairs).T
+        if np.ptp(v) > 0 and np.ptp(c) > 0:
+            out["pearson"] = float(pearsonr(v, c).statistic)
+            out["spearman"] = float(spearmanr(v, c).statistic)
+    return out
+
+
+def game_utility(utility: Mapping[str, Any], game: str) -> Mapping[str, Any]:
+    """The utility part of a key in ``game``: the utility itself for the exact game (its keys are
+    those of every archive written before proxy games), with ``"game"`` added for a proxy game,
+    so a proxy row never shares a key with an exact one."""
+    return utility if game == "exact" else {**utility, "game": game}
+
+
 def utility_detail(resolved: ResolvedUtility) -> dict[str, Any]:
     """The utility of an explanation as recorded in its JSON document."""
     out = resolved.spec.to_dict()
@@ -750,6 +936,7 @@ def pool_from_store(
     *,
     utility: ResolvedUtility | None = None,
     measurements: Mapping[str, Measurement] | None = None,
+    game: str = "exact",
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The stored utilities of the distinct coalitions among ``coalitions``, with no model.
 
@@ -759,13 +946,14 @@ def pool_from_store(
     Args:
         utility: the utility (default: ``logprob`` over the whole target).
         measurements: measurements by evaluation key (see :func:`fill_measurements`).
+        game: ``"exact"`` (default) or the proxy game whose rows to take (:func:`game_utility`).
 
     Returns:
         ``masks`` ``[m, n_players]`` bool and ``utilities`` ``[m]`` float64 (the utility's unit)
         of the coalitions found, and the number of distinct coalitions missing.
     """
-    ckey = utility.coalition_utility() if utility is not None else UTILITY
-    ekey = utility.evaluation_utility() if utility is not None else None
+    ckey = game_utility(utility.coalition_utility() if utility is not None else UTILITY, game)
+    ekey = game_utility(utility.evaluation_utility(), game) if utility is not None else None
     seen: set[bytes] = set()
     found, values = [], []
     missing = 0

@@ -23,7 +23,7 @@ from typing import Any
 
 from .conversation import Conversation
 from .errors import InputError
-from .userinput import check_text, parse_json, short_repr
+from .userinput import check_text, parse_json, refuse_misspelt_fields, short_repr
 
 __all__ = (
     "DEFAULT_RAG_TEMPLATE",
@@ -142,6 +142,16 @@ def load_template(path: str | Path | None) -> RagTemplate:
     return RagTemplate(**data)
 
 
+CHAT_FIELDS = ("messages", "target", "players")
+"""The chat form's fields (an input's other fields are ignored, but a near miss of these is refused)."""
+
+RAG_FIELDS = ("documents", "question", "answer")
+"""The RAG form's fields."""
+
+DOCUMENT_FIELDS = ("id", "title", "text")
+"""A RAG document's fields."""
+
+
 def _rag_input(data: Mapping[str, Any], template: RagTemplate) -> dict[str, Any]:
     """The RAG form as a chat input with declared players (one per document)."""
     docs = data.get("documents")
@@ -153,6 +163,7 @@ def _rag_input(data: Mapping[str, Any], template: RagTemplate) -> dict[str, Any]
         where = f"documents[{i}]"
         if not isinstance(doc, Mapping):
             raise InputError('must be an object {"id", "title"?, "text"}', field=where)
+        refuse_misspelt_fields(doc, DOCUMENT_FIELDS, f"{where}.")
         text = doc.get("text")
         if not isinstance(text, str):
             raise InputError(f"must be a string, got {type(text).__name__}", field=f"{where}.text")
@@ -205,7 +216,10 @@ def conversation_from_input(data: Any, template: RagTemplate | None = None) -> C
     if isinstance(data, Mapping) and "documents" in data:
         if "messages" in data:
             raise InputError('give either "messages" or the RAG form "documents", not both', field="documents")
+        refuse_misspelt_fields(data, RAG_FIELDS)
         data = _rag_input(data, template or DEFAULT_RAG_TEMPLATE)
+    elif isinstance(data, Mapping):
+        refuse_misspelt_fields(data, CHAT_FIELDS)
     return Conversation.from_dict(data)
 
 
@@ -215,11 +229,14 @@ def _prefixed(exc: InputError, line: int) -> InputError:
 
 
 def _absent_nulls(value: Any) -> Any:
-    """A Parquet cell as the JSON input it stands for: a null struct field is an absent field
+    """A table's cell as the JSON input it stands for: a null struct field is an absent field
     (Parquet gives every row's struct every field any row has), except ``content``, whose null
-    is a value (an assistant message that only calls tools)."""
+    is a value (an assistant message that only calls tools). A NaN is a null, inside a record as
+    in a cell (pandas writes NaN for a missing value in an object column and in its records)."""
+    if _is_null(value):
+        return None
     if isinstance(value, Mapping):
-        return {k: _absent_nulls(v) for k, v in value.items() if v is not None or k == "content"}
+        return {k: _absent_nulls(v) for k, v in value.items() if not _is_null(v) or k == "content"}
     if isinstance(value, (list, tuple)) or type(value).__name__ == "ndarray":  # pandas keeps Arrow lists as arrays
         return [_absent_nulls(v) for v in value]
     return value
@@ -372,7 +389,8 @@ def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[
 
     Raises:
         InputError: bad input (a dataset's error names the input: ``input 3: messages[0].role``),
-            or a source of another type (field ``input``).
+            a source of another type, or a dictionary of tables (a ``datasets.DatasetDict``,
+            naming its splits: pick one) (field ``input``).
     """
     if isinstance(source, (str, Path)):
         return load_inputs(source, template)
@@ -381,6 +399,13 @@ def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[
         columns, rows, what = table
         return rows_to_conversations(columns, rows, what, template), True
     if isinstance(source, Mapping):
+        splits = [str(k) for k, v in source.items() if _table_rows(v) is not None]
+        if splits and len(splits) == len(source):  # datasets.DatasetDict (load_dataset without split=)
+            raise InputError(
+                f"is a dictionary of dataset splits ({', '.join(splits)}), not one input; pick one split, "
+                f"e.g. source[{splits[0]!r}]",
+                field="input",
+            )
         return [conversation_from_input(source, template)], False
     if isinstance(source, Sequence) and source and all(
         isinstance(item, Mapping) and ("messages" in item or "documents" in item) for item in source

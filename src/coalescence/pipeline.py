@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .backends.base import GenerateRequest, ScoreRequest, validate_generations, validate_results
+from .backends.base import GenerateRequest, ProxyScoreRequest, ScoreRequest, validate_generations, validate_results
 from .snapshot import ConversationSnapshot
 from .errors import TemplateRefused
 from .masking.policies import AbsencePolicy
@@ -55,12 +55,16 @@ class CoalitionRequest:
         policy: the absence policy.
         present: ``[n_players]`` bool, the coalition.
         evaluation_key: the key of its model evaluation (its measurement, whatever the reduction).
+        game: ``"exact"`` (the coalition rendered and scored as it is), or the name of the
+            shared-KV proxy game (:func:`~coalescence.engine.proxy_game_name`) whose row
+            it is (the full conversation's KV, the tail's attention masked).
     """
 
     snapshot: ConversationSnapshot
     policy: AbsencePolicy
     present: np.ndarray  # [n_players] bool
     evaluation_key: str
+    game: str = "exact"
 
 
 class BackendCall:
@@ -94,14 +98,16 @@ class BackendCall:
         t0 = time.perf_counter()
         if isinstance(prompts[0], GenerateRequest):
             results: list[Any] = validate_generations(prompts, self.backend.generate_batch(prompts))
+        elif isinstance(prompts[0], ProxyScoreRequest):
+            results = self._score(prompts, self.backend.score_proxy)
         else:
-            results = self._score(prompts)
+            results = self._score(prompts, self.backend.score)
         seconds = time.perf_counter() - t0
         return [(r, len(prompts), batch_id, seconds) for r in results]
 
-    def _score(self, prompts: list[ScoreRequest]) -> list[Any]:
-        """Each distinct sequence scored once: new ones in one backend call, repeats (in this
-        batch or an earlier one) from the first's result."""
+    def _score(self, prompts: list[Any], score: Callable[[list[Any]], Any]) -> list[Any]:
+        """Each distinct sequence (of the exact or the proxy game) scored once by ``score``: new
+        ones in one backend call, repeats (in this batch or an earlier one) from the first's result."""
         keys = [_sequence_digest(p) for p in prompts]
         new: dict[bytes, int] = {}
         for i, key in enumerate(keys):
@@ -109,7 +115,7 @@ class BackendCall:
                 new[key] = i
         if new:
             rows = [prompts[i] for i in new.values()]
-            for key, result in zip(new, validate_results(rows, self.backend.score(rows)), strict=True):
+            for key, result in zip(new, validate_results(rows, score(rows)), strict=True):
                 self._scored[key] = result
         firsts = set(new.values())
         return [
@@ -120,11 +126,21 @@ class BackendCall:
         ]
 
 
-def _sequence_digest(request: ScoreRequest) -> bytes:
+def _call_kind(request: Any) -> str:
+    """The batch key part that keeps scoring, proxy scoring and generation in separate calls."""
+    if isinstance(request, GenerateRequest):
+        return "generate"
+    return "proxy" if isinstance(request, ProxyScoreRequest) else "score"
+
+
+def _sequence_digest(request: ScoreRequest | ProxyScoreRequest) -> bytes:
     """A 32-byte BLAKE2b digest of a scoring row's prompt and target ids (the prompt's length
     included: the same tokens split elsewhere score other positions); a digest, not the tuples,
     so a long game's memo stays small."""
     h = hashlib.blake2b(digest_size=32)
+    if isinstance(request, ProxyScoreRequest):  # another game: its tail start and hidden ranges are the row
+        h.update(b"proxy")
+        h.update(np.asarray([request.tail_start, *itertools.chain.from_iterable(request.hidden)], dtype=np.int64).tobytes())
     h.update(len(request.prompt_ids).to_bytes(8, "little"))
     h.update(np.asarray(request.prompt_ids + request.target_ids, dtype=np.int64).tobytes())
     return h.digest()
@@ -141,6 +157,9 @@ class ScoringPipeline:
         resolved_utility: ``(snapshot, policy) -> ResolvedUtility``, the utility fixed for the answer.
         measurements: measurements by evaluation key: read for known evaluations, written with
             every new one.
+        proxy_layout: ``(snapshot, policy) -> ProxyLayout``, the proxy game's layout of the full
+            conversation (rows of a proxy game are requested from it); ``None`` when the engine
+            plays no proxy game.
     """
 
     def __init__(
@@ -152,6 +171,7 @@ class ScoringPipeline:
         target_tokens: Callable[[ConversationSnapshot, AbsencePolicy], TargetTokens],
         resolved_utility: Callable[[ConversationSnapshot, AbsencePolicy], ResolvedUtility],
         measurements: dict[str, Measurement],
+        proxy_layout: Callable[[ConversationSnapshot, AbsencePolicy], Any] | None = None,
     ) -> None:
         self.backend = backend
         self.renderer = renderer
@@ -159,20 +179,25 @@ class ScoringPipeline:
         self.target_tokens = target_tokens
         self.resolved_utility = resolved_utility
         self.measurements = measurements
+        self.proxy_layout = proxy_layout
 
-    def request(self, req: CoalitionRequest, resolved: ResolvedUtility) -> ScoreRequest | GenerateRequest:
+    def request(self, req: CoalitionRequest, resolved: ResolvedUtility) -> ScoreRequest | GenerateRequest | ProxyScoreRequest:
         """Render one coalition into a backend request.
 
         Returns:
             A :class:`ScoreRequest` (teacher-forced utilities: the prompt is the coalition's full
             rendering with the answer, cut where the answer's first scored token starts) or a
             :class:`GenerateRequest` (regenerate utilities: the generation prompt, one seed per
-            sample from ``item_seed(seed, evaluation key, i)``).
+            sample from ``item_seed(seed, evaluation key, i)``), or for a row of the proxy game a
+            :class:`ProxyScoreRequest` (the full prompt, the coalition's absent players hidden).
 
         Raises:
             TemplateRefused: the chat template refuses this coalition (naming it).
         """
         snapshot, policy, row = req.snapshot, req.policy, req.present
+        if req.game != "exact":
+            assert self.proxy_layout is not None, "a proxy row reached a pipeline without a proxy game"
+            return self.proxy_layout(snapshot, policy).request(row, prefix_group=snapshot.snapshot_id)
         messages = policy.render(snapshot, row)
         try:
             if resolved.spec.teacher_forced:
@@ -226,7 +251,7 @@ class ScoringPipeline:
         request = self.request(req, resolved)
         result, batch_size, batch_id, seconds = await self.collator.submit(
             request,
-            key_extra=(self.backend.model_id, "score" if resolved.spec.teacher_forced else "generate"),
+            key_extra=(self.backend.model_id, _call_kind(request)),
             n_tokens=request.n_tokens,
         )
         measurement = self.decode(resolved, result)

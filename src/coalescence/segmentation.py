@@ -25,6 +25,7 @@ from typing import Any
 
 from .conversation import ROLES, UNITS, Conversation, Player
 from .errors import BackendUnavailable, InputError
+from .userinput import did_you_mean
 
 __all__ = (
     "SENTENCE_CHUNK",
@@ -352,7 +353,7 @@ def segment_players(
             attributable player (field ``--unit``/``--roles``).
     """
     if unit not in UNITS:
-        raise InputError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}", field="unit")
+        raise InputError(f"unknown unit {unit!r}{did_you_mean(unit, UNITS)}; use one of {', '.join(UNITS)}", field="unit")
     role_set = set(ROLES if roles is None else roles)
     bad = sorted(role_set - set(ROLES))
     if bad:

@@ -20,12 +20,15 @@ tokenizer, the snapshot id or the archive).
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .errors import ConfigError, InputError
 
-__all__ = ("MAX_DEPTH", "check_text", "parse_json", "short_repr")
+__all__ = ("MAX_DEPTH", "check_text", "closest", "did_you_mean", "parse_json", "refuse_misspelt_fields", "short_repr")
 
 MAX_DEPTH = 100
 """Deepest nesting of arrays and objects accepted (a chat input with tool calls needs 6 levels)."""
@@ -136,3 +139,60 @@ def short_repr(value: Any, limit: int = 40) -> str:
     message (a value of any size or depth the parser accepts)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def closest(name: object, names: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The known name ``name`` most likely stands for: the one equal to it ignoring case, else
+    :func:`difflib.get_close_matches`' best at ``cutoff`` (its similarity ratio, 2M/T), or ``None``.
+
+    The one "did you mean" of the package: methods, utilities, absence policies, units (the CLI's
+    choices and the Python API alike), shapiq approximators and the input's fields.
+    """
+    if not isinstance(name, str):
+        return None
+    names = list(names)
+    lowered = {n.lower(): n for n in names}
+    if name.lower() in lowered:
+        return lowered[name.lower()]
+    found = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def did_you_mean(name: object, names: Iterable[str], *, prefix: str = "") -> str:
+    """``" (did you mean X?)"`` for :func:`closest`'s answer (``prefix`` before X, e.g.
+    ``"shapiq:"``), or ``""``: the hint an "unknown NAME" message ends with."""
+    found = closest(name, names)
+    return f" (did you mean {prefix}{found}?)" if found is not None and found != name else ""
+
+
+FIELD_CUTOFF = 0.8
+"""How close (difflib's ratio) an unknown input field must be to a known one to be refused as its
+typo: ``targte``/``target`` 0.83, ``answr``/``answer`` 0.91; ``id``, ``source``, ``label`` are far."""
+
+
+def refuse_misspelt_fields(data: Mapping[str, Any], known: Iterable[str], where: str = "") -> None:
+    """Refuse a field of ``data`` that is no known field but a near miss of one (``targte`` for
+    ``target``): an optional field ignored for a typo would silently change the run. Fields far
+    from every known one, or made of a known one and more words (``question_id``), are metadata,
+    kept out of the way as before.
+
+    Args:
+        data: an input object (the input, a document).
+        known: its known fields.
+        where: the object's path, prefixed to the field (``"documents[0]."``).
+
+    Raises:
+        InputError: naming the field and the known one it is close to.
+    """
+    known = tuple(known)
+    for key in data:
+        if not isinstance(key, str) or key in known:
+            continue
+        if any(part in known for part in re.split(r"[_\-. ]+", key)):
+            continue  # a known field and more words: metadata about it (question_id, target_lang)
+        found = closest(key, known, cutoff=FIELD_CUTOFF)
+        if found is not None:
+            raise InputError(
+                f"unknown field; did you mean {found!r}? (known fields here: {', '.join(known)}; others are ignored)",
+                field=f"{where}{key}",
+            )

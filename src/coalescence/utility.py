@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, InputError
-from .userinput import short_repr
+from .userinput import did_you_mean, short_repr
 
 __all__ = (
     "REGENERATE_KINDS",
@@ -134,7 +134,7 @@ def get_utility(kind: str) -> Utility:
     try:
         return UTILITIES[kind]
     except (KeyError, TypeError):
-        raise ConfigError(f"unknown utility {kind!r}; use one of {', '.join(UTILITIES)}", field="utility") from None
+        raise ConfigError(f"unknown utility {kind!r}{did_you_mean(kind, UTILITIES)}; use one of {', '.join(UTILITIES)}", field="utility") from None
 
 
 def _logit(lp: np.ndarray) -> float:

@@ -99,3 +99,60 @@ def test_no_output_overwrites_what_it_reads(compare_run, tmp_path):
     assert json.loads(chat.read_text(encoding="utf-8")) == {"messages": MESSAGES}
     code, _, err = cli(["archive", "info", str(compare_run / "run")])
     assert code == 0, err  # the manifest is intact
+
+
+def test_a_constant_column_has_no_correlation_and_says_why(compare_run, tmp_path):
+    # every player of the second explanation has one value: its ranks are all tied, so Spearman's
+    # rank correlation is undefined (0/0); the JSON stays strict (null, with the reason), the table
+    # says why, and scipy's ConstantInputWarning is not let through (warnings are errors here)
+    doc = json.loads((compare_run / "exact.json").read_text(encoding="utf-8"))
+    for p in doc["players"]:
+        p["value"] = 0.25
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps(doc), encoding="utf-8")
+    out, html = tmp_path / "cmp.json", tmp_path / "cmp.html"
+    code, printed, err = cli(["compare", str(compare_run / "exact.json"), str(flat), "--out", str(out), "--html", str(html)])
+    assert code == 0, err
+    text = out.read_text(encoding="utf-8")
+    parsed = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))  # strict: no NaN
+    column = parsed["columns"][1]
+    assert column["spearman"] is None and "same value for every player" in column["spearman_undefined"]
+    assert parsed["columns"][0]["spearman"] == pytest.approx(1.0) and parsed["columns"][0]["spearman_undefined"] is None
+    assert "nan" not in printed.lower() and "no Spearman correlation" in printed and "same value for every player" in printed
+    page = html.read_text(encoding="utf-8")
+    assert "nan" not in page.lower() and "same value for every player" in page
+
+
+def test_explanations_in_different_units_are_refused(compare_run, tmp_path):
+    # the exact run's coalitions reduced to p (probability) from the archive, no model: the same
+    # conversation and players, another unit; one table headed in one unit would mislead
+    prob = tmp_path / "prob.json"
+    code, _, err = cli(["replay", str(compare_run / "run"), "--method", "exact", "--utility", "prob", "--out", str(prob)])
+    assert code == 0, err
+    assert [e["value_unit"] for e in json.loads(prob.read_text(encoding="utf-8"))["explanations"]] == ["probability"]
+    out, html = tmp_path / "cmp.json", tmp_path / "cmp.html"
+    code, printed, err = cli(["compare", str(compare_run / "exact.json"), str(prob), "--out", str(out), "--html", str(html)])
+    assert code == 2 and printed == "" and err.count("\n") == 1, err
+    assert "probability" in err and "nats" in err and err.startswith("coalescence: error: SOURCE")
+    assert not out.exists() and not html.exists()
+
+
+def test_no_output_goes_into_a_run_archive_that_is_not_read(compare_run, tmp_path):
+    # an archive elsewhere (a copy of the exact run's), not among the sources: a page or a JSON
+    # written into it would sit among its parts, where no archive tool expects a file
+    import shutil
+
+    other = tmp_path / "other-run"
+    shutil.copytree(compare_run / "run", other)
+    before = sorted(p.name for p in other.rglob("*"))
+    doc = str(compare_run / "exact.json")
+    for argv, option in (
+        (["compare", doc, doc, "--html", str(other / "cmp.html")], "--html"),
+        (["compare", doc, doc, "--out", str(other / "parts" / "cmp.json")], "--out"),
+        (["report", doc, "-o", str(other / "report.html")], "--output"),
+        (["report", doc, "--image", str(other / "chart.png")], "--image"),
+    ):
+        code, out, err = cli(argv)
+        assert code == 2 and out == "" and err.startswith(f"coalescence: error: {option}: ") and err.count("\n") == 1, err
+        assert "run archive" in err
+    assert sorted(p.name for p in other.rglob("*")) == before

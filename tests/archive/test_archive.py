@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coalescence.archive import ROW_SCHEMA, SCHEMA_VERSION, RunArchive, read_manifest, read_pool, read_rows
-from coalescence.archive.reader import corrupt_parts
+from coalescence.archive.reader import archive_info, corrupt_parts, format_archive_info
 from coalescence.errors import ArchiveError, CoalescenceError
 from coalescence.masking.codec import PackedMask
 
@@ -476,3 +476,35 @@ def test_an_edited_snapshot_record_is_refused_by_every_reader_and_writer(tmp_pat
             attempt()
         assert "snapshots[0]" in info.value.message and "\n" not in str(info.value)
     assert (run_dir / "manifest.json").read_bytes() == before
+
+
+def test_archive_info_tells_a_killed_run_from_a_running_one(tmp_path: Path) -> None:
+    # a real writer in a child process: while it lives it holds the archive's lock and the run is
+    # running; killed (SIGKILL: no handler runs, the manifest still says running), the lock dies
+    # with it and `archive info` says the run was interrupted, not that it runs
+    import signal
+    import subprocess
+    import sys
+
+    from coalescence.cli import main
+
+    run_dir = tmp_path / "run"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from coalescence.archive import RunArchive; "
+         f"a = RunArchive.create({str(run_dir)!r}, {{'run_config': {{'method': 'exact'}}}}); print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        assert main(["archive", "info", str(run_dir)]) == 0
+        assert archive_info(run_dir)["runs"][-1]["status"] == "running"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert json.loads((run_dir / "manifest.json").read_text())["runs"][-1]["status"] == "running"  # what the manifest says
+    run = archive_info(run_dir)["runs"][-1]
+    assert run["status"] == "interrupted" and run["killed"] is True
+    assert "[interrupted: killed" in format_archive_info(archive_info(run_dir)) and "[running]" not in format_archive_info(archive_info(run_dir))

@@ -72,9 +72,9 @@ def test_a_budget_asks_for_auto_and_none_for_exact() -> None:
     assert RunSettings(budget=64).method == "auto"
     assert RunSettings().method == "exact"
     assert RunSettings(method="kernelshap", budget=64).method == "kernelshap"
-    with pytest.raises(ConfigError) as info:
-        RunSettings(method="auto", target_stderr=0.1)
-    assert info.value.field == "target_stderr"
+    # auto's choice (and so whether it reports standard errors) is known once n is: the settings
+    # take a target standard error, the run checks what auto chooses (tests/test_cli.py)
+    assert RunSettings(method="auto", target_stderr=0.1).target_stderr == 0.1
 
 
 def test_a_bad_holdout_is_refused() -> None:
@@ -84,3 +84,13 @@ def test_a_bad_holdout_is_refused() -> None:
         with pytest.raises(ConfigError) as info:
             LassoSurrogate(budget=32, holdout=bad)
         assert info.value.field == "holdout"
+
+
+def test_the_note_counts_the_coalitions_that_exist() -> None:
+    # 5 players have 2^5 = 32 coalitions: a budget of 100 evaluates 32 of them, not 100
+    _, why = AutoMethod(budget=100, seed=0).choose(5)
+    assert "32 coalitions" in why and "100 evaluations" not in why and "budget of 100" in why
+    rows = np.array(list(AutoMethod(budget=100, seed=0).plan(5)), dtype=bool)
+    assert len({r.tobytes() for r in rows}) == 32
+    # below 2^n the budget is what is spent, and the note says the budget
+    assert AutoMethod(budget=20, seed=0).choose(5)[1].startswith("method auto ran regression-msr: 20 evaluations for 5 players")

@@ -19,7 +19,7 @@ import pytest
 shapiq = pytest.importorskip("shapiq", reason="the shapiq extra: pip install -c constraints.txt 'coalescence[shapiq]'")
 
 from coalescence.attribution.estimators import estimator_class, make_estimator  # noqa: E402
-from coalescence.attribution.estimators.shapiq_adapter import approximator_names  # noqa: E402
+from coalescence.attribution.estimators.shapiq import approximator_names  # noqa: E402
 from coalescence.errors import ConfigError, EstimatorError  # noqa: E402
 
 SV_APPROXIMATORS = (

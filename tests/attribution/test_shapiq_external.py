@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from coalescence.attribution.estimators import make_estimator
-from coalescence.attribution.estimators import shapiq_adapter as adapter
+from coalescence.attribution.estimators import shapiq as adapter
 from coalescence.errors import BackendUnavailable, ConfigError
 
 EXTERNAL = adapter.external_shapiq()

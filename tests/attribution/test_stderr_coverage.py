@@ -187,7 +187,9 @@ def min_budget(method: str, n: int) -> int:
 
 
 BUDGETS = {4: (8, 10, 12, 14, 16), 6: (8, 12, 16, 24, 32, 40, 48), 10: (24, 40, 64, 128, 256)}
-METHODS = methods_with(reports_stderr=True)
+METHODS = methods_with(reports_stderr=True, two_fidelity=False)
+"""The two-fidelity methods (proxy-shapley) fit exact-only as the method they extend (regression-msr,
+checked here); their two-fidelity errors' coverage is tests/attribution/test_two_fidelity.py's."""
 
 
 def test_the_methods_with_standard_errors_are_the_ones_checked() -> None:

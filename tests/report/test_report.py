@@ -266,7 +266,7 @@ def test_the_robust_scale_keeps_small_values_apart_and_the_largest_darkest() -> 
 
 
 def test_rank_ranges_tie_players_whose_intervals_overlap() -> None:
-    from coalescence.report.page import rank_ranges
+    from coalescence.report.views import rank_ranges
 
     # 95% intervals (value +- 1.96 se): A [9.02, 10.98], B [7.04, 10.96], C [2.04, 3.96], D [-0.98, 0.98]
     values, stderr = [10.0, 9.0, 3.0, 0.0], [0.5, 1.0, 0.49, 0.5]

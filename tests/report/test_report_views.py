@@ -276,6 +276,66 @@ def test_save_chart_writes_what_report_image_writes(plain: Run, tmp_path: Path) 
     plt.close(ax.figure)
 
 
+def test_an_explanation_presents_itself_through_the_installed_formatter(plain: Run) -> None:
+    """The result holds data; its display methods hand it to the formatter installed with
+    ``set_formatter`` (the report's, installed by ``import coalescence``), with their arguments."""
+    from coalescence.app.replay import replay_run
+    from coalescence.app.settings import ReplaySettings
+    from coalescence.attribution import explanation as module
+    from coalescence.errors import BackendUnavailable
+    from coalescence.report.formatter import ExplanationFormatter
+
+    (explanation,) = replay_run(plain.run_dir, ReplaySettings(methods=("permutation",), budget=64))
+    calls: list[tuple[Any, ...]] = []
+
+    class Recorder:
+        def format_table(self, e: Any, *, snippet: int) -> str:
+            calls.append(("table", e, snippet))
+            return "a table"
+
+        def plot(self, e: Any, ax: Any, *, top: int | None, scale: str) -> Any:
+            calls.append(("plot", e, ax, top, scale))
+            return "axes"
+
+        def save_chart(self, e: Any, path: Any, *, scale: str) -> Any:
+            calls.append(("chart", e, path, scale))
+            return path
+
+        def report(self, e: Any, path: Any, *, scale: str) -> Any:
+            calls.append(("report", e, path, scale))
+            return "view"
+
+        def notebook_html(self, e: Any) -> str | None:
+            calls.append(("html", e))
+            return "<div/>"
+
+    assert isinstance(module.formatter(), ExplanationFormatter)
+    previous = module.set_formatter(Recorder())
+    try:
+        results = [
+            explanation.format_table(snippet=7),
+            explanation.plot("ax", top=3, scale="linear"),
+            explanation.save_chart("c.svg", scale="linear"),
+            explanation.report("r.html", scale="linear"),
+            explanation._repr_html_(),
+        ]
+        assert results == ["a table", "axes", "c.svg", "view", "<div/>"]
+        assert calls == [
+            ("table", explanation, 7),
+            ("plot", explanation, "ax", 3, "linear"),
+            ("chart", explanation, "c.svg", "linear"),
+            ("report", explanation, "r.html", "linear"),
+            ("html", explanation),
+        ]
+        module.set_formatter(None)
+        assert explanation._repr_html_() is None  # the plain repr, as without the report's packages
+        with pytest.raises(BackendUnavailable, match="set_formatter"):
+            explanation.format_table()
+    finally:
+        module.set_formatter(previous)
+    assert "rank" in explanation.format_table().splitlines()[0]  # the report's table again
+
+
 def test_image_of_several_explanations_has_one_panel_each(pairs: Run, tmp_path: Path) -> None:
     image = tmp_path / "chart.svg"
     code, _, err = run_cli(["report", str(pairs.run_dir), "--method", "exact,loo", "--image", str(image)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -514,3 +515,14 @@ def test_memoised_record_keys_equal_batch_key_and_keep_types_apart():
         assert keys == [batch_key(v, set(), single_candidate=True, key_extra=("m", 1)) for v in variants]
         assert len(set(keys)) == len(variants)
     assert collator.admit("p", key_extra=("m", True)).batch_key != collator.admit("p", key_extra=("m", 1)).batch_key
+
+
+def test_memoised_keys_keep_zero_and_negative_zero_apart():
+    # 0.0 == -0.0 and they hash alike, but JSON writes "0.0" and "-0.0": two batch keys
+    collator = Collator(CollatorBackend(fn=Recorder()))
+    for _ in range(2):  # the second pass is served from the memo
+        for extra in [("m", 0.0), ("m", -0.0), ("m", 0), ("m", False)]:
+            assert collator.admit("p", key_extra=extra).batch_key == batch_key({}, set(), single_candidate=True, key_extra=extra)
+        for kw in [{"temperature": 0.0}, {"temperature": -0.0}]:
+            assert collator.admit("p", call_kwargs=kw).batch_key == batch_key(kw, set(), single_candidate=True)
+    assert json.dumps(-0.0) == "-0.0" and json.dumps(0.0) == "0.0"

@@ -7,6 +7,11 @@ Spearman rank correlation (scipy's ``spearmanr``: Pearson's correlation of the r
 averaged) and its top-k overlap (the share of the first's k highest-valued players among its own k
 highest); where an ``exact`` column is among them, each other column's error against it is given
 as the largest absolute difference and the root-mean-square difference, in the values' unit.
+
+Explanations in different units (a log-probability run and a token-F1 run of one conversation) are
+refused: one table, one scale and one error against exact need one unit. Where a column's values
+are all equal (or fewer than two players have values in both), its ranks are all tied and Spearman's
+correlation is undefined (0/0): it is ``None`` with the reason (``spearman_undefined``), never NaN.
 """
 
 from __future__ import annotations
@@ -31,18 +36,22 @@ class Column:
         method: the estimator's name.
         values: ``[n_players]`` values in the unit of the comparison (``None``: unknown).
         stderr: ``[n_players]`` standard errors, or ``None`` for a method without them.
-        spearman: Spearman's rank correlation with the first column (1.0 for the first).
+        spearman: Spearman's rank correlation with the first column (1.0 for the first), or
+            ``None`` where it is undefined (``spearman_undefined`` says why).
         top_overlap: the share of the first column's top k players among this one's top k.
         max_error, rmse: the largest and the root-mean-square absolute difference from the exact
             column, or ``None`` (no exact column, or this is it).
+        spearman_undefined: why there is no rank correlation (a column whose values are all
+            equal, fewer than two players with values in both), or ``None``.
     """
 
     name: str
     method: str
     values: tuple[float | None, ...]
     stderr: tuple[float | None, ...] | None
-    spearman: float
+    spearman: float | None
     top_overlap: float
+    spearman_undefined: str | None = None
     max_error: float | None = None
     rmse: float | None = None
 
@@ -81,7 +90,8 @@ class Comparison:
             error = f", max |error| {c.max_error:.4f}, RMSE {c.rmse:.4f} {self.unit}" if c.max_error is not None and c.rmse is not None else ""
             if k == 0 and not error:
                 continue  # the reference agrees with itself
-            agreement = "(the reference)" if k == 0 else f"Spearman {c.spearman:+.3f}, top-{self.top_k} overlap {c.top_overlap:.2f}"
+            rho = f"Spearman {c.spearman:+.3f}" if c.spearman is not None else f"no Spearman correlation ({c.spearman_undefined})"
+            agreement = "(the reference)" if k == 0 else f"{rho}, top-{self.top_k} overlap {c.top_overlap:.2f}"
             lines.append(f"  {c.name}: {agreement}{error}")
         return "\n".join(lines)
 
@@ -113,6 +123,7 @@ class Comparison:
                     "values": list(c.values),
                     "stderr": None if c.stderr is None else list(c.stderr),
                     "spearman": c.spearman,
+                    "spearman_undefined": c.spearman_undefined,
                     "top_overlap": c.top_overlap,
                     "max_error": c.max_error,
                     "rmse": c.rmse,
@@ -146,7 +157,8 @@ def compare(
         run_id: archives: which run (default: the last one).
 
     Raises:
-        InputError: fewer than two explanations, or explanations of different snapshots (naming them).
+        InputError: fewer than two explanations, explanations of different snapshots or in
+            different units (naming them).
         ConfigError: ``top_k`` < 1.
         ArchiveError, EstimatorError: as :func:`~coalescence.app.report.report_source`.
     """
@@ -189,6 +201,14 @@ def compare(
                 "compare explanations of one conversation (the same players)",
                 field="SOURCE",
             )
+    unit = str(first.get("value_unit") or "nats")
+    for k, (where, doc) in enumerate(documents[1:], start=2):
+        if str(doc.get("value_unit") or "nats") != unit:
+            raise InputError(
+                f"{where}'s values are in {doc.get('value_unit')}, {documents[0][0]}'s in {unit}: compare explanations "
+                "of one utility (one unit), e.g. each utility's runs on their own",
+                field="SOURCE" if len(sources) > 1 else "method",
+            )
     several = len({where for where, _ in documents}) > 1
     names = [f"{doc.get('method')}" + (f"@{where}" if several else "") for where, doc in documents]
     names = [n if names.count(n) == 1 else f"{n}#{k}" for k, n in enumerate(names)]
@@ -205,7 +225,14 @@ def compare(
     columns = []
     for (where, doc), name, values in zip(documents, names, rows, strict=True):
         pairs = [(a, b) for a, b in zip(reference, values, strict=True) if a is not None and b is not None]
-        rho = float(spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic) if len(pairs) > 1 else math.nan
+        rho, undefined = None, None
+        if len(pairs) < 2:
+            undefined = "fewer than two players have values in both"
+        elif len({b for _, b in pairs}) == 1 or len({a for a, _ in pairs}) == 1:
+            constant = name if len({b for _, b in pairs}) == 1 else names[0]
+            undefined = f"{constant} has the same value for every player, so its ranks are all tied"
+        else:
+            rho = float(spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic)
         errors = None
         if exact is not None and doc.get("method") != "exact":
             diffs = [abs(a - b) for a, b in zip(exact, values, strict=True) if a is not None and b is not None]
@@ -218,6 +245,7 @@ def compare(
                 values=tuple(values),
                 stderr=tuple(se) if any(s is not None for s in se) else None,
                 spearman=rho,
+                spearman_undefined=undefined,
                 top_overlap=len(top(reference) & top(values)) / k,
                 max_error=None if errors is None else errors[0],
                 rmse=None if errors is None else errors[1],
@@ -227,7 +255,7 @@ def compare(
     return Comparison(
         labels=tuple(p["label"] for p in players),
         texts=tuple(messages[p["message_index"]]["content"][p["start"] : p["end"]] for p in players),
-        unit=str(first.get("value_unit") or "nats"),
+        unit=unit,
         top_k=k,
         columns=tuple(columns),
     )

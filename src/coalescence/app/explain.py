@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
 from .lifecycle import run_blocking
 from .outputs import check_run_dir
-from .record import check_model_identity, check_same_date, run_record, same_measurement
+from .record import backend_of_settings, check_backend, check_model_identity, check_same_date, run_record, same_measurement
 from .outputs import html_path, on_line, output_path, refuse_overwrite
 from .backend import load_model
 from .record import recorded_now
@@ -109,6 +109,8 @@ class ExplainRun:
         for k, conversation in enumerate(self.conversations):
             if conversation.target is not None:  # a generated target is checked once it exists
                 on_line(k, self.is_batch, self.utility.locate, conversation.target)
+        if s.vllm_url:
+            self._check_server_can()
         # an estimator's player limit (exact: 16) stops the count early: a long text is refused
         # after a few sentences, not after segmenting all of it
         at_most = self.player_limit()
@@ -129,6 +131,30 @@ class ExplainRun:
         if isinstance(s.archive, (str, Path)):
             self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
         self.now = self.pinned_now()
+
+    def _check_server_can(self) -> None:
+        """Refuse what a ``vllm serve`` run cannot do (it scores teacher-forced answers only:
+        :class:`~coalescence.backends.vllm.VLLMServerBackend` does not generate), before anything
+        is loaded or written.
+
+        Raises:
+            ConfigError: a utility that generates answers (field ``utility``).
+            InputError: a conversation without an answer (it would be generated; field ``target``).
+        """
+        if not self.utility.teacher_forced:
+            raise ConfigError(
+                f"{self.utility.kind} compares generated answers, and a run through --vllm-url only scores given ones; use "
+                "a log-probability utility (logprob, mean_logprob, logit_prob, prob) or --backend vllm/hf to generate",
+                field="utility",
+            )
+        for k, conversation in enumerate(self.conversations):
+            if conversation.target is None:
+                raise InputError(
+                    f"{f'input line {k + 1}: ' if self.is_batch else ''}the conversation has no answer to explain, and a run "
+                    "through --vllm-url does not generate one; give the answer (a final assistant message or target), or "
+                    "use --backend vllm or hf to generate it",
+                    field="target",
+                )
 
     def pinned_now(self) -> datetime:
         """The instant chat templates that write the date render in this run: the one the archive's
@@ -160,7 +186,12 @@ class ExplainRun:
         Raises:
             EstimatorError, ConfigError: as the estimator's ``validate``.
         """
-        self.settings.estimator(n_players).validate(n_players)
+        estimator = self.settings.estimator(n_players)
+        estimator.validate(n_players)
+        if self.settings.target_stderr is not None:  # auto's choice is known once n is
+            from ..attribution.estimators.base import for_target_stderr
+
+            for_target_stderr(estimator, n_players)
 
     def plan(self, n_players: int) -> Iterable[np.ndarray]:
         """Every coalition the run evaluates for a game of ``n_players`` (rendered by :meth:`preflight`)."""
@@ -187,6 +218,8 @@ class ExplainRun:
         }
         if s.interactions is not None:
             config["interactions"] = {"order": s.interactions, "index": interaction_settings(s.method_name, s.interactions, s.index)[1]}
+        if s.capabilities.two_fidelity and s.proxy_tail is not None:
+            config["proxy"] = {"tail": s.proxy_tail, "budget": s.proxy_budget}
         if s.hierarchy is not None:
             config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
         return config
@@ -223,12 +256,16 @@ class ExplainRun:
             config = load_config(source)
             max_context = model_context(config, tokenizer)
             fingerprint = model_fingerprint(source)
-            identity = {"id": source.model_id, "revision": source.revision, "dtype": s.dtype, "sha256": fingerprint}
+            # a server computes in its own dtype: its runs are keyed as dtype "server" (VLLMServerBackend.dtype)
+            dtype = "server" if s.vllm_url else s.dtype
+            identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
             self._loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
         self.max_context = max_context
         renderer = ChatRenderer(tokenizer, now=self.now)
         if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
             identity["template_now"] = renderer.now.isoformat()
+        engine = self.backend.identity() if self.backend is not None else {"backend": backend_of_settings(s)}
+        check_backend(self.run_dir, engine, names_only=True)  # before the weights load or the server is asked
         check_model_identity(self.run_dir, identity, new_run=s.new_run)
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             on_line(k, self.is_batch, self._check_game, renderer, conversation, unit)
@@ -284,7 +321,9 @@ class ExplainRun:
                 s, loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
             )
         try:
-            self.engine = Engine(self.backend, progress=progress, utility=self.utility, now=self.now)
+            self.engine = Engine(
+                self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=s.proxy_tail
+            )
             self._snapshots()
         except BaseException:
             if owned and self.backend.shutdown_with_engine:  # e.g. the Ray workers this run started
@@ -341,6 +380,7 @@ class ExplainRun:
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
             self.run_dir = Path("runs") / f"{stamp}-{self.snapshots[0].snapshot_id[:12]}"
         description = self.description()
+        check_backend(self.run_dir, description["backend"])
         check_same_date(self.run_dir, description, self.now)
         try:
             archive = RunArchive.open(
@@ -436,6 +476,8 @@ class ExplainRun:
         fit = {"method": s.method_name, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
         if s.interactions is not None:
             fit["interactions"] = [s.interactions, s.index]
+        if s.capabilities.two_fidelity and s.proxy_tail is not None:
+            fit["proxy"] = [s.proxy_tail, s.proxy_budget]
         return json.dumps({"snapshot_id": snap.snapshot_id, "fit": fit}, sort_keys=True)
 
     def _restored(self, snap: Any) -> Any:
@@ -475,6 +517,7 @@ class ExplainRun:
     def document(self, explanations: Sequence[Any]) -> dict[str, Any]:
         """The ``--out`` document: one explanation's, or ``{"archive", "explanations"}`` for a batch."""
         where = {"archive": str(self.run_dir)} if self.archive is not None else {}
+        where |= {"backend": dict(self.backend.identity())} if self.backend is not None else {}
         documents = [e.to_dict() | where for e in explanations]
         if self.is_batch:
             return {"archive": str(self.run_dir) if self.archive is not None else None, "explanations": documents}

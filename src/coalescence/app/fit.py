@@ -7,6 +7,7 @@ options (``--budget``).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
-from .settings import recorded_run_config, recorded_budget, recorded_interactions, recorded_seed
+from .settings import recorded_budget, recorded_interactions, recorded_proxy, recorded_run_config, recorded_seed
 
 __all__ = (
     "ArchiveFit",
@@ -169,18 +170,53 @@ class ArchiveFit:
         Raises:
             EstimatorError: the archive lacks coalitions of the plan.
         """
-        from ..attribution.estimators import make_estimator
-
         t0 = time.perf_counter()
-        estimator = make_estimator(method, budget=budget, seed=seed, interactions=interactions, index=index)
+        estimator = self.estimator(method, budget, seed, interactions=interactions, index=index)
         estimator.validate(snap.n_players)
         resolved = self.resolved(snap)
         masks, utilities = self.pool(snap, estimator.plan(snap.n_players), resolved, method)
         n = snap.n_players
         tokens = self.answer_tokens(snap, resolved, np.ones(n, dtype=bool), np.zeros(n, dtype=bool))
-        return self._explanation(snap, estimator.fit(masks, utilities), resolved, t0, self.notes(snap, resolved), tokens)
+        estimate, proxy = self.fit_two_fidelity(snap, estimator, masks, utilities, resolved)
+        return self._explanation(snap, estimate, resolved, t0, self.notes(snap, resolved), tokens, proxy=proxy)
 
-    def _explanation(self, snap: Any, estimate: Any, resolved: Any, t0: float, notes: tuple[str, ...], tokens: Any) -> Any:
+    def estimator(self, method: str, budget: int | None, seed: int, *, interactions: int | None = None, index: str | None = None) -> Any:
+        """The estimator of ``method`` as the run made it (a two-fidelity method takes the run's
+        proxy budget when the run played the proxy game with it)."""
+        from ..attribution.estimators import estimator_class, make_estimator
+
+        recorded = recorded_proxy(self.run)
+        proxy = {}
+        if recorded is not None and recorded[1] is not None and estimator_class(method).capabilities.two_fidelity:
+            proxy = {"proxy_budget": recorded[1]}
+        return make_estimator(method, budget=budget, seed=seed, interactions=interactions, index=index, **proxy)
+
+    def fit_two_fidelity(
+        self, snap: Any, estimator: Any, masks: np.ndarray, utilities: np.ndarray, resolved: Any
+    ) -> tuple[Any, dict[str, Any] | None]:
+        """The estimate from the archive, and its proxy record: a two-fidelity estimator refits both
+        games when the run played the proxy game and the archive holds every proxy row its plan
+        needs; otherwise the exact pool alone (with a note when proxy rows are missing)."""
+        from ..engine import pool_from_store, proxy_agreement, proxy_game_name
+
+        recorded = recorded_proxy(self.run)
+        if not estimator.capabilities.two_fidelity or recorded is None:
+            return estimator.fit(masks, utilities), None
+        game = proxy_game_name(recorded[0])
+        rows = itertools.chain(estimator.proxy_plan(snap.n_players), masks)
+        pmasks, putilities, missing = pool_from_store(
+            self.store, snap, self.policy, self.run["model"], rows, utility=resolved, measurements=self.measurements, game=game
+        )
+        if missing:
+            estimate = estimator.fit(masks, utilities)
+            note = f"exact rows only: the archive lacks {missing} of the {game} coalitions this plan uses"
+            return replace(estimate, notes=(*estimate.notes, note)), None
+        estimate = estimator.fit_two_fidelity(masks, utilities, pmasks, putilities)
+        return estimate, {"game": game, "coalitions": len(pmasks), "evaluations": 0} | proxy_agreement(masks, utilities, pmasks, putilities)
+
+    def _explanation(
+        self, snap: Any, estimate: Any, resolved: Any, t0: float, notes: tuple[str, ...], tokens: Any, *, proxy: dict[str, Any] | None = None
+    ) -> Any:
         from ..attribution.explanation import Explanation
         from ..engine import utility_detail
 
@@ -200,6 +236,7 @@ class ArchiveFit:
             wall_seconds=time.perf_counter() - t0,
             notes=(*notes, *estimate.notes),
             answer_tokens=tokens,
+            proxy=proxy,
         )
 
     def hierarchical(

@@ -37,6 +37,7 @@ __all__ = (
     "UtilitySettings",
     "method_list_help",
     "methods_help",
+    "proxy_games",
     "utility_kinds",
 )
 
@@ -51,6 +52,13 @@ def _policies() -> tuple[str, ...]:
     from ..masking.policies import available_policies
 
     return tuple(available_policies())
+
+
+def proxy_games() -> tuple[str, ...]:
+    """``--proxy-game``'s choices: ``auto``, ``none`` and the tail rules of the shared-KV proxy game."""
+    from ..masking.proxy import TAIL_RULES
+
+    return ("auto", "none", *TAIL_RULES)
 
 
 def utility_kinds() -> tuple[str, ...]:
@@ -97,7 +105,9 @@ METHODS_HELP = (
     "efficiency imposed, standard errors); regression-msr: regression-adjusted KernelSHAP (Witter, "
     "Liu & Musco 2025: KernelSHAP's coalitions and fit, its residuals corrected by stratified Monte "
     "Carlo; the lowest error of the sampling methods on real games, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
-    "lasso: ContextCite-style sparse linear surrogate; loo: leave-one-out; auto: chosen by players and "
+    "lasso: ContextCite-style sparse linear surrogate (with a proxy game, the proxy as an unpenalised control variate); "
+    "proxy-shapley: regression-msr with a proxy game as a cross-fitted control variate (unbiased; without a "
+    "proxy game, regression-msr); loo: leave-one-out; auto: chosen by players and "
     "budget (the output says which ran and why); shapiq:NAME: "
     "a shapiq approximator through this engine (e.g. shapiq:SVARM, shapiq:KernelSHAPIQ, "
     "shapiq:ProxySPEX; needs the shapiq extra; shapiq:RegressionMSR and the other approximators of "
@@ -255,8 +265,23 @@ class EstimatorSettings(SettingsGroup):
         None,
         type=positive_float,
         metavar="NATS",
-        help="permutation, kernelshap, regression-msr, banzhaf: sample in doubling rounds until every player's "
-        "standard error is below NATS or --budget is spent (the output says which)",
+        help="permutation, kernelshap, regression-msr, banzhaf (and auto where it chooses regression-msr): sample in "
+        "doubling rounds until every player's standard error is below NATS or --budget (distinct evaluations of all "
+        "rounds together) is spent (the output says which)",
+    )
+    proxy_game: str = option(
+        "auto",
+        choices=proxy_games,
+        help="the shared-KV proxy game that two-fidelity methods (auto, lasso, proxy-shapley) use to reduce their "
+        "variance: the full conversation's KV once, each coalition's tail masked (docs/proxy.md); the values are "
+        "always the exact game's. auto: where the backend scores it (transformers), the utility is teacher-forced "
+        "and the policy drops; none: exact rows only; or a tail rule (default: %(default)s)",
+    )
+    proxy_budget: int | None = option(
+        None,
+        type=positive_int,
+        help="two-fidelity methods: distinct proxy coalitions, besides the exact ones (default: a multiple of --budget, "
+        "docs/proxy.md)",
     )
 
 

@@ -53,7 +53,8 @@ def refuse_overwrite(
 ) -> None:
     """Refuse outputs that would destroy what the command reads or writes: an output that is one of
     the sources (the input, a document compared or reported), another output, or a file inside a
-    run archive (its manifest, its parts).
+    run archive (its manifest, its parts), one of the sources or any other (a directory holding a
+    ``manifest.json``).
 
     Args:
         outputs: output files by their option's field (``out``, ``html``); ``None`` entries skipped.
@@ -86,6 +87,9 @@ def refuse_overwrite(
                 real = os.path.realpath(run_dir)
                 if os.path.realpath(path).startswith(real.rstrip(os.sep) + os.sep):
                     raise ConfigError(f"{str(path)!r} lies inside the run archive {str(run_dir)!r}; give a path outside it", field=field)
+        for parent in Path(os.path.realpath(path)).parents:  # any run archive, read by this command or not
+            if (parent / "manifest.json").is_file():
+                raise ConfigError(f"{str(path)!r} lies inside the run archive {str(parent)!r}; give a path outside it", field=field)
         seen[field] = path
 
 

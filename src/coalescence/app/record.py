@@ -2,13 +2,15 @@
 
 :func:`run_record` is what an explain run writes into the manifest (its identity, configuration
 and snapshots); a resumed run is refused when the archive's runs used other model content
-(:func:`check_model_identity`) or rendered dated templates on another day
+(:func:`check_model_identity`), another engine (:func:`check_backend`: the archive holds one
+engine's values, whatever its runs) or rendered dated templates on another day
 (:func:`check_same_date`); :func:`recorded_now` reads that day back.
 """
 
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,17 @@ from typing import Any
 from ..errors import ArchiveError, CoalescenceError
 
 __all__ = (
+    "backend_of_settings",
+    "check_backend",
     "check_model_identity",
+    "recorded_backend",
     "check_same_date",
     "recorded_now",
     "run_record",
     "same_measurement",
 )
+
+logger = logging.getLogger(__name__)
 
 
 def recorded_now(run_dir: Path, value: Any) -> datetime:
@@ -41,6 +48,78 @@ def recorded_now(run_dir: Path, value: Any) -> datetime:
             "manifest was edited or damaged: restore it, or choose another archive",
             field="RUN_DIR",
         ) from None
+
+
+_HOW_TO_GET = {
+    "hf": "--backend hf",
+    "vllm": "--backend vllm",
+    "vllm-server": "--vllm-url of a server of the same model",
+}
+
+
+def backend_of_settings(s: Any) -> str:
+    """The backend a run's settings load: ``vllm-server`` with a ``vllm_url``, else ``s.backend``."""
+    return "vllm-server" if getattr(s, "vllm_url", None) else str(s.backend)
+
+
+def recorded_backend(run: dict[str, Any]) -> tuple[dict[str, str] | None, bool]:
+    """The backend that scored an archived run's rows: ``(identity, recorded)``.
+
+    A run written before the backend was recorded is inferred where it can be (``dtype``
+    ``server`` or a ``vllm_url``: a ``vllm serve``), ``recorded`` then ``False``; ``None`` when it
+    cannot be told (transformers and in-process vLLM record the same fields)."""
+    backend = run.get("backend")
+    if isinstance(backend, dict) and isinstance(backend.get("backend"), str):
+        return {str(k): str(v) for k, v in backend.items()}, True
+    if (run.get("model") or {}).get("dtype") == "server" or "vllm_url" in run:
+        return {"backend": "vllm-server"}, False
+    return None, False
+
+
+def _describe(identity: dict[str, str]) -> str:
+    served = identity.get("served_model")
+    return identity["backend"] + (f" (serving {served!r})" if served else "")
+
+
+def check_backend(run_dir: Path | None, identity: dict[str, str], *, names_only: bool = False) -> None:
+    """Refuse to write into an archive whose runs another backend scored (``identity``: this
+    run's :meth:`~coalescence.backends.base.ScoringBackend.identity`). Every run counts, with or
+    without ``new_run``: the coalition keys do not name the backend, so a run is served the
+    rows of every run in its archive. A run written before backends were recorded is checked
+    by the backend inferred from it (:func:`recorded_backend`), else accepted with a warning.
+
+    Args:
+        names_only: compare the backends' names only (before the backend is started, when the
+            server's model is not known yet).
+
+    Raises:
+        ArchiveError: another backend scored a run of the archive (one line naming both).
+    """
+    from ..archive.reader import read_manifest
+
+    if run_dir is None or not (run_dir / "manifest.json").is_file():
+        return
+    unknown = 0
+    for run in read_manifest(run_dir).get("runs") or []:
+        theirs, recorded = recorded_backend(run)
+        if theirs is None:
+            unknown += 1
+            continue
+        same = theirs["backend"] == identity["backend"] if names_only or not recorded else theirs == identity
+        if not same:
+            raise ArchiveError(
+                f"the archive's run {run.get('run_id', '?')} was scored by backend {_describe(theirs)}, this run by backend "
+                f"{_describe(identity)}: one archive holds one engine's values (engines differ beyond float tolerance in "
+                f"bfloat16, and so do their samplers); resume with {_HOW_TO_GET.get(theirs['backend'], 'that backend')}, "
+                "or give another --archive",
+                field="archive",
+            )
+    if unknown and not names_only:
+        logger.warning(
+            "the archive %s has %d run(s) written before coalescence recorded the backend; their rows are taken as "
+            "%s's, and this run records it",
+            run_dir, unknown, identity["backend"],
+        )  # fmt: skip
 
 
 def check_model_identity(run_dir: Path | None, model: dict[str, Any], *, new_run: bool) -> None:
@@ -141,6 +220,7 @@ def run_record(run: Any) -> dict[str, Any]:
         "package_version": __version__,
         "snapshot_ids": [x.snapshot_id for x in recorded],
         "model": engine.model,
+        "backend": dict(engine.backend.identity()),
         "utility": engine.utility.to_dict(),
         "absence_policy": {"id": policy.id, "params": policy.params()},
         "run_config": config,

@@ -17,8 +17,8 @@ from .lifecycle import run_blocking
 from .fit import ArchiveFit, select_run
 from .outputs import output_path, refuse_overwrite
 from .backend import load_model
-from .record import recorded_now
-from .settings import ReplaySettings
+from .record import check_backend, recorded_now
+from .settings import ReplaySettings, recorded_proxy
 
 __all__ = (
     "ReplayRun",
@@ -113,11 +113,9 @@ class ReplayRun:
         self.jobs = []
         for snap in self.snapshots:
             for method in s.methods:
-                from ..attribution.estimators import make_estimator
-
                 order, index = s.interactions_for(method, run)
                 budget = s.budget_for(snap.n_players, method, run)
-                estimator = make_estimator(method, budget=budget, seed=s.seed_for(run), interactions=order, index=index)
+                estimator = self.fit_.estimator(method, budget, s.seed_for(run), interactions=order, index=index)
                 estimator.validate(snap.n_players)
                 self.jobs.append((snap, estimator))
         self.missing = [
@@ -174,7 +172,11 @@ class ReplayRun:
         backend = load_model(s, source, notify=notify)
         pinned = self.run.get("template_now")  # one date per run: a replay renders the run's
         now = recorded_now(self.run_dir, pinned) if pinned is not None else None
-        engine = Engine(backend, store=self.fit_.store, progress=progress, utility=self.utility, now=now)
+        recorded = recorded_proxy(self.run)  # a two-fidelity method plays the run's proxy game again
+        engine = Engine(
+            backend, store=self.fit_.store, progress=progress, utility=self.utility, now=now,
+            proxy_game=None if recorded is None else recorded[0],
+        )  # fmt: skip
         engine.measurements.update(self.fit_.measurements)
         if engine.model != self.run["model"]:
             if backend.shutdown_with_engine:
@@ -183,6 +185,12 @@ class ReplayRun:
                 f"the model is {engine.model}, but the run was evaluated with {self.run['model']}; give the run's model",
                 field="model",
             )
+        try:
+            check_backend(self.run_dir, backend.identity())  # the archive holds one engine's values
+        except BaseException:
+            if backend.shutdown_with_engine:
+                backend.shutdown()
+            raise
         for snap in self.snapshots:
             engine.resolved_utility(snap, self.fit_.policy)
         self.engine = engine
@@ -195,6 +203,7 @@ class ReplayRun:
         s, run = self.settings, self.run
         description = {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics")}
         description |= {"utility": self.utility.to_dict(), "snapshots": [self.records[i] for i in run["snapshot_ids"]]}
+        description["backend"] = dict(self.engine.backend.identity())
         self.archive = RunArchive.open(
             self.run_dir,
             description,

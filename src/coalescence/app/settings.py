@@ -39,12 +39,14 @@ from .options import names, option, positive_int
 from .options import seed as seed_type
 
 __all__ = (
+    "EvaluateSettings",
     "ReplaySettings",
     "RunResult",
     "RunSettings",
     "interaction_settings",
     "recorded_budget",
     "recorded_interactions",
+    "recorded_proxy",
     "recorded_run_config",
     "recorded_seed",
 )
@@ -130,7 +132,7 @@ class RunSettings(
             if isinstance(self.method, str):
                 interaction_settings(self.method, self.interactions, self.index)
         if self.target_stderr is not None:
-            if not capabilities.reports_stderr:
+            if not capabilities.reports_stderr and not capabilities.chooses:  # a choice is checked once n is known
                 raise ConfigError(
                     f"method {self.method_name} reports no standard errors; use one of {', '.join(methods_with(reports_stderr=True))}",
                     field="target_stderr",
@@ -145,6 +147,7 @@ class RunSettings(
                 f"methods ({', '.join(methods_with(needs_budget=True))}, shapiq:NAME)",
                 field="budget",
             )
+        self._check_proxy(capabilities)
         if not isinstance(self.absence_policy, str):
             self._take_policy_object()
         elif self.absence_policy == "placeholder":
@@ -164,6 +167,33 @@ class RunSettings(
         check_ray_settings(self)
         self.policy()  # a bad rule or placeholder is refused now
         self.utility_spec()
+
+    def _check_proxy(self, capabilities: Any) -> None:
+        """Refuse a proxy setting that cannot apply (an unknown game, a proxy budget for a method
+        that fits the exact game alone, or with the proxy game off)."""
+        from .groups import proxy_games
+
+        if self.proxy_game not in proxy_games():
+            raise ConfigError(f"unknown proxy game {self.proxy_game!r}; choose one of {', '.join(proxy_games())}", field="proxy_game")
+        if self.proxy_budget is not None:
+            if not capabilities.two_fidelity:
+                from ..attribution.estimators import methods_with
+
+                raise ConfigError(
+                    f"method {self.method_name} fits the exact game alone; a proxy budget applies to the two-fidelity "
+                    f"methods ({', '.join(methods_with(two_fidelity=True))})",
+                    field="proxy_budget",
+                )
+            if self.proxy_game == "none":
+                raise ConfigError("the proxy game is off (proxy_game none); drop one of them", field="proxy_budget")
+
+    @property
+    def proxy_tail(self) -> str | None:
+        """The proxy game's tail rule the engine plays (``auto``: the measured default), or
+        ``None`` for exact rows only."""
+        from ..masking.proxy import DEFAULT_TAIL
+
+        return None if self.proxy_game == "none" else DEFAULT_TAIL if self.proxy_game == "auto" else self.proxy_game
 
     # -- objects given instead of names ------------------------------------------------------
     def _take_estimator_object(self) -> None:
@@ -287,7 +317,8 @@ class RunSettings(
         budget = self.budget
         if budget is None:
             budget = self.capabilities.default_budget(n_players)
-        return make_estimator(self.method, budget=budget, seed=self.seed, interactions=self.interactions, index=self.index)
+        proxy = {"proxy_budget": self.proxy_budget} if self.proxy_budget is not None else {}
+        return make_estimator(self.method, budget=budget, seed=self.seed, interactions=self.interactions, index=self.index, **proxy)
 
     def estimator_for_budget(self) -> Any:
         """``budget -> estimator`` of the run's method at that budget (the rounds of ``target_stderr``)."""
@@ -439,6 +470,78 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         return recorded_interactions(run, method)
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
+    """The settings of ``coalescence evaluate`` (its options, by their library names; see
+    :mod:`coalescence.app.evaluate`).
+
+    Args:
+        coalitions: held-out keep-half coalitions the LDS is computed over (>= 2).
+        seed: the seed of the held-out coalitions, the random removals and the bootstrap.
+        random_draws: random k-subsets removed per k, against the top k (>= 2).
+        methods: run archive: the estimators fitted (default: the run's method); the explanations
+            of an ``--out`` document are its own.
+        budget, run_id: run archive: as ``replay`` (run_id also picks the run of a document's archive).
+        conversation: which conversation of a batch (0-based; default: every one).
+        archive: an ``--out`` document's run archive when it names none (or another copy).
+        model, backend, vllm_url, device, dtype, batch_size: the model that evaluates the coalitions
+            the archive lacks (default model: the run's).
+        flush_rows, flush_seconds, skip_corrupt: archive options.
+        out: the JSON document written.
+
+    Raises:
+        ConfigError: fewer than 2 coalitions or random draws, an unknown method.
+    """
+
+    title: ClassVar[str] = "evaluate"
+
+    coalitions: int = option(32, type=positive_int, help="held-out keep-half coalitions of the LDS (default: %(default)s)")
+    seed: int = option(0, type=seed_type, help="seed of the held-out coalitions, the random removals and the bootstrap (default: %(default)s)")
+    random_draws: int = option(
+        8, type=positive_int, metavar="N", help="random k-player removals per k, the baseline of the top-k drop (default: %(default)s)"
+    )
+    methods: tuple[str, ...] | str | None = option(
+        None, flag="--method", metavar="METHOD[,METHOD...]", help="run archive: comma-separated methods fitted and evaluated (default: the run's method)"
+    )
+    budget: int | None = option(
+        None, type=positive_int, help="run archive: sampling methods' budget (default: the run's, for its method; else 32 x players)"
+    )
+    run_id: str | None = option(None, flag="--run", help="run id in the archive (default: the last run holding the conversation)")
+    conversation: int | None = option(None, type=int, metavar="K", help="which conversation of a batch, from 0 (default: every one)")
+    archive: str | Path | None = option(
+        None, metavar="RUN_DIR", help="an --out document: its run archive, when it names none (default: the one it names)"
+    )
+    model: str | None = option(
+        None,
+        section=ModelSettings.title,
+        help="model alias (smollm2-135m), local model directory, .gguf file or hub id: evaluates the coalitions the "
+        "archive lacks (default: the run's model)",
+    )
+    out: str | Path | None = option(None, metavar="JSON", help="also write the evaluation as JSON here")
+
+    def __post_init__(self) -> None:
+        from ..attribution.estimators import ESTIMATORS, is_method
+        from ..attribution.estimators.base import check_seed
+
+        check_ray_settings(self)
+        check_seed(self.seed)
+        for name in ("coalitions", "random_draws"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise ConfigError(f"must be an integer >= 2, got {value!r}", field=name)
+        if self.conversation is not None and (isinstance(self.conversation, bool) or not isinstance(self.conversation, int) or self.conversation < 0):
+            raise ConfigError(f"numbers conversations from 0; got {self.conversation!r}", field="conversation")
+        if self.methods is not None:
+            methods = names(self.methods)
+            unknown = [m for m in methods if not is_method(m)]
+            if not methods or unknown:
+                raise ConfigError(
+                    f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(ESTIMATORS)}",
+                    field="method",
+                )
+            object.__setattr__(self, "methods", methods)
+
+
 def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:
     """As :func:`coalescence.attribution.estimators.interaction_settings` (imported late)."""
     from ..attribution.estimators import interaction_settings as check
@@ -461,6 +564,16 @@ def recorded_budget(run: Mapping[str, Any], method: str) -> int | None:
     if one_input and method == config.get("method") and isinstance(budget, int) and not isinstance(budget, bool):
         return budget
     return None
+
+
+def recorded_proxy(run: Mapping[str, Any]) -> tuple[str, int | None] | None:
+    """``(tail rule, proxy budget or None)`` of the proxy game a run played with a two-fidelity
+    method, or ``None`` (an exact-only run, or one written before proxy games)."""
+    proxy = recorded_run_config(run).get("proxy")
+    if not isinstance(proxy, Mapping) or not isinstance(proxy.get("tail"), str):
+        return None
+    budget = proxy.get("budget")
+    return proxy["tail"], budget if isinstance(budget, int) and not isinstance(budget, bool) else None
 
 
 def recorded_seed(run: Mapping[str, Any]) -> int:

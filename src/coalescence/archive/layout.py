@@ -54,6 +54,7 @@ __all__ = (
     "is_live",
     "live_dir",
     "live_generation",
+    "lock_holder",
     "os_error",
     "one_line",
     "part_files",
@@ -466,3 +467,39 @@ def remove_created(created: list[Path], *, lock_file: Path | None) -> None:
             os.rmdir(directory)
         except OSError:
             return
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """Who holds the run directory's write lock (``RUN_DIR/.lock``, the ``flock`` a
+    :class:`~coalescence.archive.writer.RunArchive` takes), read without waiting.
+
+    The lock dies with its process, so a run the manifest records as ``running`` while no process
+    holds the lock was killed (SIGKILL, a lost machine) before it could record how it ended. The
+    lock is tried shared for an instant (``LOCK_SH | LOCK_NB``) and released at once.
+
+    Returns:
+        ``None`` when no process holds it (or there is no lock file); else the holder's note
+        (``"pid 123 on host since <ISO time>"``), or ``"another process"`` when it wrote none or
+        the lock cannot be read (never claimed free without knowing).
+    """
+    import fcntl
+
+    try:
+        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "another process"
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+            except OSError:
+                holder = ""
+            return holder or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

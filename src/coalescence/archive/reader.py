@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ArchiveError
 from ..masking.codec import PackedMask
-from .layout import PartFile, live_dir, one_line, part_files
+from .layout import PartFile, live_dir, lock_holder, one_line, part_files
 from .manifest import read_manifest
 from .schema import PARTS_DIR, REQUIRED_COLUMNS, ROW_SCHEMA, schema_problem
 
@@ -265,7 +265,12 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
     """A summary of a run directory (what ``coalescence archive info`` prints).
 
     Returns:
-        A JSON-ready dict: schema version, runs, snapshots (id, rows), coalitions, cache-hit rate,
+        A JSON-ready dict: schema version, runs (a run the manifest records as ``running`` whose
+        writer is gone, killed before it could close, as ``interrupted`` with ``killed`` true: the
+        lock dies with its process, :func:`~coalescence.archive.layout.lock_holder`), snapshots
+        (id, rows), coalitions, rows per game
+        (``{"exact": rows, "kv-proxy:<tail>": rows}``: the proxy game's rows only reduce the variance
+        of estimates of the exact game), cache-hit rate,
         tokens computed and reused, model time (seconds), first/last write (UTC ISO), parts (and
         how many carry no digest, written before schema version 3), parts skipped by this read
         (``skip_corrupt``), parts quarantined earlier, and bytes.
@@ -294,16 +299,17 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
             sizes = np.maximum(calls["batch_size"].to_numpy(), 1)
             model_seconds = float((elapsed / sizes).sum() / 1e3)
     created = table["created_at"] if n else None
+    # the two fidelities: rows of the exact game (null in parts written before proxy games) and of a proxy game
+    games = pc.fill_null(table["game"], "exact").to_pylist() if n else []
+    per_game = {g: games.count(g) for g in sorted(set(games), key=lambda g: (g != "exact", g))}
     return {
         "run_dir": str(run_dir),
         "schema_version": manifest["schema_version"],
         "package_version": manifest.get("package_version"),
-        "runs": [
-            {k: r.get(k) for k in ("run_id", "started_at", "model", "absence_policy", "utility", "status", "error")}
-            for r in manifest.get("runs", [])
-        ],
+        "runs": _runs(run_dir, manifest.get("runs") or []),
         "snapshots": [{"snapshot_id": sid, "coalitions": c} for sid, c in sorted(per_snapshot.items())],
         "coalitions": n,
+        "games": per_game,
         "cache_hit_rate": float(pc.mean(table["cache_hit"].cast(pa.float64())).as_py()) if n else 0.0,
         "tokens_computed": int(pc.sum(table["tokens_computed"]).as_py() or 0) if n else 0,
         "tokens_reused": int(pc.sum(table["tokens_reused"]).as_py() or 0) if n else 0,
@@ -316,6 +322,21 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
         "quarantined_parts": [q["part"] for q in manifest.get("quarantine") or []],
         "bytes": sum(_size(p.path) for p in parts),
     }
+
+
+def _runs(run_dir: str | Path, runs: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The manifest's runs as ``archive info`` shows them: a run recorded as ``running`` that no
+    process runs (an earlier run, or the last one with the archive's lock free: its writer was
+    killed before it could record how it ended) is ``interrupted``, with ``killed`` true."""
+    out = []
+    for k, r in enumerate(runs):
+        run = {key: r.get(key) for key in ("run_id", "started_at", "model", "absence_policy", "utility", "status", "error")}
+        killed = r.get("status") == "running" and (k < len(runs) - 1 or lock_holder(Path(run_dir)) is None)
+        if killed:
+            run["status"] = "interrupted"
+        run["killed"] = killed
+        out.append(run)
+    return out
 
 
 def _size(path: Path) -> int:
@@ -334,7 +355,9 @@ def format_archive_info(info: Mapping[str, Any]) -> str:
         kind = utility.get("kind")
         sha = f" (sha256 {model['sha256'][:12]})" if isinstance(model.get("sha256"), str) and model["sha256"] else ""
         lines.append(
-            f"run             {r['run_id']} started {r.get('started_at')} [{r.get('status')}] model {model.get('id')}{sha} "
+            f"run             {r['run_id']} started {r.get('started_at')} "
+            + (f"[{r.get('status')}: killed, no process holds the archive's lock; the same command resumes it]" if r.get("killed") else f"[{r.get('status')}]")
+            + f" model {model.get('id')}{sha} "
             f"policy {policy.get('id')} utility {kind}"
         )
         if r.get("error"):
@@ -342,6 +365,13 @@ def format_archive_info(info: Mapping[str, Any]) -> str:
     for s in info["snapshots"]:
         lines.append(f"snapshot        {s['snapshot_id'][:16]}  {s['coalitions']} coalitions")
     lines.append(f"coalitions      {info['coalitions']} in {info['parts']} parts, {info['bytes']} bytes")
+    games = info.get("games") or {}
+    if any(g != "exact" for g in games):
+        lines.append(
+            "games           "
+            + ", ".join(f"{c} {g}" for g, c in games.items())
+            + " (proxy rows only reduce the variance of the exact game's estimates)"
+        )
     if info["unverified_parts"]:
         lines.append(
             f"unverified      {info['unverified_parts']} parts written before schema version 3 carry no digest; "

@@ -1,4 +1,10 @@
-"""The result of a run: player values with their context, as a table or a stable JSON document."""
+"""The result of a run: player values with their context, as data and a stable JSON document.
+
+Presentation (the terminal table, charts, the report and the notebook view) is not here: the
+display methods of :class:`Explanation` delegate to the formatter installed by
+:func:`set_formatter` (the report's :class:`~coalescence.report.formatter.ExplanationFormatter`,
+installed by ``import coalescence``), so this package never imports the report.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..snapshot import ConversationSnapshot
 from .estimators.base import Estimate
 
-__all__ = ("EXPLANATION_SCHEMA", "AnswerToken", "Explanation", "answer_tokens")
+__all__ = ("EXPLANATION_SCHEMA", "AnswerToken", "Explanation", "ExplanationFormatter", "answer_tokens", "formatter", "set_formatter")
 
 EXPLANATION_SCHEMA = 1
 """Version of the ``--out`` JSON document (:meth:`Explanation.to_dict`)."""
@@ -32,24 +38,61 @@ def _optional(module: str) -> Any:
         raise BackendUnavailable(f"{module.split('.')[0]} is not installed; {_EXTRA_HINT}", field="notebook") from exc
 
 
-def _fmt(x: float, *, sign: bool = False) -> str:
-    """Four decimals, or four significant digits in scientific notation below 1e-3 (e.g. ``prob``)."""
-    x = float(x)
-    if x != 0 and math.isfinite(x) and abs(x) < 1e-3:
-        return f"{x:+.3e}" if sign else f"{x:.3e}"
-    return f"{x:+.4f}" if sign else f"{x:.4f}"
-
-
-def _snip(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "\u2026"
-
-
 def _num(x: float | None) -> float | None:
     if x is None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
+
+
+class ExplanationFormatter(Protocol):
+    """What presents an :class:`Explanation`: its display methods call these with the explanation
+    first (the methods' docstrings say what each returns and raises)."""
+
+    def format_table(self, explanation: Explanation, *, snippet: int) -> str: ...
+
+    def plot(self, explanation: Explanation, ax: Any, *, top: int | None, scale: str) -> Any: ...
+
+    def save_chart(self, explanation: Explanation, path: str | Path, *, scale: str) -> Path: ...
+
+    def report(self, explanation: Explanation, path: str | Path | None, *, scale: str) -> Any: ...
+
+    def notebook_html(self, explanation: Explanation) -> str | None: ...
+
+
+_formatter: ExplanationFormatter | None = None
+
+
+def set_formatter(presenter: ExplanationFormatter | None) -> ExplanationFormatter | None:
+    """Install what the explanations' display methods delegate to (``import coalescence`` installs
+    :class:`coalescence.report.formatter.ExplanationFormatter`).
+
+    Args:
+        presenter: the formatter, or ``None`` to remove it.
+
+    Returns:
+        The formatter installed before (to restore it).
+    """
+    global _formatter
+    previous, _formatter = _formatter, presenter
+    return previous
+
+
+def formatter() -> ExplanationFormatter:
+    """The installed formatter.
+
+    Raises:
+        BackendUnavailable: none is installed (``import coalescence`` installs the report's).
+    """
+    if _formatter is None:
+        from ..errors import BackendUnavailable
+
+        raise BackendUnavailable(
+            "no formatter presents explanations; import coalescence (it installs the report's), or call "
+            "coalescence.attribution.explanation.set_formatter",
+            field="formatter",
+        )
+    return _formatter
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +203,11 @@ class Explanation:
         answer_tokens: for teacher-forced utilities, every scored answer token with its
             log-probability in the full and the empty coalition of the game (from the evaluations'
             per-token measurements); ``None`` for regenerate utilities or when unknown.
+        proxy: for a two-fidelity fit, the shared-KV proxy game that reduced its variance:
+            ``{"game": name, "coalitions": distinct proxy rows used, "evaluations": proxy rows
+            the model computed in this run, "shared": coalitions scored in both games,
+            "pearson", "spearman": the proxy's correlation with the exact game on those}``
+            (the values are always the exact game's); ``None`` otherwise.
     """
 
     snapshot: ConversationSnapshot
@@ -178,6 +226,7 @@ class Explanation:
     notes: tuple[str, ...] = ()
     stopping: dict[str, Any] | None = None
     answer_tokens: tuple[AnswerToken, ...] | None = None
+    proxy: dict[str, Any] | None = None
 
     @property
     def values(self) -> Any:
@@ -239,6 +288,7 @@ class Explanation:
             "messages": [m.as_dict() for m in self.snapshot.conversation.messages],
             "players": players,
             "answer_tokens": None if self.answer_tokens is None else [t.to_dict() for t in self.answer_tokens],
+            "proxy": None if self.proxy is None else {k: (_num(v) if isinstance(v, float) else v) for k, v in self.proxy.items()},
         } | self._interactions_dict()
 
     def top_interactions(self, k: int | None = None) -> list[tuple[tuple[int, ...], float]]:
@@ -317,6 +367,7 @@ class Explanation:
                 wall_seconds=0.0,
                 notes=tuple(document.get("notes") or ()) + notes,
                 stopping=document.get("stopping"),
+                proxy=document.get("proxy"),
                 answer_tokens=None
                 if tokens is None
                 else tuple(
@@ -326,35 +377,6 @@ class Explanation:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"malformed explanation document: {exc!r}", field="document") from exc
-
-    # -- in a notebook -----------------------------------------------------------------------
-    def _repr_html_(self) -> str | None:
-        """The compact view for Jupyter: the conversation highlighted by value, the top players and
-        the legend (:meth:`report` for the whole report); ``None`` (the plain repr) without the
-        report's packages."""
-        try:
-            from ..report import explanation_fragment
-
-            return explanation_fragment(self.to_dict(), compact=True)
-        except ImportError:
-            return None
-
-    def report(self, path: str | Path | None = None, *, scale: str = "robust") -> Any:
-        """The whole report of this explanation (conversation, answer tokens, chart, every player,
-        the run's facts): shown in Jupyter, and written as one self-contained page to ``path``.
-
-        Returns:
-            A :class:`~coalescence.report.ReportView` (``.html``: the page's text; ``.save(path)``).
-
-        Raises:
-            BackendUnavailable: the report's packages (matplotlib, jinja2) are missing.
-        """
-        from ..report import ReportView
-
-        view = ReportView(self.to_dict(), scale=scale)
-        if path is not None:
-            view.save(path)
-        return view
 
     def __repr__(self) -> str:
         """One line: the method, the players, the top player and the total effect."""
@@ -404,6 +426,18 @@ class Explanation:
         columns = ["label", "role", "message_index", "start", "end", "text", "value", "stderr", "rank"]
         return pd.DataFrame(rows, columns=columns)
 
+    # -- presented (by the installed formatter, :func:`set_formatter`) ---------------------------
+    def format_table(self, *, snippet: int = 60) -> str:
+        """A ranked plain-text table and a summary, for a terminal.
+
+        Args:
+            snippet: the most characters of each player's text shown.
+
+        Raises:
+            BackendUnavailable: no formatter is installed (:func:`set_formatter`).
+        """
+        return formatter().format_table(self, snippet=snippet)
+
     def plot(self, ax: Any = None, *, top: int | None = None, scale: str = "robust") -> Any:
         """The ranked bar chart of the values (largest at the top), with standard errors as error
         bars where the method has them, on a matplotlib Axes: the HTML report's chart, drawn by the
@@ -421,25 +455,10 @@ class Explanation:
             The ``matplotlib.axes.Axes``.
 
         Raises:
-            BackendUnavailable: matplotlib is not installed (with the install command).
+            BackendUnavailable: matplotlib is not installed (with the install command), or no
+                formatter is installed.
         """
-        plt = _optional("matplotlib.pyplot")
-        from ..report.chart import draw_bars
-        from ..report.colors import DivergingScale
-
-        order = self.ranking()[: top if top is not None else None]
-        est = self.estimate
-        labels = [_bar_label(p) for p in self.snapshot.players]
-        values = [float(v) for v in est.values]
-        errors = None if est.stderr is None else [float(s) for s in est.stderr]
-        if ax is None:
-            _, ax = plt.subplots(figsize=(7, 0.35 * len(order) + 1.2), layout="constrained")
-        # labels are text, never mathtext: "lunch $5 vs taxi $60" stays as written
-        scale_ = DivergingScale.for_values(values, scale)
-        draw_bars(ax, labels, values, errors, unit=self.utility_unit, scale=scale_, order=order)
-        title = f"{est.method}: {self.utility_description or self.utility}, v(full) - v(empty) = {est.v_full - est.v_empty:+.3f}"
-        ax.set_title(title, parse_math=False)
-        return ax
+        return formatter().plot(self, ax, top=top, scale=scale)
 
     def save_chart(self, path: str | Path, *, scale: str = "robust") -> Path:
         """Write the ranked bar chart as an image file, PNG or SVG by the suffix of ``path``: the
@@ -455,113 +474,27 @@ class Explanation:
 
         Raises:
             ConfigError: another suffix (nothing is written).
-            BackendUnavailable: matplotlib is not installed (with the install command).
+            BackendUnavailable: matplotlib is not installed (with the install command), or no
+                formatter is installed.
             ArchiveError, ArchiveWriteError: the file cannot be written; ``path`` is as it was.
         """
-        from ..report import write_chart_image
+        return formatter().save_chart(self, path, scale=scale)
 
-        return write_chart_image(path, self.to_dict(), scale=scale, field="path")
+    def report(self, path: str | Path | None = None, *, scale: str = "robust") -> Any:
+        """The whole report of this explanation (conversation, answer tokens, chart, every player,
+        the run's facts): shown in Jupyter, and written as one self-contained page to ``path``.
 
-    def format_table(self, *, snippet: int = 60) -> str:
-        """A ranked plain-text table and a summary, for a terminal.
+        Returns:
+            A :class:`~coalescence.report.ReportView` (``.html``: the page's text; ``.save(path)``).
 
-        Args:
-            snippet: the most characters of each player's text shown.
+        Raises:
+            BackendUnavailable: the report's packages (matplotlib, jinja2) are missing, or no
+                formatter is installed.
         """
-        est = self.estimate
-        has_se = est.stderr is not None
-        rows = []
-        for rank, i in enumerate(self.ranking(), start=1):
-            p = self.snapshot.players[i]
-            text = " ".join(p.text.split())
-            if len(text) > snippet:
-                text = text[: snippet - 1] + "\u2026"
-            se = ""
-            if has_se:
-                s = _num(est.stderr[i])
-                se = "-" if s is None else _fmt(s)
-            rows.append((str(rank), _fmt(est.values[i], sign=True), se, p.label, text))
-        head = ("rank", f"value ({self.utility_unit})", "stderr" if has_se else "", "player", "text")
-        cols = [head, *rows]
-        widths = [max(len(r[c]) for r in cols) for c in range(4)]
-        lines = []
-        for r in cols:
-            cells = [r[0].rjust(widths[0]), r[1].rjust(widths[1])]
-            if has_se:
-                cells.append(r[2].rjust(widths[2]))
-            cells += [r[3].ljust(widths[3]), r[4]]
-            lines.append("  ".join(cells).rstrip())
-        span = est.v_full - est.v_empty
-        rel = abs(est.efficiency_gap) / abs(span) if span else float("nan")
-        rate = self.n_evaluations / self.wall_seconds if self.wall_seconds > 0 else float("nan")
-        target = " ".join(self.snapshot.target.split())
-        if len(target) > 100:
-            target = target[:99] + "\u2026"
-        lines += [
-            "",
-            f"target ({self.snapshot.conversation.target_source.replace('_', ' ')}): {target}",
-            f"method {est.method}, model {self.model_id}, unit {self.snapshot.unit}, "
-            f"absence policy {self.absence_policy}, utility {self.utility} "
-            f"({self.utility_description or f'log p of {self.target_token_count} target tokens, nats'})",
-            f"v(empty) = {_fmt(est.v_empty)}   v(full) = {_fmt(est.v_full)}   "
-            f"v(full) - v(empty) = {_fmt(span)}",
-            f"sum of values = {_fmt(float(est.values.sum()))}"
-            + (
-                f" (+ interactions {_fmt(sum(v for _, v in est.interactions), sign=True)}: {est.interaction_index} is efficient over all its orders)"
-                if est.interactions and est.method != "exact" and est.interaction_index in ("k-SII", "FSII", "STII")
-                else ""
-            )
-            + f"   efficiency gap = {est.efficiency_gap:.3g}"
-            + (f" ({rel:.2g} of |v(full) - v(empty)|)" if math.isfinite(rel) else " (v(full) = v(empty))"),
-            f"model evaluations = {self.n_evaluations} (coalitions used: {est.n_evaluations})   "
-            f"wall time = {self.wall_seconds:.1f} s"
-            + (f"   ({rate:.1f} evaluations/s)" if math.isfinite(rate) else "   (no model evaluations in this session)"),
-        ]
-        if self.stopping is not None:
-            st = self.stopping
-            what = {
-                "target": f"every standard error is below {st['target_stderr']:g}",
-                "exact": "the budget covered every coalition, so the values are exact",
-                "budget": f"the budget of {st['budget']} evaluations was spent before every standard "
-                f"error got below {st['target_stderr']:g}",
-            }[st["reason"]]
-            worst = "" if st["max_stderr"] is None else f"; largest standard error {st['max_stderr']:.4g}"
-            if st.get("unknown_stderr"):
-                worst += f"; {st['unknown_stderr']} standard errors unknown (too few samples to say)"
-            lines.append(f"stopped after {st['rounds']} round{'' if st['rounds'] == 1 else 's'}: {what}{worst}")
-        if est.diagnostics:
-            lines.append("diagnostics: " + "   ".join(f"{k} = {v:.4g}" for k, v in est.diagnostics.items()))
-        if est.interactions:
-            top = self.top_interactions(5)
-            order = max(len(p) for p, _ in est.interactions)
-            lines.append(
-                f"top {len(top)} of {len(est.interactions)} interactions ({est.interaction_index}, orders 2..{order}, "
-                f"{self.utility_unit}), largest |value| first:"
-            )
-            for players, value in top:
-                who = " x ".join(self.snapshot.players[i].label for i in players)
-                texts = " | ".join(_snip(self.snapshot.players[i].text, 28) for i in players)
-                lines.append(f"  {_fmt(value, sign=True)}  {who}  ({texts})")
-            if est.method == "exact":
-                lines.append("  (exact, from every coalition; the values above are Shapley values)")
-            else:
-                if est.interaction_index in ("k-SII", "FSII", "STII"):
-                    lines.append(
-                        f"  (the values above are {est.interaction_index}'s order-1 terms; with the interactions "
-                        "they sum to v(full) - v(empty))"
-                    )
-                lines.append(
-                    f"  (sampled from {est.n_evaluations} coalitions: interactions need far more evaluations than values; "
-                    "on real games they were off by 0.5-3x their size at 1024 (README: Which estimator). "
-                    "Use --method exact --interactions 2 where 2^n evaluations are affordable)"
-                )
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return formatter().report(self, path, scale=scale)
 
-
-def _bar_label(player: Any, n: int = 28) -> str:
-    """A chart's bar label: the player's label and the start of its text (as the HTML chart)."""
-    text = " ".join(player.text.split())
-    if len(text) > n:
-        text = text[: n - 1] + "\u2026"
-    return f"{player.label} {text}"
+    def _repr_html_(self) -> str | None:
+        """The compact view for Jupyter: the conversation highlighted by value, the top players and
+        the legend (:meth:`report` for the whole report); ``None`` (the plain repr) without the
+        report's packages or a formatter."""
+        return None if _formatter is None else _formatter.notebook_html(self)

@@ -58,12 +58,21 @@ class PrefixSplit:
     0..i, so the forward's query length must equal its local key length) or through the local
     columns ``[..., prefix_len:]`` of the forward's additive 4-D ``attention_mask`` (``causal=False``).
 
+    ``prefix_masked=True`` reads the prefix columns ``[..., :prefix_len]`` of the additive mask too
+    (queries that see only part of the prefix: the proxy game's rows, which hide absent players'
+    cached tokens); the merge stays exact. ``block=T`` (with ``causal=False``) says the local
+    columns are block-diagonal in blocks of ``T`` queries and ``T`` keys (rows of equal length laid
+    side by side): the local part then runs as a batch of ``N / T`` blocks, ``T x T`` each, instead of
+    one ``N x N`` call.
+
     Passed to the model as the keyword ``prefix_split``; transformers hands model keywords on to the
     attention function.
     """
 
     prefix_len: int
     causal: bool
+    prefix_masked: bool = False
+    block: int = 0
 
 
 def _sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, None]:
@@ -105,8 +114,10 @@ def prefix_split_attention(
         or dropout
         or any(kwargs.get(k) is not None for k in ("sliding_window", "softcap", "position_bias"))
         or (prefix_split.causal and kv_len - P != n)
-        or (not prefix_split.causal and P < kv_len - P)  # a tree longer than its prefix: slower split
+        or (not prefix_split.causal and not prefix_split.block and P < kv_len - P)  # a tree longer than its prefix: slower split
         or (not prefix_split.causal and (attention_mask is None or not attention_mask.dtype.is_floating_point))
+        or (prefix_split.prefix_masked and (attention_mask is None or not attention_mask.dtype.is_floating_point))
+        or (prefix_split.block and (prefix_split.causal or n != kv_len - P or n % prefix_split.block))
     )
     if plain:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
@@ -122,7 +133,10 @@ def prefix_split_attention(
     n_rep = h // h_kv
     # prefix part: every query sees every prefix key; heads sharing a key/value head stacked
     stacked = query.reshape(b, h_kv, n_rep * n, d)  # [B, H_kv, n_rep * N, d]
-    o1, lse1 = flash(stacked, key[:, :, :P], value[:, :, :P], 0.0, False, scale=scaling)
+    prefix_mask = None
+    if prefix_split.prefix_masked:  # per-query prefix columns, tiled for the stacked heads
+        prefix_mask = attention_mask[..., :P].repeat(1, 1, n_rep, 1)  # [1 or B, 1, n_rep * N, P]
+    o1, lse1 = flash(stacked, key[:, :, :P], value[:, :, :P], 0.0, False, attn_mask=prefix_mask, scale=scaling)
     o1 = o1.reshape(b, h, n, d)
     lse1 = lse1.reshape(b, h, n)
     # local part: this forward's keys, causal or through the mask's local columns
@@ -130,6 +144,18 @@ def prefix_split_attention(
     local_v = repeat_kv(value[:, :, P:], n_rep)
     if prefix_split.causal:
         o2, lse2 = flash(query, local_k, local_v, 0.0, True, scale=scaling)
+    elif prefix_split.block:  # block-diagonal: R blocks of T as a batch (B == 1 for side-by-side rows)
+        t = prefix_split.block
+        r = n // t
+
+        def blocks(x: Any) -> Any:  # [B, H, R * T, d] -> [B * R, H, T, d]
+            return x.reshape(b, h, r, t, d).transpose(1, 2).reshape(b * r, h, t, d)
+
+        local = attention_mask[..., P:].expand(b, 1, n, n).reshape(b, r, t, r, t)
+        local = local.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(b * r, 1, t, t)  # [B * R, 1, T, T]
+        o2, lse2 = flash(blocks(query), blocks(local_k), blocks(local_v), 0.0, False, attn_mask=local.contiguous(), scale=scaling)
+        o2 = o2.reshape(b, r, h, t, d).transpose(1, 2).reshape(b, h, n, d)
+        lse2 = lse2.reshape(b, r, h, t).transpose(1, 2).reshape(b, h, n)
     else:
         o2, lse2 = flash(query, local_k, local_v, 0.0, False, attn_mask=attention_mask[..., P:], scale=scaling)
     lse = torch.logaddexp(lse1, lse2)  # [B, H, N] float32

@@ -24,6 +24,7 @@ __all__ = (
     "GenerateRequest",
     "PROTOCOL_MEMBERS",
     "GenerateResult",
+    "ProxyScoreRequest",
     "ScoreRequest",
     "ScoreResult",
     "ScoringBackend",
@@ -75,6 +76,62 @@ class ScoreRequest:
             raise ConfigError("a score request needs at least one prompt token", field="prompt_ids")
         if not self.target_ids:
             raise ConfigError("a score request needs at least one target token", field="target_ids")
+
+    @property
+    def n_tokens(self) -> int:
+        """Total sequence length, prompt + target."""
+        return len(self.prompt_ids) + len(self.target_ids)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProxyScoreRequest:
+    """One row of the shared-KV proxy game (issue 37; :mod:`coalescence.masking.proxy` builds them).
+
+    Semantics (what a backend computes; the tests' reference is one plain forward with this 4-D
+    mask): a causal forward over ``prompt_ids + target_ids[:-1]`` at the original positions in
+    which a query at position ``p < tail_start`` sees every key ``q <= p`` (the shared KV, computed
+    with every player present), and a query at ``p >= tail_start`` sees key ``q`` iff ``q <= p``
+    and ``q`` is in no ``hidden`` range. The result is the :class:`ScoreResult` of the target
+    read from that forward's logits (``token_logprobs`` ``[n_target]`` float32 nats).
+
+    Args:
+        prompt_ids: the full prompt (every player present).
+        target_ids: the token ids whose log-probabilities are summed (at least one).
+        tail_start: ``1 <= tail_start <= len(prompt_ids)``: positions before it are the shared KV.
+        hidden: sorted, disjoint, non-empty half-open token ranges ``[a, b)`` of ``prompt_ids``
+            (the absent players' tokens), masked out of the tail's attention, before or inside
+            the tail; position 0 is never hidden (a query must see at least one key).
+        prefix_group: the batching hint of :class:`ScoreRequest`.
+
+    Raises:
+        ConfigError: an empty prompt or target, ``tail_start`` out of range, or ``hidden`` not
+            sorted disjoint non-empty ranges inside ``[1, len(prompt_ids))``.
+    """
+
+    prompt_ids: tuple[int, ...]
+    target_ids: tuple[int, ...]
+    tail_start: int
+    hidden: tuple[tuple[int, int], ...] = ()
+    prefix_group: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ConfigError("a proxy request needs at least one prompt token", field="prompt_ids")
+        if not self.target_ids:
+            raise ConfigError("a proxy request needs at least one target token", field="target_ids")
+        n = len(self.prompt_ids)
+        if isinstance(self.tail_start, bool) or not isinstance(self.tail_start, int) or not 1 <= self.tail_start <= n:
+            raise ConfigError(f"must be an int in [1, {n}] (the prompt's length), got {self.tail_start!r}", field="tail_start")
+        hidden = tuple((int(a), int(b)) for a, b in self.hidden)
+        prev = 1
+        for a, b in hidden:
+            if not prev <= a < b <= n:
+                raise ConfigError(
+                    f"must be sorted, disjoint, non-empty token ranges inside [1, {n}), got {self.hidden!r}",
+                    field="hidden",
+                )
+            prev = b
+        object.__setattr__(self, "hidden", hidden)
 
     @property
     def n_tokens(self) -> int:
@@ -223,6 +280,11 @@ class ScoringStatistics:
             on the prefix-sharing path.
         groups_plain: prefix groups scored on the plain path (one right-padded forward of
             whole rows); a batch scored plainly as a whole counts each of its groups.
+        proxy_rows: proxy-game rows scored (:meth:`ScoringBackend.score_proxy`); the counters
+            above count exact rows only, but ``prefix_forwards`` counts the proxy's shared KV too.
+        proxy_tokens_computed: token positions the proxy rows ran (their tails, and each shared
+            KV's positions not served from the prefix cache).
+        proxy_tokens_reused: shared KV positions the proxy rows read instead of running them.
     """
 
     batches: int = 0
@@ -238,6 +300,9 @@ class ScoringStatistics:
     redone_alone: int = 0
     groups_shared: int = 0
     groups_plain: int = 0
+    proxy_rows: int = 0
+    proxy_tokens_computed: int = 0
+    proxy_tokens_reused: int = 0
 
 
 def _check_batch(requests: Sequence[Any], results: Any, kind: type, item: str) -> None:
@@ -350,9 +415,13 @@ class ScoringBackend(Protocol):
         pads_rows: whether the backend pads a call's rows to its longest (transformers): the
             engine then groups rows by length bucket under a padded-token budget. ``False``
             (vLLM: no padding) lets one call take rows of any length, up to ``max_batch_size``.
+        supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game (issue 37);
+            False (the default of :class:`BackendBase`): it raises ``BackendError``.
         shutdown_with_engine: whether :meth:`Engine.close` (and a run that fails to start)
             calls :meth:`shutdown`: ``True`` for a backend that owns processes or a cluster the
             run started (Ray workers, an in-process vLLM engine).
+        supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game (a backend
+            that cannot says ``False``, and a run there uses exact rows only).
     """
 
     model_id: str
@@ -364,6 +433,7 @@ class ScoringBackend(Protocol):
     max_batch_size: int
     pads_rows: bool
     shutdown_with_engine: bool
+    supports_proxy: bool
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """Score each request with teacher forcing; one result per request, in order.
@@ -378,6 +448,22 @@ class ScoringBackend(Protocol):
         Raises:
             BatchFailed: a row longer than ``max_context`` (refused before any model call: the
                 statistics do not change), the model call failed, or it returned non-finite values.
+        """
+        ...
+
+    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """Score rows of the shared-KV proxy game (:class:`ProxyScoreRequest` has the semantics);
+        one result per request, in order. Only a backend whose ``supports_proxy`` is True can.
+
+        Returns:
+            One :class:`ScoreResult` per request: ``token_logprobs`` ``[n_target]`` float32 nats,
+            ``utility`` their float64 sum, ``tokens_computed`` the positions run for the row,
+            ``tokens_reused`` the shared KV positions it read.
+
+        Raises:
+            BackendError: the backend has no proxy game (``supports_proxy`` False).
+            BatchFailed: a row longer than ``max_context`` (before any model call), or the model
+                call failed.
         """
         ...
 
@@ -431,14 +517,28 @@ class ScoringBackend(Protocol):
         """Give back a lane taken by :meth:`acquire_lane` (its evaluation ended)."""
         ...
 
-    def run_notes(self) -> tuple[str, ...]:
-        """Sentences added to every explanation's notes (e.g. Ray workers lost); ``()`` for none."""
+    def run_notes(self, snapshot_id: str = "") -> tuple[str, ...]:
+        """Sentences added to an explanation's notes (e.g. Ray workers lost); ``()`` for none.
+
+        Args:
+            snapshot_id: the explained conversation (the ``prefix_group`` of its requests), for
+                notes that count its own requests; ``""``: the whole run's."""
+        ...
+
+    def identity(self) -> dict[str, str]:
+        """The engine that computes the values, part of the run's identity (recorded in the
+        archive manifest's run record as ``backend`` and in the ``--out`` document): at least
+        ``{"backend": name}`` (``hf``, ``vllm``, ``vllm-server``; Ray workers name the backend
+        they run), and for a server the model it serves (``served_model``). A run is never
+        resumed on another identity: two engines of one model differ beyond float tolerance in
+        bfloat16, and their samplers differ. Coalition keys do not include it (one archive holds
+        one engine's values)."""
         ...
 
     def run_record(self) -> dict[str, Any]:
         """What the archive manifest's run record keeps of the backend, under keys of its own
-        (:class:`~coalescence.distributed.RayBackend`: ``{"ray": {...}}``; never ``status`` or
-        ``statistics``); ``{}`` for nothing. Read when the engine closes."""
+        (:class:`~coalescence.distributed.RayBackend`: ``{"ray": {...}}``; never ``status``,
+        ``statistics`` or ``backend``); ``{}`` for nothing. Read when the engine closes."""
         ...
 
     def shutdown(self) -> None:
@@ -448,7 +548,7 @@ class ScoringBackend(Protocol):
         ...
 
 
-_RESERVED_RECORD_KEYS = frozenset({"status", "statistics"})
+_RESERVED_RECORD_KEYS = frozenset({"status", "statistics", "backend"})
 
 
 class BackendBase:
@@ -457,15 +557,28 @@ class BackendBase:
     :meth:`score` and :meth:`generate_batch`.
 
     The defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
-    shutdown with the engine, zero statistics, one lane (the backend itself), no notes, no run
-    record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy :meth:`generate_batch`
-    request.
+    shutdown with the engine, no proxy game (``supports_proxy`` False, :meth:`score_proxy`
+    raises), zero statistics, one lane (the backend itself), no notes, the class's name as its
+    identity, no run record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy
+    :meth:`generate_batch` request.
     """
 
     fingerprint: str = ""
     max_batch_size: int = DEFAULT_BATCH_SIZE
     pads_rows: bool = True
     shutdown_with_engine: bool = False
+    supports_proxy: bool = False
+
+    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """No proxy game here (``supports_proxy`` False): a backend that can overrides both.
+
+        Raises:
+            BackendError: always, naming the backend.
+        """
+        raise BackendError(
+            f"the {type(self).__name__} backend has no proxy game (shared-KV rows need the transformers "
+            "backend); run the exact game only (--proxy-game none)"
+        )
 
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
         """One greedy :class:`GenerateRequest` through :meth:`generate_batch`.
@@ -493,9 +606,14 @@ class BackendBase:
     def release_lane(self, lane: Hashable | None) -> None:
         """Nothing to give back (one lane)."""
 
-    def run_notes(self) -> tuple[str, ...]:
+    def run_notes(self, snapshot_id: str = "") -> tuple[str, ...]:
         """No notes."""
         return ()
+
+    def identity(self) -> dict[str, str]:
+        """``{"backend": "<module>.<class>"}``: the backend's class names its engine (a backend
+        registered by name overrides it with that name)."""
+        return {"backend": f"{type(self).__module__}.{type(self).__qualname__}"}
 
     def run_record(self) -> dict[str, Any]:
         """Nothing recorded."""

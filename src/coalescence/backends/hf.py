@@ -39,6 +39,11 @@ All are exact up to float rounding (fp32: within 1e-4 nats of the plain path); w
 and the engine's depth-first order the positions run come within a few percent of the token-trie
 lower bound (see benchmarks/RESULTS.md, "Prefix sharing").
 
+The shared-KV proxy game (:meth:`HFBackend.score_proxy`, issue 37) reuses the same parts: the
+shared KV resumed from the prefix cache, rows' tails laid side by side in one row with an additive
+4-D mask (as the tree rows are), and prefix-split attention that also reads the mask's prefix
+columns (per-row hidden players) and runs equal-length rows' local parts as a batch of blocks.
+
 Generation (:meth:`HFBackend.generate_batch`) decodes the rows of a batch together: prompts
 left-padded, one ``model.generate`` call per ``max_batch_size`` rows (one row per greedy request,
 one per sample of a sampled request). Sampling draws each row's tokens by inverse CDF from a
@@ -63,12 +68,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BatchFailed, ConfigError
+from ..errors import BackendError, BatchFailed, ConfigError
 from .base import (
     DEFAULT_BATCH_SIZE,
     BackendBase,
     GenerateRequest,
     GenerateResult,
+    ProxyScoreRequest,
     ScoreRequest,
     ScoreResult,
     ScoringStatistics,
@@ -139,6 +145,8 @@ class HFBackend(BackendBase):
             again alone (default: 1e-5 for float32, 1e-2 for 16-bit dtypes).
 
     Attributes:
+        supports_proxy: True (the proxy game, :meth:`score_proxy`) unless the model has
+            sliding-window attention, which the proxy's block mask does not model.
         eos_token_ids: the token ids every decode (:meth:`generate`, :meth:`generate_batch`)
             stops at: the model's generation-config ``eos_token_id`` (an int or a list), then the
             tokenizer's EOS (the chat template's end-of-turn) when it is not among them.
@@ -213,6 +221,8 @@ class HFBackend(BackendBase):
         self.sliding_window: int | None = int(window) if sliding else None
         # prefix-split attention for the suffix forwards (CPU + sdpa only; see .attention)
         self.split_attention = bool(split_attention) and self.prefix_sharing and install(model)
+        # the proxy game's block mask models full causal attention, not a sliding window
+        self.supports_proxy = self.sliding_window is None
         self._stats = ScoringStatistics()
         self._last_prefix_forwards = 0
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -239,6 +249,10 @@ class HFBackend(BackendBase):
         if name not in _DTYPES:
             raise ConfigError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}", field="dtype")
         return getattr(torch, name)
+
+    def identity(self) -> dict[str, str]:
+        """``{"backend": "hf"}``."""
+        return {"backend": "hf"}
 
     def statistics(self) -> ScoringStatistics:
         """A snapshot of the counters over every :meth:`score` and generation call (see :class:`ScoringStatistics`)."""
@@ -299,6 +313,185 @@ class HFBackend(BackendBase):
                 prefix_forwards=s.prefix_forwards + self._last_prefix_forwards,
                 groups_shared=s.groups_shared + self._last_paths[0],
                 groups_plain=s.groups_plain + self._last_paths[1],
+            )
+        return results
+
+    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """Rows of the shared-KV proxy game (issue 37; semantics in
+        :class:`~coalescence.backends.base.ProxyScoreRequest`), in nats.
+
+        Rows are grouped by their shared KV, ``prompt_ids[:s]`` with ``s = min(tail_start,
+        len(prompt_ids) - 1)`` (every scored position is run in the row). Per group the shared KV
+        is resumed from the prefix cache (:class:`~coalescence.backends.prefix.PrefixCache`, keyed
+        by its tokens; the part not cached is run once and put there), and the rows' tails
+        (``prompt_ids[s:] + target_ids[:-1]``, at their original positions) are laid side by side
+        in one row of ``N`` tokens per forward, on a fork of that cache that shares its tensors
+        (never a copy per row), with one additive 4-D mask ``[1, 1, N, s + N]``: per row, the prefix
+        columns of its hidden ranges masked for its queries at positions ``>= tail_start``, and its
+        own block causal with its hidden positions masked likewise (other rows' blocks masked).
+        A forward takes as many rows as keep ``N x (s + N)`` within ``tree_mask_limit`` (2**22
+        when 0), at least one. On the CPU under prefix-split attention the prefix part reads the
+        mask's prefix columns and rows of equal length run their local part as a batch of blocks
+        (:class:`~coalescence.backends.attention.PrefixSplit`); elsewhere the dense mask goes to
+        the model's attention (``sdpa``). Exact up to float rounding (fp32: 1e-4 nats).
+
+        Returns:
+            One :class:`ScoreResult` per request, in order: ``tokens_computed`` the row's tail
+            (``n_tokens - 1 - s``: the last target token is never run), plus, on the first row of
+            a group, the shared KV positions run for it; ``tokens_reused`` the shared KV positions
+            read from the cache (so ``tokens_computed + tokens_reused == n_tokens - 1``).
+
+        Raises:
+            BackendError: a model with sliding-window attention (``supports_proxy`` False).
+            BatchFailed: a row longer than ``max_context`` (before any model call), the model
+                raised, or non-finite log-probabilities.
+        """
+        if not self.supports_proxy:
+            raise BackendError(
+                f"the proxy game is not available for {self.model_id}: its sliding-window attention is not "
+                "modelled by the shared-KV mask; run the exact game only (--proxy-game none)"
+            )
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(r.prompt_ids[: min(r.tail_start, len(r.prompt_ids) - 1)], []).append(i)
+        out: list[Any] = [None] * len(requests)
+        forwards = 0
+        for prefix, rows in groups.items():
+            try:
+                results, ran = self._proxy_group(prefix, [requests[i] for i in rows])
+            except BatchFailed:
+                raise
+            except Exception as exc:  # translate the library's errors at the boundary
+                raise BatchFailed(f"model call failed on {len(rows)} proxy rows: {exc}") from exc
+            forwards += ran
+            for i, result in zip(rows, results, strict=True):
+                out[i] = result
+        results = validate_results(requests, out)  # type: ignore[arg-type]
+        s = self._stats
+        self._stats = dataclasses.replace(
+            s,
+            proxy_rows=s.proxy_rows + len(results),
+            proxy_tokens_computed=s.proxy_tokens_computed + sum(x.tokens_computed for x in results),
+            proxy_tokens_reused=s.proxy_tokens_reused + sum(x.tokens_reused for x in results),
+            prefix_forwards=s.prefix_forwards + forwards,
+        )
+        return results
+
+    def _proxy_group(self, prefix: tuple[int, ...], rows: Sequence[ProxyScoreRequest]) -> tuple[list[ScoreResult], int]:
+        """Proxy rows sharing the KV of ``prefix`` (see :meth:`score_proxy`); returns the results
+        and the number of prefix forwards run (0 or 1)."""
+        torch = self._torch
+        shared = len(prefix)
+        ran = 0
+        with torch.no_grad():
+            if shared:
+                entry_tokens, state, match = self.prefix_cache.longest(prefix)
+                resumed = min(match, shared)
+                cache = self._resumed_cache(entry_tokens, state, resumed)
+                if shared > resumed:
+                    kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_logits else {}
+                    self.model(
+                        input_ids=torch.tensor([prefix[resumed:]], dtype=torch.long, device=self.device),  # [1, P - C]
+                        attention_mask=torch.ones((1, shared), dtype=torch.long, device=self.device),
+                        position_ids=torch.arange(resumed, shared, device=self.device)[None],
+                        cache=cache,
+                        use_cache=True,
+                        **kwargs,
+                        **self._split(resumed, causal=True),
+                    )
+                    ran = 1
+                    if self.prefix_cache.max_bytes:
+                        self.prefix_cache.put(prefix, _fork(cache), _cache_bytes(cache))
+            else:
+                resumed = 0
+                cache = self._resumed_cache((), None, 0)
+            limit = self.tree_mask_limit or 2**22
+            results: list[ScoreResult] = []
+            at = 0
+            while at < len(rows):
+                n_tokens = 0
+                end = at
+                while end < len(rows):
+                    grown = n_tokens + rows[end].n_tokens - 1 - shared
+                    if end > at and grown * (shared + grown) > limit:
+                        break
+                    n_tokens = grown
+                    end += 1
+                chunk = rows[at:end]
+                computed_prefix = shared - resumed if at == 0 else 0
+                fork = _fork(cache) if shared else self._resumed_cache((), None, 0)  # the forward extends its own
+                results += self._proxy_forward(chunk, fork, shared, computed_prefix)
+                at = end
+        return results, ran
+
+    def _proxy_forward(
+        self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
+    ) -> list[ScoreResult]:
+        """One forward of proxy rows side by side on ``cache`` (``shared`` positions; a fork: the
+        forward extends it), with the block mask of :meth:`score_proxy`."""
+        torch = self._torch
+        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+        lows = torch.finfo(dtype).min
+        lengths = [r.n_tokens - 1 - shared for r in rows]  # [R] tail positions per row
+        n = sum(lengths)
+        tokens: list[int] = []
+        positions: list[int] = []
+        mask = torch.full((n, shared + n), lows, dtype=dtype)  # [N, P + N] additive
+        keep: list[int] = []
+        at = 0
+        for r, t in zip(rows, lengths, strict=True):
+            seq = r.prompt_ids + r.target_ids
+            tokens += seq[shared : shared + t]
+            positions += range(shared, shared + t)
+            visible = torch.ones(shared + t, dtype=torch.bool)  # [P + T] key positions not hidden
+            for a, b in r.hidden:
+                visible[a:b] = False
+            masked = (torch.arange(shared, shared + t) >= r.tail_start)[:, None]  # [T, 1] queries in the tail
+            sees = ~masked | visible[None, :]  # [T, P + T]
+            causal = torch.ones((t, t), dtype=torch.bool).tril_()
+            mask[at : at + t, :shared].masked_fill_(sees[:, :shared], 0.0)
+            mask[at : at + t, shared + at : shared + at + t].masked_fill_(sees[:, shared:] & causal, 0.0)
+            p = len(r.prompt_ids)
+            keep += range(at + p - 1 - shared, at + p - 1 - shared + len(r.target_ids))
+            at += t
+        kwargs: dict[str, Any] = {}
+        if self._keep_logits:
+            kwargs["logits_to_keep"] = torch.tensor(keep, device=self.device)
+        split: dict[str, Any] = {}
+        if self.split_attention and shared:
+            block = lengths[0] if len(set(lengths)) == 1 else 0
+            split = {"prefix_split": PrefixSplit(shared, False, prefix_masked=True, block=block)}
+        out = self.model(
+            input_ids=torch.tensor([tokens], dtype=torch.long, device=self.device),  # [1, N]
+            attention_mask=mask[None, None].to(self.device),  # [1, 1, N, P + N]
+            position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),  # [1, N]
+            cache=cache,
+            use_cache=True,
+            **kwargs,
+            **split,
+        )
+        logits = out.logits[0]  # [kept or N, V]
+        results = []
+        k = 0
+        for b, (r, t) in enumerate(zip(rows, lengths, strict=True)):
+            m = len(r.target_ids)
+            rows_idx = list(range(k, k + m)) if self._keep_logits else keep[k : k + m]
+            k += m
+            logp = torch.log_softmax(logits[rows_idx].float(), dim=-1)  # [m, V]
+            tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
+            token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [m] float32
+            extra = computed_prefix if b == 0 else 0
+            results.append(
+                ScoreResult(
+                    token_logprobs=token_lp,
+                    utility=float(token_lp.astype(np.float64).sum()),
+                    tokens_computed=t + extra,
+                    tokens_reused=shared - extra,
+                    padded_positions=0,
+                )
             )
         return results
 

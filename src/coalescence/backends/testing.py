@@ -18,6 +18,11 @@ Two games come with it:
 - :func:`hashed_game` (the default): a pseudo language model; the log-probability of each target
   token is a hash of the sequence up to it, so it depends on every earlier token, like a causal LM.
 
+Its shared-KV proxy game (:meth:`FakeBackend.score_proxy`) is a game too, ``proxy_game`` (default:
+the same game), applied to the prompt as the tail sees it: the full prompt without its hidden
+ranges. With :func:`presence_game` and the default, the proxy equals the exact game wherever a
+coalition's rendering drops exactly its absent players' tokens.
+
 Example::
 
     from coalescence.backends.testing import FakeBackend, presence_game
@@ -46,6 +51,7 @@ from .base import (
     BackendBase,
     GenerateRequest,
     GenerateResult,
+    ProxyScoreRequest,
     ScoreRequest,
     ScoreResult,
     ScoringStatistics,
@@ -115,6 +121,8 @@ class FakeBackend(BackendBase):
         tokenizer: a transformers tokenizer with a chat template (the engine renders with it;
             the fake decodes and encodes only its ``replies``).
         game: the per-token log-probabilities of a row (default: :func:`hashed_game`).
+        proxy_game: the proxy game's, applied to the full prompt less the hidden ranges
+            (default: ``game``); ``supports_proxy=False`` makes a fake with no proxy game.
         replies: the texts generation returns: a greedy request gets ``replies[0]``; sample ``s``
             of a sampled request gets one drawn by a RNG seeded by the prompt and ``seeds[s]``.
             Each is encoded, followed by the tokenizer's EOS, and cut at ``max_new_tokens``.
@@ -141,6 +149,8 @@ class FakeBackend(BackendBase):
         tokenizer: Any,
         *,
         game: Game | None = None,
+        proxy_game: Game | None = None,
+        supports_proxy: bool = True,
         replies: Sequence[str] = ("OK.",),
         model_id: str = "fake",
         revision: str = "",
@@ -162,6 +172,8 @@ class FakeBackend(BackendBase):
             raise ConfigError(f"must be a sequence of at least one text, got {replies!r}", field="replies")
         self.tokenizer = tokenizer
         self.game: Game = game if game is not None else hashed_game()
+        self.proxy_game: Game = proxy_game if proxy_game is not None else self.game
+        self.supports_proxy = bool(supports_proxy)
         eos = tokenizer.eos_token_id
         self._replies = [
             tuple(tokenizer.encode(text, add_special_tokens=False)) + ((int(eos),) if eos is not None else ())
@@ -200,6 +212,10 @@ class FakeBackend(BackendBase):
         with self._waiting:
             return self._waiting.wait_for(lambda: self._in_call > 0, timeout)
 
+    def identity(self) -> dict[str, str]:
+        """``{"backend": "fake"}``."""
+        return {"backend": "fake"}
+
     def statistics(self) -> ScoringStatistics:
         """The counters over every call (see :class:`ScoringStatistics`): ``tokens_computed`` is
         every row's ``n_tokens`` (the fake shares no prefix); refused rows count nothing."""
@@ -232,6 +248,47 @@ class FakeBackend(BackendBase):
                 n = sum(r.n_tokens for r in requests)
                 self._stats = dataclasses.replace(
                     s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + n
+                )
+            return results
+
+    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """The proxy game's log-probabilities of each request's target: ``proxy_game`` of the
+        prompt without its hidden ranges (nats, float32), in order. Each row computes its tail
+        (``tokens_computed``) and reuses the shared prefix (``tokens_reused = tail_start``).
+
+        Raises:
+            BackendError: a fake made with ``supports_proxy=False``.
+            BatchFailed, EngineClosed: as :meth:`score`.
+        """
+        if not self.supports_proxy:
+            return super().score_proxy(requests)
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
+        with self._call([r.prompt_ids for r in requests]):
+            results = []
+            for r in requests:
+                visible, start = [], 0
+                for a, b in r.hidden:
+                    visible += r.prompt_ids[start:a]
+                    start = b
+                visible += r.prompt_ids[start:]
+                lp = np.asarray(self.proxy_game(tuple(visible), r.target_ids), dtype=np.float32)
+                results.append(
+                    ScoreResult(
+                        token_logprobs=lp,
+                        utility=float(lp.astype(np.float64).sum()),
+                        tokens_computed=r.n_tokens - r.tail_start,
+                        tokens_reused=r.tail_start,
+                    )
+                )
+            results = validate_results(requests, results)
+            with self._lock:
+                s = self._stats
+                n = sum(r.n_tokens for r in requests)
+                computed = sum(r.n_tokens - r.tail_start for r in requests)
+                self._stats = dataclasses.replace(
+                    s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + computed
                 )
             return results
 

@@ -172,7 +172,7 @@ class VLLMBackend(BackendBase):
         forced: scoring by forced decoding (``scoring="forced"``); may be switched on a running
             engine.
         rescored: requests scored again with the prefix cache skipped because their cached
-            prefix reached a target position.
+            prefix reached a target position (all conversations'; :meth:`run_notes` counts one's).
         in_process: the engine runs in this process (vLLM's ``uni`` executor: the CPU default,
             unless that start failed and a worker process was started instead).
 
@@ -223,6 +223,7 @@ class VLLMBackend(BackendBase):
         self.prefix_caching = bool(prefix_caching)
         self.forced = scoring == "forced"
         self.rescored = 0
+        self._rescored_by_group: dict[str, int] = {}
         self._stats = ScoringStatistics()
         # vLLM counts the one token it samples against its context: a sequence of exactly
         # max_context tokens (the longest this backend accepts) needs one more; that position is
@@ -238,6 +239,7 @@ class VLLMBackend(BackendBase):
             "gpu_memory_utilization": memory_fraction,
             **_kv_cache_kwargs(kv_cache_gib),
             "seed": seed,
+            "use_tqdm_on_load": False,  # the run's own progress is the only bar (as app.backend.quiet_loading_bars)
             **({"block_size": block_size} if block_size else {}),
         }
         # loaded for either scoring path (it touches only requests that name a forced answer), so
@@ -363,6 +365,8 @@ class VLLMBackend(BackendBase):
             again = self._run([sequences[i] for i in unsafe], self._params(read_cache=False))
             for i, o in zip(unsafe, again, strict=True):
                 outputs[i] = o
+                group = requests[i].prefix_group
+                self._rescored_by_group[group] = self._rescored_by_group.get(group, 0) + 1
             self.rescored += len(unsafe)
         return [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
 
@@ -466,9 +470,15 @@ class VLLMBackend(BackendBase):
         )
         return results
 
-    def run_notes(self) -> tuple[str, ...]:
-        """One note when some requests were scored again without the prefix cache."""
-        return (f"vllm: {self.rescored} requests rescored without the prefix cache (cached prefix reached a target)",) if self.rescored else ()
+    def identity(self) -> dict[str, str]:
+        """``{"backend": "vllm"}`` (vLLM's engine in this process)."""
+        return {"backend": "vllm"}
+
+    def run_notes(self, snapshot_id: str = "") -> tuple[str, ...]:
+        """One note when some of the conversation's requests (``snapshot_id``, their prefix
+        group; ``""``: all of the backend's) were scored again without the prefix cache."""
+        n = self._rescored_by_group.get(snapshot_id, 0) if snapshot_id else self.rescored
+        return (f"vllm: {n} requests rescored without the prefix cache (cached prefix reached a target)",) if n else ()
 
     def shutdown(self) -> None:
         """Stop vLLM's engine processes (the backend cannot score afterwards)."""
@@ -507,7 +517,9 @@ class VLLMServerBackend(BackendBase):
     one token a request samples; a server started with ``--max-model-len L`` scores sequences of
     at most ``L - 1`` tokens, so :attr:`max_context` is ``min(local, L - 1)``) and its tokenizer and
     chat template (``/tokenize`` of a probe text and of a probe conversation through the template
-    must give the local tokenizer's ids).
+    must give the local tokenizer's ids), and its weights: the model ``/v1/models`` names (``root``),
+    when it is on this machine, must have the local model's content fingerprint
+    (:meth:`_check_weights`).
 
     Args:
         url: ``http://HOST:PORT`` of the server.
@@ -523,7 +535,7 @@ class VLLMServerBackend(BackendBase):
 
     Raises:
         BackendUnavailable: the server cannot be reached, serves no model, or serves another model
-            (a longer context, another tokenizer or chat template), with what differs.
+            (a longer context, another tokenizer or chat template, other weight files), with what differs.
     """
 
     dtype = "server"
@@ -557,6 +569,7 @@ class VLLMServerBackend(BackendBase):
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"must be a positive integer, got {concurrency!r}", field="concurrency")
         self.concurrency = concurrency
+        self.unchecked_root: str | None = None
         try:
             models = self._request("/v1/models", None)["data"]
         except Exception as exc:  # noqa: BLE001 - unreachable, not a vLLM server
@@ -580,6 +593,8 @@ class VLLMServerBackend(BackendBase):
         if max_context is not None and self.max_context < max_context:
             logger.info("the vLLM server scores sequences of up to %d tokens (the model's context is %d)", self.max_context, max_context)
         self._check_tokenizer()
+        self.served_weights = self._check_weights(str(served.get("root") or self.served_model))
+
         self.forced = self._probe_forcing()
         if not self.forced:
             logger.warning(
@@ -588,6 +603,54 @@ class VLLMServerBackend(BackendBase):
                 self.url,
                 FORCING_PROCESSOR,
             )
+
+    def _check_weights(self, root: str) -> str:
+        """The server's weights against the local model's files, as far as this machine sees them.
+
+        vLLM's ``/v1/models`` names the model it loaded (``root``: the path or hub id given to
+        ``vllm serve``). When that is a model on this machine, its content fingerprint must be the
+        local model's (or it is the float32 directory coalescence converted the local GGUF file
+        to); otherwise the weights cannot be compared, and the run's identity records the
+        server's model (:meth:`identity`) with a warning.
+
+        Returns:
+            What was checked, for the run record.
+
+        Raises:
+            BackendUnavailable: the server's model files differ from the local model's.
+        """
+        from pathlib import Path
+
+        from ..errors import CoalescenceError
+        from .fingerprint import fingerprint
+        from .registry import cache_root
+
+        path = Path(root)
+        if not self.fingerprint:
+            return "not checked (the local model has no fingerprint)"
+        if path.exists():
+            if path.resolve() == (cache_root() / "float32" / self.fingerprint).resolve():
+                return "same files (the local GGUF model converted to float32)"
+            try:
+                theirs = fingerprint(path.parent, path.name) if path.is_file() else fingerprint(path)
+            except CoalescenceError as exc:
+                theirs = None
+                logger.debug("cannot fingerprint the server's model %s: %s", root, exc)
+            if theirs == self.fingerprint:
+                return "same files"
+            if theirs is not None:
+                raise BackendUnavailable(
+                    f"the server at {self.url} serves {root!r}, whose files (sha256 {theirs[:12]}) are not the local model "
+                    f"{self.model_id!r}'s ({self.fingerprint[:12]}): other weights; point --model at the model the server runs",
+                    field="vllm_url",
+                )
+        logger.warning(
+            "the weights the vLLM server at %s serves (%s) are not on this machine and cannot be compared with %s's files; "
+            "the run records the server's model",
+            self.url, root, self.model_id,
+        )  # fmt: skip
+        self.unchecked_root = root
+        return "not checked (the server's model is not on this machine)"
 
     def _request(self, path: str, body: dict[str, Any] | None) -> Any:
         """GET (``body`` None) or POST JSON to the server; the decoded JSON answer."""
@@ -757,9 +820,18 @@ class VLLMServerBackend(BackendBase):
         """
         raise BatchFailed("generation through --vllm-url is not supported; use --backend vllm or hf")
 
+    def identity(self) -> dict[str, str]:
+        """``{"backend": "vllm-server"}``, with the server's model (``served_model``) when its
+        weights could not be compared with the local files (the server's dtype is its own, so
+        the coalition keys carry ``dtype`` ``server``)."""
+        out = {"backend": "vllm-server"}
+        if self.unchecked_root is not None:
+            out["served_model"] = self.unchecked_root
+        return out
+
     def run_record(self) -> dict[str, Any]:
-        """The server and the model it serves (recorded in the run's manifest)."""
-        return {"vllm_url": self.url, "served_model": self.served_model}
+        """The server, the model it serves and how its weights were checked (recorded in the run's manifest)."""
+        return {"vllm_url": self.url, "served_model": self.served_model, "served_weights": self.served_weights}
 
     def shutdown(self) -> None:
         """Nothing held: each call is one HTTP request (the server keeps running)."""

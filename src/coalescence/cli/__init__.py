@@ -14,6 +14,9 @@
   ``--image chart.png`` (or ``.svg``) writes its ranked bar chart as an image.
 - ``coalescence compare A B ...``: explanations of one conversation side by side, with their
   agreement (``--out`` JSON, ``--html`` one self-contained page).
+- ``coalescence evaluate RUN_OR_DOC``: an explanation's faithfulness on fresh exact coalitions of
+  its game (LDS with a bootstrap interval; top-k removal drops against random k), the coalitions
+  archived in the run archive for later evaluations and replays.
 
 Exit codes, the same for every command (every error is one line on stderr): see
 :mod:`coalescence.cli.exit_codes` (and the end of every ``--help``). The package: :mod:`.parser`

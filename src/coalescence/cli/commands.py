@@ -27,11 +27,24 @@ def session() -> Session:
 
 
 def _quiet_transformers(args: argparse.Namespace) -> None:
+    """Third-party loading noise off unless ``--verbose``: transformers' warnings and bars, and
+    vLLM's start-up (its INFO/WARNING log of the engine's configuration, a logged traceback of a
+    chat-template warm-up it cannot do without a tokenizer, deprecation warnings of its imports,
+    torch's C++ NUMA note); their errors stay, and so do coalescence's own warnings."""
     if not args.verbose:
+        import logging
+        import os
+        import warnings
+
         import transformers
 
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        logging.getLogger("vllm").setLevel(logging.ERROR)  # what it logs while importing, before its own configuration
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm\.")
 
 
 def _notify(args: argparse.Namespace) -> Any:
@@ -204,6 +217,22 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from ..app.evaluate import evaluate_source
+    from ..app.options import settings_from
+    from ..app.settings import EvaluateSettings
+    from ..scheduler.progress import TqdmProgress
+
+    settings = settings_from(EvaluateSettings, args)
+    _quiet_transformers(args)
+    progress = TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every)
+    evaluation = evaluate_source(args.source, settings, progress=progress)
+    print(evaluation.format())
+    if settings.out is not None:
+        print(f"json: {settings.out}")
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from ..app.options import settings_from
     from ..app.settings import RunSettings
@@ -231,5 +260,5 @@ def _archive(args: argparse.Namespace) -> int:
 
 
 
-COMMANDS = {"explain": _explain, "replay": _replay, "sweep": _sweep, "compare": _compare, "show": _show, "archive": _archive, "report": _report}
+COMMANDS = {"explain": _explain, "replay": _replay, "sweep": _sweep, "compare": _compare, "evaluate": _evaluate, "show": _show, "archive": _archive, "report": _report}
 """The subcommands' functions by name: ``function(args) -> exit code``."""

@@ -35,6 +35,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         match = re.match(r"argument ([^:]+): (.*)", message, re.S)
         field, text = (match.group(1).split("/")[-1], match.group(2)) if match else ("arguments", message)
+        choice = re.match(r"invalid choice: ('[^']*') \(choose from (.*)\)", text, re.S)
+        if choice:  # the one "did you mean" of the package (userinput.closest), for argparse's choices too
+            from ..userinput import did_you_mean
+
+            hint = did_you_mean(choice.group(1)[1:-1], re.findall(r"'([^']*)'", choice.group(2)))
+            text = text.replace(f"invalid choice: {choice.group(1)}", f"invalid choice: {choice.group(1)}{hint}", 1)
         self.exit(2, f"coalescence: error: {field}: {' '.join(text.split())} (see {self.prog} --help)\n")
 
 
@@ -88,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``coalescence`` command: each run command's options are generated
     from its settings (:mod:`coalescence.app.settings`), grouped in ``--help`` as the settings are."""
     from ..app.options import add_options, positive_int, seed
-    from ..app.settings import ReplaySettings, RunSettings
+    from ..app.settings import EvaluateSettings, ReplaySettings, RunSettings
     from ..app.sweeps import SweepSettings
     from ..attribution.estimators import METHODS
 
@@ -238,6 +244,22 @@ def build_parser() -> argparse.ArgumentParser:
         default="robust",
         help="--html: colour scale of the values (as coalescence report) (default: %(default)s)",
     )
+
+    ev = _subcommand(
+        sub,
+        "evaluate",
+        example="coalescence evaluate docs/demo/eiffel-run --coalitions 32",
+        help="measure an explanation's faithfulness on fresh exact coalitions (LDS, top-k removal drops)",
+        description="Re-create the game an explanation was fitted on (its conversation, model, absence policy and "
+        "utility, from the run archive), evaluate held-out coalitions of it exactly, and print: the LDS (Spearman "
+        "rank correlation of the sum of the present players' values against v(S) over random keep-half coalitions) "
+        "and the drop v(full) - v(full without the top k players) for k = 1, 3, 5 against removing k random "
+        "players, each with a 95% bootstrap interval. The coalitions are written into the run archive: a later "
+        "evaluate or replay finds them with no model call, and replays fit only their own plan's coalitions.",
+    )
+    ev.add_argument("source", metavar="RUN_OR_DOC", help="a run archive directory or an --out JSON document")
+    add_options(ev, EvaluateSettings)
+    _add_display_options(ev)
 
     sh = _subcommand(
         sub,

@@ -132,8 +132,53 @@ def unpack_rows(masks: list[PackedMask]) -> np.ndarray:
     return np.unpackbits(raw, axis=1, bitorder="little")[:, :n].astype(bool)
 
 
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+"""``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, built once
+(``json.dumps`` with non-default options builds a new encoder on every call)."""
+
+
 def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODE(obj).encode()
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_KEY_MEMO_LIMIT = 4096
+_key_memo: dict[tuple[Any, ...], tuple[bytes, bytes, bytes]] = {}
+
+
+def _signature(params: Any) -> tuple[Any, ...] | None:
+    """A hashable stand-in for a flat mapping whose equality implies an equal canonical encoding
+    (type tags keep 1, 1.0 and True apart; floats by ``repr`` so -0.0 and 0.0 differ), or
+    ``None`` when it is not a flat mapping (it is then encoded in full, as written)."""
+    if not isinstance(params, Mapping):
+        return None
+    out = []
+    for k, v in params.items():
+        t = type(v)
+        if type(k) is not str or t not in _SCALARS:
+            return None
+        out.append((k, t, repr(v) if t is float else v))
+    return tuple(out)
+
+
+def _key_parts(
+    snapshot_id: str, policy_id: str, policy_params: Mapping[str, Any], model: dict[str, Any],
+    utility: Mapping[str, Any], generation: Mapping[str, Any] | None, schema: int,
+) -> tuple[bytes, bytes, bytes]:
+    """The canonical encoding of a key's payload cut around its two per-coalition fields.
+
+    The payload's keys sort as generation, mask, model, n_bits, policy, schema, snapshot_id,
+    utility, and a nested value encodes alone as it does inside the whole (no indentation), so
+    ``head + mask_hex + middle + str(n_bits) + tail`` is byte for byte ``_canonical(payload)``.
+    """
+    enc = _ENCODE
+    head = '{"generation":' + enc(dict(generation or {})) + ',"mask":"'
+    middle = '","model":' + enc(model) + ',"n_bits":'
+    tail = (
+        ',"policy":' + enc({"id": policy_id, "params": dict(policy_params)}) + ',"schema":' + enc(schema)
+        + ',"snapshot_id":' + enc(snapshot_id) + ',"utility":' + enc(dict(utility)) + "}"
+    )
+    return head.encode(), middle.encode(), tail.encode()
 
 
 def coalition_key(
@@ -170,19 +215,40 @@ def coalition_key(
     """
     if not isinstance(mask, PackedMask):
         raise MaskError(f"mask must be a PackedMask, got {type(mask).__name__}", field="mask")
-    model: dict[str, Any] = {"id": model_id, "revision": model_revision, "dtype": dtype}
-    if model_sha256 is not None:
-        model["sha256"] = model_sha256
-    if template_now is not None:
-        model["template_now"] = template_now
-    payload = {
-        "schema": KEY_SCHEMA if model_sha256 is not None else 1,
-        "snapshot_id": snapshot_id,
-        "mask": mask.words.hex(),
-        "n_bits": mask.n_bits,
-        "policy": {"id": policy_id, "params": dict(policy_params)},
-        "model": model,
-        "utility": dict(utility),
-        "generation": dict(generation or {}),
-    }
-    return hashlib.sha256(_canonical(payload)).hexdigest()
+    schema = KEY_SCHEMA if model_sha256 is not None else 1
+    n_bits = mask.n_bits
+    # the fixed part of the payload is encoded once per distinct setting (one per snapshot, policy
+    # and utility in a run), not once per coalition; _key_parts says why the bytes are the same
+    memo: tuple[Any, ...] | None = None
+    parts = None
+    sigs = (_signature(policy_params), _signature(utility), _signature(generation or {}))
+    if (
+        None not in sigs and type(n_bits) is int and type(snapshot_id) is str and type(policy_id) is str
+        and type(model_id) is str and type(model_revision) is str and type(dtype) is str
+        and (model_sha256 is None or type(model_sha256) is str) and (template_now is None or type(template_now) is str)
+    ):
+        memo = (snapshot_id, policy_id, model_id, model_revision, dtype, model_sha256, template_now, *sigs)
+        parts = _key_memo.get(memo)
+    if parts is None:
+        model: dict[str, Any] = {"id": model_id, "revision": model_revision, "dtype": dtype}
+        if model_sha256 is not None:
+            model["sha256"] = model_sha256
+        if template_now is not None:
+            model["template_now"] = template_now
+        if memo is None:  # nested or unusual values: the whole payload, encoded as written
+            payload = {
+                "schema": schema,
+                "snapshot_id": snapshot_id,
+                "mask": mask.words.hex(),
+                "n_bits": n_bits,
+                "policy": {"id": policy_id, "params": dict(policy_params)},
+                "model": model,
+                "utility": dict(utility),
+                "generation": dict(generation or {}),
+            }
+            return hashlib.sha256(_canonical(payload)).hexdigest()
+        parts = _key_parts(snapshot_id, policy_id, policy_params, model, utility, generation, schema)
+        if len(_key_memo) < _KEY_MEMO_LIMIT:
+            _key_memo[memo] = parts
+    head, middle, tail = parts
+    return hashlib.sha256(head + mask.words.hex().encode() + middle + str(n_bits).encode() + tail).hexdigest()

@@ -49,7 +49,7 @@ import numpy as np
 from ..snapshot import ConversationSnapshot
 from ..conversation import Message, Player, players_by_message
 from ..errors import ConfigError, MaskError
-from ..userinput import check_text
+from ..userinput import check_text, did_you_mean
 
 __all__ = (
     "AbsencePolicy",
@@ -433,7 +433,8 @@ def get_policy(policy_id: str, **params: Any) -> AbsencePolicy:
         factory = _REGISTRY[policy_id]
     except KeyError:
         raise ConfigError(
-            f"unknown absence policy {policy_id!r}; use one of {', '.join(available_policies())}",
+            f"unknown absence policy {policy_id!r}{did_you_mean(policy_id, available_policies())}; use one of "
+            f"{', '.join(available_policies())}",
             field="absence_policy",
         ) from None
     try:

@@ -449,6 +449,18 @@ class ChatRenderer:
             ids = [self._bos_id, *ids]
         return list(ids)
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """:meth:`encode` with each token's character ``(start, end)`` in ``text`` (a prepended
+        BOS gets ``(0, 0)``): the ids are exactly :meth:`encode`'s.
+
+        Raises:
+            InputError: as :meth:`encode`.
+        """
+        ids, offsets = self._tokenize(text)
+        if self._needs_bos(text):
+            ids, offsets = [self._bos_id, *ids], [(0, 0), *offsets]
+        return list(ids), [(int(a), int(b)) for a, b in offsets]
+
     def _needs_bos(self, text: str) -> bool:
         if self._bos_id is None or not self._bos_text or not text.startswith(self._bos_text):
             return self._bos_id is not None

@@ -23,7 +23,8 @@ from markupsafe import Markup
 from .._version import __version__
 from .chart import bar_chart_svg, ranked_order
 from .colors import DivergingScale
-from .page import _environment, _legend, _ranks, _short_label
+from .page import _environment
+from .views import _legend, _ranks, _short_label
 
 __all__ = ("render_comparison",)
 
@@ -108,7 +109,7 @@ def render_comparison(comparison: Mapping[str, Any], *, scale: str = "robust", t
         {
             "name": c["name"],
             "reference": k == 0,
-            "spearman": _num(c.get("spearman"), "+.3f"),
+            "spearman": _num(c.get("spearman"), "+.3f") if c.get("spearman") is not None or not c.get("spearman_undefined") else f"none: {c['spearman_undefined']}",
             "overlap": _num(c.get("top_overlap"), ".2f"),
             "max_error": _num(c.get("max_error"), ".4f") if c.get("max_error") is not None else "",
             "rmse": _num(c.get("rmse"), ".4f") if c.get("rmse") is not None else "",

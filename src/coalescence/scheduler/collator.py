@@ -4,9 +4,12 @@ There is no background task and no timer. :meth:`Collator.serve` appends the req
 a queue and acquires one :class:`anyio.Lock`. The task that holds it (the *leader*) takes its own
 record plus the compatible queued records (same batch key, in queue order, up to
 ``max_batch_size``), runs one backend call in a worker thread (``anyio.to_thread.run_sync``,
-shielded so a cancelled leader never abandons it), fills every member's result slot and sets
-their events on the event-loop thread. A waiter whose record was served by another leader is woken
-at delivery and returns without a call. The lock holder is the only caller of the backend, so one
+shielded so a cancelled leader never abandons it) and fills every member's result slot on the
+event-loop thread. A request that finds the lock held waits for the end of that call (one event per
+call, set once the lock is released, so every waiter wakes in one step rather than through a chain
+of lock hand-offs); it then returns its filled slot without a call, or, still queued, takes the
+free lock and leads the next batch: that of the oldest queued record, whichever waiter woke first,
+so batches form in queue order on every event loop. The lock holder is the only caller of the backend, so one
 call is in flight at a time by construction; requests that arrive while a call runs accumulate,
 so the running call is the collation window. ``max_batch_size=1`` is strict serialisation through
 the same code path.
@@ -83,9 +86,13 @@ _RESERVED = "n_candidates"
 _QUEUED, _TAKEN, _DONE, _CANCELLED = "queued", "taken", "done", "cancelled"
 
 
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_MEMO_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
 def _frozen_mapping(value: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
     if value is None:
-        return MappingProxyType({})
+        return _EMPTY
     if not isinstance(value, Mapping):
         raise ConfigError(f"must be a mapping, got {value!r}", field=name)
     for key in value:
@@ -205,12 +212,11 @@ def scoring_backend(backend: ScoringBackend) -> CollatorBackend:
 class _Slot:
     """Mutable per-record state, touched only on the event-loop thread."""
 
-    __slots__ = ("event", "ok", "owner", "state", "value")
+    __slots__ = ("ok", "owner", "state", "value")
 
     def __init__(self) -> None:
         self.owner: Collator | None = None
         self.state: str | None = None
-        self.event: anyio.Event | None = None
         self.ok = False
         self.value: Any = None
 
@@ -245,8 +251,9 @@ class CollatorRecord:
             raise ConfigError(f"must be a positive integer, got {self.n_candidates!r}", field="n_candidates")
         if not (isinstance(self.batch_key, str) and len(self.batch_key) == 64):
             raise ConfigError(f"must be 64 hex digits, got {self.batch_key!r}", field="batch_key")
-        object.__setattr__(self, "call_kwargs", MappingProxyType(dict(self.call_kwargs)))
-        object.__setattr__(self, "row_kwargs", MappingProxyType(dict(self.row_kwargs)))
+        # most records carry no kwargs: they share one empty read-only mapping
+        object.__setattr__(self, "call_kwargs", MappingProxyType(dict(self.call_kwargs)) if self.call_kwargs else _EMPTY)
+        object.__setattr__(self, "row_kwargs", MappingProxyType(dict(self.row_kwargs)) if self.row_kwargs else _EMPTY)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -311,7 +318,9 @@ class Collator:
         self._max = max_batch_size
         self._buckets = buckets
         self._lock = anyio.Lock()
+        self._round: anyio.Event | None = None  # set when the lock holder releases it
         self._queues: dict[str, dict[int, CollatorRecord]] = {}
+        self._fifo: dict[int, CollatorRecord] = {}  # every queued record, oldest first
         self._closed = False
         self._inert: set[str] = set()
         self._warned: set[str] = set()
@@ -366,16 +375,26 @@ class Collator:
 
     def _batch_key(self, call: dict[str, Any], row: dict[str, Any], single: bool, extra: tuple[Any, ...]) -> str:
         """:func:`batch_key`, memoised for hashable inputs (most requests share a handful of keys)."""
-        scalars = (str, int, float, bool, type(None))
-        if not all(type(v) in scalars for v in (*call.values(), *extra)):
-            return batch_key(call, set(row), single_candidate=single, key_extra=extra)
-        # type tags keep 1, 1.0 and True apart, as the canonical encoding does
-        memo = (
-            tuple((k, type(v), v) for k, v in sorted(call.items())),
-            tuple(sorted(row)),
-            single,
-            tuple((type(v), v) for v in extra),
-        )
+        # type tags keep 1, 1.0 and True apart, as the canonical encoding does, and floats go by
+        # repr so 0.0 and -0.0 (equal, but encoded apart) do too
+        tagged = []
+        for v in extra:
+            t = type(v)
+            if t not in _MEMO_SCALARS:
+                return batch_key(call, set(row), single_candidate=single, key_extra=extra)
+            tagged.append((t, repr(v) if t is float else v))
+        if call or row:
+            for v in call.values():
+                if type(v) not in _MEMO_SCALARS:
+                    return batch_key(call, set(row), single_candidate=single, key_extra=extra)
+            memo: tuple[Any, ...] = (
+                tuple((k, type(v), repr(v) if type(v) is float else v) for k, v in sorted(call.items())),
+                tuple(sorted(row)),
+                single,
+                tuple(tagged),
+            )
+        else:
+            memo = ((), (), single, tuple(tagged))
         key = self._key_memo.get(memo)
         if key is None:
             key = batch_key(call, set(row), single_candidate=single, key_extra=extra)
@@ -423,6 +442,20 @@ class Collator:
         """
         if self._closed:
             raise EngineClosed("the collator is closed; no new requests are admitted")
+        if call_kwargs is None and row_kwargs is None and not self._static_call and not self._static_row and (
+            self._buckets is None or n_tokens is None
+        ):
+            # no kwargs anywhere (the scoring path): the checks below have nothing to check
+            if not isinstance(key_extra, tuple):
+                raise ConfigError(f"must be a tuple, got {key_extra!r}", field="key_extra")
+            if isinstance(n_candidates, bool) or not isinstance(n_candidates, int) or n_candidates < 1:
+                raise ConfigError(f"must be a positive integer, got {n_candidates!r}", field="n_candidates")
+            record = CollatorRecord(
+                prompt=prompt, call_kwargs=_EMPTY, row_kwargs=_EMPTY, n_candidates=n_candidates,
+                batch_key=self._batch_key({}, {}, n_candidates == 1, key_extra),
+            )
+            record._slot.owner = self
+            return record
         max_rows = 0
         if self._buckets is not None and n_tokens is not None:
             ceiling = self._buckets.bucket(n_tokens)
@@ -523,27 +556,43 @@ class Collator:
             raise ConfigError(f"this record was already served (state {slot.state})", field="record")
         if self._closed:
             raise EngineClosed("the collator is closed; no new requests are served")
-        slot.event = anyio.Event()
         # queue and wait in one step (no checkpoint in between), then take the lock: the holder
         # leads a batch unless its record was already served by an earlier leader
         slot.state = _QUEUED
         self._queues.setdefault(record.batch_key, {})[id(record)] = record
+        self._fifo[id(record)] = record
         try:
             while slot.state != _DONE:
-                async with self._lock:
-                    if slot.state == _QUEUED:
-                        await self._lead(record)
+                if self._lock.locked():
+                    # a call is running: wait for its end with every other waiter (no checkpoint
+                    # between the check and the wait, so the release cannot be missed)
+                    if self._round is None:
+                        self._round = anyio.Event()
+                    await self._round.wait()
+                    continue
+                try:
+                    async with self._lock:
+                        if slot.state == _QUEUED:  # lead the oldest queued record's batch
+                            await self._lead(next(iter(self._fifo.values())))
+                finally:
+                    self._end_round()
         except BaseException:
             if slot.state == _QUEUED:
                 self._withdraw(record)
                 slot.state = _CANCELLED
             raise
-        await slot.event.wait()  # already set: delivery precedes _DONE
         if slot.ok:
             return slot.value
         raise slot.value
 
+    def _end_round(self) -> None:
+        """Wake every request waiting for the end of the call (the lock is free again)."""
+        round_, self._round = self._round, None
+        if round_ is not None:
+            round_.set()
+
     def _withdraw(self, record: CollatorRecord) -> None:
+        self._fifo.pop(id(record), None)
         queue = self._queues.get(record.batch_key)
         if queue is not None:
             queue.pop(id(record), None)
@@ -551,7 +600,7 @@ class Collator:
                 del self._queues[record.batch_key]
 
     def _take(self, record: CollatorRecord) -> list[CollatorRecord]:
-        """The leader's batch: its record, then compatible queued ones in queue order."""
+        """The batch led for ``record``: it, then compatible queued ones in queue order."""
         self._withdraw(record)
         batch = [record]
         if record.n_candidates == 1:
@@ -559,6 +608,7 @@ class Collator:
             limit = record.max_rows or self._max
             for rid in list(queue)[: limit - 1]:
                 batch.append(queue.pop(rid))
+                del self._fifo[rid]
             if not queue:
                 self._queues.pop(record.batch_key, None)
         for member in batch:
@@ -598,8 +648,6 @@ class Collator:
         for member, (ok, value) in zip(batch, report.outcomes, strict=True):
             slot = member._slot
             slot.ok, slot.value, slot.state = ok, value, _DONE
-            assert slot.event is not None
-            slot.event.set()
 
     def _invoke(self, batch: list[CollatorRecord]) -> list[Any]:
         """One backend call (worker thread); checks one output per row."""

@@ -31,10 +31,12 @@ class Flight(Generic[T]):
     Created by :class:`SingleFlight`; users only read it through :meth:`SingleFlight.do`.
     """
 
-    __slots__ = ("_event", "abandoned", "error", "followers", "value")
+    __slots__ = ("_event", "_landed", "abandoned", "error", "followers", "value")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        # the event is made by the first follower: most flights have none
+        self._event: anyio.Event | None = None
+        self._landed = False
         self.value: T | None = None
         self.error: Exception | None = None
         self.abandoned = False
@@ -43,10 +45,16 @@ class Flight(Generic[T]):
     def land(self, value: T | None, error: Exception | None, *, abandoned: bool = False) -> None:
         """Record the outcome and wake every follower."""
         self.value, self.error, self.abandoned = value, error, abandoned
-        self._event.set()
+        self._landed = True
+        if self._event is not None:
+            self._event.set()
 
     async def wait(self) -> None:
         """Wait until the flight lands."""
+        if self._event is None:
+            self._event = anyio.Event()
+            if self._landed:
+                self._event.set()
         await self._event.wait()
 
 
@@ -96,25 +104,21 @@ class SingleFlight(Generic[T]):
         while True:
             flight = self._flights.get(key)
             if flight is None:
-                value, error = await self._lead(key, work)
-                return value, error, False
+                break
             flight.followers += 1
             await flight.wait()
             if flight.abandoned:
                 continue  # the leader was cancelled: claim the key again
             return flight.value, flight.error, True  # type: ignore[return-value]
-
-    async def _lead(
-        self, key: Hashable, work: Callable[[], Awaitable[T]]
-    ) -> tuple[T | None, Exception | None]:
-        flight: Flight[T] = Flight()
+        # the leader (inline rather than in a coroutine of its own: one frame less per evaluation)
+        flight = Flight()
         self._flights[key] = flight
         try:
             value = await work()
         except Exception as exc:
             self._release(key, flight)
             flight.land(None, exc)
-            return None, exc
+            return None, exc, False
         except BaseException:
             # cancellation or interrupt: hand the key to a follower
             self._release(key, flight)
@@ -124,7 +128,7 @@ class SingleFlight(Generic[T]):
             raise
         self._release(key, flight)
         flight.land(value, None)
-        return value, None
+        return value, None, False
 
     def _release(self, key: Hashable, flight: Flight[T]) -> None:
         if self._flights.get(key) is flight:

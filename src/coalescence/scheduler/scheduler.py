@@ -68,6 +68,7 @@ class CoalitionJob:
         mask: the coalition's packed mask.
         model_id: the model's id.
         prefix_hash: hash of the rendered prompt's shared prefix (for KV reuse grouping), or "".
+        game: ``"exact"``, or the proxy game whose row it is (archived with the row).
 
     Raises:
         ConfigError: an empty or non-string key, snapshot id, policy or model id.
@@ -81,9 +82,10 @@ class CoalitionJob:
     mask: PackedMask
     model_id: str
     prefix_hash: str = ""
+    game: str = "exact"
 
     def __post_init__(self) -> None:
-        for name in ("coalition_key", "snapshot_id", "absence_policy", "model_id"):
+        for name in ("coalition_key", "snapshot_id", "absence_policy", "model_id", "game"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"must be a non-empty string, got {value!r}", field=f"job.{name}")
@@ -594,5 +596,6 @@ class CoalitionScheduler:
                 "elapsed_ms": elapsed_s * 1e3,
                 "cache_hit": cache_hit,
                 "batch_size": batch_size,
+                "game": job.game,
             }
         )

@@ -1,7 +1,7 @@
 """Attribution estimators: plan coalitions, fit values from the pool of evaluated coalitions.
 
 :func:`make_estimator` builds one by name (``"exact"``, ``"permutation"``, ``"loo"``,
-``"kernelshap"``, ``"regression-msr"``, ``"banzhaf"``, ``"lasso"``); every estimator follows the :class:`Estimator`
+``"kernelshap"``, ``"regression-msr"``, ``"banzhaf"``, ``"lasso"``, ``"proxy-shapley"``, ``"auto"``); every estimator follows the :class:`Estimator`
 protocol and returns an :class:`Estimate`.
 """
 
@@ -15,6 +15,7 @@ from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .msr import RegressionMSR
 from .permutation import PermutationShapley
+from .proxy import ControlVariateLasso, TwoFidelityShapley
 from . import registry as _registry
 from .registry import ESTIMATORS, estimator_class, interaction_settings, is_method, make_estimator, methods_with, register_estimator
 
@@ -23,6 +24,7 @@ __all__ = (
     "METHODS",
     "Banzhaf",
     "Capabilities",
+    "ControlVariateLasso",
     "Estimate",
     "Estimator",
     "ExactShapley",
@@ -31,6 +33,7 @@ __all__ = (
     "LeaveOneOut",
     "PermutationShapley",
     "RegressionMSR",
+    "TwoFidelityShapley",
     "estimator_class",
     "interaction_settings",
     "is_method",

@@ -17,6 +17,11 @@ players on long contexts" and "Estimator leaderboard"):
   2025), the most accurate Shapley estimator of the leaderboard from 5n evaluations on
   (``budget >= 2^n`` enumerates every coalition: exact values).
 
+With a proxy game (issue 37; :mod:`.proxy`) the same choice runs in its two-fidelity form:
+:class:`~.proxy.ControlVariateLasso` for the surrogate (its penalty the least cross-validated error:
+with the proxy in the fit the denser rule lost LDS at 8-16 exact coalitions), :class:`~.proxy.TwoFidelityShapley`
+for regression-msr (:meth:`AutoMethod.proxy_plan`, :meth:`AutoMethod.fit_two_fidelity`).
+
 The choice is a pure function of ``(n, budget)``, so a resumed or replayed ``auto`` run plans and
 fits exactly what the first did; the :class:`~.base.Estimate` names the method that ran
 (``method="auto:lasso"``) and its ``notes`` say why.
@@ -33,6 +38,7 @@ import numpy as np
 from .base import Capabilities, Estimate, check_budget_seed, check_n_players
 from .lasso import LassoSurrogate
 from .msr import RegressionMSR
+from .proxy import ControlVariateLasso, TwoFidelityShapley, _check_proxy_budget
 
 __all__ = ("SURROGATE_BELOW", "SURROGATE_MIN_PLAYERS", "AutoMethod")
 
@@ -60,11 +66,13 @@ class AutoMethod:
 
     budget: int
     seed: int = 0
+    proxy_budget: int | None = None
     name: str = field(default="auto", init=False)
-    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False, chooses=True, two_fidelity=True)
 
     def __post_init__(self) -> None:
         check_budget_seed(self.budget, self.seed)
+        _check_proxy_budget(self.proxy_budget)
 
     def choose(self, n_players: int) -> tuple[Any, str]:
         """The estimator for ``n_players`` and this budget, and why (one sentence).
@@ -81,10 +89,14 @@ class AutoMethod:
                 "of the best cross-validated one, so that more players are told apart); the values are its "
                 "coefficients, not Shapley values"
             )
+        if n < 62 and self.budget >= (1 << n):  # every coalition: 2^n evaluations, whatever the budget above it
+            return RegressionMSR(budget=self.budget, seed=self.seed), (
+                f"method auto ran regression-msr: {n} players have {1 << n} coalitions, all evaluated within the budget "
+                f"of {self.budget} (exact Shapley values)"
+            )
         return RegressionMSR(budget=self.budget, seed=self.seed), (
             f"method auto ran regression-msr: {self.budget} evaluations for {n} players "
-            + ("covers every coalition (exact Shapley values)" if self.budget >= (1 << min(n, 62)) else
-               (f"is at least {SURROGATE_BELOW} per player" if n > SURROGATE_MIN_PLAYERS else f"with at most {SURROGATE_MIN_PLAYERS} players"))
+            + (f"is at least {SURROGATE_BELOW} per player" if n > SURROGATE_MIN_PLAYERS else f"with at most {SURROGATE_MIN_PLAYERS} players")
             + ", where regression-adjusted Monte Carlo is the most accurate Shapley estimator measured"
         )
 
@@ -117,4 +129,44 @@ class AutoMethod:
         n = int(np.asarray(masks).shape[1]) if np.ndim(masks) == 2 else 0
         estimator, why = self.choose(n)
         estimate = estimator.fit(masks, utilities)
+        return replace(estimate, method=f"auto:{estimator.name}", notes=(*estimate.notes, why))
+
+    def two_fidelity(self, n_players: int) -> tuple[ControlVariateLasso | TwoFidelityShapley, str]:
+        """The two-fidelity form of :meth:`choose`'s estimator (same plan of exact coalitions), and why.
+
+        Raises:
+            EstimatorError: ``n_players == 0``.
+        """
+        estimator, why = self.choose(n_players)
+        if isinstance(estimator, LassoSurrogate):
+            # the least-error penalty: with the proxy in the fit, the denser one lost 0.05 of LDS at
+            # 8 exact coalitions and 0.02 at 16, level at 32, +0.014 at 64 (benchmarks/RESULTS.md)
+            return ControlVariateLasso(
+                budget=self.budget, seed=self.seed, holdout=estimator.holdout, cv_rule="min",
+                proxy_budget=self.proxy_budget,
+            ), why
+        return TwoFidelityShapley(budget=self.budget, seed=self.seed, proxy_budget=self.proxy_budget), why
+
+    def proxy_plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """The proxy game's coalitions of the chosen estimator's two-fidelity form.
+
+        Raises:
+            EstimatorError, ConfigError: as :meth:`validate`.
+        """
+        return self.two_fidelity(n_players)[0].proxy_plan(n_players)
+
+    def fit_two_fidelity(
+        self, masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
+    ) -> Estimate:
+        """The chosen estimator's two-fidelity fit (:mod:`.proxy`), its ``method``
+        ``"auto:<chosen>"`` and the choice in ``notes``.
+
+        Args: as :meth:`.proxy.TwoFidelityShapley.fit_two_fidelity`.
+
+        Raises:
+            EstimatorError, ConfigError, MaskError: as the chosen estimator's ``fit_two_fidelity``.
+        """
+        n = int(np.asarray(masks).shape[1]) if np.ndim(masks) == 2 else 0
+        estimator, why = self.two_fidelity(n)
+        estimate = estimator.fit_two_fidelity(masks, utilities, proxy_masks, proxy_utilities)
         return replace(estimate, method=f"auto:{estimator.name}", notes=(*estimate.notes, why))

@@ -36,6 +36,7 @@ __all__ = (
     "Estimate",
     "SampledEstimator",
     "Estimator",
+    "for_target_stderr",
     "gather",
     "library_seed",
     "pool_lookup",
@@ -110,6 +111,13 @@ class Capabilities:
         budget_per_player: the default budget is this many evaluations per player.
         interaction_indices: the interaction indices it also computes (``interactions=k``,
             ``index=...``; e.g. ``("SII", "k-SII")``); empty for a method of values only.
+        chooses: the method runs another estimator, chosen by the game
+            (``choose(n_players) -> (estimator, why)``, e.g. ``auto``): what it can do beyond these
+            flags (standard errors) is the chosen one's, known once n is.
+        two_fidelity: it also fits from a second, cheaper game (a proxy of the utility evaluated
+            on many more coalitions) together with the exact one: it has ``proxy_budget``,
+            ``proxy_plan(n)`` and ``fit_two_fidelity(masks, utilities, proxy_masks,
+            proxy_utilities)`` (:mod:`.proxy`); its ``fit`` alone is its exact-only form.
     """
 
     needs_budget: bool
@@ -117,6 +125,8 @@ class Capabilities:
     max_players: int | None = None
     budget_per_player: int = 32
     interaction_indices: tuple[str, ...] = ()
+    chooses: bool = False
+    two_fidelity: bool = False
 
     def default_budget(self, n_players: int) -> int | None:
         """The budget used when none is given: ``budget_per_player * n``, or ``None`` when the
@@ -480,6 +490,35 @@ class SampledEstimator:
     def _plan_rows(self, n_players: int) -> Any:
         """The plan's rows (``[k, n_players]`` bool, k <= budget) for a valid game."""
         raise NotImplementedError
+
+
+def for_target_stderr(estimator: Any, n_players: int) -> tuple[Any, tuple[str, str] | None]:
+    """The estimator that samples in rounds until a target standard error, for a game of
+    ``n_players``: ``estimator`` itself, or the one it chooses (``capabilities.chooses``: ``auto``
+    runs regression-msr or lasso by n and budget).
+
+    Returns:
+        ``(estimator, chosen)``: ``chosen`` is ``None``, or ``(method shown, why)`` of the choice
+        (``("auto:regression-msr", "method auto ran ...")``) for the explanation.
+
+    Raises:
+        ConfigError: the estimator (or the one chosen) reports no standard errors
+            (``field="target_stderr"``), naming it.
+    """
+    chosen = None
+    name = estimator.name
+    if estimator.capabilities.chooses:
+        picked, why = estimator.choose(n_players)
+        chosen = (f"{name}:{picked.name}", why)
+        name = f"{name} chooses {picked.name} for {n_players} players at budget {estimator.budget}, and {picked.name}"
+        estimator = picked
+    if not estimator.capabilities.reports_stderr:
+        raise ConfigError(
+            f"method {name} reports no standard errors; use a method that does (permutation, kernelshap, "
+            "regression-msr, banzhaf)" + (" or raise the budget" if chosen else ""),
+            field="target_stderr",
+        )
+    return estimator, chosen
 
 
 def check_budget_seed(budget: object, seed: object) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import ConfigError, EstimatorError
 from .base import Capabilities, Estimate, check_interactions, check_n_players, check_pool, gather, pool_lookup, row_keys
-from .shapiq_adapter import INTERACTION_INDICES
+from ..interactions import INTERACTION_INDICES
 
 __all__ = ("ExactShapley", "coalition_rows", "shapley_weights")
 
@@ -62,7 +62,7 @@ class ExactShapley:
 
     With ``interactions=k`` it also computes the exact interaction values of orders 2..k of
     ``index`` (SII, k-SII, FSII, STII) from the same 2^n coalitions, by shapiq's ``ExactComputer``
-    (:func:`~coalescence.attribution.estimators.shapiq_adapter.exact_interactions`; needs the
+    (:func:`~coalescence.attribution.estimators.shapiq.exact_interactions`; needs the
     shapiq extra); the values stay the Shapley values.
 
     Attributes:
@@ -153,7 +153,7 @@ class ExactShapley:
         v_empty, v_full = float(u[0]), float(u[size - 1])
         interactions = ()
         if self.interactions is not None:
-            from .shapiq_adapter import exact_interactions
+            from .shapiq import exact_interactions
 
             interactions = exact_interactions(coalition_rows(n), u, order=self.interactions, index=self.index)
         estimate = Estimate.from_values(

@@ -44,7 +44,7 @@ from ...errors import ConfigError, EstimatorError
 from .banzhaf import uniform_plan
 from .base import Capabilities, Estimate, SampledEstimator, check_pool, gather, library_seed, pool_lookup
 
-__all__ = ("CV_RULES", "HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate")
+__all__ = ("CV_RULES", "HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate", "choose_alpha")
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,27 @@ CV_RULES: tuple[str, ...] = ("min", "dense-1se")
 """How the cross-validated penalty is chosen (module docs)."""
 
 _CV_FOLDS = 5
+
+
+def choose_alpha(alphas: np.ndarray, mse_path: np.ndarray, cv_rule: str) -> float:
+    """The cross-validated penalty by ``cv_rule`` (module docs).
+
+    Args:
+        alphas: ``[n_alphas]`` float64 candidate penalties.
+        mse_path: ``[n_alphas, n_folds]`` float64 held-out mean squared error of each penalty on
+            each fold (utility units squared).
+        cv_rule: ``"min"`` (the least mean error) or ``"dense-1se"`` (the smallest alpha whose
+            mean error is within one standard error over the folds of the least).
+
+    Returns:
+        The chosen alpha.
+    """
+    mean = mse_path.mean(axis=1)
+    best = int(np.argmin(mean))
+    if cv_rule == "min":
+        return float(alphas[best])
+    se = mse_path.std(axis=1) / math.sqrt(mse_path.shape[1])
+    return float(alphas[mean <= mean[best] + se[best]].min())
 
 
 def _to_logit(logprob: np.ndarray) -> np.ndarray:
@@ -201,11 +222,7 @@ class LassoSurrogate(SampledEstimator):
             model = LassoCV(cv=folds, max_iter=10_000).fit(x[train], u[train])
             alpha = float(model.alpha_)
             if self.cv_rule == "dense-1se":
-                errors = model.mse_path_  # [n_alphas, n_folds]
-                mean = errors.mean(axis=1)
-                se = errors.std(axis=1) / math.sqrt(errors.shape[1])
-                best = int(np.argmin(mean))
-                alpha = float(model.alphas_[mean <= mean[best] + se[best]].min())
+                alpha = choose_alpha(model.alphas_, model.mse_path_, self.cv_rule)
                 model = Lasso(alpha=alpha, max_iter=10_000).fit(x[train], u[train])
         else:
             alpha = self.alpha

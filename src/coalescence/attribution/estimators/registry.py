@@ -8,16 +8,17 @@ whether it samples within a budget, reports standard errors, a largest n); calle
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ...userinput import did_you_mean
 from .auto import AutoMethod
 from .banzhaf import Banzhaf
 from .base import Estimator, check_interactions
 from .exact import ExactShapley
 from .kernel import KernelSHAP
-from .lasso import LassoSurrogate
 from .loo import LeaveOneOut
 from .msr import RegressionMSR
 from .permutation import PermutationShapley
-from .shapiq_adapter import PREFIX, approximator_estimator
+from .proxy import ControlVariateLasso, TwoFidelityShapley
+from .shapiq import PREFIX, approximator_estimator
 
 __all__ = ("ESTIMATORS", "METHODS", "estimator_class", "interaction_settings", "is_method", "make_estimator", "methods_with", "register_estimator")
 
@@ -28,10 +29,14 @@ ESTIMATORS: dict[str, type] = {
     "kernelshap": KernelSHAP,
     "regression-msr": RegressionMSR,
     "banzhaf": Banzhaf,
-    "lasso": LassoSurrogate,
+    "lasso": ControlVariateLasso,
+    "proxy-shapley": TwoFidelityShapley,
     "auto": AutoMethod,
 }
-"""Estimator classes by method name (the CLI's ``--method`` choices)."""
+"""Estimator classes by method name (the CLI's ``--method`` choices). ``lasso`` is the LASSO
+surrogate in its two-fidelity-capable form (:class:`~.proxy.ControlVariateLasso`: without a proxy
+game it is :class:`~.lasso.LassoSurrogate`); ``proxy-shapley`` is regression-msr's two-fidelity
+form (:class:`~.proxy.TwoFidelityShapley`)."""
 
 
 def __getattr__(name: str) -> tuple[str, ...]:
@@ -57,7 +62,7 @@ def register_estimator(name: str, cls: type) -> None:
 
 def estimator_class(method: str) -> type:
     """The estimator class registered as ``method``, or made for a shapiq approximator
-    (``"shapiq:<Approximator>"``, :mod:`.shapiq_adapter`).
+    (``"shapiq:<Approximator>"``, :mod:`.shapiq`).
 
     Raises:
         ConfigError: unknown method (field ``method``).
@@ -69,7 +74,9 @@ def estimator_class(method: str) -> type:
         return ESTIMATORS[method]
     except (KeyError, TypeError):
         raise ConfigError(
-            f"unknown method {method!r}; choose one of: {', '.join(ESTIMATORS)}, or shapiq:<Approximator>", field="method"
+            f"unknown method {method!r}{did_you_mean(method, ESTIMATORS)}; choose one of: {', '.join(ESTIMATORS)}, or "
+            "shapiq:<Approximator>",
+            field="method",
         ) from None
 
 
@@ -113,7 +120,13 @@ def interaction_settings(method: str, interactions: int | None, index: str | Non
 
 
 def make_estimator(
-    method: str, *, budget: int | None = None, seed: int = 0, interactions: int | None = None, index: str | None = None
+    method: str,
+    *,
+    budget: int | None = None,
+    seed: int = 0,
+    interactions: int | None = None,
+    index: str | None = None,
+    proxy_budget: int | None = None,
 ) -> Estimator:
     """Build an estimator by name.
 
@@ -126,6 +139,8 @@ def make_estimator(
         interactions: the highest interaction order (2 or more) for a method whose capabilities
             list interaction indices; ``None`` for values only.
         index: the interaction index (default ``"k-SII"``).
+        proxy_budget: the distinct proxy coalitions of a two-fidelity method (its capabilities
+            say ``two_fidelity``; ``None``: the method's default, a multiple of ``budget``).
 
     Returns:
         an :class:`~coalescence.attribution.estimators.base.Estimator`.
@@ -133,9 +148,12 @@ def make_estimator(
     Raises:
         ConfigError: unknown method (field ``method``), a sampling method without a valid
             budget or with a bad seed (field ``budget`` / ``seed``), or interactions the method does
-            not compute (field ``interactions`` / ``index``).
+            not compute (field ``interactions`` / ``index``), or a proxy budget for a method that
+            fits the exact game alone (field ``proxy_budget``).
     """
     cls = estimator_class(method)
+    if proxy_budget is not None and not cls.capabilities.two_fidelity:
+        raise ConfigError(f"method {method} fits the exact game alone; it takes no proxy budget", field="proxy_budget")
     extra: dict[str, object] = {}
     if interactions is not None or index is not None:
         interactions, index = interaction_settings(method, interactions, index)
@@ -146,4 +164,6 @@ def make_estimator(
         raise ConfigError(
             f"method {method} needs a budget of model evaluations; pass a budget (e.g. 2000)", field="budget"
         )
+    if proxy_budget is not None:
+        extra["proxy_budget"] = proxy_budget
     return cls(budget=budget, seed=seed, **extra)

@@ -1,7 +1,7 @@
-"""shapiq in another Python: the worker behind :class:`~.shapiq_adapter.ExternalShapiq`.
+"""shapiq in another Python: the worker behind :class:`~.external.ExternalShapiq`.
 
 Run as a script by an interpreter that has shapiq (and numpy) but not necessarily coalescence or
-torch: ``python _shapiq_worker.py``. It imports nothing of coalescence. Requests come one JSON
+torch: ``python _worker.py``. It imports nothing of coalescence. Requests come one JSON
 object per line on standard input, answers one JSON object per line on standard output:
 
 - ``{"op": "describe"}`` -> ``{"version", "python", "approximators": {name: {"valid_indices":

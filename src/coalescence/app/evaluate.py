@@ -1,0 +1,700 @@
+"""How faithful is an explanation? Its values checked against fresh exact coalitions of its game.
+
+``coalescence evaluate RUN_OR_DOC`` re-creates the game an explanation was fitted on (the same
+conversation snapshot, model, absence policy and utility, read from the run archive's manifest as
+``replay`` reads it), evaluates held-out coalitions of it exactly through the engine, and reports:
+
+- **LDS**, the linear datamodeling score (Park et al., 2023, TRAK; Cohen-Wang et al., 2024,
+  ContextCite): Spearman's rank correlation, over ``coalitions`` random keep-half coalitions S
+  (each player present with probability 1/2, independently), of the additive prediction
+  ``sum_{i in S} phi_i`` against the game's value ``v(S)``, with a percentile-bootstrap 95%
+  interval (the coalitions resampled with replacement).
+- **Top-k removal drops**, k = 1, 3, 5 (those below the player count): ``v(N) - v(N \\ T_k)``
+  with ``T_k`` the k players of largest value (ties: the lower player index), against the same
+  drop for k players drawn at random (the mean over ``random_draws`` draws, with a
+  percentile-bootstrap 95% interval of the mean), and their difference (top minus random: how much
+  more the explanation's top players matter than chance picks).
+
+Every coalition is deterministic given ``seed`` (the held-out ones depend only on the player
+count, their number and the seed, so later evaluations of the same game reuse them) and is an
+ordinary exact coalition of the game: it is written into the run archive under its coalition key,
+where a later ``evaluate`` or a ``replay`` finds it with no model call. Replays fit on their
+estimator's plan only (:func:`~coalescence.engine.pool_from_store` looks up the plan's rows), so
+the added rows cannot change what they fit. A hierarchical explanation is evaluated at its coarse
+level. A document that names no run archive re-creates its game in a new one (``archive``): its
+conversation segmented again by its unit (the snapshot id must come back), its model, policy and
+utility; that run records ``command: evaluate`` and no method.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArchiveError, CoalescenceError, ConfigError, InputError
+
+__all__ = (
+    "DROP_KS",
+    "Drop",
+    "Evaluation",
+    "Faithfulness",
+    "Interval",
+    "evaluate_source",
+    "held_out_coalitions",
+    "linear_datamodeling_score",
+    "random_removals",
+    "removal_drops",
+    "removal_rows",
+)
+
+DROP_KS = (1, 3, 5)
+"""The k of the top-k removal drops (those below the player count are reported)."""
+
+RESAMPLES = 2000
+"""Bootstrap resamples of every interval."""
+
+CONFIDENCE = 0.95
+"""The intervals' coverage (percentile bootstrap)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interval:
+    """A statistic with its percentile-bootstrap interval (``None`` where undefined: ``low``/``high``
+    of fewer than two distinct resampled values, or a statistic of constant data)."""
+
+    estimate: float | None
+    low: float | None
+    high: float | None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high}
+
+    def format(self, spec: str = "+.3f") -> str:
+        if self.estimate is None:
+            return "n/a"
+        if self.low is None or self.high is None:
+            return f"{self.estimate:{spec}}"
+        return f"{self.estimate:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drop:
+    """The top-k removal drop against k random players (module docs).
+
+    Attributes:
+        k: players removed.
+        removed: the labels of the k players of largest value, in value order.
+        top: ``v(N) - v(N without them)`` in the utility's unit.
+        random: the mean drop over random k-subsets, with its interval.
+        difference: ``top - random``, its interval ``top`` minus the random mean's.
+    """
+
+    k: int
+    removed: tuple[str, ...]
+    top: float
+    random: Interval
+    difference: Interval
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "removed": list(self.removed), "top": _finite(self.top), "random": self.random.to_dict(), "difference": self.difference.to_dict()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Faithfulness:
+    """One explanation's faithfulness on fresh coalitions of its game.
+
+    Attributes:
+        method: the explanation's estimator.
+        snapshot_id: its conversation snapshot.
+        unit: the values' unit (``nats`` for ``logprob``).
+        n_players: players of the game.
+        coalitions: held-out keep-half coalitions the LDS is computed over.
+        lds: Spearman's rank correlation of ``sum_{i in S} phi_i`` against ``v(S)``.
+        v_full: ``v(N)``, every player present.
+        drops: one per k of :data:`DROP_KS` below ``n_players``.
+    """
+
+    method: str
+    snapshot_id: str
+    unit: str
+    n_players: int
+    coalitions: int
+    lds: Interval
+    v_full: float
+    drops: tuple[Drop, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "snapshot_id": self.snapshot_id,
+            "unit": self.unit,
+            "n_players": self.n_players,
+            "coalitions": self.coalitions,
+            "lds": self.lds.to_dict(),
+            "v_full": _finite(self.v_full),
+            "drops": [d.to_dict() for d in self.drops],
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """What ``coalescence evaluate`` reports.
+
+    Attributes:
+        source: the run archive or document evaluated.
+        archive: the run archive holding the game's coalitions (the held-out ones added).
+        results: one per explanation evaluated.
+        seed: the seed of the coalitions and of the bootstrap.
+        random_draws: random k-subsets per k.
+        model_evaluations: coalitions evaluated with the model in this call.
+        from_archive: distinct coalitions served from the archive, with no model call.
+    """
+
+    source: str
+    archive: str
+    results: tuple[Faithfulness, ...]
+    seed: int
+    random_draws: int
+    model_evaluations: int
+    from_archive: int
+
+    def format(self) -> str:
+        """A table: LDS per explanation, then the drops per k, then where the coalitions came from."""
+        several = len({r.snapshot_id for r in self.results}) > 1
+        lines = []
+        for r in self.results:
+            head = f"{r.method}" + (f" (snapshot {r.snapshot_id[:12]})" if several else "")
+            lines.append(f"{head}: {r.n_players} players, v(full) {r.v_full:+.4f} {r.unit}")
+            lines.append(f"  LDS (Spearman, {r.coalitions} keep-half coalitions): {r.lds.format()}   95% bootstrap interval")
+            if r.drops:
+                lines.append(f"  {'k':>3}  {'drop top-k':>11}  {'drop random k (mean [95%])':>30}  {'top - random [95%]':>28}  removed")
+                for d in r.drops:
+                    removed = ", ".join(d.removed)
+                    lines.append(
+                        f"  {d.k:>3}  {d.top:>+11.4f}  {d.random.format('+.4f'):>30}  {d.difference.format('+.4f'):>28}  {removed}"
+                    )
+            lines.append("")
+        lines.append(
+            f"drops in {self.results[0].unit if self.results else 'nats'}; random k: mean of {self.random_draws} draws; seed {self.seed}; "
+            f"coalitions: {self.model_evaluations} evaluated with the model, {self.from_archive} from the archive {self.archive}"
+        )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, strict (no NaN or infinity: ``null`` instead)."""
+        return {
+            "source": self.source,
+            "archive": self.archive,
+            "seed": self.seed,
+            "random_draws": self.random_draws,
+            "confidence": CONFIDENCE,
+            "model_evaluations": self.model_evaluations,
+            "from_archive": self.from_archive,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+
+# -- the statistics (pure) ------------------------------------------------------------------------
+def held_out_coalitions(n_players: int, count: int, seed: int) -> np.ndarray:
+    """``[count, n_players]`` bool: each player present with probability 1/2, independently
+    (``numpy.random.default_rng([seed, 0])``); repeats are possible and kept."""
+    rng = np.random.default_rng([seed, 0])
+    return rng.random((count, n_players)) < 0.5
+
+
+def random_removals(n_players: int, k: int, draws: int, seed: int) -> np.ndarray:
+    """``[draws, n_players]`` bool: every player present but ``k`` drawn uniformly without
+    replacement, per draw (``numpy.random.default_rng([seed, 1, k])``)."""
+    rng = np.random.default_rng([seed, 1, k])
+    rows = np.ones((draws, n_players), dtype=bool)
+    for row in rows:
+        row[rng.choice(n_players, size=k, replace=False)] = False
+    return rows
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    return rankdata(x, axis=-1)
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's correlation of each row pair (ties averaged); NaN for a constant row."""
+    rx, ry = _ranks(x), _ranks(y)
+    rx = rx - rx.mean(axis=-1, keepdims=True)
+    ry = ry - ry.mean(axis=-1, keepdims=True)
+    den = np.sqrt((rx * rx).sum(axis=-1) * (ry * ry).sum(axis=-1))
+    num = (rx * ry).sum(axis=-1)
+    out = np.full(num.shape, np.nan)
+    ok = den > 0
+    out[ok] = num[ok] / den[ok]
+    return out
+
+
+def _percentile(samples: np.ndarray) -> tuple[float | None, float | None]:
+    finite = samples[np.isfinite(samples)]
+    if finite.size < 2:
+        return None, None
+    a = (1 - CONFIDENCE) / 2
+    low, high = np.quantile(finite, [a, 1 - a])
+    return float(low), float(high)
+
+
+def linear_datamodeling_score(values: Sequence[float], masks: np.ndarray, utilities: Sequence[float], *, seed: int = 0) -> Interval:
+    """The LDS: Spearman's rank correlation of ``masks @ values`` against ``utilities``, with a
+    percentile-bootstrap interval over the coalitions (:data:`RESAMPLES` resamples,
+    ``numpy.random.default_rng([seed, 2])``).
+
+    Args:
+        values: ``[n_players]`` attributions (phi).
+        masks: ``[m, n_players]`` bool coalitions.
+        utilities: ``[m]`` their values v(S).
+
+    Returns:
+        The score (``None`` when either side is constant) and its interval.
+    """
+    phi = np.asarray(values, dtype=np.float64)
+    x = np.asarray(masks, dtype=bool).astype(np.float64) @ phi
+    y = np.asarray(utilities, dtype=np.float64)
+    estimate = float(_spearman_rows(x[None], y[None])[0])
+    if not math.isfinite(estimate):
+        return Interval(estimate=None, low=None, high=None)
+    rng = np.random.default_rng([seed, 2])
+    idx = rng.integers(0, len(y), size=(RESAMPLES, len(y)))
+    low, high = _percentile(_spearman_rows(x[idx], y[idx]))
+    return Interval(estimate=estimate, low=low, high=high)
+
+
+def removal_drops(
+    values: Sequence[float],
+    labels: Sequence[str],
+    value_of: Mapping[bytes, float],
+    *,
+    draws: int,
+    seed: int,
+) -> tuple[Drop, ...]:
+    """The top-k removal drops against k random players, for each k of :data:`DROP_KS` below the
+    player count (module docs).
+
+    Args:
+        values: ``[n_players]`` attributions (an unknown one, ``NaN``, ranks last).
+        labels: the players' labels.
+        value_of: v(S) by the coalition's ``np.packbits`` bytes, for every row of :func:`removal_rows`.
+        draws, seed: as :func:`random_removals`.
+    """
+    n = len(values)
+    full = value_of[np.packbits(np.ones(n, dtype=bool)).tobytes()]
+    order = _top_order(values)
+    out = []
+    for k in (k for k in DROP_KS if k < n):
+        top_row = np.ones(n, dtype=bool)
+        top_row[order[:k]] = False
+        top = full - value_of[np.packbits(top_row).tobytes()]
+        random = np.array([full - value_of[np.packbits(r).tobytes()] for r in random_removals(n, k, draws, seed)])
+        mean = float(random.mean())
+        rng = np.random.default_rng([seed, 3, k])
+        means = random[rng.integers(0, draws, size=(RESAMPLES, draws))].mean(axis=1)
+        low, high = _percentile(means)
+        out.append(
+            Drop(
+                k=k,
+                removed=tuple(labels[i] for i in order[:k]),
+                top=float(top),
+                random=Interval(estimate=mean, low=low, high=high),
+                difference=Interval(
+                    estimate=float(top) - mean,
+                    low=None if high is None else float(top) - high,
+                    high=None if low is None else float(top) - low,
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def removal_rows(values: Sequence[float], *, draws: int, seed: int) -> list[np.ndarray]:
+    """The coalitions :func:`removal_drops` needs: the full one, each top-k removal and the random ones."""
+    n = len(values)
+    order = _top_order(values)
+    rows = [np.ones(n, dtype=bool)]
+    for k in (k for k in DROP_KS if k < n):
+        row = np.ones(n, dtype=bool)
+        row[order[:k]] = False
+        rows.append(row)
+        rows.extend(random_removals(n, k, draws, seed))
+    return rows
+
+
+def _top_order(values: Sequence[float]) -> list[int]:
+    """Player indices by decreasing value (ties: lower index first; unknown values last)."""
+    v = [float(x) if x is not None and math.isfinite(float(x)) else -math.inf for x in values]
+    return sorted(range(len(v)), key=lambda i: (-v[i], i))
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+# -- the application ---------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Item:
+    """One explanation to evaluate: its document, the game's run and snapshot."""
+
+    document: Mapping[str, Any]
+    values: list[float]
+    snapshot: Any
+
+
+def evaluate_source(source: str | Path, settings: Any, *, backend: Any = None, progress: Any = None) -> Evaluation:
+    """Evaluate the explanations of ``source`` on fresh exact coalitions (module docs).
+
+    Args:
+        source: a run archive directory (its run's method fitted with no model, or ``methods``),
+            or an ``--out`` JSON document (its explanations; the run archive it names, or
+            ``settings.archive``, holds the game).
+        settings: an :class:`~coalescence.app.settings.EvaluateSettings`.
+        backend: a loaded backend to evaluate missing coalitions with, instead of loading
+            ``settings.model`` (default: the run's model).
+        progress: the engine's progress callbacks.
+
+    Returns:
+        The :class:`Evaluation`; ``settings.out`` is written when given.
+
+    Raises:
+        InputError: not a run archive or an explanation document; a document whose archive does not
+            hold its conversation; a conversation number out of range.
+        ArchiveError: a damaged archive; an archive locked by a running command.
+        ConfigError: an unknown method; a document that names no archive and no ``archive`` given.
+        EstimatorError: the archive lacks coalitions a method's plan needs.
+        BackendUnavailable, BatchFailed: the model cannot be loaded or a model call failed.
+    """
+    from .outputs import output_path, refuse_overwrite
+    from .report import report_source
+
+    s = settings
+    path = Path(source)
+    out_path = output_path(s.out, "out")
+    is_dir = path.is_dir()
+    if is_dir and not (path / "manifest.json").is_file():
+        raise InputError(f"{str(source)!r} is a directory but no run archive (it has no manifest.json); give a run directory or an --out document", field="RUN_OR_DOC")
+    if not is_dir and not path.is_file():
+        raise InputError(f"{str(source)!r} does not exist; give a run archive directory or an --out JSON document", field="RUN_OR_DOC")
+    refuse_overwrite({"out": out_path}, sources={} if is_dir else {"RUN_OR_DOC": source}, run_dirs={"RUN_OR_DOC": source} if is_dir else None)
+    if is_dir:
+        try:
+            report = report_source(path, methods=s.methods, budget=s.budget, run_id=s.run_id, conversation=s.conversation)
+        except CoalescenceError as exc:  # the report names its argument SOURCE; here it is RUN_OR_DOC
+            if exc.field != "SOURCE":
+                raise
+            raise type(exc)(exc.message, field="RUN_OR_DOC") from exc
+        run_dir = path
+    else:
+        if s.methods is not None or s.budget is not None or s.run_id is not None:
+            field = "method" if s.methods is not None else "budget" if s.budget is not None else "run"
+            raise ConfigError(f"applies to a run archive directory; {str(source)!r} is an --out document", field=field)
+        try:
+            report = report_source(path)
+        except CoalescenceError as exc:
+            if exc.field != "SOURCE":
+                raise
+            raise type(exc)(exc.message, field="RUN_OR_DOC") from exc
+        if s.archive is not None:
+            run_dir = Path(s.archive)
+        elif not report.archive:
+            raise ConfigError(
+                f"{str(source)!r} names no run archive; give --archive RUN_DIR: the run archive of its run (or a new "
+                "directory: the game is re-created from the document there)",
+                field="archive",
+            )
+        else:  # as written (relative to where explain ran), else relative to the document
+            named = Path(report.archive)
+            run_dir = named if named.is_absolute() or (named / "manifest.json").is_file() else path.parent / named
+            if not (run_dir / "manifest.json").is_file():
+                raise InputError(
+                    f"the run archive the document names, {report.archive!r}, is not there; give --archive RUN_DIR (its run "
+                    "archive, or a new directory: the game is re-created from the document there)",
+                    field="archive",
+                )
+    if not is_dir:  # the output may not land inside the archive the coalitions go to
+        refuse_overwrite({"out": out_path}, run_dirs={"archive": run_dir})
+    documents = [e.document for e in report.entries]
+    if not is_dir and s.conversation is not None:
+        ids = list(dict.fromkeys(str(d.get("snapshot_id")) for d in documents))
+        if not 0 <= s.conversation < len(ids):
+            raise InputError(f"the document holds {len(ids)} conversation(s), numbered from 0; got {s.conversation}", field="conversation")
+        documents = [d for d in documents if str(d.get("snapshot_id")) == ids[s.conversation]]
+    game = _Game(run_dir, documents, s, backend=backend, source_dir=is_dir)
+    results, executed, served = game.measure(progress=progress)
+    evaluation = Evaluation(
+        source=str(source),
+        archive=str(run_dir),
+        results=tuple(results),
+        seed=s.seed,
+        random_draws=s.random_draws,
+        model_evaluations=executed,
+        from_archive=served,
+    )
+    if out_path is not None:
+        from ..archive.writer import write_json_atomic
+
+        write_json_atomic(out_path, evaluation.to_dict(), field="out")
+    return evaluation
+
+
+class _Game:
+    """The explanations' games in one run archive: the coalitions they need, served from the
+    archive or evaluated (and archived) with the run's model."""
+
+    def __init__(self, run_dir: Path, documents: Sequence[Mapping[str, Any]], settings: Any, *, backend: Any, source_dir: bool) -> None:
+        from ..archive.reader import read_manifest
+        from ..utility import UtilitySpec
+        from .fit import ArchiveFit
+
+        self.run_dir, self.settings, self.backend = run_dir, settings, backend
+        self.where = "RUN_OR_DOC" if source_dir else "archive"  # the argument that named the archive
+        if not (run_dir / "manifest.json").is_file():
+            if source_dir:
+                raise InputError(f"{str(run_dir)!r} is no run archive", field="RUN_OR_DOC")
+            self._create(documents)
+        manifest = read_manifest(run_dir)
+        self.records = {r["snapshot_id"]: r for r in manifest.get("snapshots") or []}
+        first = documents[0] if documents else {}
+        run = self._run_of(manifest, first)
+        self.run = run
+        try:
+            self.utility = UtilitySpec.from_dict(run.get("utility") or {})
+        except (CoalescenceError, TypeError, ValueError) as exc:
+            raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot evaluate", field="archive") from exc
+        self.fit = ArchiveFit(run_dir, run, self.records, utility=self.utility, skip_corrupt=settings.skip_corrupt)
+        self.items = [self._item(d) for d in documents]
+
+    def _run_of(self, manifest: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
+        """The archive's run that evaluated ``doc``'s game: the chosen run, else the last run
+        holding its snapshot with its utility."""
+        from ..utility import UtilitySpec
+        from .fit import select_run
+
+        runs = manifest.get("runs") or []
+        if not runs:
+            raise ArchiveError(f"{self.run_dir} records no run", field=self.where)
+        if self.settings.run_id is not None:
+            return select_run(manifest, self.settings.run_id)
+        sid = doc.get("snapshot_id")
+        holding = [r for r in runs if sid in (r.get("snapshot_ids") or ())]
+        if not holding:
+            raise InputError(
+                f"run archive {str(self.run_dir)!r} does not hold snapshot {str(sid)[:12]} of the explanation; give the archive of its run",
+                field=self.where,
+            )
+        detail = doc.get("utility_detail") or {"kind": doc.get("utility")}
+        try:
+            wanted = UtilitySpec.from_dict(dict(detail)).to_dict()
+        except (CoalescenceError, TypeError, ValueError):
+            wanted = None
+        same = [r for r in holding if r.get("utility") == wanted]
+        return (same or holding)[-1]
+
+    def _item(self, doc: Mapping[str, Any]) -> _Item:
+        from ..snapshot import ConversationSnapshot
+        from ..utility import UtilitySpec
+
+        sid = doc.get("snapshot_id")
+        if sid not in (self.run.get("snapshot_ids") or ()) or sid not in self.records:
+            raise InputError(
+                f"run {self.run['run_id']} of {str(self.run_dir)!r} does not hold snapshot {str(sid)[:12]} of the explanation",
+                field=self.where,
+            )
+        detail = doc.get("utility_detail") or {"kind": doc.get("utility")}
+        try:
+            wanted = UtilitySpec.from_dict(dict(detail)).to_dict()
+        except (CoalescenceError, TypeError, ValueError) as exc:
+            raise InputError(f"the explanation's utility {detail} cannot be read: {exc}", field="RUN_OR_DOC") from exc
+        if wanted != self.utility.to_dict():
+            raise InputError(
+                f"the {doc.get('method')} explanation is of utility {wanted}; run {self.run['run_id']} measured "
+                f"{self.utility.to_dict()}: evaluate it against the run of its own utility (--run), or replay that utility first",
+                field="run",
+            )
+        try:
+            snap = ConversationSnapshot.from_dict(self.records[sid])
+        except InputError as exc:
+            raise ArchiveError(f"run {self.run['run_id']}: {exc.message}", field="archive") from exc
+        players = doc.get("players") or []
+        if len(players) != snap.n_players:
+            raise InputError(f"the explanation has {len(players)} players, its snapshot {snap.n_players}", field="RUN_OR_DOC")
+        values = [math.nan if p.get("value") is None else float(p["value"]) for p in players]
+        return _Item(document=doc, values=values, snapshot=snap)
+
+    def rows(self, item: _Item) -> list[np.ndarray]:
+        s = self.settings
+        n = item.snapshot.n_players
+        return [*held_out_coalitions(n, s.coalitions, s.seed), *removal_rows(item.values, draws=s.random_draws, seed=s.seed)]
+
+    def measure(self, *, progress: Any = None) -> tuple[list[Faithfulness], int, int]:
+        """Evaluate what the archive lacks, then compute every explanation's statistics.
+
+        Returns:
+            The results, the coalitions evaluated with the model, those served from the archive.
+        """
+        needed: dict[str, tuple[Any, dict[bytes, np.ndarray]]] = {}
+        for item in self.items:
+            snap = item.snapshot
+            rows = needed.setdefault(snap.snapshot_id, (snap, {}))[1]
+            for row in self.rows(item):
+                rows.setdefault(np.packbits(row).tobytes(), row)
+        total = sum(len(rows) for _, rows in needed.values())
+        missing = {sid: self.fit.missing(snap, rows.values()) for sid, (snap, rows) in needed.items()}
+        executed = 0
+        if any(missing.values()):
+            # the engine shares the fit's store: what it evaluates is served to the fit below
+            executed = self._evaluate([(snap, list(rows.values())) for sid, (snap, rows) in needed.items() if missing[sid]], progress)
+
+        results = []
+        for item in self.items:
+            snap = item.snapshot
+            resolved = self.fit.resolved(snap)
+            rows = self.rows(item)
+            masks, utilities = self.fit.pool(snap, rows, resolved, str(item.document.get("method")))
+            value_of = {np.packbits(m).tobytes(): float(u) for m, u in zip(masks, utilities, strict=True)}
+            s = self.settings
+            held = held_out_coalitions(snap.n_players, s.coalitions, s.seed)
+            v = [value_of[np.packbits(r).tobytes()] for r in held]
+            labels = [p.label for p in snap.players]
+            results.append(
+                Faithfulness(
+                    method=str(item.document.get("method")),
+                    snapshot_id=snap.snapshot_id,
+                    unit=self.utility.unit,
+                    n_players=snap.n_players,
+                    coalitions=s.coalitions,
+                    lds=linear_datamodeling_score(item.values, held, v, seed=s.seed),
+                    v_full=value_of[np.packbits(np.ones(snap.n_players, dtype=bool)).tobytes()],
+                    drops=removal_drops(item.values, labels, value_of, draws=s.random_draws, seed=s.seed),
+                )
+            )
+        return results, executed, total - executed
+
+    def _evaluate(self, games: list[tuple[Any, list[np.ndarray]]], progress: Any) -> int:
+        """Evaluate ``games``' coalitions with the run's model (archived); returns the model evaluations."""
+        from ..archive.writer import RunArchive
+        from ..backends.registry import resolve_model
+        from ..engine import Engine, counting_evaluations
+        from .backend import load_model
+        from .lifecycle import run_blocking
+        from .record import recorded_now
+
+        s, run = self.settings, self.run
+        owned = self.backend is None
+        if owned:
+            model = s.model or run["model"]["id"]
+            backend = load_model(s, resolve_model(model))
+        else:
+            backend = self.backend
+        pinned = run.get("template_now")
+        now = recorded_now(self.run_dir, pinned) if pinned is not None else None
+        try:
+            engine = Engine(backend, store=self.fit.store, progress=progress, batch_size=s.batch_size, utility=self.utility, now=now)
+            engine.measurements.update(self.fit.measurements)
+            if engine.model != run["model"]:
+                raise InputError(
+                    f"the model is {engine.model}, but the run was evaluated with {run['model']}; give the run's model",
+                    field="model",
+                )
+            for snap, _ in games:
+                engine.resolved_utility(snap, self.fit.policy)
+        except BaseException:
+            if owned and backend.shutdown_with_engine:
+                backend.shutdown()
+            raise
+        description = {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics", "error")}
+        description["snapshots"] = [self.records[i] for i in run["snapshot_ids"]]
+        archive = RunArchive.open(
+            self.run_dir, description, new_run=False, skip_corrupt=s.skip_corrupt, flush_rows=s.flush_rows, flush_seconds=s.flush_seconds
+        )
+        engine.attach_archive(archive)
+
+        async def evaluate() -> int:
+            with counting_evaluations() as executed:
+                for snap, rows in games:
+                    await engine.evaluate(snap, self.fit.policy, rows)
+            return executed[0]
+
+        # the run's record keeps its own status and statistics whatever happens here: these rows
+        # only add to its pool (an interrupted or failed evaluation keeps what it evaluated)
+        try:
+            executed = run_blocking(evaluate)
+        finally:
+            engine.archive = None
+            try:
+                if hasattr(progress, "close"):
+                    progress.close()
+                archive.close(status=str(run.get("status") or "complete"), statistics=run.get("statistics") or {})
+            finally:
+                engine.close()
+        return executed
+
+    def _create(self, documents: Sequence[Mapping[str, Any]]) -> None:
+        """Re-create the explanation's game from its document in the new archive ``run_dir``: the
+        conversation segmented again by its unit (its snapshot id must come back), its model, absence
+        policy and utility; the run is recorded there with its snapshot (no coalition yet)."""
+        from ..masking.policies import get_policy
+        from ..utility import UtilitySpec
+        from .explain import ExplainRun
+        from .settings import RunSettings
+
+        ids = list(dict.fromkeys(str(d.get("snapshot_id")) for d in documents))
+        doc = documents[0]
+        if len(ids) != 1:
+            raise InputError(
+                f"the document explains {len(ids)} conversations and names no run archive; re-create one at a time with --conversation K",
+                field="conversation",
+            )
+        if any("extra" in p for p in doc.get("players") or ()):
+            raise InputError("the document's players were declared over several spans; evaluate it with the run archive of its run", field="archive")
+        s = self.settings
+        try:
+            policy = get_policy(str(doc.get("absence_policy")), **dict(doc.get("absence_params") or {}))
+            utility = UtilitySpec.from_dict(dict(doc.get("utility_detail") or {"kind": doc.get("utility")}))
+        except (CoalescenceError, TypeError, ValueError) as exc:
+            raise InputError(f"the document's absence policy or utility cannot be re-created: {exc}", field="RUN_OR_DOC") from exc
+        source = {"messages": list(doc.get("messages") or ()), "target": doc.get("target")}
+        roles = tuple(dict.fromkeys(str(p.get("role")) for p in doc.get("players") or ()))
+        model = s.model or str(doc.get("model_id"))
+        options = {k: getattr(s, k) for k in ("backend", "vllm_url", "device", "dtype", "batch_size", "flush_rows", "flush_seconds")}
+        settings = RunSettings(
+            model=model, unit=str(doc.get("unit")), roles=roles, absence_policy=policy, utility=utility, method="loo",
+            archive=self.run_dir, **options,
+        )  # fmt: skip
+        class _Recreated(ExplainRun):
+            def run_config(self) -> dict[str, Any]:  # no method fitted here: the run holds the game's coalitions only
+                return {"command": "evaluate", "explanation": {"method": doc.get("method"), "snapshot_id": ids[0]}}
+
+        run = _Recreated(source, settings, backend=self.backend)
+        if not run.conversations:
+            raise InputError("the document holds no conversation", field="RUN_OR_DOC")
+        run.preflight()
+        run.load()
+        try:
+            snap = run.snapshots[0]
+            if snap.snapshot_id != ids[0]:
+                raise InputError(
+                    f"segmenting the document's conversation again gives snapshot {snap.snapshot_id[:12]}, not its "
+                    f"{ids[0][:12]} (a generated answer, or players declared by hand); evaluate it with the run archive of its run",
+                    field="archive",
+                )
+            model_record = run.engine.model
+            if (model_record.get("id"), model_record.get("revision")) != (doc.get("model_id"), doc.get("model_revision")):
+                raise InputError(
+                    f"the model is {model_record.get('id')} {model_record.get('revision')}, the explanation's "
+                    f"{doc.get('model_id')} {doc.get('model_revision')}; give its model",
+                    field="model",
+                )
+            run.open_archive()
+        finally:
+            if run.archive is not None:
+                run.archive.close(status="complete")
+        self.backend = run.backend  # loaded once: it evaluates the coalitions too

@@ -1,0 +1,747 @@
+"""Two-fidelity estimators: the exact game v on few coalitions, a cheap proxy game c on many.
+
+A *proxy game* c(S) is a cheaper utility that correlates with the exact one v(S) (issue 37: the
+answer scored over one shared KV with the absent players masked out of the tail's attention;
+Pearson 0.97 against the exact game on a long RAG conversation). The engine evaluates the exact
+game on an estimator's ``plan(n)`` and the proxy game on the union of ``proxy_plan(n)`` and
+``plan(n)`` (so that c is known on every exact coalition), and calls
+``fit_two_fidelity(masks, utilities, proxy_masks, proxy_utilities)``. Every estimate is of the
+EXACT game; the proxy only reduces its error. Without a proxy, ``fit`` is the exact-only method.
+
+**The control-variate surrogate** (:class:`ControlVariateLasso`, what ``lasso`` and ``auto``'s
+surrogate become with a proxy). On the m exact coalitions of the LASSO surrogate's keep-half plan,
+fit
+
+    v(S) ~= a + b c(S) + sum_{i in S} w_i          (L1 penalty on w only; a, b unpenalised)
+
+and report ``phi = b phi(c) + w``, with ``phi(c)`` the linear surrogate's coefficients of the
+proxy game fitted on ``proxy_budget`` keep-half proxy coalitions (``proxy_fit="lasso"``, default:
+the LDS judges sums over keep-half coalitions, whose best linear predictor is this one) or its
+regression-adjusted Shapley estimate (``proxy_fit="shapley"``). The penalty leaves a and b free
+by partialling them out (Frisch & Waugh 1933; Lovell 1963): for a fixed w the best (a, b) are the
+least-squares fit of ``v - X w`` on ``[1, c]``, so the objective equals the LASSO of the residual
+of v on the residuals of the player columns, both after projecting out ``[1, c]``; w comes from
+that LASSO (:class:`sklearn.linear_model.Lasso`, no intercept: the residuals have mean 0), then
+(a, b) from least squares. This is exact, unlike scaling the c column up (which leaves a small
+penalty on b and skews the penalty grid). The penalty is cross-validated as the LASSO surrogate's
+(5 shuffled folds, ``cv_rule``), with (a, b) partialled out within each fold's training rows and
+each candidate scored on the held-out fold by the whole model ``a + b c + X w`` (what glmnet does
+for an unpenalised column). The surrogate's LDS (``diagnostics["lds"]``) is the Spearman
+correlation of ``sum_{i in S} phi_i`` with v(S) on the held-out exact coalitions (the attribution's
+own LDS; ``holdout=0`` gives NaN).
+
+**The regression-adjusted Shapley estimator** (:class:`TwoFidelityShapley`, ``proxy-shapley``).
+The Shapley value is linear, so for any control game ``f``, ``phi(v) = phi(f) + phi(v - f)``. The
+control is ``f(S) = a + b c(S) [+ sum_{i in S} beta_i]`` with ``phi(f) = b phi(c) [+ beta]``;
+``phi(c)`` is the regression-adjusted Monte Carlo estimate of the proxy game on ``proxy_budget``
+coalitions of KernelSHAP's plan with an independent seed (:class:`.msr.RegressionMSR`; exact when
+the proxy budget covers 2^n). The residual ``phi(v - f)`` is estimated on the exact coalitions of
+KernelSHAP's plan at ``budget``: exactly over the empty and grand coalitions and the enumerated
+sizes, and by importance sampling over the sampled sizes. By the stratified form of the Shapley
+value (Castro et al. 2017), for ``h_i(S) = z_i / |S| - (1 - z_i) / (n - |S|)``:
+
+    phi_i(r) = (r(N) - r(empty)) / n + sum_{s=1}^{n-1} E_{S uniform of size s} [ r(S) h_i(S) ]
+
+and each complement pair (S, N minus S) of the plan, its size drawn with KernelSHAP's probability
+``pi(s)`` over the sampled sizes, gives the unbiased term ``(r(S) h(S) / pi(|S|) + r(S') h(S') /
+pi(|S'|)) / 2`` for those sizes (``sum_i h_i(S) = 0``: every term keeps efficiency exactly).
+
+The control is fitted by least squares on the plan's coalitions (each counted as often as drawn)
+**without the pair it corrects**: with ``f_(p)`` fitted on every draw but draw p,
+
+    psi_p = phi(f_(p)) + exact part of (v - f_(p)) + pair-p term of (v - f_(p))
+
+and the estimate is the mean of ``psi_p`` over the P draws. Since draw p is independent of the
+other draws, ``E[psi_p | f_(p)] = phi(f_(p)) + phi(v - f_(p)) = phi(v)``: the estimate is unbiased
+whatever the fit (leave-one-out cross-fitting; Chernozhukov et al. 2018, "Double/debiased machine
+learning", for the principle), where fitting b on the same draws (RegressionMSR's in-sample
+proxy) carries a bias of order 1/m: ``b phi(c) + RegressionMSR(v - b c)`` with b fitted in-sample
+is off by 4.1 standard errors of its mean at 48 exact coalitions on the tests' analytic game (200
+seeds) and by 5.8-6.2 on the demo at 64 (40 seeds), as regression-msr alone is; this estimator by
+at most 1.7 on the analytic game and 3.4 on the real ones (eiffel12 at 32: with 40 seeds, the
+largest of 12 players' t statistics exceeds 3.4 about 2% of the time) (``benchmarks/RESULTS.md``,
+"Two-fidelity estimators"). (It is unbiased given the
+number of draws: the plan stops at a budget of distinct coalitions, so P depends on how often draws
+repeat, which is rare away from 2^n.) The leave-one-out fits are rank-2 changes of one Gram
+matrix, solved in batches.
+
+The control is one of four (:data:`CONTROLS`): ``a + b c + sum beta_i z_i``, ``a + b c``,
+``a + sum beta_i z_i`` (what is left when the proxy is useless) and ``a``; the estimator fits every
+one that its coalitions identify and keeps the one whose ``psi_p`` spread least (the sum over
+players of their sample variance). The controls with linear terms are candidates only when the plan
+has at least ``3 (n + 2)`` coalitions besides the two each fit leaves out
+(:data:`LINEAR_ROWS_PER_TERM`): with fewer, their leave-one-out fits are noisy, and choosing the
+least spread among few draws understates the spread (87-89% coverage at 3n-4n coalitions, n = 8).
+Each candidate is unbiased; keeping the least spread one adds a selection bias that the
+unbiasedness tests (300 seeds) do not detect. Measured: with a good proxy and few coalitions the
+proxy alone is the better control; the linear terms are what keeps a useless proxy from costing
+more than about 1.1x regression-msr's error from 6n coalitions on. Each ``psi_p`` sums to
+``v(N) - v(empty)``, so the estimate is efficient to float precision when ``phi(c)`` is
+(RegressionMSR's is). Measured with the shared-KV proxy (Pearson 0.84-0.95 with the exact game),
+median error against regression-msr's at 32 exact coalitions: 0.65x on the demo (n = 10), 0.41x on
+eiffel12 (n = 12), 0.56x and 0.38x on the 14-player games; 0.29-0.79x at 16; 0.88-0.96x at 64,
+where regression-msr's own linear fit is as good as the proxy.
+
+``cross_fit=False`` is the same decomposition without cross-fitting: b by least squares of v on
+``[1, c]`` over the exact coalitions, then ``b phi(c) + RegressionMSR(v - b c)`` on them (the
+regression-adjusted estimator of the residual game, its own linear proxy fitted in-sample). It is
+what ``phi(v) = b phi(c) + phi(v - b c)`` reads as literally; measured on the tests' analytic game it
+has 0.15-0.6x the cross-fitted estimate's error from 3n to 12n coalitions (its residual is nearly
+additive, which regression-msr's in-sample linear fit takes out), but 1.3-2.6x on the demo and
+eiffel12 at 16-32, and the bias of regression-msr itself.
+
+With every coalition in the exact plan (``budget >= 2^n``) the values are the exact Shapley values
+of v (the proxy is not used). Standard errors: the ``psi_p`` are the terms of a mean, and their
+delete-one replicates give Tukey's jackknife t interval (:func:`.kernel.jackknife_t_stderr`: the
+sample variance of the mean with P - 1 degrees of freedom); the proxy's part adds ``b^2 se(phi(c))^2``
+(the pools are independent: the proxy plan's own seed), so ``se = sqrt(se_exact^2 + b^2 se_c^2)``.
+They are NaN where KernelSHAP's are (fewer than two draws, a budget within 4n of 2^n) or where the
+proxy's are.
+
+Both estimators report in ``diagnostics``: ``b`` (the proxy's coefficient), ``proxy_pearson`` and
+``proxy_spearman`` (the correlation of c and v on the exact coalitions), ``proxy_evaluations`` (the
+proxy plan's distinct coalitions) and ``exact_evaluations``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from ...errors import ConfigError, EstimatorError
+from .banzhaf import uniform_plan
+from .base import (
+    Capabilities,
+    Estimate,
+    budget_near_all,
+    check_pool,
+    gather,
+    library_seed,
+    pool_lookup,
+)
+from .kernel import _build_plan, jackknife_t_stderr, size_probabilities
+from .lasso import LassoSurrogate, _to_logit, choose_alpha
+from .msr import RegressionMSR, _proxies
+
+__all__ = (
+    "CONTROLS",
+    "LINEAR_ROWS_PER_TERM",
+    "CrossFit",
+    "cross_fitted_shapley",
+    "PROXY_BUDGET_MULTIPLE",
+    "PROXY_PER_PLAYER",
+    "default_proxy_budget",
+    "PROXY_FITS",
+    "ControlVariateLasso",
+    "TwoFidelityShapley",
+    "fit_lasso_with_covariate",
+    "proxy_seed",
+    "proxy_correlation",
+)
+
+logger = logging.getLogger(__name__)
+
+PROXY_BUDGET_MULTIPLE = 16
+"""Default proxy budget: at least this many proxy coalitions per exact one, and at least
+:data:`PROXY_PER_PLAYER` per player, capped at 2^n (``benchmarks/RESULTS.md``, "Two-fidelity
+estimators": the control-variate LASSO's LDS on the long games grows with the proxy coalitions up to
+about 1,024 for 67-73 players, whatever the exact budget; proxy-shapley's error on 10-12 players is
+the same from 4 per exact coalition on). A proxy row computes about 1/100 of an exact row's tokens
+on those games (19 tail tokens against 1,943)."""
+
+PROXY_PER_PLAYER = 16
+"""Default proxy budget's floor per player (see :data:`PROXY_BUDGET_MULTIPLE`)."""
+
+PROXY_FITS: tuple[str, ...] = ("lasso", "shapley")
+"""How :class:`ControlVariateLasso` fits ``phi(c)`` on the proxy pool (module docs)."""
+
+
+LINEAR_ROWS_PER_TERM = 3
+""":class:`TwoFidelityShapley` considers controls with the players' linear terms when the exact plan
+has at least this many coalitions per coefficient (n + 2) besides the two each fit leaves out."""
+
+_CV_FOLDS = 5
+_N_ALPHAS = 100
+_ALPHA_EPS = 1e-3
+
+
+def proxy_seed(seed: int) -> int:
+    """The seed of a proxy plan, derived from the exact plan's: a pure function of ``seed``,
+    independent of it as a random stream (``numpy.random.SeedSequence([seed, 0x70726F78])``), so
+    the proxy's coalitions are independent of the exact ones.
+
+    Returns:
+        An int in ``[0, 2**32)``.
+    """
+    return int(np.random.SeedSequence([int(seed), 0x70726F78]).generate_state(1, dtype=np.uint32)[0])
+
+
+def default_proxy_budget(budget: int, n_players: int) -> int:
+    """``max(PROXY_BUDGET_MULTIPLE * budget, PROXY_PER_PLAYER * n)``, capped at 2^n: the proxy
+    coalitions planned when none are given.
+
+    Args:
+        budget: the exact game's budget (distinct coalitions).
+        n_players: number of players n >= 1.
+    """
+    k = max(PROXY_BUDGET_MULTIPLE * budget, PROXY_PER_PLAYER * n_players)
+    return min(k, 1 << n_players) if n_players < 62 else k
+
+
+def _proxy_budget(budget: int, proxy_budget: int | None, n_players: int) -> int:
+    """``proxy_budget`` or :func:`default_proxy_budget`, capped at 2^n."""
+    if proxy_budget is None:
+        return default_proxy_budget(budget, n_players)
+    k = proxy_budget
+    return min(k, 1 << n_players) if n_players < 62 else k
+
+
+def _check_proxy_budget(value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"must be a positive integer or None (a multiple of the budget), got {value!r}", field="proxy_budget")
+
+
+def proxy_correlation(u: np.ndarray, c: np.ndarray) -> tuple[float, float]:
+    """Pearson and Spearman correlations of the exact utilities ``u`` and the proxy's ``c`` over
+    the same coalitions (``[m]`` float64 each); NaN when either is constant or m < 3."""
+    from scipy.stats import spearmanr
+
+    if u.shape[0] < 3 or np.ptp(u) == 0 or np.ptp(c) == 0:
+        return math.nan, math.nan
+    return float(np.corrcoef(u, c)[0, 1]), float(spearmanr(u, c).statistic)
+
+
+def _residualize(basis: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values - basis @ lstsq(basis, values)``: ``values`` ``[m]`` or ``[m, k]`` with the span of
+    ``basis`` ``[m, q]`` projected out."""
+    coef = np.linalg.lstsq(basis, values, rcond=None)[0]
+    return values - basis @ coef
+
+
+def fit_lasso_with_covariate(
+    x: np.ndarray,
+    y: np.ndarray,
+    c: np.ndarray,
+    *,
+    alpha: float | None = None,
+    cv_rule: str = "min",
+    seed: int = 0,
+) -> tuple[np.ndarray, float, float, float]:
+    """LASSO of ``y`` on the player columns ``x`` with an intercept and an unpenalised covariate ``c``.
+
+    Minimises ``(1 / (2 m)) ||y - a - b c - x w||^2 + alpha ||w||_1`` over (a, b, w) by
+    partialling out ``[1, c]`` (module docs); ``alpha`` given, or chosen by 5-fold
+    cross-validation on shuffled folds (seeded by ``seed``) with (a, b) partialled out within each
+    fold, by ``cv_rule`` (:func:`.lasso.choose_alpha`) over 100 penalties log-spaced from the
+    smallest that zeroes every w down to 1e-3 of it (sklearn's ``LassoCV`` grid). A constant ``c``
+    has no coefficient (b = 0: the plain LASSO).
+
+    Args:
+        x: ``[m, n]`` float64 0/1 player columns.
+        y: ``[m]`` float64 utilities.
+        c: ``[m]`` float64 covariate (the proxy game's utilities on the same coalitions).
+        alpha: the penalty (> 0), or None to cross-validate it.
+        cv_rule: ``"min"`` or ``"dense-1se"``.
+        seed: seed of the folds' shuffle.
+
+    Returns:
+        ``(w [n] float64, a, b, alpha)``.
+
+    Raises:
+        EstimatorError: fewer than 4 rows.
+    """
+    from sklearn.linear_model import Lasso, lasso_path
+    from sklearn.model_selection import KFold
+
+    m = y.shape[0]
+    if m < 4:
+        raise EstimatorError(f"the control-variate LASSO needs at least 4 exact coalitions to fit, got {m}")
+    use_c = bool(np.ptp(c) > 0)
+    basis = np.column_stack([np.ones(m), c]) if use_c else np.ones((m, 1))
+    xr, yr = _residualize(basis, x), _residualize(basis, y)
+    if alpha is None:
+        top = float(np.max(np.abs(xr.T @ yr))) / m
+        if top <= 0:
+            w = np.zeros(x.shape[1])
+            coef = np.linalg.lstsq(basis, y, rcond=None)[0]
+            return w, float(coef[0]), float(coef[1]) if use_c else 0.0, math.nan
+        alphas = top * np.logspace(0, math.log10(_ALPHA_EPS), _N_ALPHAS)
+        folds = KFold(n_splits=min(_CV_FOLDS, m), shuffle=True, random_state=library_seed(seed))
+        mse = np.empty((_N_ALPHAS, folds.get_n_splits()))
+        for k, (train, test) in enumerate(folds.split(x)):
+            b_tr = basis[train]
+            _, coefs, _ = lasso_path(_residualize(b_tr, x[train]), _residualize(b_tr, y[train]), alphas=alphas, max_iter=10_000)
+            # coefs [n, n_alphas]; (a, b) of each candidate by least squares on the training rows
+            ab = np.linalg.lstsq(b_tr, y[train][:, None] - x[train] @ coefs, rcond=None)[0]  # [q, n_alphas]
+            predicted = basis[test] @ ab + x[test] @ coefs  # [m_test, n_alphas]
+            mse[:, k] = ((predicted - y[test][:, None]) ** 2).mean(axis=0)
+        alpha = choose_alpha(alphas, mse, cv_rule)
+    w = np.asarray(Lasso(alpha=alpha, fit_intercept=False, max_iter=10_000).fit(xr, yr).coef_, dtype=np.float64)
+    coef = np.linalg.lstsq(basis, y - x @ w, rcond=None)[0]
+    return w, float(coef[0]), float(coef[1]) if use_c else 0.0, float(alpha)
+
+
+def _exact_and_proxy(
+    name: str, keys: tuple[bytes, ...], masks: np.ndarray, utilities: np.ndarray,
+    proxy_masks: np.ndarray, proxy_utilities: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The exact utilities and the proxy's on the planned coalitions ``keys`` (``[m]`` each)."""
+    u = gather(pool_lookup(masks, utilities), keys, name)
+    try:
+        c = gather(pool_lookup(proxy_masks, proxy_utilities), keys, f"{name} (the proxy game on its exact coalitions)")
+    except EstimatorError as exc:
+        raise EstimatorError(
+            f"{exc}; the proxy game must be evaluated on the exact plan's coalitions too (the control variate needs c(S) there)"
+        ) from None
+    return u, c
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlVariateLasso(LassoSurrogate):
+    """The LASSO surrogate (ContextCite) with a proxy game as an unpenalised control variate (module docs).
+
+    Without a proxy (:meth:`fit`) it is :class:`~.lasso.LassoSurrogate`, unchanged.
+
+    Args:
+        budget, seed, alpha, utility, holdout, cv_rule: as :class:`~.lasso.LassoSurrogate` (the
+            exact game's plan and fit).
+        proxy_budget: distinct proxy coalitions of :meth:`proxy_plan` (keep-half, seeded by
+            :func:`proxy_seed`), or None for :func:`default_proxy_budget`; capped at 2^n.
+        proxy_fit: how ``phi(c)`` is fitted on the proxy pool: ``"lasso"`` (the LASSO surrogate of
+            c, least-error penalty) or ``"shapley"`` (RegressionMSR of c on KernelSHAP's plan).
+
+    Attributes:
+        name: ``"lasso"``.
+
+    Raises:
+        ConfigError: as :class:`~.lasso.LassoSurrogate`, or a bad ``proxy_budget``
+            (``field="proxy_budget"``) or ``proxy_fit`` (``field="proxy_fit"``).
+    """
+
+    proxy_budget: int | None = None
+    proxy_fit: str = "lasso"
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False, two_fidelity=True)
+
+    def __post_init__(self) -> None:
+        LassoSurrogate.__post_init__(self)
+        _check_proxy_budget(self.proxy_budget)
+        if self.proxy_fit not in PROXY_FITS:
+            raise ConfigError(f"must be one of {', '.join(PROXY_FITS)}, got {self.proxy_fit!r}", field="proxy_fit")
+
+    def _proxy_estimator(self, n_players: int) -> LassoSurrogate | RegressionMSR:
+        k = _proxy_budget(self.budget, self.proxy_budget, n_players)
+        if self.proxy_fit == "lasso":
+            return LassoSurrogate(budget=k, seed=proxy_seed(self.seed), holdout=0.0)
+        return RegressionMSR(budget=k, seed=proxy_seed(self.seed))
+
+    def proxy_plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """The proxy game's coalitions: the plan of the proxy fit (module docs) at the proxy budget.
+
+        Raises:
+            EstimatorError, ConfigError: as :meth:`validate`.
+        """
+        self.validate(n_players)
+        return self._proxy_estimator(int(n_players)).plan(n_players)
+
+    def fit_two_fidelity(
+        self, masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
+    ) -> Estimate:
+        """Fit the control-variate surrogate (module docs).
+
+        Args:
+            masks: ``[m, n_players]`` bool exact pool (every coalition of :meth:`plan`).
+            utilities: ``[m]`` float64 exact utilities (nats).
+            proxy_masks: ``[k, n_players]`` bool proxy pool (every coalition of :meth:`proxy_plan`
+                and of :meth:`plan`).
+            proxy_utilities: ``[k]`` float64 proxy utilities (nats).
+
+        Returns:
+            an :class:`Estimate` of the exact game: ``values`` ``[n_players]`` float64
+            ``b phi(c) + w`` (nats, or logits), ``stderr=None``, ``n_evaluations`` = exact
+            distinct coalitions, ``diagnostics`` as :meth:`fit`'s plus ``b``, ``intercept``,
+            ``proxy_pearson``, ``proxy_spearman``, ``proxy_evaluations``, ``exact_evaluations``.
+
+        Raises:
+            EstimatorError: a pool misses planned coalitions (which pool, with the count).
+            ConfigError: the budget is below the minimum.
+            MaskError: a pool's masks are not 2-D bool.
+        """
+        from scipy.stats import spearmanr
+
+        masks, utilities = check_pool(masks, utilities)
+        proxy_masks, proxy_utilities = check_pool(proxy_masks, proxy_utilities)
+        n = masks.shape[1]
+        self.validate(n)
+        if proxy_masks.shape[1] != n:
+            raise EstimatorError(f"the proxy pool has {proxy_masks.shape[1]} players, the exact pool {n}; pass pools of one game")
+        plan = uniform_plan(n, self.budget, self.seed)
+        u, c = _exact_and_proxy(self.name, plan.keys, masks, utilities, proxy_masks, proxy_utilities)
+        if self.utility == "logit":
+            u, c, proxy_utilities = _to_logit(u), _to_logit(c), _to_logit(proxy_utilities)
+        proxy = self._proxy_estimator(n)
+        phi_c = proxy.fit(proxy_masks, proxy_utilities).values  # [n]
+        pearson, spearman = proxy_correlation(u, c)
+        v_empty, v_full = float(u[plan.empty_row]), float(u[plan.full_row])
+        diagnostics: dict[str, float] = {
+            "proxy_pearson": pearson, "proxy_spearman": spearman,
+            "proxy_evaluations": float(len(list(proxy.plan(n)))), "exact_evaluations": float(len(plan.keys)),
+        }
+        if n == 1:
+            values, b = np.array([v_full - v_empty]), 0.0
+            diagnostics.update(lds=math.nan, b=0.0)
+        else:
+            x = plan.rows.astype(np.float64)
+            m = x.shape[0]
+            rng = np.random.default_rng([self.seed, 1])  # LassoSurrogate's held-out split
+            order = rng.permutation(m)
+            n_held = max(1, round(self.holdout * m)) if self.holdout > 0 else 0
+            held, train = order[:n_held], order[n_held:]
+            w, a, b, alpha = fit_lasso_with_covariate(x[train], u[train], c[train], alpha=self.alpha, cv_rule=self.cv_rule, seed=self.seed)
+            values = b * phi_c + w
+            lds = math.nan
+            if held.size >= 3:
+                predicted = x[held] @ values
+                if np.ptp(predicted) > 0 and np.ptp(u[held]) > 0:
+                    lds = float(spearmanr(predicted, u[held]).statistic)
+            diagnostics.update(
+                lds=lds, alpha=alpha, b=b, intercept=a, nonzero=float(np.count_nonzero(w)),
+                n_train=float(train.size), n_heldout=float(held.size),
+            )
+        note = (
+            f"two-fidelity {self.name}: {len(plan.keys)} exact and {int(diagnostics['proxy_evaluations'])} proxy coalitions; "
+            f"the proxy game entered as a control variate with coefficient b = {b:.3g} (its correlation with the exact "
+            f"game on the exact coalitions: Pearson {pearson:.3f}); the values are of the exact game"
+        )
+        logger.debug("%s", note)
+        return Estimate.from_values(
+            method=self.name, values=values, stderr=None, v_empty=v_empty, v_full=v_full,
+            n_evaluations=len(plan.keys), diagnostics=diagnostics, notes=(note,),
+        )
+
+
+def _exact_part_matrix(rows: np.ndarray, enumerated: np.ndarray) -> np.ndarray:
+    """``[n, m]`` float64 E with ``E @ r`` the exact part of ``phi(r)``: ``(r(N) - r(empty)) / n``
+    plus the stratified terms of the enumerated sizes (rows 0 and 1: empty and grand coalition)."""
+    m, n = rows.shape
+    e = np.zeros((n, m))
+    e[:, 0] -= 1.0 / n
+    e[:, 1] += 1.0 / n
+    if enumerated.size:
+        z = rows[enumerated].astype(np.float64)  # [k, n]
+        s = z.sum(axis=1).astype(np.int64)
+        inside = np.array([1.0 / math.comb(n - 1, int(k) - 1) for k in s])  # 1 / #{|S| = k, i in S}
+        outside = np.array([1.0 / math.comb(n - 1, int(k)) for k in s])
+        e[:, enumerated] = (z * inside[:, None] - (1.0 - z) * outside[:, None]).T / n
+    return e
+
+
+def _importance_terms(rows: np.ndarray, sampled_mass: float) -> np.ndarray:
+    """``[m, n]`` float64 ``h(S) / pi(|S|)`` per row (module docs); zero rows for sizes 0 and n."""
+    m, n = rows.shape
+    z = rows.astype(np.float64)
+    s = z.sum(axis=1)
+    out = np.zeros((m, n))
+    proper = (s > 0) & (s < n)
+    if not np.any(proper) or sampled_mass <= 0:
+        return out
+    k = s[proper].astype(np.int64)
+    pi = size_probabilities(n)[k - 1] / sampled_mass
+    zp = z[proper]
+    out[proper] = (zp / k[:, None] - (1.0 - zp) / (n - k)[:, None]) / pi[:, None]
+    return out
+
+
+CONTROLS: tuple[str, ...] = ("c+linear", "c", "linear", "none")
+"""The control games :class:`TwoFidelityShapley` can fit (module docs): ``a + b c + sum beta_i z_i``,
+``a + b c``, ``a + sum beta_i z_i`` (no proxy: the exact-only fallback) and ``a``."""
+
+
+def _design(kind: str, z: np.ndarray, c: np.ndarray, phi_c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(X [m, p], Phi [n, p])``: the control's columns and the Shapley values of each column
+    (the intercept's is 0, c's is phi(c), player j's column's is the unit vector e_j)."""
+    m, n = z.shape
+    cols, phis = [np.ones(m)], [np.zeros(n)]
+    if kind in ("c+linear", "c"):
+        cols.append(c)
+        phis.append(phi_c)
+    x = np.column_stack(cols)
+    phi = np.column_stack(phis)
+    if kind in ("c+linear", "linear"):
+        x = np.hstack([x, z])
+        phi = np.hstack([phi, np.eye(n)])
+    return x, phi
+
+
+_CHUNK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class CrossFit:
+    """One cross-fitted estimate (:func:`cross_fitted_shapley`).
+
+    Attributes:
+        control: the control game (one of :data:`CONTROLS`).
+        values: ``[n]`` float64 the estimate, the mean of ``psi`` over the draws.
+        psi: ``[D, n]`` float64 each distinct pair's estimate (its draw's ``psi_p``).
+        multiplicity: ``[D]`` int64 how many draws each distinct pair is.
+        b: the mean coefficient of c over the leave-one-out fits (0 when c is not in the control).
+    """
+
+    control: str
+    values: np.ndarray
+    psi: np.ndarray
+    multiplicity: np.ndarray
+    b: float
+
+    @property
+    def spread(self) -> float:
+        """The sum over players of the draws' sample variance of ``psi`` (what the choice minimises)."""
+        n_draws = int(self.multiplicity.sum())
+        if n_draws < 2:
+            return math.inf
+        return float(self.multiplicity @ ((self.psi - self.values) ** 2).sum(axis=1)) / (n_draws - 1)
+
+
+def _cross_fit(
+    kind: str, z: np.ndarray, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray, weights: np.ndarray,
+    e: np.ndarray, imp: np.ndarray, distinct: np.ndarray, multiplicity: np.ndarray,
+) -> CrossFit | None:
+    """The estimate with one control; None when its fit, or its fit without some pair, is singular."""
+    n = z.shape[1]
+    x, phi = _design(kind, z, c, phi_c)
+    gram = x.T @ (weights[:, None] * x)
+    moment = x.T @ (weights * u)
+    if _proxies(x, u, gram, moment) is None:
+        return None
+    a_mat = phi - e @ x  # [n, p]: phi(f) minus the exact part of f, per coefficient
+    base = e @ u  # [n] the exact part of v
+    psi = np.empty((distinct.shape[0], n))
+    b_sum = 0.0
+    for lo in range(0, distinct.shape[0], _CHUNK):
+        block = distinct[lo : lo + _CHUNK]
+        xa, xb = x[block[:, 0]], x[block[:, 1]]  # [B, p]
+        g = gram[None] - xa[:, :, None] * xa[:, None, :] - xb[:, :, None] * xb[:, None, :]
+        h = moment[None] - xa * u[block[:, 0], None] - xb * u[block[:, 1], None]
+        coef = _proxies(x, u, g, h)  # [B, p] fitted without one draw of the pair
+        if coef is None:
+            return None
+        ra = u[block[:, 0]] - np.einsum("bp,bp->b", xa, coef)  # [B] residual of S
+        rb = u[block[:, 1]] - np.einsum("bp,bp->b", xb, coef)  # [B] residual of its complement
+        psi[lo : lo + block.shape[0]] = (
+            base[None] + coef @ a_mat.T + 0.5 * (ra[:, None] * imp[block[:, 0]] + rb[:, None] * imp[block[:, 1]])
+        )
+        if kind in ("c+linear", "c"):
+            b_sum += float(multiplicity[lo : lo + block.shape[0]] @ coef[:, 1])
+    n_draws = int(multiplicity.sum())
+    values = multiplicity @ psi / n_draws
+    return CrossFit(control=kind, values=values, psi=psi, multiplicity=multiplicity, b=b_sum / n_draws)
+
+
+def cross_fitted_shapley(
+    rows: np.ndarray,
+    pairs: np.ndarray,
+    enumerated: np.ndarray,
+    sampled_mass: float,
+    u: np.ndarray,
+    c: np.ndarray,
+    phi_c: np.ndarray,
+    *,
+    control: str | None = None,
+) -> CrossFit:
+    """The cross-fitted regression-adjusted Shapley estimate of the module docs, on plain arrays.
+
+    Args:
+        rows: ``[m, n]`` bool distinct coalitions of a sampled KernelSHAP plan (row 0 empty, row 1
+            grand coalition).
+        pairs: ``[P, 2]`` int64 rows of each drawn coalition and its complement.
+        enumerated: ``[k]`` int64 rows of the enumerated sizes.
+        sampled_mass: KernelSHAP's size mass of the sampled sizes.
+        u: ``[m]`` float64 exact utilities of ``rows``.
+        c: ``[m]`` float64 proxy utilities of ``rows``.
+        phi_c: ``[n]`` float64 Shapley values of the proxy game (estimated or exact).
+        control: one of :data:`CONTROLS`, or None for the one of least spread among those that
+            can be fitted (module docs).
+
+    Returns:
+        The :class:`CrossFit`.
+
+    Raises:
+        EstimatorError: no control (or not the one asked for) can be fitted.
+    """
+    m, n = rows.shape
+    z = rows.astype(np.float64)
+    weights = np.bincount(pairs.ravel(), minlength=m).astype(np.float64)  # as RegressionMSR's strata
+    weights[enumerated] = 1.0
+    weights[:2] = 1.0
+    e = _exact_part_matrix(rows, enumerated)  # [n, m]
+    imp = _importance_terms(rows, sampled_mass)  # [m, n]
+    distinct, multiplicity = np.unique(np.sort(pairs, axis=1), axis=0, return_counts=True)
+    kinds = CONTROLS if control is None else (control,)
+    if control is None and m - 2 < LINEAR_ROWS_PER_TERM * (n + 2):
+        kinds = ("c", "none")  # too few coalitions to fit n + 2 coefficients without each pair
+    fits = [f for f in (_cross_fit(k, z, u, c, phi_c, weights, e, imp, distinct, multiplicity) for k in kinds) if f is not None]
+    if not fits:
+        raise EstimatorError(
+            f"the {m} exact coalitions do not identify the control {control or 'of any kind'} without each pair; raise the budget"
+        )
+    return min(fits, key=lambda f: f.spread)  # ties: the order of CONTROLS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TwoFidelityShapley(RegressionMSR):
+    """Unbiased Shapley values of the exact game with a proxy game as a cross-fitted control variate
+    (module docs); without a proxy (:meth:`fit`), :class:`~.msr.RegressionMSR` on the same plan.
+
+    Args:
+        budget, seed: as :class:`~.msr.RegressionMSR` (KernelSHAP's plan of the exact game).
+        proxy_budget: distinct proxy coalitions (KernelSHAP's plan seeded by
+            :func:`proxy_seed`), or None for :func:`default_proxy_budget`; capped at 2^n (then
+            ``phi(c)`` is exact).
+        control: the control game, one of :data:`CONTROLS`, or None (default) for the one whose
+            ``psi`` spread least (module docs).
+        cross_fit: True (default): the unbiased cross-fitted estimate. False: b fitted on the
+            exact coalitions themselves, then ``b phi(c) + RegressionMSR(v - b c)`` on the same
+            coalitions (module docs: lower error on small budgets, RegressionMSR's bias of order
+            1/m; its standard errors are RegressionMSR's of the residual game, b held fixed).
+
+    Attributes:
+        name: ``"proxy-shapley"``.
+
+    Raises:
+        ConfigError: as :class:`~.msr.RegressionMSR`, or a bad ``proxy_budget``
+            (``field="proxy_budget"``).
+    """
+
+    proxy_budget: int | None = None
+    control: str | None = None
+    cross_fit: bool = True
+    name: str = field(default="proxy-shapley", init=False)
+    what: ClassVar[str] = "proxy-shapley"
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True, two_fidelity=True)
+
+    def __post_init__(self) -> None:
+        RegressionMSR.__post_init__(self)
+        _check_proxy_budget(self.proxy_budget)
+        if self.cross_fit not in (True, False):
+            raise ConfigError(f"must be True or False, got {self.cross_fit!r}", field="cross_fit")
+        if self.control is not None and self.control not in CONTROLS:
+            raise ConfigError(f"must be one of {', '.join(CONTROLS)} or None, got {self.control!r}", field="control")
+
+    def _proxy_estimator(self, n_players: int) -> RegressionMSR:
+        return RegressionMSR(budget=_proxy_budget(self.budget, self.proxy_budget, n_players), seed=proxy_seed(self.seed))
+
+    def proxy_plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """The proxy game's coalitions: KernelSHAP's plan at the proxy budget, seeded by :func:`proxy_seed`.
+
+        Raises:
+            EstimatorError, ConfigError: as :meth:`validate`.
+        """
+        self.validate(n_players)
+        return self._proxy_estimator(int(n_players)).plan(n_players)
+
+    def fit_two_fidelity(
+        self, masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
+    ) -> Estimate:
+        """The cross-fitted two-fidelity Shapley estimate (module docs).
+
+        Args:
+            masks: ``[m, n_players]`` bool exact pool (every coalition of :meth:`plan`).
+            utilities: ``[m]`` float64 exact utilities (nats).
+            proxy_masks: ``[k, n_players]`` bool proxy pool (every coalition of :meth:`proxy_plan`
+                and of :meth:`plan`).
+            proxy_utilities: ``[k]`` float64 proxy utilities (nats).
+
+        Returns:
+            an :class:`Estimate` of the exact game: ``values`` ``[n_players]`` float64 nats
+            (exact under full enumeration of the exact plan, ``stderr`` None there), ``stderr``
+            ``[n_players]`` float64 nats covering both parts (module docs), ``efficiency_gap`` at
+            float precision, ``n_evaluations`` = exact distinct coalitions, ``diagnostics``:
+            ``b``, ``proxy_pearson``, ``proxy_spearman``, ``proxy_evaluations``,
+            ``exact_evaluations``, ``stderr_dof``, ``stderr_unknown``, ``stderr_exact_part``
+            and ``stderr_proxy_part`` (their root mean squares over players, nats),
+            ``control_linear`` and ``control_proxy`` (1.0 when in the chosen control).
+
+        Raises:
+            EstimatorError: a pool misses planned coalitions (which pool, with the count), or no
+                control can be fitted.
+            ConfigError: the budget is below the minimum.
+            MaskError: a pool's masks are not 2-D bool.
+        """
+        masks, utilities = check_pool(masks, utilities)
+        proxy_masks, proxy_utilities = check_pool(proxy_masks, proxy_utilities)
+        n = masks.shape[1]
+        self.validate(n)
+        if proxy_masks.shape[1] != n:
+            raise EstimatorError(f"the proxy pool has {proxy_masks.shape[1]} players, the exact pool {n}; pass pools of one game")
+        plan = _build_plan(n, self.budget, self.seed)
+        u, c = _exact_and_proxy(self.name, plan.keys, masks, utilities, proxy_masks, proxy_utilities)
+        pearson, spearman = proxy_correlation(u, c)
+        proxy = self._proxy_estimator(n)
+        k_proxy = len(list(proxy.plan(n)))
+        common = {
+            "proxy_pearson": pearson, "proxy_spearman": spearman,
+            "proxy_evaluations": float(k_proxy), "exact_evaluations": float(len(plan.keys)),
+        }
+        if plan.full or n == 1:
+            exact = RegressionMSR.fit(self, masks, utilities)
+            note = (
+                f"two-fidelity {self.name}: every one of the {len(plan.keys)} coalitions evaluated exactly, so the values "
+                "are the exact Shapley values and the proxy game is not used"
+            )
+            return Estimate(
+                method=self.name, values=exact.values, stderr=None, v_empty=exact.v_empty, v_full=exact.v_full,
+                efficiency_gap=exact.efficiency_gap, n_evaluations=exact.n_evaluations,
+                diagnostics={**common, "b": 0.0}, notes=(note,),
+            )
+        proxy_estimate = proxy.fit(proxy_masks, proxy_utilities)
+        phi_c = proxy_estimate.values
+        se_c = np.zeros(n) if proxy_estimate.stderr is None else np.asarray(proxy_estimate.stderr)
+        v_empty, v_full = float(u[0]), float(u[1])
+        if not self.cross_fit:  # b in-sample, regression-msr on the residual game v - b c (module docs)
+            x = np.column_stack([np.ones(u.shape[0]), c])
+            b = float(np.linalg.lstsq(x, u, rcond=None)[0][1]) if np.ptp(c) > 0 else 0.0
+            residual = RegressionMSR.fit(self, plan.rows, u - b * c)
+            values = b * phi_c + residual.values
+            se_exact = residual.stderr if residual.stderr is not None else np.full(n, np.nan)
+            stderr = np.sqrt(se_exact**2 + (b * se_c) ** 2)
+            kind, n_draws = "a + b c, then regression-msr", int(plan.pairs.shape[0])
+        else:
+            fit = cross_fitted_shapley(
+                plan.rows, plan.pairs, plan.enumerated, plan.sampled_mass, u, c, phi_c, control=self.control,
+            )
+            values, psi, b, kind, multiplicity = fit.values, fit.psi, fit.b, fit.control, fit.multiplicity
+            n_draws = int(multiplicity.sum())
+            stderr = np.full(n, np.nan)
+            se_exact = np.full(n, np.nan)
+            if psi.shape[0] >= 2 and not budget_near_all(n, self.budget):
+                replicates = (n_draws * values[None] - psi) / (n_draws - 1)  # [D, n] the mean without one draw
+                se_exact = jackknife_t_stderr(replicates, multiplicity, n_draws, max(float(np.max(np.abs(u))), 1e-300))
+                stderr = np.sqrt(se_exact**2 + (b * se_c) ** 2)
+        unknown = int(np.count_nonzero(np.isnan(stderr)))
+        diagnostics = {
+            **common,
+            "b": b,
+            "stderr_dof": float(n_draws - 1),
+            "stderr_unknown": float(unknown),
+            "stderr_exact_part": float(np.sqrt(np.nanmean(se_exact**2))) if np.any(np.isfinite(se_exact)) else math.nan,
+            "stderr_proxy_part": float(np.sqrt(np.nanmean((b * se_c) ** 2))) if np.any(np.isfinite(se_c)) else math.nan,
+            "control_linear": float(kind in ("c+linear", "linear")),
+            "control_proxy": float(kind in ("c+linear", "c") or not self.cross_fit),
+            "cross_fit": float(self.cross_fit),
+        }
+        note = (
+            f"two-fidelity {self.name}: {len(plan.keys)} exact and {k_proxy} proxy coalitions; the proxy game entered as a "
+            + (f"cross-fitted control variate ({kind}) with mean coefficient b = {b:.3g}" if self.cross_fit
+               else f"control variate fitted on the exact coalitions (b = {b:.3g}), regression-msr on v - b c")
+            + " (its correlation with the exact game on the "
+            f"exact coalitions: Pearson {pearson:.3f}); the values are of the exact game"
+        )
+        return Estimate.from_values(
+            method=self.name, values=values, stderr=stderr, v_empty=v_empty, v_full=v_full,
+            n_evaluations=len(plan.keys), diagnostics=diagnostics, notes=(note,),
+        )

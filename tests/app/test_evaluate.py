@@ -1,0 +1,196 @@
+"""``coalescence evaluate``: an explanation's LDS and top-k removal drops on fresh exact coalitions,
+checked against an independent computation on an analytic game (the fake backend's, whose v(S) is
+known in closed form), and the held-out coalitions archived (a second evaluation makes no model
+call; a replay of the run's method fits the same values after them)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from coalescence.app.explain import explain_run
+from coalescence.app.fit import fit_archive
+from coalescence.app.settings import RunSettings
+from coalescence.backends.testing import FakeBackend
+
+import coalescence
+
+SENTENCES = (
+    "The Eiffel Tower was completed in 1889.",
+    "Big Ben's clock tower in London was finished in 1859.",
+    "The Colosseum in Rome was opened in the year 80.",
+    "I am planning a weekend in Lisbon.",
+    "Order the grilled sardines.",
+    "When was the tower completed?",
+)
+WORDS = ("Eiffel", "Ben", "Colosseum", "Lisbon", "sardines", "When")
+"""One word only each sentence holds: the game sees a player as present when its word is in the prompt."""
+WEIGHTS = (3.0, 0.5, 2.0, 1.0, 0.25, 1.5)
+PAIR = -2.5
+"""v(S) = -12 + sum of WEIGHTS over S + PAIR when players 0 and 1 are both present: a quadratic game."""
+
+
+def v(present: np.ndarray) -> float:
+    """The game's value of a coalition, by its definition (nats)."""
+    return -12.0 + sum(w for w, here in zip(WEIGHTS, present, strict=True) if here) + (PAIR if present[0] and present[1] else 0.0)
+
+
+def make_backend(tokenizer) -> FakeBackend:
+    def game(prompt_ids: tuple[int, ...], target_ids: tuple[int, ...]) -> list[float]:
+        text = tokenizer.decode(prompt_ids)
+        present = np.array([w in text for w in WORDS])
+        return [v(present) / len(target_ids)] * len(target_ids)
+
+    return FakeBackend(tokenizer, game=game)
+
+
+@pytest.fixture(scope="module")
+def game_run(tmp_path_factory, chatml_tokenizer):
+    """A kernelshap run of the quadratic game (budget 20, below the 64 coalitions): its archive and
+    ``--out`` document, with the backend it used."""
+    where = tmp_path_factory.mktemp("evaluate")
+    backend = make_backend(chatml_tokenizer)
+    source = {"messages": [{"role": "user", "content": " ".join(SENTENCES)}, {"role": "assistant", "content": "In 1889."}]}
+    settings = RunSettings(model="fake", unit="sentence", method="kernelshap", budget=20, archive=where / "run", out=where / "run.json")
+    result = explain_run(source, settings, backend=backend)
+    assert [p.text for p in result.explanations[0].snapshot.players] == list(SENTENCES)
+    return where, backend
+
+
+def copy_run(where: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    shutil.copytree(where / "run", tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_lds_and_drops_match_an_independent_computation(game_run, chatml_tokenizer, tmp_path):
+    where, _ = game_run
+    run_dir = copy_run(where, tmp_path)
+    # the document with values set by hand: the additive part of the game, which misses the pair term
+    doc = json.loads((where / "run.json").read_text())
+    phi = [3.0, 0.5, 2.0, 1.0, 0.25, 1.5]
+    for p, value in zip(doc["players"], phi, strict=True):
+        p["value"] = value
+    doc["archive"] = str(run_dir)
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    backend = make_backend(chatml_tokenizer)
+    evaluation = coalescence.evaluate(tmp_path / "doc.json", coalitions=32, seed=5, backend=backend, random_draws=6)
+    (r,) = evaluation.results
+    # the held-out coalitions by the stated rule: each player present with probability 1/2
+    held = np.random.default_rng([5, 0]).random((32, 6)) < 0.5
+    rho = spearmanr(held.astype(float) @ np.array(phi), [v(s) for s in held]).statistic
+    assert 0.5 < rho < 0.999  # the pair term makes the additive values imperfect
+    assert r.lds.estimate == pytest.approx(rho, abs=1e-6)
+    assert r.lds.low <= r.lds.estimate <= r.lds.high
+    assert r.v_full == pytest.approx(-12.0 + sum(WEIGHTS) + PAIR, abs=1e-5)
+    full = np.ones(6, dtype=bool)
+    top = {1: [0], 3: [0, 2, 5], 5: [0, 2, 5, 3, 1]}  # players by decreasing phi
+    assert [d.k for d in r.drops] == [1, 3, 5]
+    for d in r.drops:
+        without = full.copy()
+        without[top[d.k]] = False
+        assert d.top == pytest.approx(v(full) - v(without), abs=1e-5)
+        assert d.removed == tuple(doc["players"][i]["label"] for i in top[d.k])
+        rng = np.random.default_rng([5, 1, d.k])
+        drops = []
+        for _ in range(6):
+            row = full.copy()
+            row[rng.choice(6, size=d.k, replace=False)] = False
+            drops.append(v(full) - v(row))
+        assert d.random.estimate == pytest.approx(np.mean(drops), abs=1e-5)
+        assert d.difference.estimate == pytest.approx(d.top - np.mean(drops), abs=1e-5)
+        assert min(drops) <= d.random.low <= d.random.estimate <= d.random.high <= max(drops)
+    assert d.top == pytest.approx(3.0 + 2.0 + 1.5 + 1.0 + 0.5 - 2.5, abs=1e-5)  # k = 5 by hand: every player but 4
+    # the held-out coalitions were evaluated with the fake model (those the 20-row plan lacked)
+    assert evaluation.model_evaluations == sum(backend.calls) > 0
+
+
+def test_second_evaluation_is_served_from_the_archive_and_replay_is_unchanged(game_run, chatml_tokenizer, tmp_path):
+    where, _ = game_run
+    run_dir = copy_run(where, tmp_path)
+    before = fit_archive(run_dir)["explanations"][0]["players"]
+    backend = make_backend(chatml_tokenizer)
+    first = coalescence.evaluate(run_dir, backend=backend, seed=1)
+    assert first.model_evaluations == sum(backend.calls) > 0
+    after = fit_archive(run_dir)["explanations"][0]["players"]
+    assert [p["value"] for p in after] == [p["value"] for p in before]  # the replay fits its own plan only
+    # again, with no backend at all: every coalition is in the archive, no model is loaded
+    second = coalescence.evaluate(run_dir, seed=1)
+    assert second.model_evaluations == 0
+    assert second.from_archive == first.model_evaluations + first.from_archive
+    assert second.to_dict()["results"] == first.to_dict()["results"]
+    # the archive holds the run's plan and the evaluation's rows, each coalition once
+    assert coalescence.read_rows(run_dir).num_rows == len(set(coalescence.read_rows(run_dir)["coalition_key"].to_pylist()))
+
+
+def test_strict_json_of_the_exact_shapley_values(game_run, chatml_tokenizer, tmp_path):
+    """The game's exact Shapley values (by hand: each weight, the pair term split between players 0
+    and 1) as a document: the JSON written is strict (no NaN) and equals the returned evaluation."""
+    where, _ = game_run
+    run_dir = copy_run(where, tmp_path)
+    doc = json.loads((where / "run.json").read_text())
+    shapley = [3.0 + PAIR / 2, 0.5 + PAIR / 2, 2.0, 1.0, 0.25, 1.5]
+    for p, value in zip(doc["players"], shapley, strict=True):
+        p["value"] = value
+    doc["archive"] = None
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    backend = make_backend(chatml_tokenizer)
+    evaluation = coalescence.evaluate(tmp_path / "doc.json", archive=run_dir, backend=backend, out=tmp_path / "e.json")
+    payload = json.loads((tmp_path / "e.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert payload == json.loads(json.dumps(evaluation.to_dict()))
+    (r,) = evaluation.results
+    held = np.random.default_rng([0, 0]).random((32, 6)) < 0.5
+    rho = spearmanr(held.astype(float) @ np.array(shapley), [v(s) for s in held]).statistic
+    assert r.lds.estimate == pytest.approx(rho, abs=1e-6)
+    assert payload["results"][0]["lds"]["estimate"] == pytest.approx(rho, abs=1e-6)
+
+
+def test_document_with_no_archive_recreates_its_game_in_a_new_one(game_run, chatml_tokenizer, tmp_path):
+    """A document that names no archive, given a new --archive: the game is re-created from the
+    document (same snapshot, model, policy, utility), and its values agree with the run's archive."""
+    where, _ = game_run
+    doc = json.loads((where / "run.json").read_text())
+    doc["archive"] = None
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    with pytest.raises(coalescence.ConfigError, match="names no run archive") as refused:
+        coalescence.evaluate(tmp_path / "doc.json")
+    assert refused.value.field == "archive"
+    backend = make_backend(chatml_tokenizer)
+    fresh = coalescence.evaluate(tmp_path / "doc.json", archive=tmp_path / "new", backend=backend, seed=2)
+    assert fresh.model_evaluations == sum(backend.calls) > 0
+    manifest = coalescence.read_manifest(tmp_path / "new")
+    assert manifest["runs"][0]["snapshot_ids"] == [doc["snapshot_id"]]
+    assert manifest["runs"][0]["run_config"]["command"] == "evaluate" and "method" not in manifest["runs"][0]["run_config"]
+    (r,) = fresh.results
+    held = np.random.default_rng([2, 0]).random((32, 6)) < 0.5
+    phi = [p["value"] for p in doc["players"]]
+    rho = spearmanr(held.astype(float) @ np.array(phi), [v(s) for s in held]).statistic
+    assert r.lds.estimate == pytest.approx(rho, abs=1e-6)
+    again = coalescence.evaluate(tmp_path / "doc.json", archive=tmp_path / "new", seed=2)
+    assert again.model_evaluations == 0 and again.to_dict()["results"] == fresh.to_dict()["results"]
+
+
+def test_the_lds_interval_is_scipys_percentile_bootstrap():
+    """Our seeded percentile bootstrap against scipy.stats.bootstrap's (paired, percentile method):
+    different draws, so the ends agree to the resampling noise of 2,000 resamples."""
+    from scipy.stats import bootstrap
+
+    from coalescence.app.evaluate import linear_datamodeling_score
+
+    rng = np.random.default_rng(7)
+    masks = rng.random((32, 8)) < 0.5
+    phi = rng.normal(size=8)
+    v = masks @ phi + rng.normal(scale=1.5, size=32)
+    ours = linear_datamodeling_score(phi, masks, v, seed=3)
+    x = masks.astype(float) @ phi
+    assert ours.estimate == pytest.approx(spearmanr(x, v).statistic, abs=1e-12)
+    ref = bootstrap((x, v), lambda a, b: spearmanr(a, b).statistic, paired=True, vectorized=False, method="percentile",
+                    n_resamples=2000, confidence_level=0.95, rng=np.random.default_rng(0)).confidence_interval  # fmt: skip
+    assert ours.low == pytest.approx(ref.low, abs=0.05) and ours.high == pytest.approx(ref.high, abs=0.05)
+    assert ours.low < ours.estimate < ours.high

@@ -1,0 +1,189 @@
+"""The engine's two fidelities: proxy rows keyed, scored, archived and resumed apart from exact ones.
+
+The fake backend's proxy game is a presence game applied to the prompt as the tail sees it (the
+full prompt less the hidden ranges). Weighting only token ids that one player alone brings makes
+the value of a row a function of which players' tokens the tail sees, so the test's reference
+for a proxy row is the same presence game on the *exact* game's rendering of the coalition (which
+holds exactly the present players' tokens): equal only if the hidden ranges cover exactly the
+absent players' tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from coalescence.archive import RunArchive, read_rows
+from coalescence.attribution.estimators import ExactShapley
+from coalescence.attribution.estimators.base import Capabilities
+from coalescence.backends.testing import FakeBackend, presence_game
+from coalescence.conversation import Conversation, Message
+from coalescence.engine import Engine
+from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
+from coalescence.snapshot import ConversationSnapshot
+
+GAME = "kv-proxy:after-last-player"
+
+
+def snapshot() -> ConversationSnapshot:
+    c = Conversation(
+        messages=(
+            Message(role="system", content="You are a helpful assistant."),
+            Message(role="user", content="The Eiffel Tower was completed in 1889. Big Ben was finished in 1859.\n\n- The Colosseum in Rome was opened in the year 80."),
+            Message(role="user", content="When was the tower completed?"),
+        ),
+        target="It was completed in 1889.",
+    )
+    return ConversationSnapshot.build(c, unit="sentence")
+
+
+def own_token_weights(tokenizer, snap, scale: float) -> dict[int, float]:
+    """Weights on the word tokens (two letters or more: a one-letter token of this tiny BPE moves with
+    its neighbours) that exactly one player brings into the prompt (whitespace
+    between players, which the exact game collapses and the proxy leaves in place, weighs nothing)."""
+    probe = Engine(FakeBackend(tokenizer), batch_size=4)
+    full = set(probe.target_tokens(snap, DropPolicy()).full_prompt_ids)
+    n = snap.n_players
+    brings = []
+    for i in range(n):
+        without = np.ones(n, dtype=bool)
+        without[i] = False
+        brings.append(full - set(probe.renderer.coalition_prompt(snap, DropPolicy(), without)))
+    weights = {}
+    for i, ids in enumerate(brings):
+        for t in ids:
+            if sum(ch.isalnum() for ch in tokenizer.decode([t])) >= 2 and all(t not in other for j, other in enumerate(brings) if j != i):
+                weights[t] = scale * (0.1 + 0.01 * (t % 7))
+    assert len({i for i, ids in enumerate(brings) if ids & set(weights)}) == n  # every player weighs
+    return weights
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A two-fidelity estimator for the test: exact Shapley on the exact pool, recording the pools."""
+
+    proxy_rows: tuple[tuple[bool, ...], ...]
+    capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=False, reports_stderr=False, two_fidelity=True)
+    name: ClassVar[str] = "recording"
+    seen: list = None  # type: ignore[assignment]
+
+    def validate(self, n_players: int) -> None:
+        ExactShapley().validate(n_players)
+
+    def plan(self, n_players: int):
+        return ExactShapley().plan(n_players)
+
+    def proxy_plan(self, n_players: int):
+        return (np.array(r, dtype=bool) for r in self.proxy_rows)
+
+    def fit(self, masks, utilities):
+        self.seen.append(("exact-only", masks, utilities))
+        return ExactShapley().fit(masks, utilities)
+
+    def fit_two_fidelity(self, masks, utilities, proxy_masks, proxy_utilities):
+        self.seen.append(("two", masks, utilities, proxy_masks, proxy_utilities))
+        return ExactShapley().fit(masks, utilities)
+
+
+@pytest.mark.anyio
+async def test_proxy_rows_are_their_own_game_in_keys_archive_and_resume(chatml_tokenizer, tmp_path, anyio_backend):
+    snap = snapshot()
+    n = snap.n_players
+    exact_w = own_token_weights(chatml_tokenizer, snap, 1.0)
+    proxy_w = {t: w * (1.0 + 0.5 * (t % 3)) for t, w in exact_w.items()}  # correlated, not proportional
+    exact_game, proxy_game = presence_game(exact_w, base=-0.5), presence_game(proxy_w, base=-0.25)
+    backend = FakeBackend(chatml_tokenizer, game=exact_game, proxy_game=proxy_game)
+    extra = tuple(tuple(bool((k >> i) & 1) for i in range(n)) for k in (3, 5, 6))  # also in the exact plan
+    est = Recording(proxy_rows=extra, seen=[])
+    archive = RunArchive.create(tmp_path / "run", {"test": True}, flush_rows=7)
+    engine = Engine(backend, archive=archive, batch_size=4, proxy_game="after-last-player")
+    explanation = await engine.explain(snap, est, DropPolicy())
+    engine.close()
+
+    kind, masks, utilities, pmasks, putils = est.seen[-1]
+    assert kind == "two"
+    assert masks.shape == (2**n, n)
+    # the proxy game is played on every exact coalition too (the control variate needs c(S) there)
+    assert {tuple(r) for r in pmasks} == {tuple(r) for r in masks} | set(extra)
+    target = engine.target_tokens(snap, DropPolicy()).ids
+    for row, c in zip(pmasks, putils, strict=True):
+        rendered = tuple(engine.renderer.coalition_prompt(snap, DropPolicy(), row))
+        assert c == pytest.approx(sum(proxy_game(rendered, target)), abs=1e-5)
+    for row, v in zip(masks, utilities, strict=True):
+        rendered = tuple(engine.renderer.coalition_prompt(snap, DropPolicy(), row))
+        assert v == pytest.approx(sum(exact_game(rendered, target)), abs=1e-5)
+    # the values are the exact game's
+    np.testing.assert_allclose(explanation.values, ExactShapley().fit(masks, utilities).values, atol=1e-9)
+    assert explanation.n_evaluations == 2**n  # exact evaluations; proxy rows are counted apart
+    proxy = explanation.proxy
+    assert proxy["game"] == GAME and proxy["coalitions"] == 2**n == proxy["evaluations"] == proxy["shared"]
+    v, c = utilities, np.array([dict(zip(map(tuple, pmasks), putils, strict=True))[tuple(r)] for r in masks])
+    assert proxy["pearson"] == pytest.approx(np.corrcoef(v, c)[0, 1], abs=1e-9)
+    assert explanation.to_dict()["proxy"]["game"] == GAME
+
+    rows = read_rows(tmp_path / "run")
+    games = rows["game"].to_pylist()
+    assert games.count("exact") == 2**n and games.count(GAME) == 2**n
+    keys = rows["coalition_key"].to_pylist()
+    assert len(set(keys)) == len(keys)  # a proxy row never shares a key with an exact one
+    # proxy rows compute their tail only and reuse the shared prefix
+    reused = [r for r, g in zip(rows["tokens_reused"].to_pylist(), games, strict=True) if g == GAME]
+    assert min(reused) > 0
+
+    from coalescence.archive.reader import archive_info, format_archive_info
+
+    info = archive_info(tmp_path / "run")
+    assert info["games"] == {"exact": 2**n, GAME: 2**n}
+    assert f"games           {2**n} exact, {2**n} {GAME}" in format_archive_info(info)
+
+    # resume: both fidelities come back from the archive with no model call
+    calls = len(backend.calls)
+    again = Engine(backend, archive=RunArchive.open(tmp_path / "run", {"test": True}), batch_size=4, proxy_game="after-last-player")
+    resumed = await again.explain(snap, Recording(proxy_rows=extra, seen=est.seen), DropPolicy())
+    again.close()
+    assert len(backend.calls) == calls and resumed.n_evaluations == 0 and resumed.proxy["evaluations"] == 0
+    np.testing.assert_allclose(est.seen[-1][4], putils)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", ["no-capability", "placeholder", "off"])
+async def test_no_proxy_game_where_it_is_not_defined_says_why(chatml_tokenizer, tmp_path, case, anyio_backend):
+    snap = snapshot()
+    backend = FakeBackend(chatml_tokenizer, supports_proxy=case != "no-capability")
+    policy = PlaceholderPolicy() if case == "placeholder" else DropPolicy()
+    est = Recording(proxy_rows=(), seen=[])
+    archive = RunArchive.create(tmp_path / "run", {"test": True})
+    engine = Engine(backend, archive=archive, proxy_game=None if case == "off" else "after-last-player")
+    explanation = await engine.explain(snap, est, policy)
+    engine.close()
+    assert est.seen[-1][0] == "exact-only" and explanation.proxy is None
+    assert set(read_rows(tmp_path / "run")["game"].to_pylist()) == {"exact"}
+    notes = [n for n in explanation.notes if n.startswith("exact rows only")]
+    expected = {
+        "no-capability": "FakeBackend cannot score the shared-KV proxy game",
+        "placeholder": "drop policy only",
+        "off": None,
+    }[case]
+    if expected is None:
+        assert notes == []  # not asked for: nothing to explain
+    else:
+        assert len(notes) == 1 and expected in notes[0]
+
+
+def test_proxy_and_exact_keys_differ_and_exact_keys_are_unchanged(chatml_tokenizer):
+    from coalescence.engine import key_for
+    from coalescence.masking.codec import PackedMask
+
+    snap = snapshot()
+    engine = Engine(FakeBackend(chatml_tokenizer), proxy_game="after-last-player")
+    policy = DropPolicy()
+    for bits in itertools.product([False, True], repeat=snap.n_players):
+        mask = PackedMask.from_bools(np.array(bits))
+        exact = engine.key(snap, policy, mask)
+        # the exact key is the one every earlier archive holds: the plain key of the utility
+        assert exact == key_for(snap, policy, engine.model, mask, utility=engine.resolved_utility(snap, policy).coalition_utility())
+        assert engine.key(snap, policy, mask, game=GAME) != exact
