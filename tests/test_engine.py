@@ -194,7 +194,7 @@ def test_target_stderr_rounds_never_spend_more_than_the_budget(chatml_tokenizer,
     from coalescence.backends.testing import FakeBackend
 
     snap = ConversationSnapshot.build(Conversation(messages=(Message(role="user", content=" ".join(f"w{i}" for i in range(10))),), target="OK."), unit="word")
-    backend = FakeBackend(chatml_tokenizer)
+    backend = FakeBackend(chatml_tokenizer, max_batch_size=64)
     engine = Engine(backend, batch_size=64)
     estimator_for = lambda budget: make_estimator(method, budget=budget, seed=0)  # noqa: E731
     explanation = anyio.run(lambda: engine.explain_until(snap, estimator_for, DropPolicy(), budget=400, target_stderr=1e-12))

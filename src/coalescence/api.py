@@ -27,7 +27,6 @@ from typing import Any
 from .app.explain import explain_run, explain_run_async
 from .app.settings import RunResult, RunSettings
 from .attribution.estimators.base import Estimator
-from .backends.base import DEFAULT_BATCH_SIZE
 from .errors import ConfigError
 from .utility import UtilitySpec
 
@@ -83,10 +82,11 @@ class Explainer:
 
     Args:
         model: alias (default ``smollm2-135m``), local model directory, ``.gguf`` file or hub id.
-        backend: the backend by name (``hf``).
+        backend: the backend by name (``hf``, ``vllm``).
         device: torch device (``"cpu"``, ``"cuda"``).
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-        batch_size: rows per model call.
+        batch_size: rows per model call; ``None``: the backend's own default (hf 16, vllm 512:
+            the batch each does best at).
 
     Raises:
         BackendUnavailable: the model cannot be found or loaded (with the reason).
@@ -94,7 +94,7 @@ class Explainer:
     """
 
     def __init__(
-        self, model: str = DEFAULT_MODEL, *, backend: str = "hf", device: str = "cpu", dtype: str = "float32", batch_size: int = DEFAULT_BATCH_SIZE
+        self, model: str = DEFAULT_MODEL, *, backend: str = "hf", device: str = "cpu", dtype: str = "float32", batch_size: int | None = None
     ) -> None:
         from .app.backend import quiet_loading_bars
         from .backends.registry import load_backend

@@ -63,7 +63,7 @@ class ModelWorker:
     exception becomes a :class:`BatchFailed`. An exception from Ray itself means the worker is gone.
     """
 
-    def __init__(self, model: str, *, backend: str, device: str, dtype: str, max_batch_size: int) -> None:
+    def __init__(self, model: str, *, backend: str, device: str, dtype: str, max_batch_size: int | None) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._error: tuple[str, str, str | None] | None = None
         self.backend: Any = None
@@ -97,6 +97,8 @@ class ModelWorker:
         }
         out["identity"] = dict(b.identity())
         out["max_context"] = int(b.max_context)
+        out["max_batch_size"] = int(b.max_batch_size)
+        out["pads_rows"] = bool(b.pads_rows)
         return out
 
     def set_threads(self, threads: int) -> int:
@@ -162,6 +164,7 @@ class _Lane(BackendBase):
         self.max_context = owner.max_context
         self.fingerprint = owner.fingerprint
         self.max_batch_size = owner.max_batch_size
+        self.pads_rows = owner.pads_rows
 
     def identity(self) -> dict[str, str]:
         """The workers' backend (:meth:`RayBackend.identity`)."""
@@ -192,7 +195,7 @@ class RayBackend(BackendBase):
         tokenizer: the model's tokenizer (the driver renders and decodes).
         identity: the driver's model identity ``{"id", "revision", "dtype", "sha256"}``.
         max_context: the model's context (tokens).
-        max_batch_size: rows per model call.
+        max_batch_size: rows per model call (``None``: the workers' backend default).
         owns_ray: whether :meth:`shutdown` ends the Ray session too (a local cluster this run started).
     """
 
@@ -207,7 +210,7 @@ class RayBackend(BackendBase):
         tokenizer: Any,
         identity: dict[str, str],
         max_context: int,
-        max_batch_size: int,
+        max_batch_size: int | None,
         owns_ray: bool,
         address: str | None = None,
     ) -> None:
@@ -220,7 +223,8 @@ class RayBackend(BackendBase):
         self.engine_identity = dict(infos[0].get("identity") or {"backend": "unknown"}) if infos else {"backend": "unknown"}
         self.tokenizer = tokenizer
         self.max_context = int(max_context)
-        self.max_batch_size = int(max_batch_size)
+        self.max_batch_size = int(max_batch_size or min(int(info.get("max_batch_size", DEFAULT_BATCH_SIZE)) for info in infos))
+        self.pads_rows = any(bool(info.get("pads_rows", True)) for info in infos)
         self.address = address
         self.workers = [
             _Worker(index=i, actor=a, pid=int(info["pid"]), node=str(info["node"])) for i, (a, info) in enumerate(zip(actors, infos, strict=True))
@@ -420,7 +424,7 @@ def start_ray_backend(
     backend: str = "hf",
     device: str = "cpu",
     dtype: str = "float32",
-    max_batch_size: int = DEFAULT_BATCH_SIZE,
+    max_batch_size: int | None = None,
     tokenizer: Any,
     config: Any = None,
     fingerprint: str | None = None,
@@ -435,7 +439,7 @@ def start_ray_backend(
         gpus_per_worker: accelerators each worker reserves.
         threads_per_worker: ``torch.set_num_threads`` in each worker (default: the CPUs of its
             node divided among the workers placed there).
-        backend, device, dtype, max_batch_size: the backend each worker loads.
+        backend, device, dtype, max_batch_size: the backend each worker loads (``max_batch_size`` None: its default).
         tokenizer, config, fingerprint: what the driver already read of the model (no weights).
 
     Raises:

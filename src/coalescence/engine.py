@@ -137,9 +137,13 @@ class Engine:
         archive: where every evaluated coalition is recorded, or ``None``.
         store: the hot result store (a new unbounded one by default).
         progress: progress callbacks (no-op by default).
-        batch_size: rows per backend call (default: the backend's ``max_batch_size``).
-        buckets: length buckets and padded-token budget of the collator (default: 128, 512, 2048
-            and 8192-token buckets, a 16,384-token budget, capped at the model's context).
+        batch_size: rows per backend call, at most the backend's ``max_batch_size`` (default:
+            that, the batch the backend declares it does best at; one knob: set the backend's
+            ``max_batch_size`` to change both).
+        buckets: length buckets and padded-token budget of the collator (default, for a backend
+            that pads its rows: 128, 512, 2048 and 8192-token buckets, a 16,384-token budget,
+            capped at the model's context; for one that does not (``pads_rows`` false: vLLM), one
+            bucket of the model's context taking ``batch_size`` rows).
         utility: the utility v(S) (default: ``logprob``, the target's log-probability in nats;
             see :mod:`coalescence.utility`).
         now: the instant chat templates that write the date render (default: pinned when the
@@ -155,7 +159,8 @@ class Engine:
     model call (counted as a cache hit).
 
     Raises:
-        ConfigError: ``batch_size`` < 1, a backend that lacks a member of
+        ConfigError: ``batch_size`` < 1 or above the backend's ``max_batch_size`` (which would
+            split each call again), a backend that lacks a member of
             :class:`~coalescence.backends.base.ScoringBackend` (naming them), or an unknown
             ``proxy_game`` tail rule.
         InputError: the backend's tokenizer has no chat template.
@@ -188,9 +193,16 @@ class Engine:
         self.progress: Progress = progress if progress is not None else NullProgress()
         # one monotone count over every evaluation of this engine (conversations in flight at once)
         self._progress_tally = ProgressTally(self.progress)
-        self.batch_size = int(backend.max_batch_size) if batch_size is None else batch_size
-        if self.batch_size < 1:
-            raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
+        limit = int(backend.max_batch_size)
+        self.batch_size = limit if batch_size is None else batch_size
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"must be a positive integer, got {self.batch_size!r}", field="batch_size")
+        if self.batch_size > limit:
+            raise ConfigError(
+                f"{self.batch_size} rows per call exceed the backend's max_batch_size of {limit}, which would split "
+                "each call again; load the backend with max_batch_size (--batch-size) instead",
+                field="batch_size",
+            )
         self.renderer = ChatRenderer(backend.tokenizer, now=now)
         if archive is not None:
             fill_store(self.store, archive.loaded)
@@ -418,6 +430,13 @@ class Engine:
         return answer_tokens(target.answer, target.offsets, measured[0], measured[1], lead=target.lead, tail=target.tail)
 
     # -- evaluation ---------------------------------------------------------------------------
+    def _default_buckets(self) -> LengthBuckets:
+        """The collator's length buckets when none were given (the ``buckets`` argument)."""
+        context = int(self.backend.max_context)
+        if self.backend.pads_rows:
+            return LengthBuckets(max_tokens=context)
+        return LengthBuckets(ceilings=(context,), padded_token_budget=context * self.batch_size, max_tokens=context)
+
     def _acquire(self, snapshot_id: str | None = None) -> tuple[Any, ScoringPipeline]:
         """The collator and scoring pipeline shared by every :meth:`evaluate` call in flight on a
         lane (made inside the event loop by the first; closed when the last one ends), so
@@ -433,7 +452,7 @@ class Engine:
         shared = self._shared.get(lane)
         if shared is None:
             target = self.backend.lane(lane)
-            buckets = self.buckets or LengthBuckets(max_tokens=int(self.backend.max_context))
+            buckets = self.buckets or self._default_buckets()
             collator = Collator(
                 CollatorBackend(fn=BackendCall(target, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
             )

@@ -7,6 +7,7 @@ contract suite.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.metadata
 import importlib.util
@@ -67,12 +68,25 @@ def _coalition_requests(fam, tok):
     ]
 
 
-def test_values_equal_a_float64_forward_with_the_prefix_cache_on(subject):
+@contextlib.contextmanager
+def scoring(backend, forced: bool):
+    """The backend's scoring path switched for a test (both run on the session's engine)."""
+    saved, backend.forced = backend.forced, forced
+    try:
+        yield backend
+    finally:
+        backend.forced = saved
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "prompt_logprobs"])
+def test_values_equal_a_float64_forward_with_the_prefix_cache_on(subject, forced):
     fam, tok, model, backend = subject
+    assert backend.forced  # the default path
     requests = _coalition_requests(fam, tok)
     assert len(requests) >= 4
-    results = backend.score(requests)
-    results_again = backend.score(requests)  # every prompt now in vLLM's prefix cache
+    with scoring(backend, forced):
+        results = backend.score(requests)
+        results_again = backend.score(requests)  # every prompt now in vLLM's prefix cache
     for req, res, again in zip(requests, results, results_again, strict=True):
         ref = reference(model, req.prompt_ids, req.target_ids)
         assert res.token_logprobs.dtype == np.float32
@@ -80,6 +94,8 @@ def test_values_equal_a_float64_forward_with_the_prefix_cache_on(subject):
         np.testing.assert_allclose(again.token_logprobs, ref, atol=TOLERANCE)
         assert res.tokens_computed + res.tokens_reused == req.n_tokens
         assert again.tokens_reused < len(req.prompt_ids)
+        if forced:  # the prompt alone is the request: all its whole blocks (but the last token) come from the cache
+            assert again.tokens_reused == (len(req.prompt_ids) - 1) // BLOCK * BLOCK
     # the second pass read whole cached blocks of the prompts (a row whose cached blocks would
     # reach its target is rescored without the cache: 0 reused)
     assert any(r.tokens_reused >= BLOCK for r in results_again)
@@ -95,12 +111,31 @@ def test_no_target_position_is_read_from_a_cached_block(subject):
     seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
     a = ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:])
     b = ScoreRequest(prompt_ids=seq[:60], target_ids=seq[60:72])
-    backend.score([a])
-    before = backend.rescored
-    [res] = backend.score([b])
+    with scoring(backend, forced=False):
+        backend.score([a])
+        before = backend.rescored
+        [res] = backend.score([b])
     assert backend.rescored == before + 1
     np.testing.assert_allclose(res.token_logprobs, reference(model, b.prompt_ids, b.target_ids), atol=TOLERANCE)
     assert res.tokens_reused < len(b.prompt_ids)
+
+
+def test_forced_decoding_reads_a_cached_prompt_up_to_its_last_block_and_scores_its_answer(subject):
+    # the same B as above, scored by forced decoding: its 60-token prompt is A's first 60 tokens,
+    # so vLLM serves its first whole block of 32 from the cache (its last token is always computed)
+    # and decodes B's 12 answer tokens forced; no rescoring, the reference's values, and the answer
+    # decoded is B's although A's tokens follow the same prefix
+    fam, tok, model, backend = subject
+    rng = np.random.default_rng(4)
+    seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
+    a = ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:])
+    b = ScoreRequest(prompt_ids=seq[:60], target_ids=tuple(reversed(seq[60:72])))
+    backend.score([a])
+    before = backend.rescored
+    [res] = backend.score([b])
+    assert backend.rescored == before
+    assert res.tokens_reused == BLOCK
+    np.testing.assert_allclose(res.token_logprobs, reference(model, b.prompt_ids, b.target_ids), atol=TOLERANCE)
 
 
 def test_too_long_is_refused_before_vllm_runs(subject):
@@ -226,16 +261,42 @@ def server(tmp_path_factory):
 
 
 def test_server_values_equal_a_float64_forward(server):
+    """Both scoring paths of a server: answers decoded, forced, through its prefix cache (what the
+    probe picks on a server that loads the processor) and prompt log-probabilities (the fallback)."""
     from coalescence.backends.vllm import VLLMServerBackend
 
     url, tok, model, _ = server
     fam = next(f for f in FAMILIES if f.name == "chatml")
     backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
+    assert backend.forced
     requests = _coalition_requests(fam, tok)
-    for req, res in zip(requests, backend.score(requests), strict=True):
-        np.testing.assert_allclose(res.token_logprobs, reference(model, req.prompt_ids, req.target_ids), atol=TOLERANCE)
-        assert res.tokens_computed == req.n_tokens
+    for forced in (True, False):
+        backend.forced = forced
+        for req, res in zip(requests, backend.score(requests), strict=True):
+            np.testing.assert_allclose(res.token_logprobs, reference(model, req.prompt_ids, req.target_ids), atol=TOLERANCE)
+            assert res.tokens_computed + res.tokens_reused == req.n_tokens
+            if not forced:
+                assert res.tokens_reused == 0
     assert backend.run_record()["served_model"].endswith("tiny-chatml")
+
+
+def test_the_server_serves_shared_prefixes_from_its_cache_without_changing_a_value(server):
+    """Coalitions that share their first 64 or more tokens: once one of them was scored, each later
+    one reads at least its whole 32-token blocks of the shared prefix from the server's cache (the
+    usage's cached_tokens), and every value is still the float64 forward's."""
+    from coalescence.backends.vllm import VLLMServerBackend
+
+    url, tok, model, _ = server
+    backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
+    shared = [5 + (7 * i) % 200 for i in range(70)]  # in the tiny vocabulary; 2 whole blocks of 32
+    requests = [ScoreRequest(prompt_ids=tuple(shared + [9 + k, 11, 13 + k]), target_ids=(17 + k, 19, 23)) for k in range(6)]
+    [first] = backend.score(requests[:1])
+    rest = backend.score(requests[1:])
+    for req, res in zip(requests, [first, *rest], strict=True):
+        np.testing.assert_allclose(res.token_logprobs, reference(model, req.prompt_ids, req.target_ids), atol=TOLERANCE)
+    # the rule: a block is reused when all its tokens were seen before: 64 of the 70 shared ones
+    assert all(res.tokens_reused >= 64 for res in rest)
+    assert backend.statistics().tokens_reused >= 64 * len(rest)
 
 
 def test_a_server_of_another_model_is_refused_before_scoring(server):

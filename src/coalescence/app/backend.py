@@ -105,7 +105,7 @@ def load_model(s: Any, source: Any, *, notify: Callable[[str], None] | None = No
             revision=source.revision,
             fingerprint=fingerprint if fingerprint is not None else model_fingerprint(source),
             max_context=model_context(config, tokenizer),
-            max_batch_size=s.batch_size,
+            **({"max_batch_size": s.batch_size} if s.batch_size else {}),  # else the server backend's own
         )
     if notify is not None:
         notify(f"loading {source.model_id} ...")

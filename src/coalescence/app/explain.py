@@ -322,7 +322,7 @@ class ExplainRun:
             )
         try:
             self.engine = Engine(
-                self.backend, progress=progress, batch_size=s.batch_size, utility=self.utility, now=self.now, proxy_game=s.proxy_tail
+                self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=s.proxy_tail
             )
             self._snapshots()
         except BaseException:

