@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import BackendUnavailable
 
-__all__ = ("FingerprintStatistics", "file_digest", "fingerprint", "model_files", "statistics")
+__all__ = ("FingerprintStatistics", "cache_root", "file_digest", "fingerprint", "model_files", "statistics")
 
 logger = logging.getLogger(__name__)
 
@@ -171,3 +171,13 @@ def fingerprint(location: str | Path, gguf_file: str | None = None) -> str:
     if cache != before:
         _save_cache(path, cache)
     return h.hexdigest()
+
+
+def cache_root() -> Path:
+    """coalescence's cache directory (converted weights, calibrations): ``$COALESCENCE_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/coalescence``, else ``~/.cache/coalescence``."""
+    root = os.environ.get("COALESCENCE_CACHE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "coalescence"

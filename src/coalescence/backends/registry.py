@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import BackendUnavailable, ConfigError
 from .base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
-from .fingerprint import fingerprint
+from .fingerprint import cache_root, fingerprint
 from .hf import HFBackend
 
 __all__ = (
@@ -362,16 +362,6 @@ def _load_hf(
 
 
 BACKENDS["hf"] = _load_hf
-
-
-def cache_root() -> Path:
-    """coalescence's cache directory: ``$COALESCENCE_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/coalescence``, else ``~/.cache/coalescence``."""
-    root = os.environ.get("COALESCENCE_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "coalescence"
 
 
 def float32_directory(source: ModelSource, *, fingerprint: str, tokenizer: Any = None) -> Path:

@@ -623,7 +623,7 @@ class VLLMServerBackend(BackendBase):
 
         from ..errors import CoalescenceError
         from .fingerprint import fingerprint
-        from .registry import cache_root
+        from .fingerprint import cache_root
 
         path = Path(root)
         if not self.fingerprint:
