@@ -529,13 +529,15 @@ def test_what_a_server_cannot_do_is_refused_before_anything_is_written(server, t
 
 def test_the_rescored_note_counts_the_conversations_own_requests(subject):
     """Two conversations (prefix groups) each have one request whose cached prefix reaches its
-    target (as in the test above): each one's note says 1, not the backend's running total."""
+    target (as in the test above, on the prompt log-probability path, the one that rescores): each
+    one's note says 1, not the backend's running total."""
     fam, tok, model, backend = subject
     rng = np.random.default_rng(5)
-    for group in ("first", "second"):
-        seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
-        backend.score([ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:], prefix_group=group)])
-        backend.score([ScoreRequest(prompt_ids=seq[:60], target_ids=seq[60:72], prefix_group=group)])
+    with scoring(backend, forced=False):
+        for group in ("first", "second"):
+            seq = tuple(int(x) for x in rng.integers(5, len(tok), 100))
+            backend.score([ScoreRequest(prompt_ids=seq[:90], target_ids=seq[90:], prefix_group=group)])
+            backend.score([ScoreRequest(prompt_ids=seq[:60], target_ids=seq[60:72], prefix_group=group)])
     assert backend.rescored >= 2
     for group in ("first", "second"):
         assert backend.run_notes(group) == ("vllm: 1 requests rescored without the prefix cache (cached prefix reached a target)",)

@@ -55,6 +55,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 
 from ..backends.base import ScoreRequest, ScoringBackend, validate_results
 from ..errors import BatchFailed, CoalescenceError, ConfigError, EngineClosed
@@ -581,6 +582,9 @@ class Collator:
                 self._withdraw(record)
                 slot.state = _CANCELLED
             raise
+        # whichever waiter takes the lock leads the oldest record's batch, shielded, so a cancelled
+        # task may have led (and served) its batch: it still raises its cancellation, never returns
+        await anyio.lowlevel.checkpoint_if_cancelled()
         if slot.ok:
             return slot.value
         raise slot.value
