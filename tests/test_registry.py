@@ -112,6 +112,14 @@ def test_the_package_registries_are_registries_with_these_rules():
     for registry in (ESTIMATORS, BACKENDS, READERS, POLICIES, UTILITIES):
         assert isinstance(registry, Registry)
     assert "vllm-server" in BACKENDS  # the server backend is found by name like the others
+    with pytest.raises(ConfigError, match="did you mean vllm\\?"):
+        BACKENDS.lookup("vlm")  # ratio 2*3/7 = 0.86 to vllm
+    from coalescence.backends.registry import ModelSource, load_backend
+
+    nowhere = ModelSource(model_id="m", location="/nonexistent", gguf_file=None, revision="local")
+    with pytest.raises(ConfigError) as info:  # refused before anything loads: the server needs its address
+        load_backend(nowhere, backend="vllm-server")
+    assert info.value.field == "vllm_url" and "http://HOST:PORT" in info.value.message
     with pytest.raises(ConfigError, match="already registered"):
         register_estimator("exact", KernelSHAP)  # a built-in method cannot be silently replaced
     with pytest.raises(ConfigError, match="already registered"):
