@@ -128,3 +128,42 @@ def test_the_package_registries_are_registries_with_these_rules():
         get_policy("drop", sytem_absent="empty")  # a policy's own settings are checked by the registry
     assert info.value.field == "absence_policy" and "did you mean system_absent?" in info.value.message
     assert READERS[".JSON"] is READERS[".json"]  # suffixes compare lower-case
+
+
+def test_a_registered_policy_brings_its_own_settings_and_replays_from_them(monkeypatch):
+    """A policy registered from outside with a setting of its own (``width``: absent text becomes
+    that many stars) is built by name with it, refuses a misspelt one by name, and is rebuilt from
+    its recorded ``params()`` as a replay does (``get_policy(id, **params)``)."""
+    from dataclasses import dataclass as frozen
+
+    import numpy as np
+
+    from coalescence.conversation import Conversation, Message
+    from coalescence.masking.policies import POLICIES, PlaceholderPolicy, get_policy, register_policy
+    from coalescence.snapshot import ConversationSnapshot
+
+    @frozen(frozen=True, slots=True, kw_only=True)
+    class Stars(PlaceholderPolicy):
+        width: int = 3
+        id: str = "stars"
+
+        def params(self):
+            return {"width": self.width}
+
+        def _absent_text(self, player):
+            return "*" * self.width
+
+    monkeypatch.setitem(POLICIES, "stars", None)  # removed again after the test
+    register_policy("stars", Stars)
+    policy = get_policy("stars", width=5)
+    snap = ConversationSnapshot.build(
+        Conversation(messages=(Message(role="user", content="Alpha is first. Beta is second."),), target="Answer."),
+        unit="sentence",
+    )
+    (user,) = policy.render(snap, np.array([False, True]))
+    assert user.content == "***** Beta is second."  # the first sentence is five stars, by the rule above
+    assert get_policy(policy.id, **policy.params()) == policy  # what replay does with the manifest's record
+    with pytest.raises(ConfigError) as info:
+        get_policy("stars", widht=5)
+    assert info.value.field == "absence_policy"
+    assert "has no setting 'widht' (did you mean width?)" in info.value.message
