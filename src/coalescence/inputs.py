@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .conversation import Conversation
-from .errors import InputError
+from .errors import ConfigError, InputError
+from .registry import Registry
 from .userinput import check_text, parse_json, refuse_misspelt_fields, short_repr
 
 __all__ = (
@@ -425,23 +426,32 @@ def read_source(source: Any, template: RagTemplate | None = None) -> tuple[list[
 Reader = Callable[[Path, RagTemplate | None], tuple[list[Conversation], bool]]
 """``reader(path, template) -> (conversations, is_dataset)``: one input format, by file suffix."""
 
-READERS: dict[str, Reader] = {".json": _json_input, ".jsonl": _jsonl_inputs, ".parquet": _parquet_reader}
+def _check_reader(suffix: str, reader: object) -> None:
+    if not suffix.startswith(".") or len(suffix) < 2:
+        raise ConfigError(f"a file suffix starts with a dot, e.g. '.csv'; got {suffix!r}", field="suffix")
+    if not callable(reader):
+        raise ConfigError(f"must be callable, got {type(reader).__name__}", field="reader")
+
+
+READERS: Registry[Reader] = Registry("input format", field="suffix", check=_check_reader, normalize=str.lower)
 """Input readers by lower-case file suffix (:func:`register_reader`); any other suffix is read as
 one JSON input."""
 
 
-def register_reader(suffix: str, reader: Reader) -> None:
+def register_reader(suffix: str, reader: Reader, *, replace: bool = False) -> None:
     """Register an input format: files whose name ends in ``suffix`` (e.g. ``".csv"``; compared
     lower-case) are read by ``reader(path, template) -> (conversations, is_dataset)``, for the CLI's
-    INPUT and the API's paths alike (replacing any previous reader of that suffix).
+    INPUT and the API's paths alike.
 
     Raises:
-        ConfigError: ``suffix`` does not start with a dot, or ``reader`` is not callable.
+        ConfigError: ``suffix`` does not start with a dot, ``reader`` is not callable, or the
+            suffix already has another reader and ``replace`` is false.
     """
-    from .errors import ConfigError
-
-    if not isinstance(suffix, str) or not suffix.startswith(".") or len(suffix) < 2:
+    if not isinstance(suffix, str) or not suffix:
         raise ConfigError(f"a file suffix starts with a dot, e.g. '.csv'; got {suffix!r}", field="suffix")
-    if not callable(reader):
-        raise ConfigError(f"must be callable, got {type(reader).__name__}", field="reader")
-    READERS[suffix.lower()] = reader
+    READERS.register(suffix, reader, replace=replace)
+
+
+for _suffix, _reader in ((".json", _json_input), (".jsonl", _jsonl_inputs), (".parquet", _parquet_reader)):
+    register_reader(_suffix, _reader)
+del _suffix, _reader

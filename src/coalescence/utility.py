@@ -45,9 +45,11 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError, InputError
-from .userinput import did_you_mean, short_repr
+from .registry import Registry
+from .userinput import short_repr
 
 __all__ = (
+    "DEFAULT_UTILITY",
     "REGENERATE_KINDS",
     "TEACHER_FORCED_KINDS",
     "UNITS",
@@ -64,6 +66,8 @@ __all__ = (
     "register_utility",
 )
 
+DEFAULT_UTILITY = "logprob"
+"""The utility of a run that names none: log p(answer | S), in nats."""
 _LOGPROB_KEY = {"kind": "logprob", "reduce": "sum", "unit": "nats"}  # the key of the first version
 _MAX_LOG_P = math.log1p(-(2.0**-52))  # log of the largest p below 1 that logit_prob keeps
 _SEED_BOUND = 2**63
@@ -107,22 +111,28 @@ class Utility:
         return get_similarity(self.kind)
 
 
-UTILITIES: dict[str, Utility] = {}
-"""The utility kinds by name (:func:`register_utility`); ``--utility``'s choices are read from it."""
-
-
-def register_utility(utility: Utility) -> None:
-    """Register a utility kind under ``utility.kind`` (replacing any previous one): it is then a
-    ``--utility`` choice, a :class:`UtilitySpec` kind, and recorded and replayed by name.
-
-    Raises:
-        ConfigError: a teacher-forced kind without ``reduce``, or a kind with an empty name.
-    """
+def _check_utility(kind: str, utility: object) -> None:
     if not isinstance(utility, Utility) or not utility.kind:
         raise ConfigError("register a Utility with a non-empty kind", field="utility")
     if utility.teacher_forced and utility.reduce is None:
         raise ConfigError(f"the teacher-forced utility {utility.kind!r} needs a reduce function", field="utility")
-    UTILITIES[utility.kind] = utility
+
+
+UTILITIES: Registry[Utility] = Registry("utility", field="utility", check=_check_utility)
+"""The utility kinds by name (:func:`register_utility`); ``--utility``'s choices are read from it."""
+
+
+def register_utility(utility: Utility, *, replace: bool = False) -> None:
+    """Register a utility kind under ``utility.kind``: it is then a ``--utility`` choice, a
+    :class:`UtilitySpec` kind, and recorded and replayed by name.
+
+    Raises:
+        ConfigError: a teacher-forced kind without ``reduce``, a kind with an empty name, or a kind
+            already registered as another utility while ``replace`` is false.
+    """
+    if not isinstance(utility, Utility) or not utility.kind:
+        raise ConfigError("register a Utility with a non-empty kind", field="utility")
+    UTILITIES.register(utility.kind, utility, replace=replace)
 
 
 def get_utility(kind: str) -> Utility:
@@ -131,10 +141,7 @@ def get_utility(kind: str) -> Utility:
     Raises:
         ConfigError: an unknown kind (field ``utility``, listing the known ones).
     """
-    try:
-        return UTILITIES[kind]
-    except (KeyError, TypeError):
-        raise ConfigError(f"unknown utility {kind!r}{did_you_mean(kind, UTILITIES)}; use one of {', '.join(UTILITIES)}", field="utility") from None
+    return UTILITIES.lookup(kind)
 
 
 def _logit(lp: np.ndarray) -> float:
@@ -332,7 +339,7 @@ class UtilitySpec:
             regenerate kind, or a generation config with a teacher-forced kind.
     """
 
-    kind: str = "logprob"
+    kind: str = DEFAULT_UTILITY
     span: tuple[int, int] | None = None
     substring: str | None = None
     generation: GenerationConfig | None = None
@@ -398,7 +405,7 @@ class UtilitySpec:
         gen = data.get("generation")
         span = data.get("span")
         return cls(
-            kind=data.get("kind", "logprob"),
+            kind=data.get("kind", DEFAULT_UTILITY),
             span=tuple(span) if span is not None else None,
             substring=data.get("substring"),
             generation=GenerationConfig(**gen) if gen is not None else None,

@@ -164,6 +164,7 @@ def compare(
     """
     from scipy.stats import spearmanr
 
+    from ..attribution.estimators import is_exact
     from ..report.sources import from_document
     from .report import report_source
 
@@ -217,7 +218,7 @@ def compare(
     k = min(top_k, n)
     rows = [[p.get("value") for p in doc["players"]] for _, doc in documents]
     reference = rows[0]
-    exact = next((r for (_, doc), r in zip(documents, rows, strict=True) if doc.get("method") == "exact"), None)
+    exact = next((r for (_, doc), r in zip(documents, rows, strict=True) if is_exact(doc.get("method"))), None)
 
     def top(values: Sequence[float | None]) -> set[int]:
         return set(sorted(range(n), key=lambda i: (-(values[i] if values[i] is not None else -math.inf), i))[:k])
@@ -234,7 +235,7 @@ def compare(
         else:
             rho = float(spearmanr([a for a, _ in pairs], [b for _, b in pairs]).statistic)
         errors = None
-        if exact is not None and doc.get("method") != "exact":
+        if exact is not None and not is_exact(doc.get("method")):
             diffs = [abs(a - b) for a, b in zip(exact, values, strict=True) if a is not None and b is not None]
             errors = (max(diffs), math.sqrt(sum(d * d for d in diffs) / len(diffs))) if diffs else None
         se = [p.get("stderr") for p in doc["players"]]

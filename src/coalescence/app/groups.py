@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..backends.base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
+from ..utility import DEFAULT_UTILITY
 from .options import SettingsGroup, option, positive_float, positive_int
 from .options import seed as seed_type
 
@@ -45,7 +46,7 @@ __all__ = (
 def _backends() -> tuple[str, ...]:
     from ..backends.registry import BACKENDS
 
-    return tuple(sorted(BACKENDS))
+    return BACKENDS.names()
 
 
 def _policies() -> tuple[str, ...]:
@@ -224,7 +225,7 @@ class UtilitySettings(SettingsGroup):
 
     title: ClassVar[str] = "utility"
 
-    utility: str | None = option("logprob", choices=utility_kinds, help=UTILITY_HELP + " (default: %(default)s)")
+    utility: str | None = option(DEFAULT_UTILITY, choices=utility_kinds, help=UTILITY_HELP + " (default: %(default)s)")
     target_span: str | tuple[int, int] | None = option(None, metavar="START:END", help=SPAN_HELP)
     target_substring: str | None = option(None, metavar="TEXT", help=SUBSTRING_HELP)
     temperature: float = option(

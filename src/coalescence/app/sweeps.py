@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, EstimatorError
+from ..attribution.estimators import is_exact
 from .lifecycle import run_blocking
 from .explain import ExplainRun, closing_run
 from .options import SettingsGroup, option
@@ -443,7 +444,7 @@ class SweepRun(ExplainRun):
                         "fit_seconds": time.perf_counter() - t0,
                     }
             rows.append(row)
-        exact = next((r for r in rows if r["method"] == "exact" and r["status"] == "ok"), None)
+        exact = next((r for r in rows if is_exact(r["method"]) and r["status"] == "ok"), None)
         for row in rows:
             if exact is not None and row is not exact and row["status"] == "ok" and None not in row["values"] and None not in exact["values"]:
                 row |= agreement(row["values"], exact["values"])

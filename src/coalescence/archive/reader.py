@@ -63,6 +63,11 @@ class BadPart:
     part: PartFile
     reason: str
 
+    def quarantine_record(self, now: str, run_id: str | None) -> dict[str, Any]:
+        """What the manifest's ``quarantine`` list records of this part once it is moved there
+        (``now``: ISO 8601, UTC; ``run_id``: the run that moved it, ``None`` for a compaction)."""
+        return {"part": self.part.path.name, "reason": self.reason, "quarantined_at": now, "run_id": run_id}
+
     def message(self, *, hint: bool = True) -> str:
         """One line naming the part and what is wrong (with the ``--skip-corrupt`` hint)."""
         text = f"part {PARTS_DIR}/{self.part.path.name} {self.reason}"

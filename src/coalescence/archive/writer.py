@@ -16,189 +16,38 @@ that fails verification is moved to ``RUN_DIR/quarantine/`` and listed in the ma
 ``quarantine``, so later commands do not trip on it again.
 """
 
+
 from __future__ import annotations
 
-import errno
-import fcntl
-import hashlib
-import json
 import logging
 import operator
 import os
-import socket
 import time
-import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..errors import ArchiveError, ArchiveWriteError, ConfigError
-from .layout import (
-    discard,
-    fsync_dir,
-    is_fresh,
-    is_live,
-    live_generation,
-    one_line,
-    os_error,
-    part_files,
-    quarantine,
-    recover,
-    remove_created,
-    remove_tree,
-    start_generation,
-    switch,
-    temporary_name,
-    write_file,
-    write_output,
-)
+from .atomic import write_json_atomic, write_part
+from .compact import compact
+from .identity import IDENTITY_FIELDS, join_run
+from .layout import fsync_dir, is_fresh, live_generation, one_line, os_error, part_files, quarantine, remove_created
+from .lock import RunLock
 from .manifest import read_manifest, with_digests
-from .reader import BadPart, dedupe_rows, load_rows, parts_of
-from .schema import LOCK_NAME, MANIFEST_NAME, PARTS_DIR, RESULTS_NAME, ROW_SCHEMA, SCHEMA_VERSION, part_name
+from .reader import BadPart, dedupe_rows, load_rows
+from .results import append_results, read_results, result_line
+from .schema import LOCK_NAME, MANIFEST_NAME, RESULTS_NAME, ROW_SCHEMA, SCHEMA_VERSION
 
 __all__ = ("IDENTITY_FIELDS", "RunArchive", "compact", "write_json_atomic")
 
 logger = logging.getLogger(__name__)
 
-IDENTITY_FIELDS = ("snapshot_ids", "model", "utility", "absence_policy")
-"""The run fields that must match for a resume (anything else may differ, e.g. batch size)."""
 _COLUMNS = frozenset(ROW_SCHEMA.names)
 _REQUIRED = frozenset(f.name for f in ROW_SCHEMA if not f.nullable)
 _get_required = operator.itemgetter(*sorted(_REQUIRED))
-
-
-def write_json_atomic(path: Path, data: Any, *, field: str | None = None) -> None:
-    """Write JSON to ``path`` through a temporary file, fsync and rename (all or nothing); a
-    symbolic link is followed, a stream (``/dev/stdout``) written directly
-    (:func:`~coalescence.archive.layout.write_output`).
-
-    Args:
-        path: the file written (its parent is created if missing).
-        data: JSON-ready data (lone surrogates in strings are written as ``\\u`` escapes).
-        field: the option named in an error (e.g. ``"out"``).
-
-    Raises:
-        ArchiveError: the place cannot be written (permission, not a directory).
-        ArchiveWriteError: the write failed (disk full, I/O error); ``path`` is as it was.
-    """
-    try:
-        text = (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    except UnicodeEncodeError:
-        text = (json.dumps(data, indent=2) + "\n").encode("ascii")
-    write_output(Path(path), text, field=field)
-
-
-def _read_results(path: Path, run_id: str) -> dict[str, dict[str, Any]]:
-    """The finished explanations of ``run_id`` in ``results.jsonl`` (complete lines only)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise ArchiveError(f"cannot read {path}: {one_line(exc)}", field="archive") from exc
-    out: dict[str, dict[str, Any]] = {}
-    for line in data.split(b"\n")[:-1]:  # the last piece is empty, or a line a crash tore
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("run_id") == run_id and isinstance(record.get("key"), str):
-            if isinstance(record.get("document"), dict):
-                out[record["key"]] = record["document"]
-    return out
-
-
-def _write_part(directory: Path, index: int, table: pa.Table, *, field: str = "archive") -> Path:
-    """Write ``table`` as part ``index`` in ``directory``: serialised in memory, hashed, written
-    under a temporary name, fsynced, renamed to ``part-NNNNNN-<sha256>.parquet``.
-
-    Returns:
-        The part's path.
-
-    Raises:
-        ArchiveError, ArchiveWriteError: nothing new is visible (the temporary file is removed).
-    """
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", write_page_checksum=True)
-    data = sink.getvalue()
-    final = directory / part_name(index, hashlib.sha256(data).hexdigest())
-    tmp = temporary_name(final)
-    try:
-        write_file(tmp, data)
-        os.replace(tmp, final)
-    except OSError as exc:
-        discard(tmp)
-        raise os_error(exc, f"cannot write {final}", field) from exc
-    return final
-
-
-class _Lock:
-    """An exclusive OS lock (``flock``) on ``RUN_DIR/.lock``, holding the holder's pid/host/time."""
-
-    def __init__(self, run_dir: Path, field: str = "archive") -> None:
-        path = run_dir / LOCK_NAME
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        except OSError as exc:
-            raise os_error(exc, f"cannot open the lock file {path}", field) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            try:
-                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
-            except OSError:
-                holder = ""
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ArchiveError(
-                    f"{str(run_dir)!r} is being written by {holder or 'another process'}; wait for it to "
-                    "finish or use another archive",
-                    field=field,
-                ) from None
-            raise os_error(exc, f"cannot lock {path}", field) from exc
-        self._fd: int | None = fd
-        note = f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(UTC).isoformat()}\n"
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, note.encode(), 0)
-        except OSError:  # the holder's name only helps the next writer's message; the lock holds without it
-            pass
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        fd, self._fd = self._fd, None
-        try:
-            os.ftruncate(fd, 0)
-        except OSError:
-            pass
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
-
-def _identity(run: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: run.get(k) for k in IDENTITY_FIELDS}
-
-
-def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    return [
-        f"{k}: archive has {json.dumps(old.get(k), sort_keys=True)}, this run has {json.dumps(new.get(k), sort_keys=True)}"
-        for k in IDENTITY_FIELDS
-        if old.get(k) != new.get(k)
-    ]
-
-
-
-def _quarantine_records(bad: list[BadPart], now: str, run_id: str | None) -> list[dict[str, Any]]:
-    return [
-        {"part": b.part.path.name, "reason": b.reason, "quarantined_at": now, "run_id": run_id} for b in bad
-    ]
 
 
 def _row_seconds(elapsed_ms: float, batch_size: int, cache_hit: bool) -> float:
@@ -231,7 +80,7 @@ class RunArchive:
         manifest: dict[str, Any],
         *,
         run_id: str,
-        lock: _Lock,
+        lock: RunLock,
         loaded: pa.Table,
         directory: Path,
         next_part: int,
@@ -257,7 +106,7 @@ class RunArchive:
         self._keys: set[str] = set(loaded["coalition_key"].to_pylist()) if loaded.num_rows else set()
         self._rows: list[dict[str, Any]] = []
         self._last_flush = time.monotonic()
-        self.results: dict[str, dict[str, Any]] = _read_results(run_dir / RESULTS_NAME, run_id)
+        self.results: dict[str, dict[str, Any]] = read_results(run_dir / RESULTS_NAME, run_id)
         self._pending_results: list[bytes] = []
         self._written_seconds: dict[str, float] = {}  # model time of the rows this process appended
         self._loaded_seconds: dict[str, float] | None = None  # of the loaded rows, made when first asked
@@ -359,7 +208,7 @@ class RunArchive:
         except OSError as exc:
             raise os_error(exc, f"cannot create run directory {str(path)!r}") from exc
         try:
-            lock = _Lock(path)
+            lock = RunLock(path)
         except BaseException:
             remove_created(created, lock_file=None)
             raise
@@ -376,7 +225,7 @@ class RunArchive:
         cls,
         path: Path,
         run: dict[str, Any],
-        lock: _Lock,
+        lock: RunLock,
         new_run: bool,
         skip_corrupt: bool,
         flush_rows: int,
@@ -400,25 +249,11 @@ class RunArchive:
             manifest = read_manifest(path)
             table, bad = load_rows(path, skip_corrupt=skip_corrupt)
             loaded = dedupe_rows(table)
-        match = next((r for r in manifest["runs"] if _identity(r) == _identity(run)), None)
-        if match is None and manifest["runs"] and not new_run:
-            diffs = _differences(manifest["runs"][-1], run)
-            raise ArchiveError(
-                "the archive holds a different run (" + "; ".join(diffs) + "); use the same settings to "
-                "resume it, --new-run to add this run to the archive, or another --archive",
-                field="archive",
-            )
-        resumed = match is not None
-        if match is None:
-            match = {"run_id": uuid.uuid4().hex[:16], "started_at": now, **run, "status": "running"}
-            manifest["runs"].append(match)
-        else:
-            match.update({**run, "run_id": match["run_id"], "status": "running", "resumed_at": now})
-            match.pop("error", None)
+        match, resumed = join_run(manifest, run, now=now, new_run=new_run)
         known = {s.get("snapshot_id") for s in manifest["snapshots"]}
         manifest["snapshots"].extend(with_digests(s) for s in snapshots if s.get("snapshot_id") not in known)
         if bad:
-            manifest["quarantine"] = (manifest.get("quarantine") or []) + _quarantine_records(bad, now, match["run_id"])
+            manifest["quarantine"] = (manifest.get("quarantine") or []) + [b.quarantine_record(now, match["run_id"]) for b in bad]
         manifest["updated_at"] = now
         manifest["rows"] = loaded.num_rows
         manifest["schema_version"] = SCHEMA_VERSION  # older parts stay readable (new columns null)
@@ -523,7 +358,7 @@ class RunArchive:
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise ArchiveError(f"rows do not fit the archive schema: {one_line(exc)}", field="row") from exc
         try:
-            _write_part(self._directory, self._next_part, table)
+            write_part(self._directory, self._next_part, table)
         except ArchiveError as exc:
             self.write_error = exc.message
             raise
@@ -549,8 +384,7 @@ class RunArchive:
         """
         if self.closed:
             raise ArchiveError("the run archive is closed", field="archive")
-        line = json.dumps({"run_id": self.run_id, "key": key, "document": document}, ensure_ascii=False, allow_nan=False)
-        self._pending_results.append(line.encode("utf-8") + b"\n")
+        self._pending_results.append(result_line(self.run_id, key, document))
         self.results[key] = dict(document)
         if not self._rows:
             self._write_results()
@@ -558,16 +392,11 @@ class RunArchive:
     def _write_results(self) -> None:
         if not self._pending_results:
             return
-        path = self.run_dir / RESULTS_NAME
         try:
-            with open(path, "ab") as fh:
-                fh.write(b"".join(self._pending_results))
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            error = os_error(exc, f"cannot write {path}")
-            self.write_error = error.message
-            raise error from exc
+            append_results(self.run_dir / RESULTS_NAME, self._pending_results)
+        except ArchiveError as exc:
+            self.write_error = exc.message
+            raise
         self._pending_results.clear()
 
     def close(self, *, status: str = "complete", **run_updates: Any) -> None:
@@ -606,61 +435,3 @@ class RunArchive:
             self._lock.release()
         if error is not None:
             raise error
-
-
-def compact(run_dir: str | Path, *, skip_corrupt: bool = False) -> tuple[int, int]:
-    """Merge every part of a run into one, switched in atomically (``coalescence archive compact``).
-
-    The merged part is written into a new generation directory, which then replaces the live one
-    with one rename of the ``parts`` link: a reader sees the old parts or the merged one, never both.
-    An archive of schema version 2 or older is moved to the current layout on the way.
-
-    Args:
-        run_dir: the run directory.
-        skip_corrupt: move parts that fail verification to ``quarantine/`` (recorded in the
-            manifest) and merge the rest, instead of refusing.
-
-    Returns:
-        ``(parts_before, rows)``.
-
-    Raises:
-        ArchiveError: not a run directory, a damaged manifest, foreign files where parts live, a
-            writer holds the run, a part fails verification (without ``skip_corrupt``), or the
-            place cannot be written: nothing is changed.
-        ArchiveWriteError: a write failed (disk full, I/O error): the live parts are as they were.
-    """
-    path = Path(run_dir)
-    read_manifest(path)
-    lock = _Lock(path, field="RUN_DIR")
-    try:
-        manifest = read_manifest(path)
-        parts = parts_of(path)
-        loaded, bad = load_rows(path, skip_corrupt=skip_corrupt)
-        table = dedupe_rows(loaded)
-        current = os.path.islink(path / PARTS_DIR) and all(p.digest is not None for p in parts)
-        if bad or manifest["schema_version"] < SCHEMA_VERSION:
-            now = datetime.now(UTC).isoformat()
-            if bad:
-                manifest["quarantine"] = (manifest.get("quarantine") or []) + _quarantine_records(bad, now, None)
-            manifest.update(schema_version=SCHEMA_VERSION, updated_at=now, rows=table.num_rows)
-            write_json_atomic(path / MANIFEST_NAME, manifest, field="RUN_DIR")
-        generation = None
-        try:
-            quarantine(path, [b.part.path for b in bad])
-            recover(path)
-            if current and len(parts) - len(bad) <= 1 and table.num_rows == loaded.num_rows:
-                return len(parts), table.num_rows  # nothing to merge
-            generation = start_generation(path)
-            if table.num_rows:
-                _write_part(generation, max(p.index for p in parts) + 1, table, field="RUN_DIR")
-            fsync_dir(generation)
-            switch(path, generation)
-        except BaseException as exc:
-            if generation is not None and not is_live(path, generation):
-                remove_tree(generation)  # no reader has seen it
-            if isinstance(exc, OSError):
-                raise os_error(exc, f"cannot compact {path}", "RUN_DIR") from exc
-            raise
-        return len(parts), table.num_rows
-    finally:
-        lock.release()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..snapshot import ConversationSnapshot
+from ..utility import DEFAULT_UTILITY
 from .estimators.base import Estimate
 
 __all__ = ("EXPLANATION_SCHEMA", "AnswerToken", "Explanation", "ExplanationFormatter", "answer_tokens", "formatter", "set_formatter")
@@ -216,7 +217,7 @@ class Explanation:
     model_revision: str = ""
     absence_policy: str
     absence_params: dict[str, Any] = field(default_factory=dict)
-    utility: str = "logprob"
+    utility: str = DEFAULT_UTILITY
     utility_unit: str = "nats"
     utility_detail: dict[str, Any] = field(default_factory=dict)
     utility_description: str = ""
@@ -358,7 +359,7 @@ class Explanation:
                 model_revision=document.get("model_revision", ""),
                 absence_policy=document["absence_policy"],
                 absence_params=dict(document.get("absence_params") or {}),
-                utility=document.get("utility", "logprob"),
+                utility=document.get("utility", DEFAULT_UTILITY),
                 utility_unit=document.get("value_unit", "nats"),
                 utility_detail=dict(document.get("utility_detail") or {}),
                 utility_description=str((document.get("utility_detail") or {}).get("description", "")),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendUnavailable, ConfigError
+from ..registry import Registry
 from .base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
 from .fingerprint import cache_root, fingerprint
 from .hf import HFBackend
@@ -239,15 +240,25 @@ def model_context(config: Any, tokenizer: Any = None) -> int:
     return int(getattr(config, "max_position_embeddings", None) or getattr(tokenizer, "model_max_length", 2048))
 
 
-BACKENDS: dict[str, Callable[..., Any]] = {}
+def _check_loader(name: str, loader: object) -> None:
+    if not callable(loader):
+        raise ConfigError(f"the backend {name!r} must be a callable loader, got {type(loader).__name__}", field="backend")
+
+
+BACKENDS: Registry[Callable[..., Any]] = Registry("backend", field="backend", check=_check_loader)
 """Backend loaders by name (``--backend``): ``loader(source, *, device, dtype, max_batch_size,
-tokenizer, config, fingerprint) -> ScoringBackend``. A new backend is one module and one entry
-(:func:`register_backend`)."""
+tokenizer, config, fingerprint) -> ScoringBackend`` (a server backend's loader also takes ``url``).
+A new backend is one module and one entry (:func:`register_backend`)."""
 
 
-def register_backend(name: str, loader: Callable[..., Any]) -> None:
-    """Register a backend loader under ``name`` (replacing any previous one)."""
-    BACKENDS[name] = loader
+def register_backend(name: str, loader: Callable[..., Any], *, replace: bool = False) -> None:
+    """Register a backend loader under ``name``.
+
+    Raises:
+        ConfigError: an empty name, a loader that is not callable, or a name already registered to
+            another loader while ``replace`` is false (field ``backend``).
+    """
+    BACKENDS.register(name, loader, replace=replace)
 
 
 def load_backend(
@@ -260,8 +271,10 @@ def load_backend(
     tokenizer: Any = None,
     config: Any = None,
     fingerprint: str | None = None,
+    url: str | None = None,
 ) -> Any:
-    """Load a model into the backend named ``backend`` (default ``hf``: transformers).
+    """Load a model into the backend named ``backend`` (default ``hf``: transformers), or connect
+    to a server backend (``vllm-server`` with ``url``: a running ``vllm serve``).
 
     Args:
         spec: a ``--model`` value or a resolved :class:`ModelSource`.
@@ -275,23 +288,25 @@ def load_backend(
         config: the model's configuration when already loaded (:func:`load_config`).
         fingerprint: the model's content fingerprint when already computed
             (:func:`model_fingerprint`).
+        url: a server backend's address (``http://HOST:PORT``), passed to its loader only when
+            given.
 
     Returns:
         A :class:`~coalescence.backends.base.ScoringBackend`.
 
     Raises:
-        ConfigError: an unknown backend name, bad ``device`` or ``dtype``.
+        ConfigError: an unknown backend name (with a "did you mean"), bad ``device`` or ``dtype``,
+            or a server backend without its ``url``.
         BackendUnavailable: the model cannot be found or loaded (offline hub, missing files,
             missing ``gguf``/``accelerate`` package), with the reason.
     """
-    try:
-        loader = BACKENDS[backend]
-    except KeyError:
-        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(sorted(BACKENDS))}", field="backend") from None
+    loader = BACKENDS.lookup(backend)
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
+    server = {"url": url} if url is not None else {}  # only a server's loader takes one
     return loader(
-        source, device=device, dtype=dtype, max_batch_size=max_batch_size, tokenizer=tokenizer, config=config, fingerprint=fingerprint
-    )
+        source, device=device, dtype=dtype, max_batch_size=max_batch_size, tokenizer=tokenizer, config=config, fingerprint=fingerprint,
+        **server,
+    )  # fmt: skip
 
 
 def _load_hf(
@@ -361,7 +376,7 @@ def _load_hf(
     )
 
 
-BACKENDS["hf"] = _load_hf
+register_backend("hf", _load_hf)
 
 
 def float32_directory(source: ModelSource, *, fingerprint: str, tokenizer: Any = None) -> Path:
@@ -451,4 +466,46 @@ def _load_vllm(
     )
 
 
-BACKENDS["vllm"] = _load_vllm
+register_backend("vllm", _load_vllm)
+
+
+def _load_vllm_server(
+    source: ModelSource,
+    *,
+    url: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_batch_size: int | None = None,
+    tokenizer: Any = None,
+    config: Any = None,
+    fingerprint: str | None = None,
+) -> Any:
+    """The ``vllm-server`` backend: a running ``vllm serve`` at ``url`` scores the model's
+    coalitions (:class:`~coalescence.backends.vllm.VLLMServerBackend`); the tokenizer and the
+    context are the model's own, loaded here. ``device`` and ``dtype`` are the server's and are not
+    read.
+
+    Raises:
+        ConfigError: no ``url`` (field ``vllm_url``), or one that is not ``http://HOST:PORT``.
+        BackendUnavailable: the server cannot be reached, or serves another model.
+    """
+    if not url:
+        raise ConfigError("the vllm-server backend scores against a running vllm serve; give its http://HOST:PORT", field="vllm_url")
+    from .vllm import VLLMServerBackend
+
+    if tokenizer is None:
+        tokenizer = load_tokenizer(source)
+    if config is None:
+        config = load_config(source)
+    return VLLMServerBackend(
+        url,
+        tokenizer,
+        model_id=source.model_id,
+        revision=source.revision,
+        fingerprint=fingerprint if fingerprint is not None else model_fingerprint(source),
+        max_context=model_context(config, tokenizer),
+        **({"max_batch_size": max_batch_size} if max_batch_size else {}),  # else the server backend's own
+    )
+
+
+register_backend("vllm-server", _load_vllm_server)

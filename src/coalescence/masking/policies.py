@@ -49,10 +49,12 @@ import numpy as np
 from ..snapshot import ConversationSnapshot
 from ..conversation import Message, Player, players_by_message
 from ..errors import ConfigError, MaskError
-from ..userinput import check_text, did_you_mean
+from ..registry import Registry
+from ..userinput import check_text
 
 __all__ = (
     "AbsencePolicy",
+    "POLICIES",
     "DropPolicy",
     "EMPTY_TURNS",
     "PlaceholderPolicy",
@@ -407,37 +409,43 @@ class PlaceholderPolicy(_SpanPolicy):
         return self.text
 
 
-_REGISTRY: dict[str, Callable[..., AbsencePolicy]] = {
-    "drop": DropPolicy,
-    "placeholder": PlaceholderPolicy,
-}
+def _check_factory(policy_id: str, factory: object) -> None:
+    if not callable(factory):
+        raise ConfigError(f"the absence policy {policy_id!r} must be a callable factory, got {type(factory).__name__}", field="absence_policy")
 
 
-def register_policy(policy_id: str, factory: Callable[..., AbsencePolicy]) -> None:
-    """Register an absence policy factory under ``policy_id`` (replacing any previous one)."""
-    _REGISTRY[policy_id] = factory
+POLICIES: Registry[Callable[..., AbsencePolicy]] = Registry("absence policy", field="absence_policy", check=_check_factory)
+"""Absence policy factories by id (``--absence-policy``'s choices, in registration order): a
+factory's keyword parameters are the policy's own settings, checked by the registry
+(:meth:`~coalescence.registry.Registry.create`) before it is called."""
+
+
+def register_policy(policy_id: str, factory: Callable[..., AbsencePolicy], *, replace: bool = False) -> None:
+    """Register an absence policy factory under ``policy_id``. The factory's keyword parameters (a
+    dataclass's fields, or its signature's names) are the policy's settings: :func:`get_policy`
+    refuses any other, naming it.
+
+    Raises:
+        ConfigError: ``policy_id`` is empty, ``factory`` is not callable, or the id is already
+            registered to another factory and ``replace`` is false (field ``absence_policy``).
+    """
+    POLICIES.register(policy_id, factory, replace=replace)
+
+
+register_policy("drop", DropPolicy)
+register_policy("placeholder", PlaceholderPolicy)
 
 
 def available_policies() -> tuple[str, ...]:
-    """The registered policy ids, sorted."""
-    return tuple(sorted(_REGISTRY))
+    """The registered policy ids, in registration order."""
+    return POLICIES.names()
 
 
 def get_policy(policy_id: str, **params: Any) -> AbsencePolicy:
-    """Build the registered policy ``policy_id`` with ``params``.
+    """Build the registered policy ``policy_id`` with its settings ``params``.
 
     Raises:
-        ConfigError: unknown id (field ``--absence-policy``) or bad parameters.
+        ConfigError: unknown id, a setting the policy does not take (both with a "did you mean"),
+            or a bad value (field ``absence_policy``, or the setting's own).
     """
-    try:
-        factory = _REGISTRY[policy_id]
-    except KeyError:
-        raise ConfigError(
-            f"unknown absence policy {policy_id!r}{did_you_mean(policy_id, available_policies())}; use one of "
-            f"{', '.join(available_policies())}",
-            field="absence_policy",
-        ) from None
-    try:
-        return factory(**params)
-    except TypeError as exc:
-        raise ConfigError(f"bad parameters for {policy_id!r}: {exc}", field="absence_policy") from exc
+    return POLICIES.create(policy_id, **params)

@@ -66,6 +66,8 @@ def render_comparison(comparison: Mapping[str, Any], *, scale: str = "robust", t
     Raises:
         BackendUnavailable: matplotlib is not installed (with the install command).
     """
+    from ..attribution.estimators import is_exact
+
     players = comparison["players"]
     columns = comparison["columns"]
     unit = str(comparison.get("unit") or "nats")
@@ -113,7 +115,7 @@ def render_comparison(comparison: Mapping[str, Any], *, scale: str = "robust", t
             "overlap": _num(c.get("top_overlap"), ".2f"),
             "max_error": _num(c.get("max_error"), ".4f") if c.get("max_error") is not None else "",
             "rmse": _num(c.get("rmse"), ".4f") if c.get("rmse") is not None else "",
-            "is_exact": c.get("method") == "exact",
+            "is_exact": is_exact(c.get("method")),
         }
         for k, c in enumerate(columns)
     ]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..attribution.explanation import _num, _optional
 from ..attribution.interactions import EFFICIENT_INDICES
+from ..attribution.estimators.registry import is_exact
 
 if TYPE_CHECKING:
     from ..attribution.explanation import Explanation
@@ -121,7 +122,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
         f"sum of values = {_fmt(float(est.values.sum()))}"
         + (
             f" (+ interactions {_fmt(sum(v for _, v in est.interactions), sign=True)}: {est.interaction_index} is efficient over all its orders)"
-            if est.interactions and est.method != "exact" and est.interaction_index in EFFICIENT_INDICES
+            if est.interactions and not is_exact(est.method) and est.interaction_index in EFFICIENT_INDICES
             else ""
         )
         + f"   efficiency gap = {est.efficiency_gap:.3g}"
@@ -158,7 +159,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
             who = " x ".join(explanation.snapshot.players[i].label for i in players)
             texts = " | ".join(_snip(explanation.snapshot.players[i].text, 28) for i in players)
             lines.append(f"  {_fmt(value, sign=True)}  {who}  ({texts})")
-        if est.method == "exact":
+        if is_exact(est.method):
             lines.append("  (exact, from every coalition; the values above are Shapley values)")
         else:
             if est.interaction_index in EFFICIENT_INDICES:

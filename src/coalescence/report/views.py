@@ -151,8 +151,10 @@ def _messages(doc: Mapping[str, Any], players: list[dict[str, Any]]) -> list[dic
 
 def _answer(doc: Mapping[str, Any], section: str, scale_name: str = "robust") -> dict[str, Any]:
     """The answer's tokens shaded by ``logprob_full - logprob_empty``, or why there are none."""
+    from ..utility import DEFAULT_UTILITY
+
     target = doc["target"]
-    utility = doc.get("utility") or (doc.get("utility_detail") or {}).get("kind") or "logprob"
+    utility = doc.get("utility") or (doc.get("utility_detail") or {}).get("kind") or DEFAULT_UTILITY
     detail = doc.get("utility_detail") or {}
     span = detail.get("target_tokens")
     tokens = doc.get("answer_tokens")
@@ -211,7 +213,9 @@ def _answer(doc: Mapping[str, Any], section: str, scale_name: str = "robust") ->
 
 def _reading(doc: Mapping[str, Any], unit: str, has_se: bool) -> list[str]:
     """How to read the values, in a few sentences fitted to the run's utility and method."""
-    utility = str(doc.get("utility") or "logprob")
+    from ..utility import DEFAULT_UTILITY
+
+    utility = str(doc.get("utility") or DEFAULT_UTILITY)
     v_empty, v_full = doc.get("v_empty"), doc.get("v_full")
     total = v_full - v_empty if isinstance(v_full, int | float) and isinstance(v_empty, int | float) else None
     what = {
@@ -283,6 +287,8 @@ def _stopping(stopping: Any) -> str:
 
 def _interactions(doc: Mapping[str, Any], unit: str) -> list[tuple[str, str]]:
     """The interactions fact (index, orders, the five largest by |value|), or none."""
+    from ..attribution.estimators import is_exact
+
     terms = doc.get("interactions") or []
     if not terms:
         return []
@@ -291,7 +297,7 @@ def _interactions(doc: Mapping[str, Any], unit: str) -> list[tuple[str, str]]:
     top = "; ".join(f"{times.join(t['players'])} {_fmt(t['value'], sign=True)}" for t in terms[:5])
     what = (
         "the values are Shapley values"
-        if doc.get("method") == "exact"
+        if is_exact(doc.get("method"))
         else f"sampled; the values are {index}'s order-1 terms" + (" (Shapley values)" if index == "SII" else "")
     )
     return [("interactions", f"{index}, orders 2..{order}, {len(terms)} sets, in {unit} ({what}); largest: {top}")]

@@ -17,7 +17,7 @@ from .msr import RegressionMSR
 from .permutation import PermutationShapley
 from .proxy import ControlVariateLasso, TwoFidelityShapley
 from . import registry as _registry
-from .registry import ESTIMATORS, estimator_class, interaction_settings, is_method, make_estimator, methods_with, register_estimator
+from .registry import ESTIMATORS, estimator_class, interaction_settings, is_exact, is_method, make_estimator, methods_with, register_estimator
 
 __all__ = (
     "ESTIMATORS",
@@ -36,6 +36,7 @@ __all__ = (
     "TwoFidelityShapley",
     "estimator_class",
     "interaction_settings",
+    "is_exact",
     "is_method",
     "make_estimator",
     "methods_with",

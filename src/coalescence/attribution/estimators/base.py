@@ -118,6 +118,8 @@ class Capabilities:
             on many more coalitions) together with the exact one: it has ``proxy_budget``,
             ``proxy_plan(n)`` and ``fit_two_fidelity(masks, utilities, proxy_masks,
             proxy_utilities)`` (:mod:`.proxy`); its ``fit`` alone is its exact-only form.
+        exact: its values are computed from every coalition, with no sampling error (they are the
+            game's Shapley values): the reference other methods are compared with.
     """
 
     needs_budget: bool
@@ -127,6 +129,7 @@ class Capabilities:
     interaction_indices: tuple[str, ...] = ()
     chooses: bool = False
     two_fidelity: bool = False
+    exact: bool = False
 
     def default_budget(self, n_players: int) -> int | None:
         """The budget used when none is given: ``budget_per_player * n``, or ``None`` when the

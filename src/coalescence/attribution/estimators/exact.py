@@ -78,7 +78,7 @@ class ExactShapley:
     MAX_PLAYERS: ClassVar[int] = 16
     name: str = field(default="exact", init=False)
     capabilities: ClassVar[Capabilities] = Capabilities(
-        needs_budget=False, reports_stderr=False, max_players=MAX_PLAYERS, interaction_indices=INTERACTION_INDICES
+        needs_budget=False, reports_stderr=False, max_players=MAX_PLAYERS, interaction_indices=INTERACTION_INDICES, exact=True
     )
     interactions: int | None = None
     index: str | None = None

@@ -8,7 +8,7 @@ whether it samples within a budget, reports standard errors, a largest n); calle
 from __future__ import annotations
 
 from ...errors import ConfigError
-from ...userinput import did_you_mean
+from ...registry import Registry
 from .auto import AutoMethod
 from .banzhaf import Banzhaf
 from .base import Estimator, check_interactions
@@ -20,23 +20,20 @@ from .permutation import PermutationShapley
 from .proxy import ControlVariateLasso, TwoFidelityShapley
 from .shapiq import PREFIX, approximator_estimator
 
-__all__ = ("ESTIMATORS", "METHODS", "estimator_class", "interaction_settings", "is_method", "make_estimator", "methods_with", "register_estimator")
+__all__ = ("ESTIMATORS", "METHODS", "estimator_class", "interaction_settings", "is_exact", "is_method", "make_estimator", "methods_with", "register_estimator")
 
-ESTIMATORS: dict[str, type] = {
-    "exact": ExactShapley,
-    "permutation": PermutationShapley,
-    "loo": LeaveOneOut,
-    "kernelshap": KernelSHAP,
-    "regression-msr": RegressionMSR,
-    "banzhaf": Banzhaf,
-    "lasso": ControlVariateLasso,
-    "proxy-shapley": TwoFidelityShapley,
-    "auto": AutoMethod,
-}
-"""Estimator classes by method name (the CLI's ``--method`` choices). ``lasso`` is the LASSO
-surrogate in its two-fidelity-capable form (:class:`~.proxy.ControlVariateLasso`: without a proxy
-game it is :class:`~.lasso.LassoSurrogate`); ``proxy-shapley`` is regression-msr's two-fidelity
-form (:class:`~.proxy.TwoFidelityShapley`)."""
+def _check_estimator(name: str, cls: object) -> None:
+    if not hasattr(cls, "capabilities"):
+        raise ConfigError(f"{getattr(cls, '__name__', type(cls).__name__)} declares no capabilities", field="method")
+
+
+ESTIMATORS: Registry[type] = Registry(
+    "method", field="method", check=_check_estimator, alternatives=", or shapiq:<Approximator>", choose="choose one of: "
+)
+"""Estimator classes by method name (the CLI's ``--method`` choices, in registration order).
+``lasso`` is the LASSO surrogate in its two-fidelity-capable form
+(:class:`~.proxy.ControlVariateLasso`: without a proxy game it is :class:`~.lasso.LassoSurrogate`);
+``proxy-shapley`` is regression-msr's two-fidelity form (:class:`~.proxy.TwoFidelityShapley`)."""
 
 
 def __getattr__(name: str) -> tuple[str, ...]:
@@ -44,20 +41,41 @@ def __getattr__(name: str) -> tuple[str, ...]:
     method added by :func:`register_estimator` is in every later read, including the CLI's choices
     and help."""
     if name == "METHODS":
-        return tuple(ESTIMATORS)
+        return ESTIMATORS.names()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def register_estimator(name: str, cls: type) -> None:
+def register_estimator(name: str, cls: type, *, replace: bool = False) -> None:
     """Register an estimator class under ``name`` (it must declare ``capabilities`` and follow the
     :class:`~coalescence.attribution.estimators.base.Estimator` protocol).
 
     Raises:
-        ConfigError: ``cls`` declares no capabilities.
+        ConfigError: ``cls`` declares no capabilities, or ``name`` is already registered to another
+            class while ``replace`` is false (field ``method``).
     """
-    if not hasattr(cls, "capabilities"):
-        raise ConfigError(f"{cls.__name__} declares no capabilities", field="method")
-    ESTIMATORS[name] = cls
+    ESTIMATORS.register(name, cls, replace=replace)
+
+
+for _name, _cls in (
+    ("exact", ExactShapley),
+    ("permutation", PermutationShapley),
+    ("loo", LeaveOneOut),
+    ("kernelshap", KernelSHAP),
+    ("regression-msr", RegressionMSR),
+    ("banzhaf", Banzhaf),
+    ("lasso", ControlVariateLasso),
+    ("proxy-shapley", TwoFidelityShapley),
+    ("auto", AutoMethod),
+):
+    register_estimator(_name, _cls)
+del _name, _cls
+
+
+def is_exact(method: object) -> bool:
+    """Whether ``method`` (a method name, as a document records it) is computed from every
+    coalition, with no sampling error: its class's capabilities say ``exact``."""
+    cls = ESTIMATORS.get(method) if isinstance(method, str) else None
+    return cls is not None and bool(getattr(cls.capabilities, "exact", False))
 
 
 def estimator_class(method: str) -> type:
@@ -70,14 +88,7 @@ def estimator_class(method: str) -> type:
     """
     if isinstance(method, str) and method.startswith(PREFIX):
         return approximator_estimator(method)
-    try:
-        return ESTIMATORS[method]
-    except (KeyError, TypeError):
-        raise ConfigError(
-            f"unknown method {method!r}{did_you_mean(method, ESTIMATORS)}; choose one of: {', '.join(ESTIMATORS)}, or "
-            "shapiq:<Approximator>",
-            field="method",
-        ) from None
+    return ESTIMATORS.lookup(method)
 
 
 def is_method(method: object) -> bool:
