@@ -7,10 +7,13 @@ the collator, are its only callers). Each backend translates its library's excep
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import threading
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError, BatchFailed, CoalescenceError, ConfigError
 from .rows import (
     GenerateRequest,
     GenerateResult,
@@ -24,6 +27,7 @@ from .rows import (
 
 __all__ = (
     "DEFAULT_BATCH_SIZE",
+    "DTYPES",
     "VLLM_BATCH_SIZE",
     "BackendBase",
     "GenerateRequest",
@@ -35,6 +39,9 @@ __all__ = (
     "ScoringBackend",
     "ScoringStatistics",
     "check_backend",
+    "check_dtype",
+    "refuse_long_generations",
+    "refuse_long_rows",
     "run_record_of",
     "validate_generations",
     "validate_results",
@@ -218,17 +225,77 @@ class ScoringBackend(Protocol):
 
 _RESERVED_RECORD_KEYS = frozenset({"status", "statistics", "backend"})
 
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""The compute dtypes a backend loads a model in (``--dtype``), float32 first (the default)."""
+
+_STATISTICS_LOCK = threading.Lock()  # one statistics update at a time, whichever backend
+
+
+def check_dtype(name: str) -> str:
+    """``name`` when it is one of :data:`DTYPES`.
+
+    Raises:
+        ConfigError: another name (field ``dtype``), listing the choices.
+    """
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}", field="dtype")
+    return name
+
+
+def refuse_long_rows(requests: Sequence[ScoreRequest | ProxyScoreRequest], max_context: int) -> None:
+    """Refuse a call with a row longer than ``max_context`` tokens, before any model call.
+
+    Raises:
+        BatchFailed: the first such row, naming its length and the context.
+    """
+    for r in requests:
+        if r.n_tokens > max_context:
+            raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {max_context}")
+
+
+def refuse_long_generations(requests: Sequence[GenerateRequest], max_context: int) -> None:
+    """Refuse a call with a prompt whose ``max_new_tokens`` would run past ``max_context``, before any model call.
+
+    Raises:
+        BatchFailed: the first such request, naming its prompt, its new tokens and the context.
+    """
+    for r in requests:
+        if r.n_tokens > max_context:
+            raise BatchFailed(
+                f"a prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
+                f"the model's context of {max_context}"
+            )
+
 
 class BackendBase:
-    """Defaults for the optional members of :class:`ScoringBackend`; subclass it and write the
-    identity (``model_id``, ``revision``, ``dtype``, ``tokenizer``, ``max_context``),
-    :meth:`score` and :meth:`generate_batch`.
+    """The envelope of every call, and defaults for the optional members of :class:`ScoringBackend`.
 
-    The defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
+    A backend subclasses it, writes its identity (``model_id``, ``revision``, ``dtype``,
+    ``tokenizer``, ``max_context``) and the model calls: :meth:`_score_batch` (and
+    :meth:`_generate_batch`; :meth:`_score_proxy_batch` where ``supports_proxy``). The public
+    :meth:`score`, :meth:`score_proxy` and :meth:`generate_batch` are templates (httpx's
+    transports translate errors in one place the same way) that, around that one method:
+
+    1. refuse a row longer than ``max_context`` before any model call (nothing counted);
+    2. run the method on each model call (:meth:`_score_calls`: the whole call unless the backend
+       splits it), translating any exception that is not already a
+       :class:`~coalescence.errors.CoalescenceError` into :class:`~coalescence.errors.BatchFailed`
+       ("<:attr:`call_failed`> on a batch of <n> rows: <the error>");
+    3. check the call's results as a whole (:func:`validate_results`, :func:`validate_generations`);
+    4. count it once in :meth:`statistics`: rows, tokens and positions read from the requests and
+       results, plus what the method noted with :meth:`_note` (e.g. prefix forwards). A call that
+       fails counts nothing.
+
+    The other defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
     shutdown with the engine, no proxy game (``supports_proxy`` False, :meth:`score_proxy`
-    raises), zero statistics, one lane (the backend itself), no notes, the class's name as its
-    identity, no run record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy
-    :meth:`generate_batch` request.
+    raises), one lane (the backend itself), no notes, the class's name as its identity, no run
+    record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy :meth:`generate_batch`
+    request. A backend may still override a template whole (the Ray layer forwards each call to
+    a worker whose own backend runs the envelope).
+
+    Attributes:
+        call_failed: how a failed model call's message starts (``"model call failed"``).
+        generation_failed: the same for a generation call (``"generation failed"``).
     """
 
     fingerprint: str = ""
@@ -236,18 +303,160 @@ class BackendBase:
     pads_rows: bool = True
     shutdown_with_engine: bool = False
     supports_proxy: bool = False
+    call_failed: str = "model call failed"
+    generation_failed: str = "generation failed"
+    _stats: ScoringStatistics = ScoringStatistics()
 
-    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
-        """No proxy game here (``supports_proxy`` False): a backend that can overrides both.
+    # -- the templates -------------------------------------------------------------------------------
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Score each request with teacher forcing (:meth:`ScoringBackend.score`) through :meth:`_score_batch`.
+
+        Returns:
+            One :class:`ScoreResult` per request, in order (each model call validated as a whole).
 
         Raises:
-            BackendError: always, naming the backend.
+            BatchFailed: a row longer than ``max_context`` (before any model call: nothing
+                counted), the model call failed, or its results failed :func:`validate_results`.
+            CoalescenceError: any other error of ours that the method raised, unchanged.
         """
-        raise BackendError(
+        refuse_long_rows(requests, self.max_context)  # type: ignore[attr-defined]
+        results: list[ScoreResult] = []
+        for batch in self._score_calls(requests):
+            noted = self._begin_call()
+            with self._translated(f"{self.call_failed} on a batch of {len(batch)} rows"):
+                out = self._score_batch(batch)
+            out = validate_results(batch, out)
+            self._count(
+                noted,
+                batches=1,
+                rows=len(batch),
+                tokens=sum(r.n_tokens for r in batch),
+                tokens_computed=sum(x.tokens_computed for x in out),
+                tokens_reused=sum(x.tokens_reused for x in out),
+                padded_positions=sum(x.padded_positions for x in out),
+            )
+            results.extend(out)
+        return results
+
+    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """Score rows of the shared-KV proxy game (:meth:`ScoringBackend.score_proxy`) through
+        :meth:`_score_proxy_batch`, one model call per :meth:`_proxy_calls` group.
+
+        Returns:
+            One :class:`ScoreResult` per request, in order; counted as ``proxy_rows``,
+            ``proxy_tokens_computed`` and ``proxy_tokens_reused``.
+
+        Raises:
+            BackendError: the backend has no proxy game (``supports_proxy`` False).
+            BatchFailed: a row longer than ``max_context`` (before any model call), the model
+                call failed, or its results failed :func:`validate_results`.
+        """
+        if not self.supports_proxy:
+            raise BackendError(self._no_proxy_game())
+        refuse_long_rows(requests, self.max_context)  # type: ignore[attr-defined]
+        out: list[Any] = [None] * len(requests)
+        noted = self._begin_call()
+        for rows in self._proxy_calls(requests):
+            group = [requests[i] for i in rows]
+            with self._translated(f"{self.call_failed} on {len(rows)} proxy rows"):
+                results = self._score_proxy_batch(group)
+            for i, result in zip(rows, validate_results(group, results), strict=True):
+                out[i] = result
+        results = validate_results(requests, out)
+        self._count(
+            noted,
+            proxy_rows=len(results),
+            proxy_tokens_computed=sum(x.tokens_computed for x in results),
+            proxy_tokens_reused=sum(x.tokens_reused for x in results),
+        )
+        return results
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate each request's samples (:meth:`ScoringBackend.generate_batch`) through :meth:`_generate_batch`.
+
+        Returns:
+            One :class:`GenerateResult` per request, in order (validated as a whole); counted as
+            ``decodes`` (one per greedy request, one per sample otherwise), ``generated_tokens``
+            (their new tokens) and ``generation_tokens_computed`` (the results' ``tokens_computed``).
+
+        Raises:
+            BatchFailed: a prompt plus ``max_new_tokens`` longer than ``max_context`` (before any
+                model call), the model call failed, or its results failed :func:`validate_generations`.
+        """
+        refuse_long_generations(requests, self.max_context)  # type: ignore[attr-defined]
+        if not requests:
+            return []
+        noted = self._begin_call()
+        with self._translated(f"{self.generation_failed} on a batch of {len(requests)} requests"):
+            out = self._generate_batch(requests)
+        out = validate_generations(requests, out)
+        runs = [ids for r, x in zip(requests, out, strict=True) for ids in (x.token_ids[:1] if r.greedy else x.token_ids)]
+        self._count(
+            noted,
+            decodes=len(runs),
+            generated_tokens=sum(map(len, runs)),
+            generation_tokens_computed=sum(x.tokens_computed for x in out),
+        )
+        return out
+
+    # -- what a backend implements -------------------------------------------------------------------
+    def _score_batch(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """One model call's scores (the rows fit the context; the envelope does the rest)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither score nor _score_batch")
+
+    def _score_proxy_batch(self, batch: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """One model call's proxy scores (a backend whose ``supports_proxy`` is True implements it)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither score_proxy nor _score_proxy_batch")
+
+    def _generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """One generation call's results (the requests fit the context)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither generate_batch nor _generate_batch")
+
+    def _score_calls(self, requests: Sequence[ScoreRequest]) -> list[Sequence[ScoreRequest]]:
+        """The model calls a :meth:`score` call is run as: the whole call (none when empty)."""
+        return [requests] if requests else []
+
+    def _proxy_calls(self, requests: Sequence[ProxyScoreRequest]) -> list[list[int]]:
+        """The model calls a :meth:`score_proxy` call is run as, by request index: the whole call."""
+        return [list(range(len(requests)))] if requests else []
+
+    def _no_proxy_game(self) -> str:
+        """The message of :meth:`score_proxy` on a backend without the proxy game."""
+        return (
             f"the {type(self).__name__} backend has no proxy game (shared-KV rows need the transformers "
             "backend); run the exact game only (--proxy-game none)"
         )
 
+    # -- the envelope's parts ------------------------------------------------------------------------
+    def _translated(self, message: str) -> contextlib.AbstractContextManager[None]:
+        """A context that turns any exception but ours into ``BatchFailed("<message>: <error>")``
+        (``raise ... from``: the library's error stays the cause)."""
+        return _Translated(message)
+
+    def _begin_call(self) -> dict[str, int]:
+        """This thread's counters for the call beginning, empty (what :meth:`_note` adds to)."""
+        pending = self.__dict__.setdefault("_pending_counts", {})
+        noted: dict[str, int] = {}
+        pending[threading.get_ident()] = noted
+        return noted
+
+    def _note(self, **counts: int) -> None:
+        """Add counters of :class:`ScoringStatistics` to the call in progress on this thread:
+        kept when the call succeeds, dropped when it fails."""
+        noted = self.__dict__.setdefault("_pending_counts", {}).setdefault(threading.get_ident(), {})
+        for name, n in counts.items():
+            noted[name] = noted.get(name, 0) + int(n)
+
+    def _count(self, noted: dict[str, int], **counts: int) -> None:
+        """Add a successful call's counters (``counts`` and what it noted) to the statistics, once."""
+        for name, n in noted.items():
+            counts[name] = counts.get(name, 0) + n
+        noted.clear()
+        with _STATISTICS_LOCK:
+            s = self._stats
+            self._stats = dataclasses.replace(s, **{name: getattr(s, name) + n for name, n in counts.items()})
+
+    # -- the defaults --------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
         """One greedy :class:`GenerateRequest` through :meth:`generate_batch`.
 
@@ -256,12 +465,12 @@ class BackendBase:
             BatchFailed: what :meth:`generate_batch` raises.
         """
         request = GenerateRequest(prompt_ids=tuple(prompt_ids), max_new_tokens=max_new_tokens)
-        [result] = validate_generations([request], self.generate_batch([request]))  # type: ignore[attr-defined]
+        [result] = validate_generations([request], self.generate_batch([request]))
         return list(result.token_ids[0])
 
     def statistics(self) -> ScoringStatistics:
-        """Zero counters (a backend that counts overrides this)."""
-        return ScoringStatistics()
+        """A snapshot of the counters over every call the envelope counted (zero for none)."""
+        return self._stats
 
     def acquire_lane(self, snapshot_id: str) -> Hashable | None:
         """``None``: one lane, the backend itself."""
@@ -289,6 +498,21 @@ class BackendBase:
 
     def shutdown(self) -> None:
         """Nothing to release."""
+
+
+class _Translated:
+    """The context of :meth:`BackendBase._translated`."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, CoalescenceError):
+            return False
+        raise BatchFailed(f"{self.message}: {exc}") from exc
 
 
 PROTOCOL_MEMBERS: tuple[str, ...] = tuple(

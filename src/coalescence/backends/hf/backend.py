@@ -4,16 +4,14 @@ of :mod:`coalescence.backends.hf` (the package's docs describe them)."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import BackendError, BatchFailed, ConfigError
+from ...errors import ConfigError
 from ..attention import install
-from ..base import DEFAULT_BATCH_SIZE, BackendBase, ProxyScoreRequest, ScoreRequest, ScoreResult, ScoringStatistics, validate_results
+from ..base import DEFAULT_BATCH_SIZE, BackendBase, ProxyScoreRequest, ScoreRequest, ScoreResult, ScoringStatistics, check_dtype
 from ..cost import PATHS, PathRates, model_shape
 from ..prefix import PrefixCache
 from .generation import Generation, _eos_token_ids
@@ -24,9 +22,6 @@ from .tree import TreeScoring
 
 __all__ = ("HFBackend",)
 
-logger = logging.getLogger(__name__)
-
-_DTYPES = ("float32", "bfloat16", "float16")
 
 class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation, BackendBase):
     """Scores teacher-forced targets with a transformers causal LM (synchronous); a
@@ -176,91 +171,69 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
 
     @staticmethod
     def dtype_from_name(name: str) -> Any:
-        """The torch dtype for ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        """The torch dtype for a name of :data:`~coalescence.backends.base.DTYPES`.
 
         Raises:
             ConfigError: another name (field ``--dtype``).
         """
         import torch
 
-        if name not in _DTYPES:
-            raise ConfigError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}", field="dtype")
-        return getattr(torch, name)
+        return getattr(torch, check_dtype(name))
 
     def identity(self) -> dict[str, str]:
         """``{"backend": "hf"}``."""
         return {"backend": "hf"}
 
-    def statistics(self) -> ScoringStatistics:
-        """A snapshot of the counters over every :meth:`score` and generation call (see :class:`ScoringStatistics`)."""
-        return self._stats
+    def _score_calls(self, requests: Sequence[ScoreRequest]) -> list[Sequence[ScoreRequest]]:
+        """``ceil(len(requests) / max_batch_size)`` batches, each one model call of the envelope."""
+        return [requests[start : start + self.max_batch_size] for start in range(0, len(requests), self.max_batch_size)]
 
-    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        """Teacher-forced log-probabilities of each request's target, in nats.
+    def _score_batch(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Teacher-forced log-probabilities of one batch's targets, in nats (:meth:`score`, the
+        envelope of :class:`~coalescence.backends.base.BackendBase`, refuses, maps errors and counts).
 
-        Runs ``ceil(len(requests) / max_batch_size)`` batches, each prefix group of a batch on
-        the sharing path or the plain path (``path``; ``"auto"`` chooses by estimated time, see
-        :meth:`_choose` and :mod:`coalescence.backends.cost`, the first choice calibrating the
-        rates). The sharing path first runs (or resumes from the prefix cache) the longest token
-        prefix common to all the group's rows, then their suffixes on top of that state; on a
-        model with sliding-window attention only while every row of the batch is shorter than
-        the window (else plain). The plain path runs the rows right-padded in one forward.
-        :meth:`statistics` counts the groups of each path (``groups_shared``, ``groups_plain``).
-
-        Returns:
-            One :class:`ScoreResult` per request, in order (validated as a whole batch).
-
-        Raises:
-            BatchFailed: a row is longer than ``max_context``, the model raised, or it produced
-                non-finite log-probabilities.
+        Each prefix group of the batch goes on the sharing path or the plain path (``path``;
+        ``"auto"`` chooses by estimated time, see :meth:`_choose` and
+        :mod:`coalescence.backends.cost`, the first choice calibrating the rates). The sharing
+        path first runs (or resumes from the prefix cache) the longest token prefix common to all
+        the group's rows, then their suffixes on top of that state; on a model with sliding-window
+        attention only while every row of the batch is shorter than the window (else plain). The
+        plain path runs the rows right-padded in one forward. :meth:`statistics` counts the
+        groups of each path (``groups_shared``, ``groups_plain``) and the prefix forwards.
         """
-        for r in requests:
-            if r.n_tokens > self.max_context:
-                raise BatchFailed(
-                    f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}"
-                )
-        results: list[ScoreResult] = []
-        for start in range(0, len(requests), self.max_batch_size):
-            batch = requests[start : start + self.max_batch_size]
-            if not batch:
-                continue
-            try:
-                mode = self.path if self.prefix_sharing else "plain"
-                if self.sliding_window is not None and max(r.n_tokens for r in batch) >= self.sliding_window:
-                    mode = "plain"
-                if mode == "plain":
-                    out = self._score_plain(batch)
-                    self._last_paths = (0, len({r.prefix_group for r in batch}))
-                else:
-                    out = self._score_groups(batch, mode)
-            except BatchFailed:
-                raise
-            except Exception as exc:  # translate the library's errors at the boundary
-                raise BatchFailed(f"model call failed on a batch of {len(batch)} rows: {exc}") from exc
-            results.extend(validate_results(batch, out))
-            s = self._stats
-            self._stats = dataclasses.replace(
-                s,
-                batches=s.batches + 1,
-                rows=s.rows + len(batch),
-                tokens=s.tokens + sum(r.n_tokens for r in batch),
-                tokens_computed=s.tokens_computed + sum(x.tokens_computed for x in out),
-                tokens_reused=s.tokens_reused + sum(x.tokens_reused for x in out),
-                padded_positions=s.padded_positions + sum(x.padded_positions for x in out),
-                prefix_forwards=s.prefix_forwards + self._last_prefix_forwards,
-                groups_shared=s.groups_shared + self._last_paths[0],
-                groups_plain=s.groups_plain + self._last_paths[1],
-            )
-        return results
+        mode = self.path if self.prefix_sharing else "plain"
+        if self.sliding_window is not None and max(r.n_tokens for r in batch) >= self.sliding_window:
+            mode = "plain"
+        if mode == "plain":
+            out = self._score_plain(batch)
+            self._last_paths = (0, len({r.prefix_group for r in batch}))
+        else:
+            out = self._score_groups(batch, mode)
+        self._note(
+            prefix_forwards=self._last_prefix_forwards, groups_shared=self._last_paths[0], groups_plain=self._last_paths[1]
+        )
+        return out
 
-    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
-        """Rows of the shared-KV proxy game (issue 37; semantics in
-        :class:`~coalescence.backends.base.ProxyScoreRequest`), in nats.
+    def _no_proxy_game(self) -> str:
+        return (
+            f"the proxy game is not available for {self.model_id}: its sliding-window attention is not "
+            "modelled by the shared-KV mask; run the exact game only (--proxy-game none)"
+        )
 
-        Rows are grouped by their shared KV, ``prompt_ids[:s]`` with ``s = min(tail_start,
-        len(prompt_ids) - 1)`` (every scored position is run in the row). Per group the shared KV
-        is resumed from the prefix cache (:class:`~coalescence.backends.prefix.PrefixCache`, keyed
-        by its tokens; the part not cached is run once and put there), and the rows' tails
+    def _proxy_calls(self, requests: Sequence[ProxyScoreRequest]) -> list[list[int]]:
+        """The requests grouped by their shared KV, ``prompt_ids[:s]`` with ``s = min(tail_start,
+        len(prompt_ids) - 1)`` (every scored position is run in the row), by index."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(_shared_kv(r), []).append(i)
+        return list(groups.values())
+
+    def _score_proxy_batch(self, rows: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """Rows of the shared-KV proxy game that share their KV (issue 37; semantics in
+        :class:`~coalescence.backends.base.ProxyScoreRequest`; one group of :meth:`_proxy_calls`), in nats.
+
+        The shared KV is resumed from the prefix cache (:class:`~coalescence.backends.prefix.PrefixCache`,
+        keyed by its tokens; the part not cached is run once and put there), and the rows' tails
         (``prompt_ids[s:] + target_ids[:-1]``, at their original positions) are laid side by side
         in one row of ``N`` tokens per forward, on a fork of that cache that shares its tensors
         (never a copy per row), with one additive 4-D mask ``[1, 1, N, s + N]``: per row, the prefix
@@ -270,50 +243,20 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
         when 0), at least one. On the CPU under prefix-split attention the prefix part reads the
         mask's prefix columns and rows of equal length run their local part as a batch of blocks
         (:class:`~coalescence.backends.attention.PrefixSplit`); elsewhere the dense mask goes to
-        the model's attention (``sdpa``). Exact up to float rounding (fp32: 1e-4 nats).
+        the model's attention (``sdpa``). Exact up to float rounding (fp32: 1e-4 nats). A model
+        with sliding-window attention has no proxy game (``supports_proxy`` False).
 
         Returns:
-            One :class:`ScoreResult` per request, in order: ``tokens_computed`` the row's tail
+            One :class:`ScoreResult` per row, in order: ``tokens_computed`` the row's tail
             (``n_tokens - 1 - s``: the last target token is never run), plus, on the first row of
             a group, the shared KV positions run for it; ``tokens_reused`` the shared KV positions
             read from the cache (so ``tokens_computed + tokens_reused == n_tokens - 1``).
-
-        Raises:
-            BackendError: a model with sliding-window attention (``supports_proxy`` False).
-            BatchFailed: a row longer than ``max_context`` (before any model call), the model
-                raised, or non-finite log-probabilities.
         """
-        if not self.supports_proxy:
-            raise BackendError(
-                f"the proxy game is not available for {self.model_id}: its sliding-window attention is not "
-                "modelled by the shared-KV mask; run the exact game only (--proxy-game none)"
-            )
-        for r in requests:
-            if r.n_tokens > self.max_context:
-                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, r in enumerate(requests):
-            groups.setdefault(r.prompt_ids[: min(r.tail_start, len(r.prompt_ids) - 1)], []).append(i)
-        out: list[Any] = [None] * len(requests)
-        forwards = 0
-        for prefix, rows in groups.items():
-            try:
-                results, ran = self._proxy_group(prefix, [requests[i] for i in rows])
-            except BatchFailed:
-                raise
-            except Exception as exc:  # translate the library's errors at the boundary
-                raise BatchFailed(f"model call failed on {len(rows)} proxy rows: {exc}") from exc
-            forwards += ran
-            for i, result in zip(rows, results, strict=True):
-                out[i] = result
-        results = validate_results(requests, out)  # type: ignore[arg-type]
-        s = self._stats
-        self._stats = dataclasses.replace(
-            s,
-            proxy_rows=s.proxy_rows + len(results),
-            proxy_tokens_computed=s.proxy_tokens_computed + sum(x.tokens_computed for x in results),
-            proxy_tokens_reused=s.proxy_tokens_reused + sum(x.tokens_reused for x in results),
-            prefix_forwards=s.prefix_forwards + forwards,
-        )
+        results, ran = self._proxy_group(_shared_kv(rows[0]), rows)
+        self._note(prefix_forwards=ran)
         return results
 
+
+def _shared_kv(r: ProxyScoreRequest) -> tuple[int, ...]:
+    """The prompt tokens of a proxy row's shared KV (before its tail, and before its last prompt token)."""
+    return r.prompt_ids[: min(r.tail_start, len(r.prompt_ids) - 1)]

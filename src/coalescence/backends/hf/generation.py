@@ -4,14 +4,13 @@ another (:class:`_MarginRecorder`, the sampler's CDF distance) decoded again alo
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import BatchFailed, ConfigError
-from ..base import GenerateRequest, GenerateResult, validate_generations
+from ...errors import ConfigError
+from ..base import GenerateRequest, GenerateResult
 
 __all__ = ("Generation",)
 
@@ -36,17 +35,16 @@ class Generation:
             raise ConfigError(f"must be an int >= 1, got {max_new_tokens!r}", field="max_new_tokens")
         if len(prompt_ids) == 0:
             raise ConfigError("generation needs at least one prompt token", field="prompt_ids")
-        try:
+        noted = self._begin_call()
+        with self._translated(self.generation_failed):
             ids = self._decode((tuple(prompt_ids), max_new_tokens, 0.0, 1.0, 0))
-        except BatchFailed:
-            raise
-        except Exception as exc:  # translate the library's errors at the boundary
-            raise BatchFailed(f"generation failed: {exc}") from exc
-        self._count_decodes([(len(prompt_ids), len(ids))])
+        n = len(ids)
+        self._count(noted, decodes=1, generated_tokens=n, generation_tokens_computed=_decode_positions(len(prompt_ids), n))
         return list(ids)
 
-    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
-        """Generate each request's samples, the rows of the batch decoded together.
+    def _generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate each request's samples, the rows of the batch decoded together (the envelope
+        of :meth:`~coalescence.backends.base.BackendBase.generate_batch` refuses, validates and counts).
 
         A greedy request is one row (its text repeated for every seed); a sampled request is one
         row per seed. Rows with equal ``max_new_tokens``, temperature and top-p are decoded
@@ -72,19 +70,13 @@ class Generation:
             requests: the requests, in order.
 
         Returns:
-            One :class:`GenerateResult` per request, in order (validated as a whole batch);
-            ``tokens_computed`` counts per decode the prompt plus the new tokens fed back
-            (``len(prompt) + n_new - 1``: the last new token is never run; padding excluded).
+            One :class:`GenerateResult` per request, in order; ``tokens_computed`` counts per
+            decode the prompt plus the new tokens fed back (``len(prompt) + n_new - 1``: the last
+            new token is never run; padding excluded).
 
         Raises:
-            BatchFailed: a request's ``n_tokens`` exceeds ``max_context``, or the model raised.
+            BatchFailed: the model raised on a request decoded alone (naming the request).
         """
-        for r in requests:
-            if r.n_tokens > self.max_context:
-                raise BatchFailed(
-                    f"a prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
-                    f"the model's context of {self.max_context}"
-                )
         rows = {_row_key(r, seed): None for r in requests for seed in (r.seeds[:1] if r.greedy else r.seeds)}
         try:
             together = self._decode_together(list(rows))
@@ -92,24 +84,16 @@ class Generation:
             together = {}
             logger.debug("batched decode failed (%s); decoding each row alone to find the failing request", exc)
         results: list[GenerateResult] = []
-        decodes: list[tuple[int, int]] = []  # (prompt length, new tokens) per decode run
         for i, r in enumerate(requests):
-            try:
+            with self._translated(f"{self.generation_failed} on request {i} of a batch of {len(requests)}"):
                 runs = []
                 for seed in r.seeds[:1] if r.greedy else r.seeds:
                     key = _row_key(r, seed)
                     done = together.get(key)
                     runs.append(done if done is not None else self._decode(key))
-            except BatchFailed:
-                raise
-            except Exception as exc:  # translate the library's errors at the boundary
-                raise BatchFailed(f"generation failed on request {i} of a batch of {len(requests)}: {exc}") from exc
             samples = tuple(runs) * r.n_samples if r.greedy else tuple(runs)
-            mine = [(len(r.prompt_ids), len(ids)) for ids in runs]
-            decodes.extend(mine)
-            results.append(GenerateResult(token_ids=samples, tokens_computed=sum(_decode_positions(*d) for d in mine)))
-        results = validate_generations(requests, results)
-        self._count_decodes(decodes)
+            cost = sum(_decode_positions(len(r.prompt_ids), len(ids)) for ids in runs)
+            results.append(GenerateResult(token_ids=samples, tokens_computed=cost))
         return results
 
     def _decode_together(self, rows: Sequence[_Row]) -> dict[_Row, tuple[int, ...]]:
@@ -155,7 +139,7 @@ class Generation:
                     out[row] = tuple(tokens[:n])
         if redone:
             logger.debug("%d rows close to another decision decoded again alone", redone)
-        self._stats = dataclasses.replace(self._stats, redone_alone=self._stats.redone_alone + redone)
+        self._note(redone_alone=redone)
         return out
 
     def _generate(self, prompts: Sequence[tuple[int, ...]], max_new_tokens: int, processor: Any) -> list[list[int]]:
@@ -197,16 +181,6 @@ class Generation:
         eos = set(self.eos_token_ids)
         n = next((k + 1 for k, x in enumerate(tokens) if x in eos), len(tokens))
         return tuple(tokens[:n])
-
-    def _count_decodes(self, decodes: Sequence[tuple[int, int]]) -> None:
-        """Add ``(prompt length, new tokens)`` decodes to the statistics."""
-        s = self._stats
-        self._stats = dataclasses.replace(
-            s,
-            decodes=s.decodes + len(decodes),
-            generated_tokens=s.generated_tokens + sum(n for _, n in decodes),
-            generation_tokens_computed=s.generation_tokens_computed + sum(_decode_positions(*d) for d in decodes),
-        )
 
 
 _Row = tuple[tuple[int, ...], int, float, float, int]
