@@ -65,13 +65,14 @@ class ScoringBackend(Protocol):
 
     Nothing is read through ``getattr``: a backend has every member below.
     :class:`BackendBase` gives the defaults of the optional ones (fingerprint, batch size,
-    statistics, lanes, notes, records, shutdown, single-prompt ``generate``), so a backend
-    writes only its identity, ``score`` and ``generate_batch``. ``isinstance(b,
-    ScoringBackend)`` checks that every member is present (:func:`check_backend` names the
-    missing ones). The collator calls ``score`` / ``generate_batch`` from one worker thread at a
-    time per lane; each backend translates its library's exceptions into
-    :class:`~coalescence.errors.BackendError` subclasses. The contract every backend passes is
-    ``tests/backends/test_contract.py``.
+    statistics, lanes, notes, records, shutdown, single-prompt ``generate``) and the envelope of
+    ``score``, ``score_proxy`` and ``generate_batch`` (the long-row refusal, the translation of
+    the library's exceptions into :class:`~coalescence.errors.BatchFailed`, the validation and
+    the statistics), so a backend writes only its identity and the model calls
+    (``_score_batch``, ``_generate_batch``). ``isinstance(b, ScoringBackend)`` checks that every
+    member is present (:func:`check_backend` names the missing ones). The collator calls
+    ``score`` / ``generate_batch`` from one worker thread at a time per lane. The contract every
+    backend passes is ``tests/backends/test_contract.py``.
 
     Attributes:
         model_id: the model's name (alias, directory or hub id), part of the coalition key.
