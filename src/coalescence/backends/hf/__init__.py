@@ -57,6 +57,6 @@ CDF boundary) is decoded again alone: every text is exactly what its row gives a
 from __future__ import annotations
 
 from .backend import HFBackend
-from .caches import _cache_bytes, _fork
+from .caches import fork_cache as _fork  # the name tests/backends/test_prefix.py imports
 
 __all__ = ("HFBackend",)

@@ -1,14 +1,15 @@
-"""Key/value cache helpers: a fork of a ``DynamicCache`` that shares its tensors, and its size in bytes."""
+"""Key/value cache helpers: a fork of a ``DynamicCache`` that shares its tensors, a prefix cache entry
+resumed to a length, and a cache's size in bytes."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-__all__ = ()
+__all__ = ("cache_bytes", "fork_cache", "resumed_cache")
 
 
-def _fork(cache: Any) -> Any:
+def fork_cache(cache: Any) -> Any:
     """A ``DynamicCache`` that shares ``cache``'s key/value tensors but not its layer objects.
 
     transformers' dynamic layers never write into their tensors: ``update``, ``crop`` and
@@ -26,7 +27,7 @@ def _fork(cache: Any) -> Any:
     return fork
 
 
-def _cache_bytes(cache: Any) -> int:
+def cache_bytes(cache: Any) -> int:
     """Bytes of the key/value tensors held by a ``DynamicCache``."""
     total = 0
     for layer in getattr(cache, "layers", ()):
@@ -34,3 +35,17 @@ def _cache_bytes(cache: Any) -> int:
             if t is not None:
                 total += t.numel() * t.element_size()
     return total
+
+
+def resumed_cache(config: Any, entry_tokens: tuple[int, ...], state: Any, length: int) -> Any:
+    """A cache holding the first ``length`` positions of a prefix cache entry (``entry_tokens``,
+    ``state``): a fork of it, cropped; an empty ``DynamicCache`` for the model ``config`` when
+    ``length`` is 0."""
+    if length < 1:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=config)
+    cache = fork_cache(state)
+    if len(entry_tokens) > length:
+        cache.crop(-(len(entry_tokens) - length))
+    return cache

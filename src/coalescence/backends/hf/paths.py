@@ -22,13 +22,6 @@ logger = logging.getLogger(__name__)
 class PathChoice:
     """Path choice and calibration of :class:`~coalescence.backends.hf.HFBackend` (a mixin of its state)."""
 
-    def _count_forwards(self, score: Any, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        """``score(batch)`` adding its prefix forwards to those already counted for this call."""
-        before = self._last_prefix_forwards
-        out = score(batch)
-        self._last_prefix_forwards += before
-        return out
-
     def _score_groups(self, batch: Sequence[ScoreRequest], mode: str) -> list[ScoreResult]:
         """A batch scored prefix group by prefix group (:attr:`ScoreRequest.prefix_group`), each
         group on the path ``mode`` says (``"auto"``: :meth:`_choose`), results in the batch's order.

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..attention import PrefixSplit
 from ..base import ProxyScoreRequest, ScoreResult
-from .caches import _cache_bytes, _fork
+from .caches import cache_bytes, fork_cache, resumed_cache
 
 __all__ = ("ProxyScoring",)
 
@@ -28,7 +28,7 @@ class ProxyScoring:
             if shared:
                 entry_tokens, state, match = self.prefix_cache.longest(prefix)
                 resumed = min(match, shared)
-                cache = self._resumed_cache(entry_tokens, state, resumed)
+                cache = resumed_cache(self.model.config, entry_tokens, state, resumed)
                 if shared > resumed:
                     kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_logits else {}
                     self.model(
@@ -42,10 +42,10 @@ class ProxyScoring:
                     )
                     ran = 1
                     if self.prefix_cache.max_bytes:
-                        self.prefix_cache.put(prefix, _fork(cache), _cache_bytes(cache))
+                        self.prefix_cache.put(prefix, fork_cache(cache), cache_bytes(cache))
             else:
                 resumed = 0
-                cache = self._resumed_cache((), None, 0)
+                cache = resumed_cache(self.model.config, (), None, 0)
             limit = self.tree_mask_limit or 2**22
             results: list[ScoreResult] = []
             at = 0
@@ -60,7 +60,7 @@ class ProxyScoring:
                     end += 1
                 chunk = rows[at:end]
                 computed_prefix = shared - resumed if at == 0 else 0
-                fork = _fork(cache) if shared else self._resumed_cache((), None, 0)  # the forward extends its own
+                fork = fork_cache(cache) if shared else resumed_cache(self.model.config, (), None, 0)  # the forward extends its own
                 results += self._proxy_forward(chunk, fork, shared, computed_prefix)
                 at = end
         return results, ran

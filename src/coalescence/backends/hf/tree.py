@@ -13,12 +13,19 @@ import numpy as np
 from ..attention import PrefixSplit
 from ..base import ScoreRequest, ScoreResult
 from ..prefix import common_prefix_length
-from .caches import _cache_bytes, _fork
+from .caches import cache_bytes, fork_cache, resumed_cache
 
 __all__ = ("TreeScoring",)
 
 class TreeScoring:
     """The sharing path of :class:`~coalescence.backends.hf.HFBackend` (a mixin of its state)."""
+
+    def _count_forwards(self, score: Any, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """``score(batch)`` adding its prefix forwards to those already counted for this call."""
+        before = self._last_prefix_forwards
+        out = score(batch)
+        self._last_prefix_forwards += before
+        return out
 
     def _score_shared(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """A batch with prefix sharing: one row alone in one forward (:meth:`_score_row`), more
@@ -69,7 +76,7 @@ class TreeScoring:
                 # recomputing everything below the batch prefix
                 half = rows // 2
                 return self._score_shared(batch[:half]) + self._count_forwards(self._score_shared, batch[half:])
-            cache = self._resumed_cache(entry_tokens, state, resumed + len(chain))
+            cache = resumed_cache(self.model.config, entry_tokens, state, resumed + len(chain))
             if shared > resumed:
                 ids = torch.tensor([prefix[resumed:]], dtype=torch.long, device=self.device)  # [1, P - C]
                 kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_logits else {}
@@ -84,7 +91,7 @@ class TreeScoring:
                 )
                 self._last_prefix_forwards = 1
                 if self.prefix_cache.max_bytes:
-                    self.prefix_cache.put(prefix, _fork(cache), _cache_bytes(cache))
+                    self.prefix_cache.put(prefix, fork_cache(cache), cache_bytes(cache))
             if self.tree_mask_limit and fits:
                 return self._score_tree(batch, cache, shared, len(chain), shared - resumed, tree)
             if chain:
@@ -133,7 +140,7 @@ class TreeScoring:
         p, t = len(r.prompt_ids), len(r.target_ids)
         # every scored position is computed here: resume at most before the last prompt token
         entry_tokens, state, resumed = self.prefix_cache.longest(seq[: p - 1])
-        cache = self._resumed_cache(entry_tokens, state, resumed)
+        cache = resumed_cache(self.model.config, entry_tokens, state, resumed)
         n = len(seq)
         kwargs: dict[str, Any] = {}
         offset = resumed
@@ -152,22 +159,10 @@ class TreeScoring:
             )
             self._last_prefix_forwards = int(resumed < p - 1)
             if self.prefix_cache.max_bytes:
-                entry = _fork(cache)
+                entry = fork_cache(cache)
                 entry.crop(-t)
-                self.prefix_cache.put(r.prompt_ids, entry, _cache_bytes(entry))
+                self.prefix_cache.put(r.prompt_ids, entry, cache_bytes(entry))
             return self._row_results([r], out.logits, offset, resumed, 0, n - resumed)
-
-    def _resumed_cache(self, entry_tokens: tuple[int, ...], state: Any, length: int) -> Any:
-        """A cache holding the first ``length`` positions of a prefix cache entry (``entry_tokens``,
-        ``state``): a fork of it, cropped; an empty ``DynamicCache`` when ``length`` is 0."""
-        if length < 1:
-            from transformers import DynamicCache
-
-            return DynamicCache(config=self.model.config)
-        cache = _fork(state)
-        if len(entry_tokens) > length:
-            cache.crop(-(len(entry_tokens) - length))
-        return cache
 
     def _split(self, prefix_len: int, *, causal: bool) -> dict[str, Any]:
         """The ``prefix_split`` keyword of a forward on ``prefix_len`` cached tokens (:mod:`.attention`),
@@ -308,5 +303,5 @@ class TreeScoring:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys = layer.keys.index_select(-2, index)
                 layer.values = layer.values.index_select(-2, index)
-        self.prefix_cache.put(last.prompt_ids, entry, _cache_bytes(entry))
+        self.prefix_cache.put(last.prompt_ids, entry, cache_bytes(entry))
 
