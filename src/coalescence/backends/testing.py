@@ -53,7 +53,6 @@ from .base import (
     ProxyScoreRequest,
     ScoreRequest,
     ScoreResult,
-    ScoringStatistics,
 )
 
 __all__ = ("FakeBackend", "Game", "hashed_game", "presence_game")
@@ -137,6 +136,11 @@ class FakeBackend(BackendBase):
     Attributes:
         calls: rows per call that reached the game, in call order (failed calls included).
 
+    Its :meth:`statistics` are the envelope's of :class:`~coalescence.backends.base.BackendBase`:
+    an exact row computes its ``n_tokens`` (the fake shares no prefix), a proxy row its tail
+    (``proxy_tokens_computed``) and reuses ``tail_start`` (``proxy_tokens_reused``); refused rows
+    and failed calls count nothing.
+
     Raises:
         ConfigError: ``max_context`` or ``max_batch_size`` < 1, a negative ``delay``, no replies.
     """
@@ -187,7 +191,6 @@ class FakeBackend(BackendBase):
         self.fail_calls = frozenset(int(n) for n in fail_calls)
         self.delay = float(delay)
         self.calls: list[int] = []
-        self._stats = ScoringStatistics()
         self._lock = threading.Lock()
         self._open = threading.Event()  # set: calls run; clear: calls wait at their start
         self._open.set()
@@ -212,11 +215,6 @@ class FakeBackend(BackendBase):
     def identity(self) -> dict[str, str]:
         """``{"backend": "fake"}``."""
         return {"backend": "fake"}
-
-    def statistics(self) -> ScoringStatistics:
-        """The counters over every call (see :class:`ScoringStatistics`): ``tokens_computed`` is
-        every row's ``n_tokens`` (the fake shares no prefix); refused rows count nothing."""
-        return self._stats
 
     def shutdown(self) -> None:
         """Refuse later calls (:class:`~coalescence.errors.EngineClosed`); a call in flight finishes."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..attention import install
-from ..base import DEFAULT_BATCH_SIZE, BackendBase, ProxyScoreRequest, ScoreRequest, ScoreResult, ScoringStatistics, check_dtype
+from ..base import DEFAULT_BATCH_SIZE, BackendBase, ProxyScoreRequest, ScoreRequest, ScoreResult, check_dtype
 from ..cost import PATHS, PathRates, model_shape
 from ..prefix import PrefixCache
 from .generation import Generation, _eos_token_ids
@@ -155,7 +155,6 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
         self.split_attention = bool(split_attention) and self.prefix_sharing and install(model)
         # the proxy game's block mask models full causal attention, not a sliding window
         self.supports_proxy = self.sliding_window is None
-        self._stats = ScoringStatistics()
         self._last_prefix_forwards = 0
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         if greedy_tie_margin is None:
