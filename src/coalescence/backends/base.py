@@ -453,6 +453,7 @@ class BackendBase:
         for name, n in noted.items():
             counts[name] = counts.get(name, 0) + n
         noted.clear()
+        self.__dict__.get("_pending_counts", {}).pop(threading.get_ident(), None)
         with _STATISTICS_LOCK:
             s = self._stats
             self._stats = dataclasses.replace(s, **{name: getattr(s, name) + n for name, n in counts.items()})
