@@ -80,7 +80,7 @@ class Generation:
         rows = {_row_key(r, seed): None for r in requests for seed in (r.seeds[:1] if r.greedy else r.seeds)}
         try:
             together = self._decode_together(list(rows))
-        except Exception as exc:  # translate the library's errors at the boundary
+        except Exception as exc:  # not mapped here: each row is decoded again alone below, naming the failing request
             together = {}
             logger.debug("batched decode failed (%s); decoding each row alone to find the failing request", exc)
         results: list[GenerateResult] = []
