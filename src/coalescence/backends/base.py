@@ -7,18 +7,27 @@ the collator, are its only callers). Each backend translates its library's excep
 
 from __future__ import annotations
 
-import math
-import operator
+import contextlib
+import dataclasses
+import threading
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
-from ..errors import BackendError, BatchFailed, ConfigError
+from ..errors import BackendError, BatchFailed, CoalescenceError, ConfigError
+from .rows import (
+    GenerateRequest,
+    GenerateResult,
+    ProxyScoreRequest,
+    ScoreRequest,
+    ScoreResult,
+    ScoringStatistics,
+    validate_generations,
+    validate_results,
+)
 
 __all__ = (
     "DEFAULT_BATCH_SIZE",
+    "DTYPES",
     "VLLM_BATCH_SIZE",
     "BackendBase",
     "GenerateRequest",
@@ -30,6 +39,9 @@ __all__ = (
     "ScoringBackend",
     "ScoringStatistics",
     "check_backend",
+    "check_dtype",
+    "refuse_long_generations",
+    "refuse_long_rows",
     "run_record_of",
     "validate_generations",
     "validate_results",
@@ -46,343 +58,6 @@ schedules the requests of a call itself (continuous batching within its token bu
 call takes a whole round of an estimator's coalitions, not 16 at a time (benchmarks/RESULTS.md,
 "The vLLM backend")."""
 
-_SEED_BOUND = 2**63
-"""Seeds are non-negative and below this bound (fits a signed 64-bit integer; every torch generator accepts it)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScoreRequest:
-    """One teacher-forced scoring row.
-
-    Args:
-        prompt_ids: prompt token ids (at least one; the first target token is predicted from the
-            last prompt token).
-        target_ids: the token ids whose log-probabilities are summed (at least one).
-        prefix_group: a hint, not part of the value: rows with the same group share a long prompt
-            prefix (the scoring pipeline passes the conversation's snapshot id). A prefix-sharing
-            backend scores a batch group by group, so rows of unrelated conversations batched
-            together never widen each other's suffix tree or padding. ``""``: no hint.
-
-    Raises:
-        ConfigError: an empty prompt or target.
-    """
-
-    prompt_ids: tuple[int, ...]
-    target_ids: tuple[int, ...]
-    prefix_group: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise ConfigError("a score request needs at least one prompt token", field="prompt_ids")
-        if not self.target_ids:
-            raise ConfigError("a score request needs at least one target token", field="target_ids")
-
-    @property
-    def n_tokens(self) -> int:
-        """Total sequence length, prompt + target."""
-        return len(self.prompt_ids) + len(self.target_ids)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProxyScoreRequest:
-    """One row of the shared-KV proxy game (issue 37; :mod:`coalescence.masking.proxy` builds them).
-
-    Semantics (what a backend computes; the tests' reference is one plain forward with this 4-D
-    mask): a causal forward over ``prompt_ids + target_ids[:-1]`` at the original positions in
-    which a query at position ``p < tail_start`` sees every key ``q <= p`` (the shared KV, computed
-    with every player present), and a query at ``p >= tail_start`` sees key ``q`` iff ``q <= p``
-    and ``q`` is in no ``hidden`` range. The result is the :class:`ScoreResult` of the target
-    read from that forward's logits (``token_logprobs`` ``[n_target]`` float32 nats).
-
-    Args:
-        prompt_ids: the full prompt (every player present).
-        target_ids: the token ids whose log-probabilities are summed (at least one).
-        tail_start: ``1 <= tail_start <= len(prompt_ids)``: positions before it are the shared KV.
-        hidden: sorted, disjoint, non-empty half-open token ranges ``[a, b)`` of ``prompt_ids``
-            (the absent players' tokens), masked out of the tail's attention, before or inside
-            the tail; position 0 is never hidden (a query must see at least one key).
-        prefix_group: the batching hint of :class:`ScoreRequest`.
-
-    Raises:
-        ConfigError: an empty prompt or target, ``tail_start`` out of range, or ``hidden`` not
-            sorted disjoint non-empty ranges inside ``[1, len(prompt_ids))``.
-    """
-
-    prompt_ids: tuple[int, ...]
-    target_ids: tuple[int, ...]
-    tail_start: int
-    hidden: tuple[tuple[int, int], ...] = ()
-    prefix_group: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise ConfigError("a proxy request needs at least one prompt token", field="prompt_ids")
-        if not self.target_ids:
-            raise ConfigError("a proxy request needs at least one target token", field="target_ids")
-        n = len(self.prompt_ids)
-        if isinstance(self.tail_start, bool) or not isinstance(self.tail_start, int) or not 1 <= self.tail_start <= n:
-            raise ConfigError(f"must be an int in [1, {n}] (the prompt's length), got {self.tail_start!r}", field="tail_start")
-        hidden = tuple((int(a), int(b)) for a, b in self.hidden)
-        prev = 1
-        for a, b in hidden:
-            if not prev <= a < b <= n:
-                raise ConfigError(
-                    f"must be sorted, disjoint, non-empty token ranges inside [1, {n}), got {self.hidden!r}",
-                    field="hidden",
-                )
-            prev = b
-        object.__setattr__(self, "hidden", hidden)
-
-    @property
-    def n_tokens(self) -> int:
-        """Total sequence length, prompt + target."""
-        return len(self.prompt_ids) + len(self.target_ids)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScoreResult:
-    """The teacher-forced score of one row.
-
-    Attributes:
-        token_logprobs: ``[n_target]`` float32, log p(target_j | prompt, target_<j) in nats.
-        utility: float64 sum of ``token_logprobs`` (nats): log p(target | prompt).
-        tokens_computed: token positions the model ran for this row. With prefix sharing, a shared
-            prefix run for a batch is counted in the batch's first row, so the rows of a batch sum
-            to the positions the batch ran (padding excluded).
-        tokens_reused: positions of this row served from a shared or cached prefix
-            (``tokens_computed + tokens_reused == n_tokens``).
-        padded_positions: pad positions run in this row's slot of the batch (computed, discarded).
-    """
-
-    token_logprobs: np.ndarray
-    utility: float
-    tokens_computed: int
-    tokens_reused: int = 0
-    padded_positions: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GenerateRequest:
-    """One prompt to continue, ``len(seeds)`` times.
-
-    Greedy decoding (``temperature == 0``) takes the arg-max token at every step, so every sample
-    is the same text: a backend decodes it once and repeats it. Sampling (``temperature > 0``)
-    draws sample ``s`` with the random stream seeded by ``seeds[s]`` alone, so the same request
-    gives the same texts whatever else is in its batch and whatever the global RNG state.
-    Tokens are drawn from ``softmax(logits / temperature)`` restricted to the nucleus: the
-    smallest set of most-likely tokens whose probability reaches ``top_p`` (Holtzman et al.
-    2020, "The Curious Case of Neural Text Degeneration"); no other truncation (no top-k).
-
-    Args:
-        prompt_ids: prompt token ids (at least one).
-        max_new_tokens: most new tokens per sample (>= 1); a sample stops earlier at an
-            end-of-sequence / end-of-turn token, which it keeps.
-        temperature: softmax temperature (>= 0, finite); 0 is greedy.
-        top_p: nucleus mass in ``(0, 1]``; 1 keeps the whole vocabulary. Ignored when greedy.
-        seeds: one seed per sample (at least one), each an int in ``[0, 2**63)``; the engine
-            derives them from the run seed, the coalition key and the sample index. Greedy
-            requests use only their number.
-
-    Raises:
-        ConfigError: an empty prompt (field ``prompt_ids``), ``max_new_tokens`` < 1
-            (``--max-new-tokens``), a negative or non-finite temperature (``--temperature``),
-            ``top_p`` outside ``(0, 1]`` (``--top-p``), no seeds (``--num-samples``) or a seed
-            that is not an int in ``[0, 2**63)`` (``seeds``).
-    """
-
-    prompt_ids: tuple[int, ...]
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seeds: tuple[int, ...] = (0,)
-
-    def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise ConfigError("a generate request needs at least one prompt token", field="prompt_ids")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(f"must be an int >= 1, got {self.max_new_tokens!r}", field="max_new_tokens")
-        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ConfigError(
-                f"must be a finite number >= 0 (0 = greedy), got {self.temperature!r}", field="temperature"
-            )
-        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"must be a number in (0, 1], got {self.top_p!r}", field="top_p")
-        if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, Sequence):
-            raise ConfigError(f"must be a sequence of ints, got {self.seeds!r}", field="seeds")
-        if not self.seeds:
-            raise ConfigError("must be >= 1: a generate request needs at least one seed", field="num_samples")
-        seeds = []
-        for seed in self.seeds:
-            try:
-                value = operator.index(seed) if not isinstance(seed, bool) else None
-            except TypeError:
-                value = None
-            if value is None or not 0 <= value < _SEED_BOUND:
-                raise ConfigError(f"each seed must be an int in [0, 2**63), got {seed!r}", field="seeds")
-            seeds.append(value)
-        object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
-        object.__setattr__(self, "temperature", float(self.temperature))
-        object.__setattr__(self, "top_p", float(self.top_p))
-        object.__setattr__(self, "seeds", tuple(seeds))
-
-    @property
-    def greedy(self) -> bool:
-        """Whether this request decodes greedily (``temperature == 0``)."""
-        return self.temperature == 0.0
-
-    @property
-    def n_samples(self) -> int:
-        """Number of samples asked for, ``len(seeds)``."""
-        return len(self.seeds)
-
-    @property
-    def n_tokens(self) -> int:
-        """Longest sequence a sample can reach (tokens): prompt + ``max_new_tokens``."""
-        return len(self.prompt_ids) + self.max_new_tokens
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GenerateResult:
-    """The samples generated for one :class:`GenerateRequest`.
-
-    Attributes:
-        token_ids: ``[n_samples][<= max_new_tokens]`` per sample (in ``seeds`` order), the new
-            token ids, the end-of-sequence / end-of-turn token included when one was produced.
-        tokens_computed: token positions the model ran for this request: per decode it ran, the
-            prompt plus each new token that was fed back (a greedy request runs one decode
-            whatever its number of samples).
-    """
-
-    token_ids: tuple[tuple[int, ...], ...]
-    tokens_computed: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScoringStatistics:
-    """A backend's scoring counters, as a frozen snapshot (all calls together).
-
-    Attributes:
-        batches: forward batches run (prefix forwards not counted).
-        rows: rows scored.
-        tokens: ``sum(n_tokens)`` of the rows scored (the work with no sharing and no padding).
-        tokens_computed: real token positions run through the model (prefixes included).
-        tokens_reused: positions served from a shared or cached prefix.
-        padded_positions: pad positions run (computed and discarded).
-        prefix_forwards: forwards that extended a prefix state (per batch or from the cache).
-        decodes: generation decodes run (one per greedy request, one per sample otherwise).
-        generated_tokens: new tokens those decodes produced.
-        generation_tokens_computed: token positions those decodes ran through the model.
-        redone_alone: rows of a batched decode decoded again alone because a decision came
-            close to another (a greedy top-2 margin or a sampled draw's distance to a CDF
-            boundary below the backend's guard).
-        groups_shared: prefix groups (per batch, its rows of one
-            :attr:`ScoreRequest.prefix_group`: one per batch of a single conversation) scored
-            on the prefix-sharing path.
-        groups_plain: prefix groups scored on the plain path (one right-padded forward of
-            whole rows); a batch scored plainly as a whole counts each of its groups.
-        proxy_rows: proxy-game rows scored (:meth:`ScoringBackend.score_proxy`); the counters
-            above count exact rows only, but ``prefix_forwards`` counts the proxy's shared KV too.
-        proxy_tokens_computed: token positions the proxy rows ran (their tails, and each shared
-            KV's positions not served from the prefix cache).
-        proxy_tokens_reused: shared KV positions the proxy rows read instead of running them.
-    """
-
-    batches: int = 0
-    rows: int = 0
-    tokens: int = 0
-    tokens_computed: int = 0
-    tokens_reused: int = 0
-    padded_positions: int = 0
-    prefix_forwards: int = 0
-    decodes: int = 0
-    generated_tokens: int = 0
-    generation_tokens_computed: int = 0
-    redone_alone: int = 0
-    groups_shared: int = 0
-    groups_plain: int = 0
-    proxy_rows: int = 0
-    proxy_tokens_computed: int = 0
-    proxy_tokens_reused: int = 0
-
-
-def _check_batch(requests: Sequence[Any], results: Any, kind: type, item: str) -> None:
-    """One ``kind`` result per request, in a sequence (``BatchFailed`` naming the ``item`` otherwise)."""
-    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence):
-        raise BatchFailed(f"the backend returned {type(results).__name__}, not a sequence of results")
-    if len(results) != len(requests):
-        raise BatchFailed(f"the backend returned {len(results)} results for {len(requests)} {item}s")
-    for i, res in enumerate(results):
-        if not isinstance(res, kind):
-            raise BatchFailed(f"{item} {i}: the backend returned {type(res).__name__}, not a {kind.__name__}")
-
-
-def validate_results(requests: Sequence[ScoreRequest], results: Sequence[Any]) -> list[ScoreResult]:
-    """Check a whole batch's outputs before any of them is used.
-
-    Args:
-        requests: the batch's rows.
-        results: what the backend returned for them.
-
-    Returns:
-        ``results`` as a list.
-
-    Raises:
-        BatchFailed: not exactly one :class:`ScoreResult` per request, a row without exactly
-            ``len(target_ids)`` log-probabilities, or a non-finite one.
-    """
-    _check_batch(requests, results, ScoreResult, "row")
-    for i, (req, res) in enumerate(zip(requests, results, strict=True)):
-        lp = np.asarray(res.token_logprobs)
-        if lp.shape != (len(req.target_ids),):
-            raise BatchFailed(
-                f"row {i}: {lp.shape} log-probabilities for {len(req.target_ids)} target tokens"
-            )
-        if not (np.isfinite(lp).all() and np.isfinite(res.utility)):
-            raise BatchFailed(f"row {i}: non-finite log-probabilities in a batch of {len(requests)} rows")
-    return list(results)
-
-
-def validate_generations(requests: Sequence[GenerateRequest], results: Sequence[Any]) -> list[GenerateResult]:
-    """Check a whole generation batch's outputs before any of them is used.
-
-    Args:
-        requests: the batch's requests.
-        results: what the backend returned for them.
-
-    Returns:
-        ``results`` as a list.
-
-    Raises:
-        BatchFailed: not exactly one :class:`GenerateResult` per request, a result without
-            exactly ``n_samples`` samples, a sample that is not a tuple of at most
-            ``max_new_tokens`` non-negative ints, different samples for a greedy request, or a
-            negative ``tokens_computed``.
-    """
-    _check_batch(requests, results, GenerateResult, "request")
-    for i, (req, res) in enumerate(zip(requests, results, strict=True)):
-        samples = res.token_ids
-        if not isinstance(samples, tuple) or len(samples) != req.n_samples:
-            n = len(samples) if isinstance(samples, Sequence) else type(samples).__name__
-            raise BatchFailed(f"request {i}: {n} samples for {req.n_samples} seeds")
-        for s, ids in enumerate(samples):
-            if not isinstance(ids, tuple) or len(ids) > req.max_new_tokens:
-                n = len(ids) if isinstance(ids, Sequence) else type(ids).__name__
-                raise BatchFailed(
-                    f"request {i}, sample {s}: {n} tokens, not a tuple of at most {req.max_new_tokens} token ids"
-                )
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                raise BatchFailed(f"request {i}, sample {s}: token ids must be non-negative ints")
-        if req.greedy and any(ids != samples[0] for ids in samples):
-            raise BatchFailed(f"request {i}: greedy samples differ")
-        if isinstance(res.tokens_computed, bool) or not isinstance(res.tokens_computed, int) or res.tokens_computed < 0:
-            raise BatchFailed(f"request {i}: tokens_computed must be an int >= 0, got {res.tokens_computed!r}")
-    return list(results)
-
-
-def _is_real(x: Any) -> bool:
-    """Whether ``x`` is an int or float (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
 
 @runtime_checkable
 class ScoringBackend(Protocol):
@@ -390,13 +65,14 @@ class ScoringBackend(Protocol):
 
     Nothing is read through ``getattr``: a backend has every member below.
     :class:`BackendBase` gives the defaults of the optional ones (fingerprint, batch size,
-    statistics, lanes, notes, records, shutdown, single-prompt ``generate``), so a backend
-    writes only its identity, ``score`` and ``generate_batch``. ``isinstance(b,
-    ScoringBackend)`` checks that every member is present (:func:`check_backend` names the
-    missing ones). The collator calls ``score`` / ``generate_batch`` from one worker thread at a
-    time per lane; each backend translates its library's exceptions into
-    :class:`~coalescence.errors.BackendError` subclasses. The contract every backend passes is
-    ``tests/backends/test_contract.py``.
+    statistics, lanes, notes, records, shutdown, single-prompt ``generate``) and the envelope of
+    ``score``, ``score_proxy`` and ``generate_batch`` (the long-row refusal, the translation of
+    the library's exceptions into :class:`~coalescence.errors.BatchFailed`, the validation and
+    the statistics), so a backend writes only its identity and the model calls
+    (``_score_batch``, ``_generate_batch``). ``isinstance(b, ScoringBackend)`` checks that every
+    member is present (:func:`check_backend` names the missing ones). The collator calls
+    ``score`` / ``generate_batch`` from one worker thread at a time per lane. The contract every
+    backend passes is ``tests/backends/test_contract.py``.
 
     Attributes:
         model_id: the model's name (alias, directory or hub id), part of the coalition key.
@@ -550,17 +226,77 @@ class ScoringBackend(Protocol):
 
 _RESERVED_RECORD_KEYS = frozenset({"status", "statistics", "backend"})
 
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""The compute dtypes a backend loads a model in (``--dtype``), float32 first (the default)."""
+
+_STATISTICS_LOCK = threading.Lock()  # one statistics update at a time, whichever backend
+
+
+def check_dtype(name: str) -> str:
+    """``name`` when it is one of :data:`DTYPES`.
+
+    Raises:
+        ConfigError: another name (field ``dtype``), listing the choices.
+    """
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}", field="dtype")
+    return name
+
+
+def refuse_long_rows(requests: Sequence[ScoreRequest | ProxyScoreRequest], max_context: int) -> None:
+    """Refuse a call with a row longer than ``max_context`` tokens, before any model call.
+
+    Raises:
+        BatchFailed: the first such row, naming its length and the context.
+    """
+    for r in requests:
+        if r.n_tokens > max_context:
+            raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {max_context}")
+
+
+def refuse_long_generations(requests: Sequence[GenerateRequest], max_context: int) -> None:
+    """Refuse a call with a prompt whose ``max_new_tokens`` would run past ``max_context``, before any model call.
+
+    Raises:
+        BatchFailed: the first such request, naming its prompt, its new tokens and the context.
+    """
+    for r in requests:
+        if r.n_tokens > max_context:
+            raise BatchFailed(
+                f"a prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
+                f"the model's context of {max_context}"
+            )
+
 
 class BackendBase:
-    """Defaults for the optional members of :class:`ScoringBackend`; subclass it and write the
-    identity (``model_id``, ``revision``, ``dtype``, ``tokenizer``, ``max_context``),
-    :meth:`score` and :meth:`generate_batch`.
+    """The envelope of every call, and defaults for the optional members of :class:`ScoringBackend`.
 
-    The defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
+    A backend subclasses it, writes its identity (``model_id``, ``revision``, ``dtype``,
+    ``tokenizer``, ``max_context``) and the model calls: :meth:`_score_batch` (and
+    :meth:`_generate_batch`; :meth:`_score_proxy_batch` where ``supports_proxy``). The public
+    :meth:`score`, :meth:`score_proxy` and :meth:`generate_batch` are templates (httpx's
+    transports translate errors in one place the same way) that, around that one method:
+
+    1. refuse a row longer than ``max_context`` before any model call (nothing counted);
+    2. run the method on each model call (:meth:`_score_calls`: the whole call unless the backend
+       splits it), translating any exception that is not already a
+       :class:`~coalescence.errors.CoalescenceError` into :class:`~coalescence.errors.BatchFailed`
+       ("<:attr:`call_failed`> on a batch of <n> rows: <the error>");
+    3. check the call's results as a whole (:func:`validate_results`, :func:`validate_generations`);
+    4. count it once in :meth:`statistics`: rows, tokens and positions read from the requests and
+       results, plus what the method noted with :meth:`_note` (e.g. prefix forwards). A call that
+       fails counts nothing.
+
+    The other defaults: no fingerprint (``""``), :data:`DEFAULT_BATCH_SIZE` rows per call, no
     shutdown with the engine, no proxy game (``supports_proxy`` False, :meth:`score_proxy`
-    raises), zero statistics, one lane (the backend itself), no notes, the class's name as its
-    identity, no run record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy
-    :meth:`generate_batch` request.
+    raises), one lane (the backend itself), no notes, the class's name as its identity, no run
+    record, a no-op :meth:`shutdown`, and :meth:`generate` as one greedy :meth:`generate_batch`
+    request. A backend may still override a template whole (the Ray layer forwards each call to
+    a worker whose own backend runs the envelope).
+
+    Attributes:
+        call_failed: how a failed model call's message starts (``"model call failed"``).
+        generation_failed: the same for a generation call (``"generation failed"``).
     """
 
     fingerprint: str = ""
@@ -568,18 +304,161 @@ class BackendBase:
     pads_rows: bool = True
     shutdown_with_engine: bool = False
     supports_proxy: bool = False
+    call_failed: str = "model call failed"
+    generation_failed: str = "generation failed"
+    _stats: ScoringStatistics = ScoringStatistics()
 
-    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
-        """No proxy game here (``supports_proxy`` False): a backend that can overrides both.
+    # -- the templates -------------------------------------------------------------------------------
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Score each request with teacher forcing (:meth:`ScoringBackend.score`) through :meth:`_score_batch`.
+
+        Returns:
+            One :class:`ScoreResult` per request, in order (each model call validated as a whole).
 
         Raises:
-            BackendError: always, naming the backend.
+            BatchFailed: a row longer than ``max_context`` (before any model call: nothing
+                counted), the model call failed, or its results failed :func:`validate_results`.
+            CoalescenceError: any other error of ours that the method raised, unchanged.
         """
-        raise BackendError(
+        refuse_long_rows(requests, self.max_context)  # type: ignore[attr-defined]
+        results: list[ScoreResult] = []
+        for batch in self._score_calls(requests):
+            noted = self._begin_call()
+            with self._translated(f"{self.call_failed} on a batch of {len(batch)} rows"):
+                out = self._score_batch(batch)
+            out = validate_results(batch, out)
+            self._count(
+                noted,
+                batches=1,
+                rows=len(batch),
+                tokens=sum(r.n_tokens for r in batch),
+                tokens_computed=sum(x.tokens_computed for x in out),
+                tokens_reused=sum(x.tokens_reused for x in out),
+                padded_positions=sum(x.padded_positions for x in out),
+            )
+            results.extend(out)
+        return results
+
+    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """Score rows of the shared-KV proxy game (:meth:`ScoringBackend.score_proxy`) through
+        :meth:`_score_proxy_batch`, one model call per :meth:`_proxy_calls` group.
+
+        Returns:
+            One :class:`ScoreResult` per request, in order; counted as ``proxy_rows``,
+            ``proxy_tokens_computed`` and ``proxy_tokens_reused``.
+
+        Raises:
+            BackendError: the backend has no proxy game (``supports_proxy`` False).
+            BatchFailed: a row longer than ``max_context`` (before any model call), the model
+                call failed, or its results failed :func:`validate_results`.
+        """
+        if not self.supports_proxy:
+            raise BackendError(self._no_proxy_game())
+        refuse_long_rows(requests, self.max_context)  # type: ignore[attr-defined]
+        out: list[Any] = [None] * len(requests)
+        noted = self._begin_call()
+        for rows in self._proxy_calls(requests):
+            group = [requests[i] for i in rows]
+            with self._translated(f"{self.call_failed} on {len(rows)} proxy rows"):
+                results = self._score_proxy_batch(group)
+            for i, result in zip(rows, validate_results(group, results), strict=True):
+                out[i] = result
+        results = validate_results(requests, out)
+        self._count(
+            noted,
+            proxy_rows=len(results),
+            proxy_tokens_computed=sum(x.tokens_computed for x in results),
+            proxy_tokens_reused=sum(x.tokens_reused for x in results),
+        )
+        return results
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate each request's samples (:meth:`ScoringBackend.generate_batch`) through :meth:`_generate_batch`.
+
+        Returns:
+            One :class:`GenerateResult` per request, in order (validated as a whole); counted as
+            ``decodes`` (one per greedy request, one per sample otherwise), ``generated_tokens``
+            (their new tokens) and ``generation_tokens_computed`` (the results' ``tokens_computed``).
+
+        Raises:
+            BatchFailed: a prompt plus ``max_new_tokens`` longer than ``max_context`` (before any
+                model call), the model call failed, or its results failed :func:`validate_generations`.
+        """
+        refuse_long_generations(requests, self.max_context)  # type: ignore[attr-defined]
+        if not requests:
+            return []
+        noted = self._begin_call()
+        with self._translated(f"{self.generation_failed} on a batch of {len(requests)} requests"):
+            out = self._generate_batch(requests)
+        out = validate_generations(requests, out)
+        runs = [ids for r, x in zip(requests, out, strict=True) for ids in (x.token_ids[:1] if r.greedy else x.token_ids)]
+        self._count(
+            noted,
+            decodes=len(runs),
+            generated_tokens=sum(map(len, runs)),
+            generation_tokens_computed=sum(x.tokens_computed for x in out),
+        )
+        return out
+
+    # -- what a backend implements -------------------------------------------------------------------
+    def _score_batch(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """One model call's scores (the rows fit the context; the envelope does the rest)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither score nor _score_batch")
+
+    def _score_proxy_batch(self, batch: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """One model call's proxy scores (a backend whose ``supports_proxy`` is True implements it)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither score_proxy nor _score_proxy_batch")
+
+    def _generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """One generation call's results (the requests fit the context)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither generate_batch nor _generate_batch")
+
+    def _score_calls(self, requests: Sequence[ScoreRequest]) -> list[Sequence[ScoreRequest]]:
+        """The model calls a :meth:`score` call is run as: the whole call (none when empty)."""
+        return [requests] if requests else []
+
+    def _proxy_calls(self, requests: Sequence[ProxyScoreRequest]) -> list[list[int]]:
+        """The model calls a :meth:`score_proxy` call is run as, by request index: the whole call."""
+        return [list(range(len(requests)))] if requests else []
+
+    def _no_proxy_game(self) -> str:
+        """The message of :meth:`score_proxy` on a backend without the proxy game."""
+        return (
             f"the {type(self).__name__} backend has no proxy game (shared-KV rows need the transformers "
             "backend); run the exact game only (--proxy-game none)"
         )
 
+    # -- the envelope's parts ------------------------------------------------------------------------
+    def _translated(self, message: str) -> contextlib.AbstractContextManager[None]:
+        """A context that turns any exception but ours into ``BatchFailed("<message>: <error>")``
+        (``raise ... from``: the library's error stays the cause)."""
+        return _Translated(message)
+
+    def _begin_call(self) -> dict[str, int]:
+        """This thread's counters for the call beginning, empty (what :meth:`_note` adds to)."""
+        pending = self.__dict__.setdefault("_pending_counts", {})
+        noted: dict[str, int] = {}
+        pending[threading.get_ident()] = noted
+        return noted
+
+    def _note(self, **counts: int) -> None:
+        """Add counters of :class:`ScoringStatistics` to the call in progress on this thread:
+        kept when the call succeeds, dropped when it fails."""
+        noted = self.__dict__.setdefault("_pending_counts", {}).setdefault(threading.get_ident(), {})
+        for name, n in counts.items():
+            noted[name] = noted.get(name, 0) + int(n)
+
+    def _count(self, noted: dict[str, int], **counts: int) -> None:
+        """Add a successful call's counters (``counts`` and what it noted) to the statistics, once."""
+        for name, n in noted.items():
+            counts[name] = counts.get(name, 0) + n
+        noted.clear()
+        self.__dict__.get("_pending_counts", {}).pop(threading.get_ident(), None)
+        with _STATISTICS_LOCK:
+            s = self._stats
+            self._stats = dataclasses.replace(s, **{name: getattr(s, name) + n for name, n in counts.items()})
+
+    # -- the defaults --------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], *, max_new_tokens: int) -> list[int]:
         """One greedy :class:`GenerateRequest` through :meth:`generate_batch`.
 
@@ -588,12 +467,12 @@ class BackendBase:
             BatchFailed: what :meth:`generate_batch` raises.
         """
         request = GenerateRequest(prompt_ids=tuple(prompt_ids), max_new_tokens=max_new_tokens)
-        [result] = validate_generations([request], self.generate_batch([request]))  # type: ignore[attr-defined]
+        [result] = validate_generations([request], self.generate_batch([request]))
         return list(result.token_ids[0])
 
     def statistics(self) -> ScoringStatistics:
-        """Zero counters (a backend that counts overrides this)."""
-        return ScoringStatistics()
+        """A snapshot of the counters over every call the envelope counted (zero for none)."""
+        return self._stats
 
     def acquire_lane(self, snapshot_id: str) -> Hashable | None:
         """``None``: one lane, the backend itself."""
@@ -621,6 +500,21 @@ class BackendBase:
 
     def shutdown(self) -> None:
         """Nothing to release."""
+
+
+class _Translated:
+    """The context of :meth:`BackendBase._translated`."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, CoalescenceError):
+            return False
+        raise BatchFailed(f"{self.message}: {exc}") from exc
 
 
 PROTOCOL_MEMBERS: tuple[str, ...] = tuple(

@@ -34,7 +34,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import random
@@ -54,9 +53,6 @@ from .base import (
     ProxyScoreRequest,
     ScoreRequest,
     ScoreResult,
-    ScoringStatistics,
-    validate_generations,
-    validate_results,
 )
 
 __all__ = ("FakeBackend", "Game", "hashed_game", "presence_game")
@@ -140,6 +136,11 @@ class FakeBackend(BackendBase):
     Attributes:
         calls: rows per call that reached the game, in call order (failed calls included).
 
+    Its :meth:`statistics` are the envelope's of :class:`~coalescence.backends.base.BackendBase`:
+    an exact row computes its ``n_tokens`` (the fake shares no prefix), a proxy row its tail
+    (``proxy_tokens_computed``) and reuses ``tail_start`` (``proxy_tokens_reused``); refused rows
+    and failed calls count nothing.
+
     Raises:
         ConfigError: ``max_context`` or ``max_batch_size`` < 1, a negative ``delay``, no replies.
     """
@@ -190,7 +191,6 @@ class FakeBackend(BackendBase):
         self.fail_calls = frozenset(int(n) for n in fail_calls)
         self.delay = float(delay)
         self.calls: list[int] = []
-        self._stats = ScoringStatistics()
         self._lock = threading.Lock()
         self._open = threading.Event()  # set: calls run; clear: calls wait at their start
         self._open.set()
@@ -216,113 +216,46 @@ class FakeBackend(BackendBase):
         """``{"backend": "fake"}``."""
         return {"backend": "fake"}
 
-    def statistics(self) -> ScoringStatistics:
-        """The counters over every call (see :class:`ScoringStatistics`): ``tokens_computed`` is
-        every row's ``n_tokens`` (the fake shares no prefix); refused rows count nothing."""
-        return self._stats
-
     def shutdown(self) -> None:
         """Refuse later calls (:class:`~coalescence.errors.EngineClosed`); a call in flight finishes."""
         self._closed = True
 
-    # -- the protocol ----------------------------------------------------------------------------
-    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        """The game's log-probabilities of each request's target (nats, float32), in order.
+    # -- the protocol: the envelope of BackendBase (refusal, errors, counting) around these ----------
+    def _score_batch(self, batch: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """The game's log-probabilities of each row's target (nats, float32), in order.
 
         Raises:
-            BatchFailed: a row longer than ``max_context`` (before anything runs), a poisoned
-                row in the call, an injected failure, or a game value that is not finite.
+            BatchFailed: a poisoned row in the call, an injected failure, or (the envelope) a game
+                value that is not finite; a row longer than ``max_context`` is refused before.
             EngineClosed: after :meth:`shutdown`.
         """
-        for r in requests:
-            if r.n_tokens > self.max_context:
-                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
-        with self._call([r.prompt_ids for r in requests]):
-            results = []
-            for r in requests:
-                lp = np.asarray(self.game(r.prompt_ids, r.target_ids), dtype=np.float32)
-                results.append(ScoreResult(token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=r.n_tokens))
-            results = validate_results(requests, results)
-            with self._lock:
-                s = self._stats
-                n = sum(r.n_tokens for r in requests)
-                self._stats = dataclasses.replace(
-                    s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + n
-                )
-            return results
+        return self._play(batch, lambda r: (r.prompt_ids, r.n_tokens, 0), self.game)
 
-    def score_proxy(self, requests: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
-        """The proxy game's log-probabilities of each request's target: ``proxy_game`` of the
-        prompt without its hidden ranges (nats, float32), in order. Each row computes its tail
-        (``tokens_computed``) and reuses the shared prefix (``tokens_reused = tail_start``).
+    def _score_proxy_batch(self, batch: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
+        """The proxy game's log-probabilities of each row's target: ``proxy_game`` of the prompt
+        without its hidden ranges (nats, float32), in order. Each row computes its tail
+        (``tokens_computed``) and reuses the shared prefix (``tokens_reused = tail_start``); a
+        fake made with ``supports_proxy=False`` has no proxy game (``BackendError``).
 
         Raises:
-            BackendError: a fake made with ``supports_proxy=False``.
-            BatchFailed, EngineClosed: as :meth:`score`.
+            BatchFailed, EngineClosed: as :meth:`_score_batch`.
         """
-        if not self.supports_proxy:
-            return super().score_proxy(requests)
-        for r in requests:
-            if r.n_tokens > self.max_context:
-                raise BatchFailed(f"a sequence of {r.n_tokens} tokens exceeds the model's context of {self.max_context}")
-        with self._call([r.prompt_ids for r in requests]):
-            results = []
-            for r in requests:
-                visible, start = [], 0
-                for a, b in r.hidden:
-                    visible += r.prompt_ids[start:a]
-                    start = b
-                visible += r.prompt_ids[start:]
-                lp = np.asarray(self.proxy_game(tuple(visible), r.target_ids), dtype=np.float32)
-                results.append(
-                    ScoreResult(
-                        token_logprobs=lp,
-                        utility=float(lp.astype(np.float64).sum()),
-                        tokens_computed=r.n_tokens - r.tail_start,
-                        tokens_reused=r.tail_start,
-                    )
-                )
-            results = validate_results(requests, results)
-            with self._lock:
-                s = self._stats
-                n = sum(r.n_tokens for r in requests)
-                computed = sum(r.n_tokens - r.tail_start for r in requests)
-                self._stats = dataclasses.replace(
-                    s, batches=s.batches + 1, rows=s.rows + len(requests), tokens=s.tokens + n, tokens_computed=s.tokens_computed + computed
-                )
-            return results
+        return self._play(batch, lambda r: (_visible(r), r.n_tokens - r.tail_start, r.tail_start), self.proxy_game)
 
-    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+    def _generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """The replies (module docs), one result per request, in order.
 
         Raises:
-            BatchFailed: a prompt plus ``max_new_tokens`` longer than ``max_context`` (before
-                anything runs), a poisoned row, or an injected failure.
+            BatchFailed: a poisoned row, or an injected failure.
             EngineClosed: after :meth:`shutdown`.
         """
-        for r in requests:
-            if r.n_tokens > self.max_context:
-                raise BatchFailed(
-                    f"a prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
-                    f"the model's context of {self.max_context}"
-                )
         with self._call([r.prompt_ids for r in requests]):
-            results, decodes, new, computed = [], 0, 0, 0
+            results = []
             for r in requests:
                 runs = [self._reply(r, seed) for seed in (r.seeds[:1] if r.greedy else r.seeds)]
                 cost = sum(len(r.prompt_ids) + max(len(ids) - 1, 0) for ids in runs)
-                decodes, new, computed = decodes + len(runs), new + sum(map(len, runs)), computed + cost
                 samples = tuple(runs) * r.n_samples if r.greedy else tuple(runs)
                 results.append(GenerateResult(token_ids=samples, tokens_computed=cost))
-            results = validate_generations(requests, results)
-            with self._lock:
-                s = self._stats
-                self._stats = dataclasses.replace(
-                    s,
-                    decodes=s.decodes + decodes,
-                    generated_tokens=s.generated_tokens + new,
-                    generation_tokens_computed=s.generation_tokens_computed + computed,
-                )
             return results
 
     # -- inside --------------------------------------------------------------------------------------
@@ -337,6 +270,31 @@ class FakeBackend(BackendBase):
 
     def _call(self, prompts: list[tuple[int, ...]]) -> _InCall:
         return _InCall(self, prompts)
+
+    def _play(self, rows: Sequence[Any], view: Callable[[Any], tuple[tuple[int, ...], int, int]], game: Game) -> list[ScoreResult]:
+        """One call of ``game`` on each row: ``view(row)`` gives the prompt the game sees, the
+        positions the row computes and those it reuses."""
+        with self._call([r.prompt_ids for r in rows]):
+            results = []
+            for r in rows:
+                prompt, computed, reused = view(r)
+                lp = np.asarray(game(prompt, r.target_ids), dtype=np.float32)
+                results.append(
+                    ScoreResult(
+                        token_logprobs=lp, utility=float(lp.astype(np.float64).sum()), tokens_computed=computed, tokens_reused=reused
+                    )
+                )
+            return results
+
+
+def _visible(r: ProxyScoreRequest) -> tuple[int, ...]:
+    """The prompt as a proxy row's tail sees it: the full prompt without its hidden ranges."""
+    visible, start = [], 0
+    for a, b in r.hidden:
+        visible += r.prompt_ids[start:a]
+        start = b
+    visible += r.prompt_ids[start:]
+    return tuple(visible)
 
 
 class _InCall:
