@@ -11,6 +11,8 @@ import numpy as np
 from ....errors import ConfigError, EstimatorError
 from ..base import check_pool, gather, pool_lookup
 
+__all__ = ("PROXY_BUDGET_MULTIPLE", "PROXY_PER_PLAYER", "default_proxy_budget", "proxy_correlation", "proxy_pools", "proxy_seed")
+
 PROXY_BUDGET_MULTIPLE = 16
 """Default proxy budget: at least this many proxy coalitions per exact one, and at least
 :data:`PROXY_PER_PLAYER` per player, capped at 2^n (``benchmarks/RESULTS.md``, "Two-fidelity

@@ -43,6 +43,8 @@ from .common import _check_proxy_budget, _exact_and_proxy, _proxy_budget, proxy_
 
 logger = logging.getLogger(__name__)
 
+__all__ = ("PROXY_FITS", "ControlVariateLasso", "fit_lasso_with_covariate")
+
 PROXY_FITS: tuple[str, ...] = ("lasso", "shapley")
 """How :class:`ControlVariateLasso` fits ``phi(c)`` on the proxy pool (module docs)."""
 

@@ -84,6 +84,8 @@ from ..kernel import _build_plan, jackknife_t_stderr, size_probabilities
 from ..msr import RegressionMSR, _proxies
 from .common import _check_proxy_budget, _exact_and_proxy, _proxy_budget, proxy_correlation, proxy_pools, proxy_seed
 
+__all__ = ("CONTROLS", "LINEAR_ROWS_PER_TERM", "CrossFit", "TwoFidelityShapley", "cross_fitted_shapley")
+
 LINEAR_ROWS_PER_TERM = 3
 """:class:`TwoFidelityShapley` considers controls with the players' linear terms when the exact plan
 has at least this many coalitions per coefficient (n + 2) besides the two each fit leaves out."""
