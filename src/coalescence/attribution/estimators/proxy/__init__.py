@@ -25,12 +25,36 @@ from .common import (
     proxy_pools,
     proxy_seed,
 )
-from .lasso import PROXY_FITS, ControlVariateLasso, fit_lasso_with_covariate
-from .shapley import CONTROLS, LINEAR_ROWS_PER_TERM, CrossFit, TwoFidelityShapley, cross_fitted_shapley
+from .lasso import (
+    CORRECTIONS,
+    PROXY_FITS,
+    RIDGE_PENALTY,
+    ControlVariateLasso,
+    fit_lasso_with_covariate,
+    fit_ridge_with_covariate,
+    ridge_penalties,
+)
+from .shapley import (
+    CONTROLS,
+    LINEAR_ROWS_PER_TERM,
+    RIDGE_SCALE,
+    WEIGHTINGS,
+    CrossFit,
+    TwoFidelityShapley,
+    cross_fitted_shapley,
+    default_ridge,
+)
 
 __all__ = (
     "CONTROLS",
+    "CORRECTIONS",
     "LINEAR_ROWS_PER_TERM",
+    "RIDGE_PENALTY",
+    "RIDGE_SCALE",
+    "WEIGHTINGS",
+    "default_ridge",
+    "fit_ridge_with_covariate",
+    "ridge_penalties",
     "CrossFit",
     "cross_fitted_shapley",
     "PROXY_BUDGET_MULTIPLE",

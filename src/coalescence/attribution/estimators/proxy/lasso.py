@@ -43,10 +43,25 @@ from .common import _check_proxy_budget, _exact_and_proxy, _proxy_budget, proxy_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ("PROXY_FITS", "ControlVariateLasso", "fit_lasso_with_covariate")
+__all__ = (
+    "CORRECTIONS", "LEAST_SQUARES_ROWS_PER_TERM", "PROXY_FITS", "RIDGE_PENALTY", "ControlVariateLasso",
+    "fit_lasso_with_covariate", "fit_ridge_with_covariate", "ridge_penalties",
+)
 
-PROXY_FITS: tuple[str, ...] = ("lasso", "shapley")
+PROXY_FITS: tuple[str, ...] = ("auto", "least-squares", "lasso", "shapley")
 """How :class:`ControlVariateLasso` fits ``phi(c)`` on the proxy pool (module docs)."""
+
+CORRECTIONS: tuple[str, ...] = ("ridge", "lasso")
+"""How :class:`ControlVariateLasso` fits the per-player correction w on the exact rows (module docs)."""
+
+RIDGE_PENALTY = 10.0
+"""The ridge correction's penalty scale (module docs): measured best of 3, 10 and 30 on the long
+games at 8-16 exact coalitions (``benchmarks/RESULTS.md``, "The control-variate surrogate with a
+ridge correction")."""
+
+LEAST_SQUARES_ROWS_PER_TERM = 8
+"""``proxy_fit="auto"`` fits ``phi(c)`` by least squares when the proxy plan has at least this many
+coalitions per coefficient (n + 1), by the LASSO otherwise."""
 
 _CV_FOLDS = 5
 _N_ALPHAS = 100
@@ -122,6 +137,60 @@ def fit_lasso_with_covariate(
     return w, float(coef[0]), float(coef[1]) if use_c else 0.0, float(alpha)
 
 
+def ridge_penalties(phi_c: np.ndarray, scale: float = RIDGE_PENALTY) -> np.ndarray:
+    """``[n]`` float64 the ridge correction's per-player penalties ``scale / (|phi_i(c)| / mean_j
+    |phi_j(c)| + 1/2)``: a player the proxy finds important is let further from the proxy (its
+    prior variance grows with its proxy attribution); ``scale`` each when ``phi(c)`` is all zero."""
+    size = np.abs(np.asarray(phi_c, dtype=np.float64))
+    mean = float(size.mean()) if size.size else 0.0
+    if not mean > 0:
+        return np.full(size.shape, float(scale))
+    return float(scale) / (size / mean + 0.5)
+
+
+def fit_ridge_with_covariate(
+    x: np.ndarray, y: np.ndarray, c: np.ndarray, penalties: np.ndarray
+) -> tuple[np.ndarray, float, float]:
+    """Ridge regression of ``y`` on the player columns ``x`` with an intercept and an unpenalised
+    covariate ``c``: minimises ``||y - a - b c - x w||^2 + sum_i penalties_i w_i^2`` over (a, b, w),
+    by partialling ``[1, c]`` out as :func:`fit_lasso_with_covariate` does (exact for any penalty
+    on w alone); a constant ``c`` has no coefficient (b = 0).
+
+    Args:
+        x: ``[m, n]`` float64 0/1 player columns.
+        y: ``[m]`` float64 utilities.
+        c: ``[m]`` float64 covariate.
+        penalties: ``[n]`` float64 > 0 (:func:`ridge_penalties`).
+
+    Returns:
+        ``(w [n] float64, a, b)``.
+
+    Raises:
+        EstimatorError: fewer than 3 rows.
+    """
+    m = y.shape[0]
+    if m < 3:
+        raise EstimatorError(f"the ridge correction needs at least 3 exact coalitions to fit, got {m}")
+    use_c = bool(np.ptp(c) > 0)
+    basis = np.column_stack([np.ones(m), c]) if use_c else np.ones((m, 1))
+    xr, yr = _residualize(basis, x), _residualize(basis, y)
+    w = np.linalg.solve(xr.T @ xr + np.diag(np.asarray(penalties, dtype=np.float64)), xr.T @ yr)
+    coef = np.linalg.lstsq(basis, y - x @ w, rcond=None)[0]
+    return w, float(coef[0]), float(coef[1]) if use_c else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _LeastSquaresSurrogate(LassoSurrogate):
+    """The linear surrogate by ordinary least squares with an intercept (the proxy's ``phi(c)``
+    under ``proxy_fit="least-squares"``), on the LASSO surrogate's plan; every row is fitted
+    (``holdout`` is ignored) and ``lds`` is NaN."""
+
+    def _fit_surrogate(self, rows: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+        x = np.column_stack([np.ones(rows.shape[0]), rows.astype(np.float64)])
+        coef = np.linalg.lstsq(x, u, rcond=None)[0]
+        return coef[1:], {"lds": math.nan, "intercept": float(coef[0]), "n_train": float(rows.shape[0]), "n_heldout": 0.0}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ControlVariateLasso(LassoSurrogate):
     """The LASSO surrogate (ContextCite) with a proxy game as an unpenalised control variate (module docs).
@@ -129,23 +198,32 @@ class ControlVariateLasso(LassoSurrogate):
     Without a proxy (:meth:`fit`) it is :class:`~.lasso.LassoSurrogate`, unchanged.
 
     Args:
-        budget, seed, alpha, utility, holdout, cv_rule: as :class:`~.lasso.LassoSurrogate` (the
-            exact game's plan and fit).
+        budget, seed, utility, holdout: as :class:`~.lasso.LassoSurrogate` (the exact game's plan).
+        alpha, cv_rule: the LASSO correction's penalty (``correction="lasso"`` only), as
+            :class:`~.lasso.LassoSurrogate`'s.
         proxy_budget: distinct proxy coalitions of :meth:`proxy_plan` (keep-half, seeded by
             :func:`proxy_seed`), or None for :func:`default_proxy_budget`; capped at 2^n.
-        proxy_fit: how ``phi(c)`` is fitted on the proxy pool: ``"lasso"`` (the LASSO surrogate of
-            c, least-error penalty) or ``"shapley"`` (RegressionMSR of c on KernelSHAP's plan).
+        proxy_fit: how ``phi(c)`` is fitted on the proxy pool: ``"auto"`` (default:
+            ``"least-squares"`` from :data:`LEAST_SQUARES_ROWS_PER_TERM` proxy coalitions per
+            coefficient, ``"lasso"`` below), ``"least-squares"`` (the proxy's best linear predictor
+            over keep-half coalitions), ``"lasso"`` (the LASSO surrogate of c, least-error penalty)
+            or ``"shapley"`` (RegressionMSR of c on KernelSHAP's plan).
+        correction: how the per-player correction w is fitted on the exact rows: ``"ridge"``
+            (default; :func:`ridge_penalties`, shrunk toward the scaled proxy) or ``"lasso"`` (the
+            L1 penalty, cross-validated by ``cv_rule``).
 
     Attributes:
         name: ``"lasso"``.
 
     Raises:
         ConfigError: as :class:`~.lasso.LassoSurrogate`, or a bad ``proxy_budget``
-            (``field="proxy_budget"``) or ``proxy_fit`` (``field="proxy_fit"``).
+            (``field="proxy_budget"``), ``proxy_fit`` (``field="proxy_fit"``) or ``correction``
+            (``field="correction"``).
     """
 
     proxy_budget: int | None = None
-    proxy_fit: str = "lasso"
+    proxy_fit: str = "auto"
+    correction: str = "ridge"
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False, two_fidelity=True)
 
     def __post_init__(self) -> None:
@@ -153,10 +231,17 @@ class ControlVariateLasso(LassoSurrogate):
         _check_proxy_budget(self.proxy_budget)
         if self.proxy_fit not in PROXY_FITS:
             raise ConfigError(f"must be one of {', '.join(PROXY_FITS)}, got {self.proxy_fit!r}", field="proxy_fit")
+        if self.correction not in CORRECTIONS:
+            raise ConfigError(f"must be one of {', '.join(CORRECTIONS)}, got {self.correction!r}", field="correction")
 
     def _proxy_estimator(self, n_players: int) -> LassoSurrogate | RegressionMSR:
         k = _proxy_budget(self.budget, self.proxy_budget, n_players)
-        if self.proxy_fit == "lasso":
+        fit = self.proxy_fit
+        if fit == "auto":
+            fit = "least-squares" if k >= LEAST_SQUARES_ROWS_PER_TERM * (n_players + 1) else "lasso"
+        if fit == "least-squares":
+            return _LeastSquaresSurrogate(budget=k, seed=proxy_seed(self.seed), holdout=0.0)
+        if fit == "lasso":
             return LassoSurrogate(budget=k, seed=proxy_seed(self.seed), holdout=0.0)
         return RegressionMSR(budget=k, seed=proxy_seed(self.seed))
 
@@ -227,7 +312,13 @@ class ControlVariateLasso(LassoSurrogate):
                 )
                 unused = {**estimate.diagnostics, **diagnostics, "proxy_used": 0.0}
                 return replace(estimate, diagnostics=unused, notes=(*estimate.notes, why))
-            w, a, b, alpha = fit_lasso_with_covariate(x[train], u[train], c[train], alpha=self.alpha, cv_rule=self.cv_rule, seed=self.seed)
+            if self.correction == "ridge":
+                w, a, b = fit_ridge_with_covariate(x[train], u[train], c[train], ridge_penalties(phi_c))
+                alpha = RIDGE_PENALTY
+            else:
+                w, a, b, alpha = fit_lasso_with_covariate(
+                    x[train], u[train], c[train], alpha=self.alpha, cv_rule=self.cv_rule, seed=self.seed
+                )
             values = b * phi_c + w
             lds = math.nan
             if held.size >= 3:

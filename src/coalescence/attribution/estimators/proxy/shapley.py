@@ -84,7 +84,10 @@ from ..kernel import _build_plan, jackknife_t_stderr, size_probabilities
 from ..msr import RegressionMSR, _proxies
 from .common import _check_proxy_budget, _exact_and_proxy, _proxy_budget, proxy_correlation, proxy_pools, proxy_seed
 
-__all__ = ("CONTROLS", "LINEAR_ROWS_PER_TERM", "CrossFit", "TwoFidelityShapley", "cross_fitted_shapley")
+__all__ = (
+    "CONTROLS", "LINEAR_ROWS_PER_TERM", "RIDGE_SCALE", "WEIGHTINGS", "CrossFit", "TwoFidelityShapley",
+    "cross_fitted_shapley", "default_ridge", "fit_weights",
+)
 
 LINEAR_ROWS_PER_TERM = 3
 """:class:`TwoFidelityShapley` considers controls with the players' linear terms when the exact plan
@@ -127,9 +130,10 @@ CONTROLS: tuple[str, ...] = ("c+linear", "c", "linear", "none")
 ``a + b c``, ``a + sum beta_i z_i`` (no proxy: the exact-only fallback) and ``a``."""
 
 
-def _design(kind: str, z: np.ndarray, c: np.ndarray, phi_c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(X [m, p], Phi [n, p])``: the control's columns and the Shapley values of each column
-    (the intercept's is 0, c's is phi(c), player j's column's is the unit vector e_j)."""
+def _design(kind: str, z: np.ndarray, c: np.ndarray, phi_c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(X [m, p], Phi [n, p], linear [p] bool)``: the control's columns, the Shapley values of each
+    column (the intercept's is 0, c's is phi(c), player j's column's is the unit vector e_j) and
+    which columns are the players' (the ones the ridge penalty shrinks)."""
     m, n = z.shape
     cols, phis = [np.ones(m)], [np.zeros(n)]
     if kind in ("c+linear", "c"):
@@ -137,10 +141,42 @@ def _design(kind: str, z: np.ndarray, c: np.ndarray, phi_c: np.ndarray) -> tuple
         phis.append(phi_c)
     x = np.column_stack(cols)
     phi = np.column_stack(phis)
+    linear = np.zeros(x.shape[1], dtype=bool)
     if kind in ("c+linear", "linear"):
         x = np.hstack([x, z])
         phi = np.hstack([phi, np.eye(n)])
-    return x, phi
+        linear = np.r_[linear, np.ones(n, dtype=bool)]
+    return x, phi, linear
+
+
+RIDGE_SCALE = 3.2
+"""The default ridge penalty on the control's linear terms is ``RIDGE_SCALE * n^2 / m`` (m exact
+coalitions; 10 for the demo's 10 players at 32): measured best of 3-100 at 16-32 coalitions on the
+demo and eiffel12 (``benchmarks/RESULTS.md``, "proxy-shapley's control, weighted and ridged")."""
+
+WEIGHTINGS: tuple[str, ...] = ("variance", "draws")
+"""How the control's least squares weighs a coalition: ``"variance"`` (default) its draws times
+``|S| (n - |S|) / n``, proportional to ``||h(S) / pi(|S|)||^2``, the weight of its residual in the
+importance-sampled term's variance (module docs); ``"draws"`` its draws only (RegressionMSR's)."""
+
+
+def default_ridge(n_players: int, m: int) -> float:
+    """``RIDGE_SCALE * n^2 / m``: the default ridge penalty of the control's linear terms."""
+    return RIDGE_SCALE * n_players**2 / max(m, 1)
+
+
+def fit_weights(rows: np.ndarray, pairs: np.ndarray, enumerated: np.ndarray, weighting: str = "variance") -> np.ndarray:
+    """``[m]`` float64 each planned coalition's weight in the control's least squares: its draws (1
+    for the empty and grand coalitions and the enumerated sizes), times ``|S| (n - |S|) / n`` for
+    a proper coalition under ``weighting="variance"`` (:data:`WEIGHTINGS`)."""
+    m, n = rows.shape
+    weights = np.bincount(pairs.ravel(), minlength=m).astype(np.float64)  # as RegressionMSR's strata
+    weights[enumerated] = 1.0
+    weights[:2] = 1.0
+    if weighting == "variance":
+        s = rows.sum(axis=1).astype(np.float64)
+        weights *= np.where((s > 0) & (s < n), s * (n - s) / n, 1.0)
+    return weights
 
 
 _CHUNK = 256
@@ -156,6 +192,7 @@ class CrossFit:
         psi: ``[D, n]`` float64 each distinct pair's estimate (its draw's ``psi_p``).
         multiplicity: ``[D]`` int64 how many draws each distinct pair is.
         b: the mean coefficient of c over the leave-one-out fits (0 when c is not in the control).
+        ridge: the penalty on the control's linear terms (0: least squares).
     """
 
     control: str
@@ -163,6 +200,7 @@ class CrossFit:
     psi: np.ndarray
     multiplicity: np.ndarray
     b: float
+    ridge: float = 0.0
 
     @property
     def spread(self) -> float:
@@ -175,12 +213,16 @@ class CrossFit:
 
 def _cross_fit(
     kind: str, z: np.ndarray, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray, weights: np.ndarray,
-    e: np.ndarray, imp: np.ndarray, distinct: np.ndarray, multiplicity: np.ndarray,
+    e: np.ndarray, imp: np.ndarray, distinct: np.ndarray, multiplicity: np.ndarray, ridge: float,
+    per_draw: np.ndarray,
 ) -> CrossFit | None:
-    """The estimate with one control; None when its fit, or its fit without some pair, is singular."""
+    """The estimate with one control, its linear terms' coefficients shrunk by ``ridge``; None when
+    its fit, or its fit without some pair, is singular. ``weights`` ``[m]``: each row's weight in
+    the fit; ``per_draw`` ``[m]``: one draw's share of it (what leaving one draw out removes: a
+    coalition drawn twice stays in the fit once, an independent draw that happens to repeat it)."""
     n = z.shape[1]
-    x, phi = _design(kind, z, c, phi_c)
-    gram = x.T @ (weights[:, None] * x)
+    x, phi, linear = _design(kind, z, c, phi_c)
+    gram = x.T @ (weights[:, None] * x) + np.diag(ridge * linear.astype(np.float64))
     moment = x.T @ (weights * u)
     if _proxies(x, u, gram, moment) is None:
         return None
@@ -191,8 +233,9 @@ def _cross_fit(
     for lo in range(0, distinct.shape[0], _CHUNK):
         block = distinct[lo : lo + _CHUNK]
         xa, xb = x[block[:, 0]], x[block[:, 1]]  # [B, p]
-        g = gram[None] - xa[:, :, None] * xa[:, None, :] - xb[:, :, None] * xb[:, None, :]
-        h = moment[None] - xa * u[block[:, 0], None] - xb * u[block[:, 1], None]
+        wa, wb = per_draw[block[:, 0], None], per_draw[block[:, 1], None]  # [B, 1] one draw of the pair
+        g = gram[None] - wa[:, :, None] * xa[:, :, None] * xa[:, None, :] - wb[:, :, None] * xb[:, :, None] * xb[:, None, :]
+        h = moment[None] - wa * xa * u[block[:, 0], None] - wb * xb * u[block[:, 1], None]
         coef = _proxies(x, u, g, h)  # [B, p] fitted without one draw of the pair
         if coef is None:
             return None
@@ -205,7 +248,7 @@ def _cross_fit(
             b_sum += float(multiplicity[lo : lo + block.shape[0]] @ coef[:, 1])
     n_draws = int(multiplicity.sum())
     values = multiplicity @ psi / n_draws
-    return CrossFit(control=kind, values=values, psi=psi, multiplicity=multiplicity, b=b_sum / n_draws)
+    return CrossFit(control=kind, values=values, psi=psi, multiplicity=multiplicity, b=b_sum / n_draws, ridge=float(ridge))
 
 
 def cross_fitted_shapley(
@@ -218,6 +261,8 @@ def cross_fitted_shapley(
     phi_c: np.ndarray,
     *,
     control: str | None = None,
+    ridge: float | None = None,
+    weighting: str = "variance",
 ) -> CrossFit:
     """The cross-fitted regression-adjusted Shapley estimate of the module docs, on plain arrays.
 
@@ -232,6 +277,10 @@ def cross_fitted_shapley(
         phi_c: ``[n]`` float64 Shapley values of the proxy game (estimated or exact).
         control: one of :data:`CONTROLS`, or None for the one of least spread among those that
             can be fitted (module docs).
+        ridge: the penalty on the control's linear terms (>= 0), or None for
+            :func:`default_ridge`; 0 is plain least squares (the linear terms then enter the
+            choice only from ``3 (n + 2)`` coalitions on, :data:`LINEAR_ROWS_PER_TERM`).
+        weighting: one of :data:`WEIGHTINGS`.
 
     Returns:
         The :class:`CrossFit`.
@@ -241,21 +290,34 @@ def cross_fitted_shapley(
     """
     m, n = rows.shape
     z = rows.astype(np.float64)
-    weights = np.bincount(pairs.ravel(), minlength=m).astype(np.float64)  # as RegressionMSR's strata
-    weights[enumerated] = 1.0
-    weights[:2] = 1.0
+    weights = fit_weights(rows, pairs, enumerated, weighting)
+    draws = np.bincount(pairs.ravel(), minlength=m).astype(np.float64)
+    per_draw = weights / np.maximum(draws, 1.0)
+    lam = default_ridge(n, m) if ridge is None else float(ridge)
     e = _exact_part_matrix(rows, enumerated)  # [n, m]
     imp = _importance_terms(rows, sampled_mass)  # [m, n]
     distinct, multiplicity = np.unique(np.sort(pairs, axis=1), axis=0, return_counts=True)
-    kinds = CONTROLS if control is None else (control,)
-    if control is None and m - 2 < LINEAR_ROWS_PER_TERM * (n + 2):
-        kinds = ("c", "none")  # too few coalitions to fit n + 2 coefficients without each pair
-    fits = [f for f in (_cross_fit(k, z, u, c, phi_c, weights, e, imp, distinct, multiplicity) for k in kinds) if f is not None]
+    few = m - 2 < LINEAR_ROWS_PER_TERM * (n + 2)  # too few coalitions to fit n + 2 coefficients by least squares
+    if control is not None:
+        candidates = [(control, lam)]
+    elif lam == 0:
+        candidates = [("c", 0.0), ("none", 0.0)] if few else [(k, 0.0) for k in CONTROLS]
+    elif few:
+        candidates = [("c+linear", lam), ("linear", lam)]  # the first that can be fitted, no choice by spread
+    else:
+        candidates = [(k, r) for k in CONTROLS for r in ((lam, 0.0) if k in ("c+linear", "linear") else (0.0,))]
+    fits = []
+    for kind, r in candidates:
+        fit = _cross_fit(kind, z, u, c, phi_c, weights, e, imp, distinct, multiplicity, r, per_draw)
+        if fit is not None:
+            fits.append(fit)
+            if control is None and lam > 0 and few:
+                break
     if not fits:
         raise EstimatorError(
             f"the {m} exact coalitions do not identify the control {control or 'of any kind'} without each pair; raise the budget"
         )
-    return min(fits, key=lambda f: f.spread)  # ties: the order of CONTROLS
+    return min(fits, key=lambda f: f.spread)  # ties: the order of the candidates
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,6 +348,8 @@ class TwoFidelityShapley(RegressionMSR):
     proxy_budget: int | None = None
     control: str | None = None
     cross_fit: bool = True
+    ridge: float | None = None
+    weighting: str = "variance"
     name: str = field(default="proxy-shapley", init=False)
     what: ClassVar[str] = "proxy-shapley"
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=True, two_fidelity=True)
@@ -295,6 +359,10 @@ class TwoFidelityShapley(RegressionMSR):
         _check_proxy_budget(self.proxy_budget)
         if self.cross_fit not in (True, False):
             raise ConfigError(f"must be True or False, got {self.cross_fit!r}", field="cross_fit")
+        if self.ridge is not None and (isinstance(self.ridge, bool) or not isinstance(self.ridge, (int, float)) or not self.ridge >= 0):
+            raise ConfigError(f"must be a number >= 0 or None (the default rule), got {self.ridge!r}", field="ridge")
+        if self.weighting not in WEIGHTINGS:
+            raise ConfigError(f"must be one of {', '.join(WEIGHTINGS)}, got {self.weighting!r}", field="weighting")
         if self.control is not None and self.control not in CONTROLS:
             raise ConfigError(f"must be one of {', '.join(CONTROLS)} or None, got {self.control!r}", field="control")
 
@@ -372,12 +440,13 @@ class TwoFidelityShapley(RegressionMSR):
             values = b * phi_c + residual.values
             se_exact = residual.stderr if residual.stderr is not None else np.full(n, np.nan)
             stderr = np.sqrt(se_exact**2 + (b * se_c) ** 2)
-            kind, n_draws = "a + b c, then regression-msr", int(plan.pairs.shape[0])
+            kind, n_draws, ridge = "a + b c, then regression-msr", int(plan.pairs.shape[0]), 0.0
         else:
             fit = cross_fitted_shapley(
                 plan.rows, plan.pairs, plan.enumerated, plan.sampled_mass, u, c, phi_c, control=self.control,
+                ridge=self.ridge, weighting=self.weighting,
             )
-            values, psi, b, kind, multiplicity = fit.values, fit.psi, fit.b, fit.control, fit.multiplicity
+            values, psi, b, kind, multiplicity, ridge = fit.values, fit.psi, fit.b, fit.control, fit.multiplicity, fit.ridge
             n_draws = int(multiplicity.sum())
             stderr = np.full(n, np.nan)
             se_exact = np.full(n, np.nan)
@@ -395,6 +464,7 @@ class TwoFidelityShapley(RegressionMSR):
             "stderr_proxy_part": float(np.sqrt(np.nanmean((b * se_c) ** 2))) if np.any(np.isfinite(se_c)) else math.nan,
             "control_linear": float(kind in ("c+linear", "linear")),
             "control_proxy": float(kind in ("c+linear", "c") or not self.cross_fit),
+            "control_ridge": ridge,
             "proxy_used": float(kind in ("c+linear", "c") or not self.cross_fit),
             "cross_fit": float(self.cross_fit),
         }
