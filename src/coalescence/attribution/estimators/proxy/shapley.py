@@ -16,7 +16,7 @@ and each complement pair (S, N minus S) of the plan, its size drawn with KernelS
 ``pi(s)`` over the sampled sizes, gives the unbiased term ``(r(S) h(S) / pi(|S|) + r(S') h(S') /
 pi(|S'|)) / 2`` for those sizes (``sum_i h_i(S) = 0``: every term keeps efficiency exactly).
 
-The control is fitted by least squares on the plan's coalitions (each counted as often as drawn)
+The control is fitted by (weighted, partly ridged; below) least squares on the plan's coalitions
 **without the pair it corrects**: with ``f_(p)`` fitted on every draw but draw p,
 
     psi_p = phi(f_(p)) + exact part of (v - f_(p)) + pair-p term of (v - f_(p))
@@ -36,21 +36,37 @@ repeat, which is rare away from 2^n.) The leave-one-out fits are rank-2 changes 
 matrix, solved in batches.
 
 The control is one of four (:data:`CONTROLS`): ``a + b c + sum beta_i z_i``, ``a + b c``,
-``a + sum beta_i z_i`` (what is left when the proxy is useless) and ``a``; the estimator fits every
-one that its coalitions identify and keeps the one whose ``psi_p`` spread least (the sum over
-players of their sample variance). The controls with linear terms are candidates only when the plan
-has at least ``3 (n + 2)`` coalitions besides the two each fit leaves out
-(:data:`LINEAR_ROWS_PER_TERM`): with fewer, their leave-one-out fits are noisy, and choosing the
-least spread among few draws understates the spread (87-89% coverage at 3n-4n coalitions, n = 8).
+``a + sum beta_i z_i`` (what is left when the proxy is useless) and ``a``. **How it is fitted**
+(measured in ``benchmarks/RESULTS.md``, "proxy-shapley's control, weighted and ridged"):
+
+- *weighted* (``weighting="variance"``, :func:`fit_weights`): a coalition counts its draws times
+  ``|S| (n - |S|) / n``. Only ``r = v - f`` at the sampled pairs carries variance, each pair's term
+  being ``r(S) h(S) / pi(|S|)`` with ``||h(S) / pi(|S|)||^2`` proportional to ``|S| (n - |S|)``
+  (``||h||^2 = n / (s (n - s))``, ``pi(s)`` proportional to ``1 / (s (n - s))``): the least
+  squares that weighs each residual by that is the one that minimises the sum of the terms'
+  squares. ``weighting="draws"`` counts draws only (the estimator before this weighting).
+- *ridged*: the players' coefficients ``beta`` carry the penalty ``ridge`` (default
+  :func:`default_ridge`, ``3.2 n^2 / m``; ``a`` and ``b`` are free), so the linear terms can be
+  fitted from fewer than ``n + 2`` coalitions without each pair. Below ``3 (n + 2)`` coalitions
+  besides the two each fit leaves out (:data:`LINEAR_ROWS_PER_TERM`) the control is ``a + b c +
+  sum beta_i z_i`` ridged, with no choice (choosing the least spread among few draws understates
+  the spread: 87-89% coverage at 3n-4n coalitions, n = 8); from there on every control, the linear
+  ones both ridged and by plain least squares, and the one whose ``psi_p`` spread least (the sum
+  over players of their sample variance) is kept. ``ridge=0`` is the estimator before: least
+  squares, ``a + b c`` or ``a`` below the threshold.
+- leaving draw p out removes one draw's weight: a coalition drawn again by an independent draw
+  stays in ``f_(p)`` (removing every copy makes ``f_(p)`` depend on which coalition draw p is, and
+  biased the ridged estimate by 4 standard errors on the tests' game at 48 coalitions).
+
 Each candidate is unbiased; keeping the least spread one adds a selection bias that the
-unbiasedness tests (300 seeds) do not detect. Measured: with a good proxy and few coalitions the
-proxy alone is the better control; the linear terms are what keeps a useless proxy from costing
-more than about 1.1x regression-msr's error from 6n coalitions on. Each ``psi_p`` sums to
-``v(N) - v(empty)``, so the estimate is efficient to float precision when ``phi(c)`` is
-(RegressionMSR's is). Measured with the shared-KV proxy (Pearson 0.84-0.95 with the exact game),
-median error against regression-msr's at 32 exact coalitions: 0.65x on the demo (n = 10), 0.41x on
-eiffel12 (n = 12), 0.56x and 0.38x on the 14-player games; 0.29-0.79x at 16; 0.88-0.96x at 64,
-where regression-msr's own linear fit is as good as the proxy.
+unbiasedness tests (200 seeds) do not detect. The ridge shrinks the fit, not the correction, so
+it leaves the estimate unbiased (the largest bias z over players on the tests' analytic game: 1.4-2.5
+at 24-96 coalitions, 200 seeds); it lowers the intervals' coverage where the draws are few (0.88
+on the demo at 32, against 0.93). Each ``psi_p`` sums to ``v(N) - v(empty)``, so the estimate is
+efficient to float precision when ``phi(c)`` is (RegressionMSR's is). Measured with the shared-KV
+proxy (Pearson 0.84-0.95 with the exact game), median error against regression-msr's at 32 exact
+coalitions: 0.55x on the demo (n = 10; 0.66x before the weighting and the ridge), 0.40x on
+eiffel12 (n = 12), 0.31x and 0.37x on the 14-player games; 0.29-0.72x at 16; 0.79-0.95x at 64.
 
 ``cross_fit=False`` is the same decomposition without cross-fitting: b by least squares of v on
 ``[1, c]`` over the exact coalitions, then ``b phi(c) + RegressionMSR(v - b c)`` on them (the
@@ -330,8 +346,12 @@ class TwoFidelityShapley(RegressionMSR):
         proxy_budget: distinct proxy coalitions (KernelSHAP's plan seeded by
             :func:`proxy_seed`), or None for :func:`default_proxy_budget`; capped at 2^n (then
             ``phi(c)`` is exact).
-        control: the control game, one of :data:`CONTROLS`, or None (default) for the one whose
-            ``psi`` spread least (module docs).
+        control: the control game, one of :data:`CONTROLS`, or None (default) for the module
+            docs' choice.
+        ridge: the penalty on the control's linear terms (>= 0), or None (default) for
+            :func:`default_ridge`; 0: plain least squares (the estimator before the ridge).
+        weighting: the control's least-squares weights, one of :data:`WEIGHTINGS` (default
+            ``"variance"``).
         cross_fit: True (default): the unbiased cross-fitted estimate. False: b fitted on the
             exact coalitions themselves, then ``b phi(c) + RegressionMSR(v - b c)`` on the same
             coalitions (module docs: lower error on small budgets, RegressionMSR's bias of order
@@ -342,7 +362,8 @@ class TwoFidelityShapley(RegressionMSR):
 
     Raises:
         ConfigError: as :class:`~.msr.RegressionMSR`, or a bad ``proxy_budget``
-            (``field="proxy_budget"``).
+            (``field="proxy_budget"``), ``ridge`` (``field="ridge"``) or ``weighting``
+            (``field="weighting"``).
     """
 
     proxy_budget: int | None = None
