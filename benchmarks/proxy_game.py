@@ -23,9 +23,11 @@ the exact value, and the largest |mean - phi| / (sd / sqrt(seeds)) over the play
 about 2-3 for an unbiased estimator at 10-14 players).
 
 ``--games analytic`` runs the same on the Harsanyi-dividend game of the tests (n = 8, its proxy
-in-script): the bias check at 200 seeds. Every game shows ``proxy-shapley`` both ways: cross-fitted
-(the default, unbiased) and ``cross_fit=False`` (b fitted on the exact coalitions, then
-``b phi(c) + regression-msr(v - b c)``).
+in-script): the bias check at 200 seeds. Every game shows ``proxy-shapley`` three ways: the default
+(cross-fitted, its least squares weighted by each coalition's weight in the importance-sampled
+term's variance, the linear terms ridged), ``ridge=0, weighting="draws"`` (the estimator before
+that: least squares, each coalition weighted by its draws) and ``cross_fit=False`` (b fitted on
+the exact coalitions, then ``b phi(c) + regression-msr(v - b c)``).
 
 **LASSO / LDS** (the long games, 67-73 sentence players). As ``benchmarks/long_context.py
 --resamples``: each draw takes m exact coalitions at random (seed 1000 + draw) from the game's
@@ -34,7 +36,10 @@ m proxy coalitions at random (seed 2000 + draw) from the proxy's recorded keep-h
 seed-0 plan of ``proxy_tail.py --proxy-budget``). Fitted: ``auto``'s exact-only surrogate (LASSO,
 ``cv_rule="dense-1se"``) on the m exact rows; the control-variate LASSO (:class:`ControlVariateLasso`'s
 fit on plain arrays: ``fit_lasso_with_covariate`` on the m exact rows with c, ``phi(c)`` the LASSO
-surrogate of the K proxy rows) with both CV rules; the proxy alone; ContextCite (its solver on m of
+surrogate of the K proxy rows) with both CV rules; the default two-fidelity surrogate (``cv-ridge``:
+``phi(c)`` by least squares on the K proxy rows from 8 (n + 1) of them, the LASSO below; the
+correction w by :func:`fit_ridge_with_covariate` with :func:`ridge_penalties`); the proxy alone
+(its LASSO, and its least squares); ContextCite (its solver on m of
 its 256 recorded ablations). Judged by the LDS: the Spearman correlation of ``sum_{i in S} phi_i``
 with the exact v(S) over the game's 32 held-out coalitions; median and interquartile range over
 the draws. (ContextCite's rows need the ``context-cite`` package; without it they are left out.) Cost in exact-row equivalents: ``m + K * r``, with r the proxy's tokens computed per row
@@ -122,14 +127,16 @@ def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds) ->
         base = np.array([RegressionMSR(budget=m, seed=s).fit(masks, u).values for s in seeds])
         rows.append(summary(name, n, pearson, "regression-msr", m, 0, base, None, phi, scale))
         for k in multiples:
-            for cross_fit in (True, False):
-                ests = [TwoFidelityShapley(budget=m, seed=s, proxy_budget=k * m, cross_fit=cross_fit).fit_two_fidelity(masks, u, masks, c) for s in seeds]
+            forms = (("proxy-shapley", {}), ("proxy-shapley, unweighted, no ridge", {"ridge": 0.0, "weighting": "draws"}),
+                     ("proxy-shapley, in-sample b", {"cross_fit": False}))
+            for label, options in forms:
+                ests = [TwoFidelityShapley(budget=m, seed=s, proxy_budget=k * m, **options).fit_two_fidelity(masks, u, masks, c) for s in seeds]
                 vals = np.array([e.values for e in ests])
                 se = np.array([e.stderr for e in ests])
-                label = "proxy-shapley" if cross_fit else "proxy-shapley, in-sample b"
                 row = summary(name, n, pearson, label, m, min(k * m, 1 << n), vals, se, phi, scale)
-                kinds = {("a" + " + b c" * bool(e.diagnostics["control_proxy"]) + " + linear" * bool(e.diagnostics["control_linear"])) for e in ests}
-                row["controls"] = "; ".join(sorted(kinds)) if cross_fit else "regression-msr of v - b c"
+                kinds = {("a" + " + b c" * bool(e.diagnostics["control_proxy"]) + " + linear" * bool(e.diagnostics["control_linear"])
+                          + " (ridge)" * bool(e.diagnostics.get("control_ridge", 0.0) > 0)) for e in ests}
+                row["controls"] = "; ".join(sorted(kinds)) if options.get("cross_fit", True) else "regression-msr of v - b c"
                 rows.append(row)
             alone = np.array([RegressionMSR(budget=min(k * m, 1 << n), seed=s).fit(masks, c).values for s in seeds])
             rows.append(summary(name, n, pearson, "proxy alone", 0, min(k * m, 1 << n), alone, None, phi, scale))
@@ -199,7 +206,12 @@ def lasso_rows(name: str, data: Path, masks, u, proxy: dict, ratio: float, budge
         LassoRegression = None
 
     from coalescence.attribution.estimators.lasso import LassoSurrogate
-    from coalescence.attribution.estimators.proxy import fit_lasso_with_covariate
+    from coalescence.attribution.estimators.proxy.lasso import (
+        LEAST_SQUARES_ROWS_PER_TERM,
+        fit_lasso_with_covariate,
+        fit_ridge_with_covariate,
+        ridge_penalties,
+    )
     from long_games import held_out
 
     n = masks.shape[1]
@@ -249,6 +261,15 @@ def lasso_rows(name: str, data: Path, masks, u, proxy: dict, ratio: float, budge
                     w, _, b, _ = fit_lasso_with_covariate(x, y, c, cv_rule=rule, seed=draw)
                     rows.append({"game": name, "method": f"cv-lasso ({rule})", "exact": m, "proxy": kk, "cost": m + kk * ratio,
                                  "lds": lds(b * phi_c + w), "b": b})
+                # the default two-fidelity surrogate: phi(c) by least squares (from 8 (n + 1) proxy rows), the ridge correction
+                if kk >= LEAST_SQUARES_ROWS_PER_TERM * (n + 1):
+                    phi_ls = np.linalg.lstsq(np.column_stack([np.ones(kk), pr_masks[sel]]).astype(float), pr_c[sel], rcond=None)[0][1:]
+                    rows.append({"game": name, "method": "proxy alone (least squares)", "exact": 0, "proxy": kk, "cost": kk * ratio, "lds": lds(phi_ls)})
+                else:
+                    phi_ls = phi_c
+                w, _, b = fit_ridge_with_covariate(x, y, c, ridge_penalties(phi_ls))
+                rows.append({"game": name, "method": "cv-ridge (default)", "exact": m, "proxy": kk, "cost": m + kk * ratio,
+                             "lds": lds(b * phi_ls + w), "b": b})
     for r in rows:
         r["pearson"] = pearson
     return rows

@@ -46,12 +46,15 @@ def _bar_label(player: Any, n: int = 28) -> str:
     return f"{player.label} {text}"
 
 
-def proxy_line(proxy: Any) -> str:
+def proxy_line(proxy: Any, *, used: bool = True) -> str:
     """The table's line on a two-fidelity fit's proxy game (an explanation's ``proxy`` field, where
     it has one): the rows of each game and how well they agree.
 
     Args:
         proxy: ``{"game", "coalitions", "evaluations", "shared", "pearson", "spearman"}``.
+        used: False where the estimator computed the proxy rows but fitted the exact rows alone
+            (its ``diagnostics["proxy_used"]`` is 0, e.g. the control-variate LASSO on a game of
+            a few coalitions): the line says so instead of "a control variate".
 
     Returns:
         One line.
@@ -64,7 +67,8 @@ def proxy_line(proxy: Any) -> str:
     )
     return (
         f"proxy game {proxy['game']}: {proxy['coalitions']} coalitions ({proxy.get('evaluations', 0)} computed in this "
-        f"session), {agreement}; a control variate only: the values are the exact game's"
+        f"session), {agreement}; "
+        + ("a control variate only: the values are the exact game's" if used else "not used: the values are of the exact rows alone")
     )
 
 
@@ -133,7 +137,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
     ]
     proxy = explanation.proxy  # a two-fidelity fit's proxy game
     if proxy is not None:
-        lines.append(proxy_line(proxy))
+        lines.append(proxy_line(proxy, used=est.diagnostics.get("proxy_used", 1.0) != 0.0))
     if explanation.stopping is not None:
         st = explanation.stopping
         what = {

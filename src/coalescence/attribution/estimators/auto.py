@@ -18,9 +18,10 @@ players on long contexts" and "Estimator leaderboard"):
   (``budget >= 2^n`` enumerates every coalition: exact values).
 
 With a proxy game (issue 37; :mod:`.proxy`) the same choice runs in its two-fidelity form:
-:class:`~.proxy.ControlVariateLasso` for the surrogate (its penalty the least cross-validated error:
-with the proxy in the fit the denser rule lost LDS at 8-16 exact coalitions), :class:`~.proxy.TwoFidelityShapley`
-for regression-msr (:meth:`AutoMethod.proxy_plan`, :meth:`AutoMethod.fit_two_fidelity`).
+:class:`~.proxy.ControlVariateLasso` for the surrogate (its defaults: ``phi(c)`` by least squares
+on the proxy coalitions, the per-player correction ridged toward the scaled proxy),
+:class:`~.proxy.TwoFidelityShapley` for regression-msr (its defaults: the weighted, ridged control)
+(:meth:`AutoMethod.proxy_plan`, :meth:`AutoMethod.fit_two_fidelity`).
 
 The choice is a pure function of ``(n, budget)``, so a resumed or replayed ``auto`` run plans and
 fits exactly what the first did; the :class:`~.base.Estimate` names the method that ran
@@ -141,8 +142,8 @@ class AutoMethod:
         # the note names what runs: the chosen method with the proxy game as its control variate
         why = why.replace(f"method auto ran {estimator.name}", f"method auto ran {estimator.name} with the proxy game as a control variate", 1)
         if isinstance(estimator, LassoSurrogate):
-            # the least-error penalty: with the proxy in the fit, the denser one lost 0.05 of LDS at
-            # 8 exact coalitions and 0.02 at 16, level at 32, +0.014 at 64 (benchmarks/RESULTS.md)
+            # the ridge correction (its default) ignores cv_rule; "min" is for correction="lasso", where
+            # the denser penalty lost 0.05 of LDS at 8 exact coalitions and 0.02 at 16 (benchmarks/RESULTS.md)
             return ControlVariateLasso(
                 budget=self.budget, seed=self.seed, holdout=estimator.holdout, cv_rule="min",
                 proxy_budget=self.proxy_budget,

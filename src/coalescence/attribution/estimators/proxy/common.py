@@ -1,0 +1,110 @@
+"""What both two-fidelity estimators share: the proxy plan's seed and budget, the pools' checks,
+the proxy's correlation with the exact game (:mod:`.` for the mathematics)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ....errors import ConfigError, EstimatorError
+from ..base import check_pool, gather, pool_lookup
+
+__all__ = ("PROXY_BUDGET_MULTIPLE", "PROXY_PER_PLAYER", "default_proxy_budget", "proxy_correlation", "proxy_pools", "proxy_seed")
+
+PROXY_BUDGET_MULTIPLE = 16
+"""Default proxy budget: at least this many proxy coalitions per exact one, and at least
+:data:`PROXY_PER_PLAYER` per player, capped at 2^n (``benchmarks/RESULTS.md``, "Two-fidelity
+estimators": the control-variate LASSO's LDS on the long games grows with the proxy coalitions up to
+about 1,024 for 67-73 players, whatever the exact budget; proxy-shapley's error on 10-12 players is
+the same from 4 per exact coalition on). A proxy row computes about 1/100 of an exact row's tokens
+on those games (19 tail tokens against 1,943)."""
+
+PROXY_PER_PLAYER = 16
+"""Default proxy budget's floor per player (see :data:`PROXY_BUDGET_MULTIPLE`)."""
+
+def proxy_seed(seed: int) -> int:
+    """The seed of a proxy plan, derived from the exact plan's: a pure function of ``seed``,
+    independent of it as a random stream (``numpy.random.SeedSequence([seed, 0x70726F78])``), so
+    the proxy's coalitions are independent of the exact ones.
+
+    Returns:
+        An int in ``[0, 2**32)``.
+    """
+    return int(np.random.SeedSequence([int(seed), 0x70726F78]).generate_state(1, dtype=np.uint32)[0])
+
+
+def default_proxy_budget(budget: int, n_players: int) -> int:
+    """``max(PROXY_BUDGET_MULTIPLE * budget, PROXY_PER_PLAYER * n)``, capped at 2^n: the proxy
+    coalitions planned when none are given.
+
+    Args:
+        budget: the exact game's budget (distinct coalitions).
+        n_players: number of players n >= 1.
+    """
+    k = max(PROXY_BUDGET_MULTIPLE * budget, PROXY_PER_PLAYER * n_players)
+    return min(k, 1 << n_players) if n_players < 62 else k
+
+
+def _proxy_budget(budget: int, proxy_budget: int | None, n_players: int) -> int:
+    """``proxy_budget`` or :func:`default_proxy_budget`, capped at 2^n."""
+    if proxy_budget is None:
+        return default_proxy_budget(budget, n_players)
+    k = proxy_budget
+    return min(k, 1 << n_players) if n_players < 62 else k
+
+
+def _check_proxy_budget(value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"must be a positive integer or None (a multiple of the budget), got {value!r}", field="proxy_budget")
+
+
+def proxy_correlation(u: np.ndarray, c: np.ndarray) -> tuple[float, float]:
+    """Pearson and Spearman correlations of the exact utilities ``u`` and the proxy's ``c`` over
+    the same coalitions (``[m]`` float64 each); NaN when either is constant or m < 3."""
+    from scipy.stats import spearmanr
+
+    if u.shape[0] < 3 or np.ptp(u) == 0 or np.ptp(c) == 0:
+        return math.nan, math.nan
+    return float(np.corrcoef(u, c)[0, 1]), float(spearmanr(u, c).statistic)
+
+
+def _exact_and_proxy(
+    name: str, keys: tuple[bytes, ...], masks: np.ndarray, utilities: np.ndarray,
+    proxy_masks: np.ndarray, proxy_utilities: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The exact utilities and the proxy's on the planned coalitions ``keys`` (``[m]`` each)."""
+    u = gather(pool_lookup(masks, utilities), keys, name)
+    try:
+        c = gather(pool_lookup(proxy_masks, proxy_utilities), keys, f"{name} (the proxy game on its exact coalitions)")
+    except EstimatorError as exc:
+        raise EstimatorError(
+            f"{exc}; the proxy game must be evaluated on the exact plan's coalitions too (the control variate needs c(S) there)"
+        ) from None
+    return u, c
+
+
+
+def proxy_pools(
+    estimator: Any, masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Both pools checked (:func:`.base.check_pool`), the estimator's ``validate(n)`` run, and the
+    player counts compared.
+
+    Returns:
+        ``(masks, utilities, proxy_masks, proxy_utilities, n_players)``, the arrays as
+        :func:`.base.check_pool` returns them.
+
+    Raises:
+        EstimatorError: the pools have different player counts, or as ``validate``.
+        ConfigError: as ``validate``.
+        MaskError: a pool's masks are not 2-D bool.
+    """
+    masks, utilities = check_pool(masks, utilities)
+    proxy_masks, proxy_utilities = check_pool(proxy_masks, proxy_utilities)
+    n = masks.shape[1]
+    estimator.validate(n)
+    if proxy_masks.shape[1] != n:
+        raise EstimatorError(f"the proxy pool has {proxy_masks.shape[1]} players, the exact pool {n}; pass pools of one game")
+    return masks, utilities, proxy_masks, proxy_utilities, n
