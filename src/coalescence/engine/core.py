@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import fields, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -46,9 +46,11 @@ from ..scheduler.store import ResultStore
 from ..utility import ResolvedUtility, UtilitySpec
 from .hydrate import fill_measurements, fill_store
 from .keys import game_utility, key_for
+from .lanes import LanePipelines, default_buckets
 from .notes import template_notes, utility_detail
 from .proxy import proxy_agreement, proxy_game_name, proxy_refusal
 from .rounds import sample_until
+from .targets import check_room, generated_target
 
 __all__ = ("Engine", "counting_evaluations")
 
@@ -149,8 +151,7 @@ class Engine:
             fill_measurements(self.measurements, archive.loaded)
         self._totals = SchedulerStatistics()
         self._batch_ids = itertools.count()
-        self._shared: dict[Any, ScoringPipeline] = {}
-        self._users: dict[Any, int] = {}
+        self._lanes = LanePipelines(backend, self._pipeline)
         self._targets: dict[str, TargetTokens] = {}
         self._layouts: dict[Any, ProxyLayout] = {}
         self._closed = False
@@ -186,21 +187,7 @@ class Engine:
         # validate the segmentation before spending a generation on it
         segment_players(conversation, unit=unit, roles=roles)
         if conversation.target is None:
-            if max_new_tokens < 1:
-                raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="max_new_tokens")
-            prompt = self.renderer.encode_prompt(conversation.messages)
-            self._check_room(len(prompt), max_new_tokens)
-            new_ids = [int(i) for i in self.backend.generate(prompt, max_new_tokens=max_new_tokens)]
-            stopped = bool(new_ids) and new_ids[-1] in self.renderer.special_ids
-            content = new_ids[:-1] if stopped else new_ids
-            text = self.backend.tokenizer.decode(content, skip_special_tokens=False)
-            if not text.strip():
-                raise InputError(
-                    "the model generated an empty answer; give the answer as a last assistant "
-                    'message or a "target" string',
-                    field="target",
-                )
-            conversation = conversation.with_target(text, source="generated", ids=content)
+            conversation = generated_target(self.backend, self.renderer, conversation, max_new_tokens)
         return ConversationSnapshot.build(conversation, unit=unit, roles=roles)
 
     def target_tokens(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> TargetTokens:
@@ -232,22 +219,6 @@ class Engine:
         self._targets[cache_key] = target
         return target
 
-    def _check_room(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """Refuse a generation that could run past the model's context, before it starts."""
-        limit = int(self.backend.max_context)
-        if prompt_tokens >= limit:
-            raise InputError(
-                f"the prompt renders to {prompt_tokens} tokens, leaving no room in the model's context of "
-                f"{limit} for an answer; shorten the conversation or use a longer-context model",
-                field="messages",
-            )
-        if prompt_tokens + max_new_tokens > limit:
-            raise ConfigError(
-                f"{max_new_tokens} new tokens after a prompt of {prompt_tokens} tokens could exceed the model's "
-                f"context of {limit}; give --max-new-tokens {max(limit - prompt_tokens, 1)} or less, or a shorter prompt",
-                field="max_new_tokens",
-            )
-
     @property
     def model(self) -> dict[str, str]:
         """The model identity that enters coalition keys: ``{"id", "revision", "dtype", "sha256"}``
@@ -277,7 +248,7 @@ class Engine:
         if cached is None:
             target = self.target_tokens(snapshot, policy)
             if self.utility.generation is not None:  # each coalition's answer is generated anew
-                self._check_room(len(target.full_prompt_ids), self.utility.generation.max_new_tokens)
+                check_room(len(target.full_prompt_ids), self.utility.generation.max_new_tokens, int(self.backend.max_context))
             cached = self.utility.resolve(snapshot.target, target.offsets)
             self._resolved[cache_key] = cached
         return cached
@@ -296,13 +267,7 @@ class Engine:
     # -- the proxy game -------------------------------------------------------------------------
     def proxy_refusal(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> str | None:
         """Why this engine does not play the proxy game for ``snapshot`` under ``policy``, as a
-        sentence, or ``None`` when it does.
-
-        The proxy game is played where it is defined and was measured: a backend that scores it
-        (``supports_proxy``), a teacher-forced utility (the answer's ids are fixed, so the tail is
-        one sequence for every coalition) and the ``drop`` policy (an absent player's tokens are
-        simply unseen; a placeholder would have to be written into the shared KV).
-        """
+        sentence, or ``None`` when it does (where it is defined and measured: :func:`.proxy.proxy_refusal`)."""
         return proxy_refusal(
             self.proxy_game,
             self.backend,
@@ -364,53 +329,21 @@ class Engine:
         return answer_tokens(target.answer, target.offsets, measured[0], measured[1], lead=target.lead, tail=target.tail)
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _default_buckets(self) -> LengthBuckets:
-        """The collator's length buckets when none were given (the ``buckets`` argument)."""
-        context = int(self.backend.max_context)
-        if self.backend.pads_rows:
-            return LengthBuckets(max_tokens=context)
-        return LengthBuckets(ceilings=(context,), padded_token_budget=context * self.batch_size, max_tokens=context)
-
-    def _acquire(self, snapshot_id: str | None = None) -> tuple[Any, ScoringPipeline]:
-        """The collator and scoring pipeline shared by every :meth:`evaluate` call in flight on a
-        lane (made inside the event loop by the first; closed when the last one ends), so
-        concurrent conversations fill the same batches.
-
-        The backend names the lane of the conversation ``snapshot_id``
-        (:meth:`~coalescence.backends.base.ScoringBackend.acquire_lane`;
-        :class:`~coalescence.distributed.RayBackend`: one per model worker); each lane has its
-        own collator, so one call per lane is in flight at a time. A backend with one lane
-        answers ``None``.
-        """
-        lane = self.backend.acquire_lane(snapshot_id) if snapshot_id is not None else None
-        shared = self._shared.get(lane)
-        if shared is None:
-            target = self.backend.lane(lane)
-            buckets = self.buckets or self._default_buckets()
-            collator = Collator(
-                CollatorBackend(fn=BackendCall(target, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
-            )
-            shared = self._shared[lane] = ScoringPipeline(
-                backend=self.backend,
-                renderer=self.renderer,
-                collator=collator,
-                target_tokens=self.target_tokens,
-                resolved_utility=self.resolved_utility,
-                measurements=self.measurements,
-                proxy_layout=self.proxy_layout,
-            )
-        self._users[lane] = self._users.get(lane, 0) + 1
-        return lane, shared
-
-    def _release(self, lane: Any = None) -> None:
-        if lane is not None:
-            self.backend.release_lane(lane)
-        self._users[lane] -= 1
-        if self._users[lane] == 0:
-            del self._users[lane]
-            shared = self._shared.pop(lane, None)
-            if shared is not None:
-                shared.collator.close()
+    def _pipeline(self, lane: Any) -> ScoringPipeline:
+        """A new scoring pipeline for ``lane``: its own lock-leader collator over the lane's backend."""
+        buckets = self.buckets or default_buckets(self.backend, self.batch_size)
+        collator = Collator(
+            CollatorBackend(fn=BackendCall(self.backend.lane(lane), self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
+        )
+        return ScoringPipeline(
+            backend=self.backend,
+            renderer=self.renderer,
+            collator=collator,
+            target_tokens=self.target_tokens,
+            resolved_utility=self.resolved_utility,
+            measurements=self.measurements,
+            proxy_layout=self.proxy_layout,
+        )
 
     async def evaluate(
         self,
@@ -489,16 +422,16 @@ class Engine:
                     game=game,
                 )
             )
-        lane, pipeline = self._acquire(snapshot.snapshot_id)
+        lane, pipeline = self._lanes.acquire(snapshot.snapshot_id)
         scheduler = CoalitionScheduler(
             pipeline, store=self.store, archive=self.archive, progress=self._progress_tally, max_inflight=2 * self.batch_size
         )
         try:
             results = await scheduler.run(jobs) if jobs else []
         finally:
-            self._release(lane)
+            self._lanes.release(lane)
             run_stats = scheduler.statistics()
-            self._totals = _add_stats(self._totals, run_stats)
+            self._totals = self._totals.plus(run_stats)
             box = _EXECUTED.get()
             if box is not None:
                 box[0] += run_stats.executed
@@ -661,16 +594,7 @@ class Engine:
             raise
         try:
             if self.archive is not None:
-                self.archive.close(status=status, statistics=_stats_dict(self.statistics()), **extra)
+                self.archive.close(status=status, statistics=self.statistics().as_dict(), **extra)
         finally:
             if self.backend.shutdown_with_engine:
                 self.backend.shutdown()
-
-
-def _add_stats(total: SchedulerStatistics, run: SchedulerStatistics) -> SchedulerStatistics:
-    """``total`` plus one scheduler run's counters."""
-    return SchedulerStatistics(**{f.name: getattr(total, f.name) + getattr(run, f.name) for f in fields(total)})
-
-
-def _stats_dict(stats: SchedulerStatistics) -> dict[str, Any]:
-    return {f.name: getattr(stats, f.name) for f in fields(stats)}
