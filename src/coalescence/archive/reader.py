@@ -43,6 +43,7 @@ __all__ = (
     "read_manifest",
     "read_pool",
     "read_rows",
+    "read_utilities",
 )
 
 logger = logging.getLogger(__name__)
