@@ -45,7 +45,7 @@ from ..scheduler.scheduler import CoalitionJob, CoalitionScheduler, SchedulerSta
 from ..scheduler.store import ResultStore
 from ..utility import ResolvedUtility, UtilitySpec
 from .hydrate import fill_measurements, fill_store
-from .keys import game_utility, key_for
+from .keys import game_utility, key_for, model_identity
 from .lanes import LanePipelines, default_buckets
 from .notes import template_notes, utility_detail
 from .proxy import proxy_agreement, proxy_game_name, proxy_refusal
@@ -221,19 +221,8 @@ class Engine:
 
     @property
     def model(self) -> dict[str, str]:
-        """The model identity that enters coalition keys: ``{"id", "revision", "dtype", "sha256"}``
-        (``sha256``: the content fingerprint of the weight, tokenizer and template files, ``""``
-        for a model with no files), and ``template_now``, the pinned instant, when the chat
-        template renders a date (the same model renders other prompts on another day)."""
-        model = {
-            "id": self.backend.model_id,
-            "revision": self.backend.revision,
-            "dtype": self.backend.dtype,
-            "sha256": str(self.backend.fingerprint or ""),
-        }
-        if self.renderer.renders_date:
-            model["template_now"] = self.renderer.now.isoformat()
-        return model
+        """The model identity that enters coalition keys (:func:`.keys.model_identity`)."""
+        return model_identity(self.backend, self.renderer)
 
     def resolved_utility(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> ResolvedUtility:
         """The engine's utility fixed for ``snapshot``'s target (cached).
@@ -423,8 +412,11 @@ class Engine:
                 )
             )
         lane, pipeline = self._lanes.acquire(snapshot.snapshot_id)
+        # two batches in flight (one scored, one queued) and no job alive beyond them, which would
+        # only wait for a slot: one event-loop wake-up more per coalition (store hits take none)
+        inflight = 2 * self.batch_size
         scheduler = CoalitionScheduler(
-            pipeline, store=self.store, archive=self.archive, progress=self._progress_tally, max_inflight=2 * self.batch_size
+            pipeline, store=self.store, archive=self.archive, progress=self._progress_tally, max_inflight=inflight, pending_limit=inflight
         )
         try:
             results = await scheduler.run(jobs) if jobs else []

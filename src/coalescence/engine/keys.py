@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..backends.base import ScoringBackend
 from ..masking.codec import PackedMask, coalition_key
 from ..masking.policies import AbsencePolicy
+from ..masking.render import ChatRenderer
 from ..snapshot import ConversationSnapshot
 
-__all__ = ("UTILITY", "game_utility", "key_for")
+__all__ = ("UTILITY", "game_utility", "key_for", "model_identity")
 
 UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
 """The key of the default utility: log p(target tokens | masked prompt), summed, in nats."""
@@ -56,3 +58,19 @@ def game_utility(utility: Mapping[str, Any], game: str) -> Mapping[str, Any]:
     those of every archive written before proxy games), with ``"game"`` added for a proxy game,
     so a proxy row never shares a key with an exact one."""
     return utility if game == "exact" else {**utility, "game": game}
+
+
+def model_identity(backend: ScoringBackend, renderer: ChatRenderer) -> dict[str, str]:
+    """The model identity that enters coalition keys: ``{"id", "revision", "dtype", "sha256"}``
+    (``sha256``: the content fingerprint of the weight, tokenizer and template files, ``""`` for a
+    model with no files), and ``template_now``, the pinned instant, when the chat template renders
+    a date (the same model renders other prompts on another day)."""
+    model = {
+        "id": backend.model_id,
+        "revision": backend.revision,
+        "dtype": backend.dtype,
+        "sha256": str(backend.fingerprint or ""),
+    }
+    if renderer.renders_date:
+        model["template_now"] = renderer.now.isoformat()
+    return model
