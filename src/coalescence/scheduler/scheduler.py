@@ -179,13 +179,13 @@ class CoalitionScheduler:
         state = _RunState(len(jobs))
         indexed = iter(enumerate(jobs))
 
-        async def take() -> Any:
+        def take() -> Any:
             return next(indexed, _END)
 
-        async def deliver(item: tuple[int, CoalitionJob], result: JobResult) -> None:
+        def deliver(item: tuple[int, CoalitionJob], result: JobResult) -> None:
             results[item[0]] = result
 
-        await self._drive(take, deliver, state, n_workers=min(self.pending_limit, len(jobs)))
+        await self._drive(take, deliver, state, n_workers=min(self.pending_limit, len(jobs)), sync=True)
         if state.fatal is not None:
             raise state.fatal
         for result in results:
@@ -285,27 +285,31 @@ class CoalitionScheduler:
 
     async def _drive(
         self,
-        take: Callable[[], Awaitable[Any]],
-        deliver: Callable[[Any, JobResult], Awaitable[None]],
+        take: Callable[[], Any],
+        deliver: Callable[[Any, JobResult], Any],
         state: _RunState,
         *,
         n_workers: int,
+        sync: bool = False,
     ) -> None:
+        """Run ``n_workers`` workers over the jobs ``take`` gives; ``sync``: ``take`` and ``deliver``
+        are plain functions (a list's jobs and results: no coroutine per job), else coroutines."""
         if state.total is not None:
             self._tally.plan(state.total)
         async with anyio.create_task_group() as tg:
             for _ in range(n_workers):
-                tg.start_soon(self._worker, take, deliver, state)
+                tg.start_soon(self._worker, take, deliver, state, sync)
 
     async def _worker(
         self,
-        take: Callable[[], Awaitable[Any]],
-        deliver: Callable[[Any, JobResult], Awaitable[None]],
+        take: Callable[[], Any],
+        deliver: Callable[[Any, JobResult], Any],
         state: _RunState,
+        sync: bool = False,
     ) -> None:
         while not state.stop:
             try:
-                item = await take()
+                item = take() if sync else await take()
             except Exception as exc:
                 state.fail(exc)
                 return
@@ -327,6 +331,9 @@ class CoalitionScheduler:
                 self._live -= 1
             state.done += 1
             self._tally.advance()
+            if sync:
+                deliver(item, result)
+                continue
             try:
                 await deliver(item, result)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
