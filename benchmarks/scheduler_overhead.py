@@ -39,7 +39,8 @@ async def one_run(n_players: int, batch: int, run_dir: Path) -> float:
     async def evaluate(job: CoalitionJob) -> EvalOutcome:
         return EvalOutcome(utility=await collator.submit(job.request), batch_size=batch)
 
-    scheduler = CoalitionScheduler(evaluate, store=ResultStore(), archive=archive, max_inflight=2 * batch)
+    # as the engine makes it (Engine.evaluate): two batches in flight, no job alive beyond them
+    scheduler = CoalitionScheduler(evaluate, store=ResultStore(), archive=archive, max_inflight=2 * batch, pending_limit=2 * batch)
     jobs = []
     for row in ExactShapley().plan(n_players):
         mask = PackedMask.from_bools(row)

@@ -1,4 +1,4 @@
-"""The hot result store: LRU bounds by entries and bytes, thread safety, filling from a real archive."""
+"""The hot result store: LRU bounds by entries and bytes, thread safety, filled with what the archive reads."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import threading
 
 import pytest
 
-from coalescence.archive import RunArchive
+import pyarrow.parquet as pq
+
+from coalescence.archive import RunArchive, read_utilities
 from coalescence.errors import ArchiveError, ConfigError
 from coalescence.masking.codec import PackedMask
 from coalescence.scheduler.store import ResultStore, entry_bytes
@@ -129,23 +131,48 @@ def test_fill_from_a_real_archive(tmp_path):
     run = tmp_path / "run"
     _write_archive(run, [("a" * 64, 0, -1.0), ("a" * 64, 1, -2.0), ("b" * 64, 2, -3.0)])
     store = ResultStore()
-    assert store.fill_from_archive(run) == 3
+    assert store.fill(read_utilities(run)) == 3
     assert len(store) == 3
     assert [store.get(_key(i)) for i in range(3)] == [-1.0, -2.0, -3.0]
 
     only_b = ResultStore()
-    assert only_b.fill_from_archive(run, snapshot_id="b" * 64) == 1
+    assert only_b.fill(read_utilities(run, snapshot_id="b" * 64)) == 1
     assert _key(2) in only_b and _key(0) not in only_b
 
     bounded = ResultStore(max_entries=1)
-    bounded.fill_from_archive(run)
+    bounded.fill(read_utilities(run))
     assert len(bounded) == 1 and _key(2) in bounded  # the last row written stays
 
 
 def test_fill_from_an_empty_archive_and_a_broken_part(tmp_path):
     run = tmp_path / "run"
     RunArchive.create(run, {}).close()
-    assert ResultStore().fill_from_archive(run) == 0
+    assert ResultStore().fill(read_utilities(run)) == 0
     (run / "parts" / "part-000000.parquet").write_bytes(b"not parquet")
     with pytest.raises(ArchiveError):
-        ResultStore().fill_from_archive(run)
+        ResultStore().fill(read_utilities(run))
+
+
+def test_the_archive_feeds_the_store_what_pyarrow_reads(tmp_path):
+    """The archive package reads, the store takes pairs: the pairs equal an independent pyarrow read
+    of the part files (part order, the first row of a repeated key), and the store holds exactly them."""
+    run = tmp_path / "run"
+    rows = [("a" * 64, 0, -1.0), ("b" * 64, 1, -2.5), ("a" * 64, 2, -0.25), ("b" * 64, 3, -4.0), ("b" * 64, 1, -9.0)]
+    _write_archive(run, rows)
+    parts = sorted((run / "parts").glob("*.parquet"))
+    assert len(parts) >= 2  # flush_rows=2: the rows span several part files
+    expected, seen = [], set()
+    for part in parts:
+        table = pq.read_table(part, columns=["snapshot_id", "coalition_key", "utility"])
+        for sid, key, utility in zip(*(table[c].to_pylist() for c in ("snapshot_id", "coalition_key", "utility")), strict=True):
+            if key not in seen:
+                seen.add(key)
+                expected.append((sid, key, utility))
+    assert read_utilities(run) == [(k, u) for _, k, u in expected]
+    assert read_utilities(run, snapshot_id="b" * 64) == [(k, u) for s, k, u in expected if s == "b" * 64] == [
+        (_key(1), -2.5),
+        (_key(3), -4.0),
+    ]
+    store = ResultStore()
+    assert store.fill(read_utilities(run)) == 4  # the repeated key once, its first row
+    assert {k: store.get(k) for k, _ in read_utilities(run)} == {_key(0): -1.0, _key(1): -2.5, _key(2): -0.25, _key(3): -4.0}

@@ -1,6 +1,6 @@
 """The Parquet run archive: one row per evaluated coalition, a manifest, resume and replay."""
 
-from .reader import archive_info, list_parts, read_manifest, read_pool, read_rows
+from .reader import archive_info, list_parts, read_manifest, read_pool, read_rows, read_utilities
 from .schema import ROW_SCHEMA, SCHEMA_VERSION
 from .writer import RunArchive, compact
 
@@ -14,4 +14,5 @@ __all__ = (
     "read_manifest",
     "read_pool",
     "read_rows",
+    "read_utilities",
 )

@@ -43,6 +43,7 @@ __all__ = (
     "read_manifest",
     "read_pool",
     "read_rows",
+    "read_utilities",
 )
 
 logger = logging.getLogger(__name__)
@@ -242,6 +243,33 @@ def read_rows(run_dir: str | Path, *, skip_corrupt: bool = False, dedupe: bool =
     """
     table, _ = load_rows(run_dir, skip_corrupt=skip_corrupt)
     return dedupe_rows(table) if dedupe else table
+
+
+def read_utilities(
+    run_dir: str | Path, snapshot_id: str | None = None, *, skip_corrupt: bool = False
+) -> list[tuple[str, float]]:
+    """The ``(coalition key, utility)`` of every distinct archived coalition, in archive order: what
+    a hot result store is filled with (:meth:`~coalescence.scheduler.store.ResultStore.fill`).
+
+    Args:
+        run_dir: the run directory.
+        snapshot_id: only this snapshot's rows; ``None`` for every row.
+        skip_corrupt: leave out (with a warning) a part that fails verification instead of failing.
+
+    Returns:
+        One pair per distinct coalition key (the first row of a repeated key), the utility a float
+        in the utility's unit (nats for the default ``logprob``).
+
+    Raises:
+        ArchiveError: a part fails verification (unless ``skip_corrupt``).
+    """
+    table = read_rows(run_dir, skip_corrupt=skip_corrupt)
+    if snapshot_id is not None:
+        table = table.filter(pc.equal(table["snapshot_id"], snapshot_id))
+    keys = table.column("coalition_key").to_pylist()
+    utilities = table.column("utility").to_pylist()
+    logger.debug("read %s coalition utilities from %s", len(keys), run_dir)
+    return list(zip(keys, utilities, strict=True))
 
 
 def read_pool(

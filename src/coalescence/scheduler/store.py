@@ -1,24 +1,20 @@
 """The hot result store: coalition key -> utility, in front of the model.
 
-The scheduler looks every job up here before any model call; a replay fills it from a run archive
-(:meth:`ResultStore.fill_from_archive`), so every coalition the archive holds is served without a
-model call.
+The scheduler looks every job up here before any model call; a replay fills it with the pairs the
+archive package reads (:func:`~coalescence.archive.read_utilities`, :meth:`ResultStore.fill`), so
+every coalition the archive holds is served without a model call; the store never reads a file.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from pathlib import Path
 
 from ..errors import ConfigError
 
 __all__ = ("ResultStore", "entry_bytes")
-
-logger = logging.getLogger(__name__)
 
 _FLOAT_BYTES = sys.getsizeof(0.0)
 _SLOT_BYTES = 3 * 8 + 2 * 8  # hash table slot (hash, key, value) + LRU links (prev, next)
@@ -133,34 +129,16 @@ class ResultStore:
             self._data.clear()
             self._nbytes = 0
 
-    def fill_from_archive(self, run_dir: str | Path, snapshot_id: str | None = None) -> int:
-        """Load the utilities of a run archive (see :mod:`coalescence.archive`).
-
-        Rows (as :func:`~coalescence.archive.read_rows` returns them) are stored in archive order,
-        so with a bound the last rows written stay.
-
-        Args:
-            run_dir: the run directory.
-            snapshot_id: load only this snapshot's rows; ``None`` for every row.
+    def fill(self, items: Iterable[tuple[str, float]]) -> int:
+        """Store ``(key, utility)`` pairs in order, as the archive reads them
+        (:func:`~coalescence.archive.read_utilities`), so with a bound the last pairs stay.
 
         Returns:
-            The number of archive rows loaded.
-
-        Raises:
-            ArchiveError: a part of the archive cannot be read.
+            The number of pairs given.
         """
-        import pyarrow.compute as pc
-
-        from ..archive import read_rows
-
-        table = read_rows(run_dir)
-        if snapshot_id is not None:
-            table = table.filter(pc.equal(table["snapshot_id"], snapshot_id))
-        keys = table.column("coalition_key").to_pylist()
-        utilities = table.column("utility").to_pylist()
-        self.update(zip(keys, utilities, strict=True))
-        logger.debug("filled the result store with %s rows from %s", len(keys), run_dir)
-        return len(keys)
+        pairs = items if isinstance(items, list) else list(items)
+        self.update(pairs)
+        return len(pairs)
 
     def __contains__(self, key: object) -> bool:
         with self._lock:

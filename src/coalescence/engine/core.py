@@ -16,57 +16,45 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import fields, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
-from .archive.writer import RunArchive
-from .attribution.estimators.base import Estimator, for_target_stderr
-from .attribution.explanation import AnswerToken, Explanation, answer_tokens
-from .backends.base import ScoringBackend, check_backend, run_record_of
-from .conversation import Conversation
-from .snapshot import ConversationSnapshot
-from .segmentation import segment_players
-from .errors import ConfigError, EngineClosed, InputError, MaskError, TemplateRefused
-from .masking.codec import PackedMask, coalition_key
-from .masking.policies import AbsencePolicy
-from .masking.proxy import TAIL_RULES, ProxyLayout, proxy_layout
-from .masking.render import ChatRenderer, TargetTokens
-from .pipeline import BackendCall, CoalitionRequest, Measurement, ScoringPipeline
-from .scheduler.buckets import LengthBuckets, share_order
-from .scheduler.collator import Collator, CollatorBackend
-from .scheduler.progress import NullProgress, Progress, ProgressTally
-from .scheduler.scheduler import CoalitionJob, CoalitionScheduler, SchedulerStatistics
-from .scheduler.store import ResultStore
-from .utility import ResolvedUtility, UtilitySpec
+from ..archive.writer import RunArchive
+from ..attribution.estimators.base import Estimator, for_target_stderr
+from ..attribution.explanation import AnswerToken, Explanation, answer_tokens
+from ..backends.base import ScoringBackend, check_backend, run_record_of
+from ..conversation import Conversation
+from ..snapshot import ConversationSnapshot
+from ..segmentation import segment_players
+from ..errors import ConfigError, EngineClosed, InputError, MaskError
+from ..masking.codec import PackedMask
+from ..masking.policies import AbsencePolicy
+from ..masking.proxy import TAIL_RULES, ProxyLayout, proxy_layout
+from ..masking.render import ChatRenderer, TargetTokens
+from ..pipeline import BackendCall, CoalitionRequest, Measurement, ScoringPipeline
+from ..scheduler.buckets import LengthBuckets, share_order
+from ..scheduler.collator import Collator, CollatorBackend
+from ..scheduler.progress import NullProgress, Progress, ProgressTally
+from ..scheduler.scheduler import CoalitionJob, CoalitionScheduler, SchedulerStatistics
+from ..scheduler.store import ResultStore
+from ..utility import ResolvedUtility, UtilitySpec
+from .hydrate import fill_measurements, fill_store
+from .keys import game_utility, key_for, model_identity
+from .lanes import LanePipelines, default_buckets
+from .notes import template_notes, utility_detail
+from .proxy import proxy_agreement, proxy_game_name, proxy_refusal
+from .rounds import sample_until
+from .targets import check_room, generated_target
 
-__all__ = (
-    "UTILITY",
-    "PROXY_GAME",
-    "game_utility",
-    "proxy_agreement",
-    "proxy_game_name",
-    "counting_evaluations",
-    "Engine",
-    "fill_measurements",
-    "fill_store",
-    "key_for",
-    "pool_from_store",
-    "utility_detail",
-)
+__all__ = ("Engine", "counting_evaluations")
 
 logger = logging.getLogger(__name__)
-
-UTILITY: dict[str, Any] = {"kind": "logprob", "reduce": "sum", "unit": "nats"}
-"""The key of the default utility: log p(target tokens | masked prompt), summed, in nats."""
-
-
 
 _EXECUTED: ContextVar[list[int] | None] = ContextVar("coalescence_executed", default=None)
 
@@ -81,52 +69,6 @@ def counting_evaluations() -> Iterator[list[int]]:
         yield box
     finally:
         _EXECUTED.reset(token)
-
-
-def _fitting_round(
-    estimator_for: Callable[[int], Estimator],
-    n_players: int,
-    planned: set[bytes],
-    *,
-    budget: int,
-    low: int,
-    high: int,
-) -> tuple[int, Estimator, list[np.ndarray], set[bytes]] | None:
-    """The round of a target standard error that keeps the distinct coalitions within ``budget``.
-
-    ``high``'s plan when, with the coalitions ``planned`` by earlier rounds, it stays within
-    ``budget``; otherwise the largest round budget in ``(low, high)`` whose plan does (bisection:
-    ``low``'s plan, all in ``planned``, fits; ``high``'s does not), or ``None`` when none above
-    ``low`` fits.
-
-    Args:
-        estimator_for: ``budget -> estimator``, each plan a pure function of its budget.
-        n_players: the game's n.
-        planned: the packed masks (little-endian bytes) of the earlier rounds' coalitions.
-        budget: the most distinct coalitions over all rounds.
-        low, high: the last round's budget (0: none) and this round's.
-
-    Returns:
-        ``(round budget, estimator, its plan's rows, their packed masks)``, or ``None``.
-    """
-
-    def plan(b: int) -> tuple[int, Estimator, list[np.ndarray], set[bytes]]:
-        estimator = estimator_for(b)
-        rows = list(estimator.plan(n_players))
-        return b, estimator, rows, {np.packbits(r, bitorder="little").tobytes() for r in rows}
-
-    best = plan(high)
-    if len(planned | best[3]) <= budget:
-        return best
-    found = None
-    while high - low > 1:
-        mid = (low + high) // 2
-        candidate = plan(mid)
-        if len(planned | candidate[3]) <= budget:
-            low, found = mid, candidate
-        else:
-            high = mid
-    return found
 
 
 class Engine:
@@ -209,8 +151,7 @@ class Engine:
             fill_measurements(self.measurements, archive.loaded)
         self._totals = SchedulerStatistics()
         self._batch_ids = itertools.count()
-        self._shared: dict[Any, ScoringPipeline] = {}
-        self._users: dict[Any, int] = {}
+        self._lanes = LanePipelines(backend, self._pipeline)
         self._targets: dict[str, TargetTokens] = {}
         self._layouts: dict[Any, ProxyLayout] = {}
         self._closed = False
@@ -246,21 +187,7 @@ class Engine:
         # validate the segmentation before spending a generation on it
         segment_players(conversation, unit=unit, roles=roles)
         if conversation.target is None:
-            if max_new_tokens < 1:
-                raise ConfigError(f"must be >= 1, got {max_new_tokens}", field="max_new_tokens")
-            prompt = self.renderer.encode_prompt(conversation.messages)
-            self._check_room(len(prompt), max_new_tokens)
-            new_ids = [int(i) for i in self.backend.generate(prompt, max_new_tokens=max_new_tokens)]
-            stopped = bool(new_ids) and new_ids[-1] in self.renderer.special_ids
-            content = new_ids[:-1] if stopped else new_ids
-            text = self.backend.tokenizer.decode(content, skip_special_tokens=False)
-            if not text.strip():
-                raise InputError(
-                    "the model generated an empty answer; give the answer as a last assistant "
-                    'message or a "target" string',
-                    field="target",
-                )
-            conversation = conversation.with_target(text, source="generated", ids=content)
+            conversation = generated_target(self.backend, self.renderer, conversation, max_new_tokens)
         return ConversationSnapshot.build(conversation, unit=unit, roles=roles)
 
     def target_tokens(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> TargetTokens:
@@ -292,37 +219,10 @@ class Engine:
         self._targets[cache_key] = target
         return target
 
-    def _check_room(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """Refuse a generation that could run past the model's context, before it starts."""
-        limit = int(self.backend.max_context)
-        if prompt_tokens >= limit:
-            raise InputError(
-                f"the prompt renders to {prompt_tokens} tokens, leaving no room in the model's context of "
-                f"{limit} for an answer; shorten the conversation or use a longer-context model",
-                field="messages",
-            )
-        if prompt_tokens + max_new_tokens > limit:
-            raise ConfigError(
-                f"{max_new_tokens} new tokens after a prompt of {prompt_tokens} tokens could exceed the model's "
-                f"context of {limit}; give --max-new-tokens {max(limit - prompt_tokens, 1)} or less, or a shorter prompt",
-                field="max_new_tokens",
-            )
-
     @property
     def model(self) -> dict[str, str]:
-        """The model identity that enters coalition keys: ``{"id", "revision", "dtype", "sha256"}``
-        (``sha256``: the content fingerprint of the weight, tokenizer and template files, ``""``
-        for a model with no files), and ``template_now``, the pinned instant, when the chat
-        template renders a date (the same model renders other prompts on another day)."""
-        model = {
-            "id": self.backend.model_id,
-            "revision": self.backend.revision,
-            "dtype": self.backend.dtype,
-            "sha256": str(self.backend.fingerprint or ""),
-        }
-        if self.renderer.renders_date:
-            model["template_now"] = self.renderer.now.isoformat()
-        return model
+        """The model identity that enters coalition keys (:func:`.keys.model_identity`)."""
+        return model_identity(self.backend, self.renderer)
 
     def resolved_utility(self, snapshot: ConversationSnapshot, policy: AbsencePolicy | None = None) -> ResolvedUtility:
         """The engine's utility fixed for ``snapshot``'s target (cached).
@@ -337,7 +237,7 @@ class Engine:
         if cached is None:
             target = self.target_tokens(snapshot, policy)
             if self.utility.generation is not None:  # each coalition's answer is generated anew
-                self._check_room(len(target.full_prompt_ids), self.utility.generation.max_new_tokens)
+                check_room(len(target.full_prompt_ids), self.utility.generation.max_new_tokens, int(self.backend.max_context))
             cached = self.utility.resolve(snapshot.target, target.offsets)
             self._resolved[cache_key] = cached
         return cached
@@ -356,26 +256,14 @@ class Engine:
     # -- the proxy game -------------------------------------------------------------------------
     def proxy_refusal(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> str | None:
         """Why this engine does not play the proxy game for ``snapshot`` under ``policy``, as a
-        sentence, or ``None`` when it does.
-
-        The proxy game is played where it is defined and was measured: a backend that scores it
-        (``supports_proxy``), a teacher-forced utility (the answer's ids are fixed, so the tail is
-        one sequence for every coalition) and the ``drop`` policy (an absent player's tokens are
-        simply unseen; a placeholder would have to be written into the shared KV).
-        """
-        if self.proxy_game is None:
-            return "the proxy game is off (proxy_game none)"
-        if not self.backend.supports_proxy:
-            return f"backend {type(self.backend).__name__} cannot score the shared-KV proxy game"
-        if not self.resolved_utility(snapshot, policy).spec.teacher_forced:
-            return "the utility generates a new answer per coalition, which the proxy game does not score"
-        if policy.id != "drop":
-            return f"the proxy game is defined for the drop policy only, not {policy.id}"
-        try:
-            self.proxy_layout(snapshot, policy)
-        except (ConfigError, InputError, TemplateRefused) as exc:  # e.g. a player owning the first token
-            return f"the proxy game cannot lay out this conversation ({exc})"
-        return None
+        sentence, or ``None`` when it does (where it is defined and measured: :func:`.proxy.proxy_refusal`)."""
+        return proxy_refusal(
+            self.proxy_game,
+            self.backend,
+            teacher_forced=self.resolved_utility(snapshot, policy).spec.teacher_forced,
+            policy_id=policy.id,
+            lay_out=lambda: self.proxy_layout(snapshot, policy),
+        )
 
     def proxy_layout(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> ProxyLayout:
         """The proxy game's layout of ``snapshot`` (cached): the full prompt, its players' token
@@ -430,53 +318,21 @@ class Engine:
         return answer_tokens(target.answer, target.offsets, measured[0], measured[1], lead=target.lead, tail=target.tail)
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _default_buckets(self) -> LengthBuckets:
-        """The collator's length buckets when none were given (the ``buckets`` argument)."""
-        context = int(self.backend.max_context)
-        if self.backend.pads_rows:
-            return LengthBuckets(max_tokens=context)
-        return LengthBuckets(ceilings=(context,), padded_token_budget=context * self.batch_size, max_tokens=context)
-
-    def _acquire(self, snapshot_id: str | None = None) -> tuple[Any, ScoringPipeline]:
-        """The collator and scoring pipeline shared by every :meth:`evaluate` call in flight on a
-        lane (made inside the event loop by the first; closed when the last one ends), so
-        concurrent conversations fill the same batches.
-
-        The backend names the lane of the conversation ``snapshot_id``
-        (:meth:`~coalescence.backends.base.ScoringBackend.acquire_lane`;
-        :class:`~coalescence.distributed.RayBackend`: one per model worker); each lane has its
-        own collator, so one call per lane is in flight at a time. A backend with one lane
-        answers ``None``.
-        """
-        lane = self.backend.acquire_lane(snapshot_id) if snapshot_id is not None else None
-        shared = self._shared.get(lane)
-        if shared is None:
-            target = self.backend.lane(lane)
-            buckets = self.buckets or self._default_buckets()
-            collator = Collator(
-                CollatorBackend(fn=BackendCall(target, self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
-            )
-            shared = self._shared[lane] = ScoringPipeline(
-                backend=self.backend,
-                renderer=self.renderer,
-                collator=collator,
-                target_tokens=self.target_tokens,
-                resolved_utility=self.resolved_utility,
-                measurements=self.measurements,
-                proxy_layout=self.proxy_layout,
-            )
-        self._users[lane] = self._users.get(lane, 0) + 1
-        return lane, shared
-
-    def _release(self, lane: Any = None) -> None:
-        if lane is not None:
-            self.backend.release_lane(lane)
-        self._users[lane] -= 1
-        if self._users[lane] == 0:
-            del self._users[lane]
-            shared = self._shared.pop(lane, None)
-            if shared is not None:
-                shared.collator.close()
+    def _pipeline(self, lane: Any) -> ScoringPipeline:
+        """A new scoring pipeline for ``lane``: its own lock-leader collator over the lane's backend."""
+        buckets = self.buckets or default_buckets(self.backend, self.batch_size)
+        collator = Collator(
+            CollatorBackend(fn=BackendCall(self.backend.lane(lane), self._batch_ids)), max_batch_size=self.batch_size, buckets=buckets
+        )
+        return ScoringPipeline(
+            backend=self.backend,
+            renderer=self.renderer,
+            collator=collator,
+            target_tokens=self.target_tokens,
+            resolved_utility=self.resolved_utility,
+            measurements=self.measurements,
+            proxy_layout=self.proxy_layout,
+        )
 
     async def evaluate(
         self,
@@ -555,16 +411,19 @@ class Engine:
                     game=game,
                 )
             )
-        lane, pipeline = self._acquire(snapshot.snapshot_id)
+        lane, pipeline = self._lanes.acquire(snapshot.snapshot_id)
+        # two batches in flight (one scored, one queued) and no job alive beyond them, which would
+        # only wait for a slot: one event-loop wake-up more per coalition (store hits take none)
+        inflight = 2 * self.batch_size
         scheduler = CoalitionScheduler(
-            pipeline, store=self.store, archive=self.archive, progress=self._progress_tally, max_inflight=2 * self.batch_size
+            pipeline, store=self.store, archive=self.archive, progress=self._progress_tally, max_inflight=inflight, pending_limit=inflight
         )
         try:
             results = await scheduler.run(jobs) if jobs else []
         finally:
-            self._release(lane)
+            self._lanes.release(lane)
             run_stats = scheduler.statistics()
-            self._totals = _add_stats(self._totals, run_stats)
+            self._totals = self._totals.plus(run_stats)
             box = _EXECUTED.get()
             if box is not None:
                 box[0] += run_stats.executed
@@ -662,55 +521,17 @@ class Engine:
         last.validate(n)
         self.resolved_utility(snapshot, policy)
         t0 = time.perf_counter()
-        planned: set[bytes] = set()  # the distinct coalitions of the rounds so far: at most ``budget``
         with counting_evaluations() as executed:
-            round_budget = min(budget, first_budget or max(16, 4 * n))
-            previous = 0  # the last round's budget (0: none yet)
-            rounds = 0
-            while True:
-                estimator = estimator_for(round_budget)
-                try:
-                    estimator.validate(n)
-                except ConfigError:
-                    round_budget = budget  # the first round would be below the method's minimum
-                    continue
-                fitted = _fitting_round(estimator_for, n, planned, budget=budget, low=previous, high=round_budget)
-                if fitted is None:  # no budget above the last round's fits: stop with its estimate
-                    reason = "budget"
-                    break
-                capped = fitted[0] < round_budget
-                round_budget, estimator, rows, keys = fitted
-                planned |= keys
-                masks, utilities = await self.evaluate(snapshot, policy, rows)
-                estimate = estimator.fit(masks, utilities)
-                rounds += 1
-                previous = round_budget
-                if estimate.stderr is None:
-                    reason, worst, unknown = "exact", 0.0, 0
-                    break
-                se = np.asarray(estimate.stderr, dtype=np.float64)
-                # a NaN error is unknown (too few samples to say), never small: only stop when
-                # every player's error is known and below the target
-                unknown = int(np.count_nonzero(~np.isfinite(se)))
-                worst = float(np.max(se)) if unknown == 0 else float("inf")
-                if worst < target_stderr:
-                    reason = "target"
-                    break
-                if capped or round_budget >= budget:
-                    reason = "budget"
-                    break
-                round_budget = min(budget, 2 * round_budget)
+            estimate, stopping = await sample_until(
+                estimator_for,
+                n,
+                lambda rows: self.evaluate(snapshot, policy, rows),
+                budget=budget,
+                target_stderr=target_stderr,
+                first_budget=first_budget,
+            )
         if chosen is not None:
             estimate = replace(estimate, method=chosen[0], notes=(*estimate.notes, chosen[1]))
-        stopping = {
-            "reason": reason,
-            "target_stderr": target_stderr,
-            "max_stderr": worst if np.isfinite(worst) else None,
-            "unknown_stderr": unknown,
-            "rounds": rounds,
-            "budget": budget,
-            "last_round_budget": previous,
-        }
         return self._explanation(snapshot, policy, estimate, t0, executed[0], stopping=stopping)
 
     def _explanation(
@@ -746,47 +567,7 @@ class Engine:
 
     def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
         extra = tuple(self.backend.run_notes(snapshot.snapshot_id))
-        return self.resolved_utility(snapshot, policy).notes() + self._template_notes(snapshot, policy) + extra
-
-    def _template_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
-        target = self.target_tokens(snapshot, policy)
-        notes: tuple[str, ...] = target.notes()
-        if self.renderer.renders_date:
-            notes += (f"the template renders a date: pinned to {self.renderer.now:%Y-%m-%d}",)
-        if target.inserted:
-            notes += (
-                f"the chat template writes {target.inserted!r} between the assistant header and the answer; "
-                "it is prompt (conditioned on, not scored)",
-            )
-        if target.lead:
-            notes += (
-                f"the answer's first scored token starts with the template's {target.lead!r} (the "
-                "tokenizer joins them); the answer's first word is scored with it",
-            )
-        found = self.renderer.special_text((*(m.content for m in snapshot.conversation.messages), snapshot.target))
-        if found:
-            notes += (
-                f"the conversation contains the special-token text {', '.join(map(repr, found))}; it is "
-                "encoded as text, never as the control token",
-            )
-        return notes + self._default_system_notes(snapshot, policy)
-
-    def _default_system_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
-        if not self.renderer.injects_default_system:
-            return ()
-        messages = snapshot.conversation.messages
-        if not any(m.role == "system" for m in messages):
-            return (
-                "the chat template injects its own default system prompt because the conversation "
-                "has no system message; every coalition is scored with it",
-            )
-        none = np.zeros(snapshot.n_players, dtype=bool)
-        if not any(m.role == "system" for m in policy.render(snapshot, none)):
-            return (
-                "the chat template injects its own default system prompt in coalitions where every "
-                "system player is absent (the system message is removed)",
-            )
-        return ()
+        return self.resolved_utility(snapshot, policy).notes() + template_notes(self.renderer, self.target_tokens(snapshot, policy), snapshot, policy) + extra
 
     def close(self, *, status: str = "complete") -> None:
         """Refuse new work and close the archive (flushing buffered rows, recording ``status``).
@@ -805,188 +586,7 @@ class Engine:
             raise
         try:
             if self.archive is not None:
-                self.archive.close(status=status, statistics=_stats_dict(self.statistics()), **extra)
+                self.archive.close(status=status, statistics=self.statistics().as_dict(), **extra)
         finally:
             if self.backend.shutdown_with_engine:
                 self.backend.shutdown()
-
-
-def key_for(
-    snapshot: ConversationSnapshot,
-    policy: AbsencePolicy,
-    model: Mapping[str, str],
-    mask: PackedMask,
-    *,
-    utility: Mapping[str, Any] = UTILITY,
-) -> str:
-    """The coalition key of ``mask`` for a model identity ``{"id", "revision", "dtype", "sha256"}``
-    (a model record without ``sha256``, from an archive written before fingerprints, gives the
-    schema-1 key it was archived under).
-
-    Args:
-        utility: the utility part of the key: :meth:`ResolvedUtility.coalition_utility` for a
-            coalition key, :meth:`ResolvedUtility.evaluation_utility` for an evaluation key
-            (default: the ``logprob`` utility over the whole target).
-    """
-    return coalition_key(
-        snapshot_id=snapshot.snapshot_id,
-        mask=mask,
-        policy_id=policy.id,
-        policy_params=policy.params(),
-        model_id=model["id"],
-        model_revision=model["revision"],
-        dtype=model["dtype"],
-        utility=utility,
-        model_sha256=model.get("sha256"),
-        template_now=model.get("template_now"),
-    )
-
-
-PROXY_GAME = "kv-proxy"
-"""The shared-KV proxy game's name stem; a game's full name adds its tail rule (:func:`proxy_game_name`)."""
-
-
-def proxy_game_name(tail: str) -> str:
-    """The name of the proxy game with tail rule ``tail``, as keys and archive rows carry it:
-    ``"kv-proxy:<tail>"`` (e.g. ``"kv-proxy:after-last-player"``)."""
-    return f"{PROXY_GAME}:{tail}"
-
-
-def proxy_agreement(
-    masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
-) -> dict[str, Any]:
-    """How well the proxy game tracks the exact one on the coalitions scored in both.
-
-    Args:
-        masks: ``[m, n]`` bool and ``utilities`` ``[m]`` float64: the exact game's pool.
-        proxy_masks: ``[k, n]`` bool and ``proxy_utilities`` ``[k]`` float64: the proxy's pool.
-
-    Returns:
-        ``{"shared": count, "pearson": r, "spearman": rho}``: Pearson's and Spearman's correlation
-        of v(S) and the proxy c(S) over the shared coalitions (``None`` under three shared
-        coalitions or with a constant side: no correlation is defined).
-    """
-    from scipy.stats import pearsonr, spearmanr
-
-    proxy = {PackedMask.from_bools(row).words: u for row, u in zip(proxy_masks, proxy_utilities, strict=True)}
-    pairs = [(float(u), float(proxy[w])) for row, u in zip(masks, utilities, strict=True) if (w := PackedMask.from_bools(row).words) in proxy]
-    out: dict[str, Any] = {"shared": len(pairs), "pearson": None, "spearman": None}
-    if len(pairs) >= 3:
-        v, c = np.array(pairs).T
-        if np.ptp(v) > 0 and np.ptp(c) > 0:
-            out["pearson"] = float(pearsonr(v, c).statistic)
-            out["spearman"] = float(spearmanr(v, c).statistic)
-    return out
-
-
-def game_utility(utility: Mapping[str, Any], game: str) -> Mapping[str, Any]:
-    """The utility part of a key in ``game``: the utility itself for the exact game (its keys are
-    those of every archive written before proxy games), with ``"game"`` added for a proxy game,
-    so a proxy row never shares a key with an exact one."""
-    return utility if game == "exact" else {**utility, "game": game}
-
-
-def utility_detail(resolved: ResolvedUtility) -> dict[str, Any]:
-    """The utility of an explanation as recorded in its JSON document."""
-    out = resolved.spec.to_dict()
-    out["description"] = resolved.describe()
-    if resolved.tokens is not None:
-        out["target_tokens"] = list(resolved.tokens)
-        out["char_span"] = list(resolved.char_span or ())
-        out["span_text"] = resolved.span_text
-        out["span_cuts_token"] = resolved.cut
-    return out
-
-
-def fill_store(store: ResultStore, rows: pa.Table) -> int:
-    """Load archive rows (``coalition_key``, ``utility``) into a result store; returns the count."""
-    if rows.num_rows == 0:
-        return 0
-    store.update(zip(rows["coalition_key"].to_pylist(), rows["utility"].to_pylist(), strict=True))
-    return rows.num_rows
-
-
-def fill_measurements(measurements: dict[str, Measurement], rows: pa.Table) -> int:
-    """Load the archived measurements (per-token log-probabilities or generated texts) by evaluation key.
-
-    Returns:
-        The number of rows that carried a measurement (older archives carry none).
-    """
-    if rows.num_rows == 0:
-        return 0
-    keys = rows["evaluation_key"].to_pylist()
-    logprobs = rows["token_logprobs"].to_pylist()
-    texts = rows["generated_texts"].to_pylist()
-    count = 0
-    for key, lp, gen in zip(keys, logprobs, texts, strict=True):
-        if key is None or key in measurements:
-            continue
-        if lp is not None:
-            measurements[key] = np.asarray(lp, dtype=np.float32)
-        elif gen is not None:
-            measurements[key] = tuple(gen)
-        else:
-            continue
-        count += 1
-    return count
-
-
-def pool_from_store(
-    store: ResultStore,
-    snapshot: ConversationSnapshot,
-    policy: AbsencePolicy,
-    model: Mapping[str, str],
-    coalitions: Iterable[np.ndarray],
-    *,
-    utility: ResolvedUtility | None = None,
-    measurements: Mapping[str, Measurement] | None = None,
-    game: str = "exact",
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """The stored utilities of the distinct coalitions among ``coalitions``, with no model.
-
-    A coalition is found by its coalition key in ``store``, or else (given ``measurements``) its
-    value is reduced from its evaluation's measurement under ``utility``.
-
-    Args:
-        utility: the utility (default: ``logprob`` over the whole target).
-        measurements: measurements by evaluation key (see :func:`fill_measurements`).
-        game: ``"exact"`` (default) or the proxy game whose rows to take (:func:`game_utility`).
-
-    Returns:
-        ``masks`` ``[m, n_players]`` bool and ``utilities`` ``[m]`` float64 (the utility's unit)
-        of the coalitions found, and the number of distinct coalitions missing.
-    """
-    ckey = game_utility(utility.coalition_utility() if utility is not None else UTILITY, game)
-    ekey = game_utility(utility.evaluation_utility(), game) if utility is not None else None
-    seen: set[bytes] = set()
-    found, values = [], []
-    missing = 0
-    for row in coalitions:
-        mask = PackedMask.from_bools(np.asarray(row, dtype=bool))
-        if mask.words in seen:
-            continue
-        seen.add(mask.words)
-        value = store.get(key_for(snapshot, policy, model, mask, utility=ckey))
-        if value is None and measurements and utility is not None and ekey is not None:
-            measured = measurements.get(key_for(snapshot, policy, model, mask, utility=ekey))
-            if measured is not None:
-                if utility.spec.teacher_forced:
-                    value = utility.from_token_logprobs(measured)
-                else:
-                    value = utility.from_generations(measured, snapshot.target)
-        if value is None:
-            missing += 1
-        else:
-            found.append(mask.to_bools())
-            values.append(value)
-    masks = np.array(found, dtype=bool).reshape(len(found), snapshot.n_players)
-    return masks, np.array(values, dtype=np.float64), missing
-
-
-def _add_stats(total: SchedulerStatistics, run: SchedulerStatistics) -> SchedulerStatistics:
-    """``total`` plus one scheduler run's counters."""
-    return SchedulerStatistics(**{f.name: getattr(total, f.name) + getattr(run, f.name) for f in fields(total)})
-
-
-def _stats_dict(stats: SchedulerStatistics) -> dict[str, Any]:
-    return {f.name: getattr(stats, f.name) for f in fields(stats)}

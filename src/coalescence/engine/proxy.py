@@ -1,0 +1,84 @@
+"""The shared-KV proxy game: its names, where it is refused, and its agreement with the exact game."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, InputError, TemplateRefused
+from ..masking.codec import PackedMask
+
+__all__ = ("PROXY_GAME", "proxy_agreement", "proxy_game_name", "proxy_refusal")
+
+
+PROXY_GAME = "kv-proxy"
+"""The shared-KV proxy game's name stem; a game's full name adds its tail rule (:func:`proxy_game_name`)."""
+
+
+def proxy_game_name(tail: str) -> str:
+    """The name of the proxy game with tail rule ``tail``, as keys and archive rows carry it:
+    ``"kv-proxy:<tail>"`` (e.g. ``"kv-proxy:after-last-player"``)."""
+    return f"{PROXY_GAME}:{tail}"
+
+
+def proxy_agreement(
+    masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
+) -> dict[str, Any]:
+    """How well the proxy game tracks the exact one on the coalitions scored in both.
+
+    Args:
+        masks: ``[m, n]`` bool and ``utilities`` ``[m]`` float64: the exact game's pool.
+        proxy_masks: ``[k, n]`` bool and ``proxy_utilities`` ``[k]`` float64: the proxy's pool.
+
+    Returns:
+        ``{"shared": count, "pearson": r, "spearman": rho}``: Pearson's and Spearman's correlation
+        of v(S) and the proxy c(S) over the shared coalitions (``None`` under three shared
+        coalitions or with a constant side: no correlation is defined).
+    """
+    from scipy.stats import pearsonr, spearmanr
+
+    proxy = {PackedMask.from_bools(row).words: u for row, u in zip(proxy_masks, proxy_utilities, strict=True)}
+    pairs = [(float(u), float(proxy[w])) for row, u in zip(masks, utilities, strict=True) if (w := PackedMask.from_bools(row).words) in proxy]
+    out: dict[str, Any] = {"shared": len(pairs), "pearson": None, "spearman": None}
+    if len(pairs) >= 3:
+        v, c = np.array(pairs).T
+        if np.ptp(v) > 0 and np.ptp(c) > 0:
+            out["pearson"] = float(pearsonr(v, c).statistic)
+            out["spearman"] = float(spearmanr(v, c).statistic)
+    return out
+
+
+def proxy_refusal(
+    tail: str | None, backend: Any, *, teacher_forced: bool, policy_id: str, lay_out: Callable[[], object]
+) -> str | None:
+    """Why the proxy game with tail rule ``tail`` is not played, as a sentence, or ``None`` when it is.
+
+    The proxy game is played where it is defined and was measured: a backend that scores it
+    (``supports_proxy``), a teacher-forced utility (the answer's ids are fixed, so the tail is
+    one sequence for every coalition) and the ``drop`` policy (an absent player's tokens are
+    simply unseen; a placeholder would have to be written into the shared KV), on a conversation
+    that ``lay_out`` (the engine's :meth:`~coalescence.engine.Engine.proxy_layout`) can lay out.
+
+    Args:
+        tail: the engine's tail rule (``None``: the proxy game is off).
+        backend: the scoring backend (its ``supports_proxy``).
+        teacher_forced: whether the resolved utility scores a fixed answer.
+        policy_id: the absence policy's id.
+        lay_out: makes the conversation's proxy layout; raises ConfigError, InputError or
+            TemplateRefused where it cannot.
+    """
+    if tail is None:
+        return "the proxy game is off (proxy_game none)"
+    if not backend.supports_proxy:
+        return f"backend {type(backend).__name__} cannot score the shared-KV proxy game"
+    if not teacher_forced:
+        return "the utility generates a new answer per coalition, which the proxy game does not score"
+    if policy_id != "drop":
+        return f"the proxy game is defined for the drop policy only, not {policy_id}"
+    try:
+        lay_out()
+    except (ConfigError, InputError, TemplateRefused) as exc:  # e.g. a player owning the first token
+        return f"the proxy game cannot lay out this conversation ({exc})"
+    return None
