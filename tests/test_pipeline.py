@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import build_model
+from helpers.models import build_model
 
 from coalescence.backends.base import BackendBase, ScoreRequest, ScoreResult, ScoringBackend
 from coalescence.backends.hf import HFBackend

@@ -20,8 +20,10 @@ import time
 
 import pytest
 
-from chat_templates import DATED_FAMILIES, build_family_tokenizer
-from conftest import build_model
+from helpers.chat_templates import DATED_FAMILIES, build_family_tokenizer
+from helpers.models import build_model
+
+from helpers.children import SLOW_CHILD
 
 from coalescence.archive import list_parts, read_manifest, read_rows
 from coalescence.cli import main
@@ -35,17 +37,6 @@ CONVERSATION = {
     ]
 }
 N = 5  # players with --unit sentence: 1 system sentence, 4 user sentences
-SLOW_CHILD = """
-import sys, time
-from coalescence.backends.hf import HFBackend
-_score = HFBackend.score
-def slow(self, requests):
-    time.sleep(0.04)
-    return _score(self, requests)
-HFBackend.score = slow
-from coalescence.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 DAY1, DAY2 = "2024-07-26", "2024-07-27"
 TOL = 1e-5  # the resume test's tolerance (tests/app/test_resume.py): a cold prefix cache sums in another order
 

@@ -7,8 +7,6 @@ estimators themselves, errors computed here with numpy and scipy."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -23,9 +21,12 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import spearmanr
 
+from helpers.children import slow_child
+
+from helpers.cli import run_cli_quiet as run
+
 from coalescence.archive import read_rows
 from coalescence.attribution.estimators import make_estimator
-from coalescence.cli import main
 from coalescence.masking.codec import PackedMask
 
 FACTS = [
@@ -57,13 +58,6 @@ PLAYERS = [3, 4, 5, 3]
 METHODS = "exact,kernelshap,lasso,loo"
 BUDGETS = (8, 16)
 SEEDS = (0, 1)
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--no-progress"])
-    return code, out.getvalue(), err.getvalue()
 
 
 def sweep_argv(data: Path, model: Path, out: Path, methods: str = METHODS, budgets=BUDGETS, seeds=SEEDS, *extra: str) -> list[str]:
@@ -184,25 +178,12 @@ def test_the_error_columns_against_exact(swept):
     assert checked > 20
 
 
-SLOW_CHILD = """
-import sys, time
-from coalescence.backends.hf import HFBackend
-_score = HFBackend.score
-def slow(self, requests):
-    time.sleep(0.03)
-    return _score(self, requests)
-HFBackend.score = slow
-from coalescence.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_a_killed_sweep_resumes_to_the_same_results_and_a_finished_one_calls_no_model(swept, tmp_path, tiny_model_dir):
     _, data, _, reference = swept
     out = tmp_path / "out"
     argv = sweep_argv(data, tiny_model_dir, out, METHODS, BUDGETS, SEEDS, "--flush-rows", "4", "--max-conversations-in-flight", "1")
     child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD, *argv, "--no-progress"],
+        [sys.executable, "-c", slow_child(0.03), *argv, "--no-progress"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

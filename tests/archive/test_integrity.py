@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from test_archive import make_legacy, make_row, seven_rows
+from helpers.archive_rows import make_legacy, make_row, seven_rows
 
 from coalescence.archive import ROW_SCHEMA, RunArchive, archive_info, list_parts, read_manifest, read_rows
 from coalescence.archive.reader import check_parts

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from chat_templates import FAMILIES, build_family_tokenizer
-from conftest import build_model
+from helpers.chat_templates import FAMILIES, build_family_tokenizer
+from helpers.models import build_model
 
 from coalescence.backends import attention
 from coalescence.backends.base import ProxyScoreRequest, ScoreRequest

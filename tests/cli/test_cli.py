@@ -8,8 +8,6 @@ happy paths run on the tiny random Llama saved by ``tiny_model_dir`` (never the 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import os
@@ -22,6 +20,8 @@ from typing import Any
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
+
+from helpers.cli import run_cli
 
 from coalescence.archive import read_manifest, read_pool
 from coalescence.attribution.estimators import ExactShapley
@@ -340,14 +340,6 @@ def test_module_exits_2_on_an_argparse_error(tmp_path: Path, cwd: Path) -> None:
 
 
 # -- happy paths on the tiny model ----------------------------------------------------------
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """Run ``main`` capturing stdout and stderr (usable outside a test's capsys)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def explain(tmp: Path, tiny_model_dir: Path, name: str, *options: str, conversation: Any = CONVERSATION):

@@ -22,7 +22,7 @@ pytest.importorskip("shapiq", reason="the shapiq extra: pip install -c constrain
 
 from coalescence.archive import list_parts, read_manifest, read_rows  # noqa: E402
 from coalescence.cli import main  # noqa: E402
-from app.test_resume import SLOW_CHILD  # noqa: E402  (the same slowed backend as the resume tests)
+from helpers.children import SLOW_CHILD  # noqa: E402  (the same slowed backend as the resume tests)
 
 USER = (
     "The Eiffel Tower was completed in 1889. Big Ben was finished in 1859. The Colosseum opened in 80.\n"

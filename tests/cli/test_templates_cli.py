@@ -3,18 +3,17 @@ block recorded, the remedies for strict templates, and the model identified by i
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
-from chat_templates import FAMILIES, build_family_tokenizer, conversation
-from conftest import build_model
+from helpers.chat_templates import FAMILIES, build_family_tokenizer, conversation
+from helpers.models import build_model
+
+from helpers.cli import run_cli_quiet as run
 
 from coalescence.archive import read_manifest
 from coalescence.backends import fingerprint as fp
-from coalescence.cli import main
 
 ANSWER = "It was completed in 1889."
 
@@ -33,13 +32,6 @@ def family_dir(root: Path, name: str, *, weights: bool, seed: int = 0, max_posit
         model.config.save_pretrained(path)
     tok.save_pretrained(path)
     return path
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--no-progress"])
-    return code, out.getvalue(), err.getvalue()
 
 
 def write(tmp: Path, data: dict, name: str = "chat.json") -> Path:

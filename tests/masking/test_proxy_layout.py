@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chat_templates import FAMILIES, build_family_tokenizer
+from helpers.chat_templates import FAMILIES, build_family_tokenizer
 
 from coalescence.backends.base import ProxyScoreRequest
 from coalescence.conversation import Conversation, Message

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chat_templates import FAMILIES, MISTRAL, Family, build_family_tokenizer, conversation
+from helpers.chat_templates import FAMILIES, MISTRAL, Family, build_family_tokenizer, conversation
 
 from coalescence.conversation import Conversation, Message
 from coalescence.snapshot import ConversationSnapshot
@@ -124,7 +124,7 @@ def test_normal_content_is_encoded_exactly_as_before(family):
 def _metaspace_first_tokenizer():
     """A SentencePiece-style tokenizer (Metaspace, ``prepend_scheme="first"``: only the text at
     offset 0 gets the ``▁`` prefix) with the ChatML template."""
-    from chat_templates import CHATML, CORPUS
+    from helpers.chat_templates import CHATML, CORPUS
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -1,6 +1,6 @@
 """The template corpus (issue 12, part 4): every family x unit renders right or is refused early.
 
-For every fixture of :mod:`chat_templates` and every unit:
+For every fixture of :mod:`helpers.chat_templates` and every unit:
 
 - the full coalition re-renders the original conversation byte for byte (the reference is the
   template applied to the input as given, native ``tool_calls`` included);
@@ -18,8 +18,8 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
-from chat_templates import FAMILIES, Family, build_family_tokenizer, conversation
-from conftest import build_model
+from helpers.chat_templates import FAMILIES, Family, build_family_tokenizer, conversation
+from helpers.models import build_model
 
 from coalescence.attribution.estimators import make_estimator
 from coalescence.backends.hf import HFBackend
