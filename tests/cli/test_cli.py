@@ -8,6 +8,7 @@ happy paths run on the tiny random Llama saved by ``tiny_model_dir`` (never the 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -377,7 +378,18 @@ def test_exact_document_has_the_documented_fields(exact_run, tiny_model_dir: Pat
     assert doc["target_source"] == "last_assistant"
     assert doc["value_unit"] == "nats"
     assert doc["archive"] == str(run_dir)
-    assert len(doc["snapshot_id"]) == 64 and int(doc["snapshot_id"], 16) >= 0
+    # the snapshot id by its documented rule (ConversationSnapshot): SHA-256 of the canonical JSON
+    # (sorted keys, no spaces, UTF-8) of the messages before the target, the target, the unit and
+    # each player's span, written out here from the document's own fields
+    payload = {
+        "schema": 1,
+        "messages": [[m["role"], m["content"]] for m in doc["messages"]],
+        "target": doc["target"],
+        "unit": doc["unit"],
+        "players": [[p["message_index"], p["start"], p["end"]] for p in doc["players"]],
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert doc["snapshot_id"] == hashlib.sha256(text.encode("utf-8")).hexdigest()
     assert doc["wall_seconds"] > 0
     assert math.isfinite(doc["v_empty"]) and math.isfinite(doc["v_full"])
     assert doc["v_full"] < 0 and doc["v_empty"] < 0  # log-probabilities of a multi-token answer
