@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.chat_templates import FAMILIES, conversation
+from helpers.chat_templates import conversation, family_named
 from helpers.family_models import model_for, tokenizer_for
 from helpers.vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, start_server, stop_server, vllm_backend
 
@@ -39,7 +39,7 @@ CONTEXT = 512
 @pytest.fixture(scope="module", params=VLLM_FAMILIES)
 def subject(request):
     """(family, tokenizer, transformers model, the session's VLLMBackend on the same weights)."""
-    fam = next(f for f in FAMILIES if f.name == request.param)
+    fam = family_named(request.param)
     tok, model = tokenizer_for(fam.name), model_for(fam.name)
     backend = vllm_backend(fam.name, model, tok)
     backend.max_batch_size = 64
@@ -266,7 +266,7 @@ def test_server_values_equal_a_float64_forward(server):
     from coalescence.backends.vllm import VLLMServerBackend
 
     url, tok, model, _ = server
-    fam = next(f for f in FAMILIES if f.name == "chatml")
+    fam = family_named("chatml")
     backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
     assert backend.forced
     requests = _coalition_requests(fam, tok)

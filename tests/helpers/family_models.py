@@ -7,14 +7,14 @@ import functools
 
 import torch
 
-from helpers.chat_templates import FAMILIES, build_family_tokenizer
+from helpers.chat_templates import build_family_tokenizer, family_named
 
 CONTEXT = 512
 
 
 @functools.cache
 def tokenizer_for(name: str):
-    return build_family_tokenizer(next(f for f in FAMILIES if f.name == name))
+    return build_family_tokenizer(family_named(name))
 
 
 @functools.cache

@@ -5,22 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from helpers.snapshots import snapshot_of
+
 from coalescence.backends.testing import FakeBackend, presence_game
-from coalescence.conversation import Conversation, Message
 from coalescence.engine import Engine
 from coalescence.masking.policies import DropPolicy
 from coalescence.snapshot import ConversationSnapshot
 
 def eiffel() -> ConversationSnapshot:
-    c = Conversation(
-        messages=(
-            Message(role="system", content="You are a helpful assistant."),
-            Message(role="user", content="The Eiffel Tower was completed in 1889.\nBig Ben was finished in 1859."),
-            Message(role="user", content="Order the grilled sardines in Lisbon.\n- When was the tower completed?"),
-        ),
-        target="It was completed in 1889.",
+    """Five players: the system sentence, two facts, an order and the question."""
+    return snapshot_of(
+        "The Eiffel Tower was completed in 1889.\nBig Ben was finished in 1859.",
+        "Order the grilled sardines in Lisbon.\n- When was the tower completed?",
     )
-    return ConversationSnapshot.build(c, unit="sentence")
 
 
 def additive_presence_game(tokenizer, snap: ConversationSnapshot) -> tuple[Engine, list[float], int]:

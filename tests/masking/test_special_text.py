@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers.chat_templates import FAMILIES, MISTRAL, Family, build_family_tokenizer, conversation
+from helpers.chat_templates import FAMILIES, MISTRAL, Family, build_family_tokenizer, conversation, family_named
 
 from coalescence.conversation import Conversation, Message
 from coalescence.snapshot import ConversationSnapshot
@@ -176,6 +176,6 @@ def test_default_system_prompt_detected_by_rendering(family):
 
 
 def test_mistral_injects_nothing():
-    tok = build_family_tokenizer(next(f for f in FAMILIES if f.name == "llama2"))
+    tok = build_family_tokenizer(family_named("llama2"))
     tok.chat_template = MISTRAL
     assert ChatRenderer(tok).injects_default_system is False
