@@ -11,21 +11,16 @@ template that writes ``strftime_now("%d %b %Y")``, real Parquet parts.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from helpers.chat_templates import DATED_FAMILIES, build_family_tokenizer
 from helpers.models import build_model
 
-from helpers.children import SLOW_CHILD
+from helpers.children import kill_when, parts_written
 
-from coalescence.archive import list_parts, read_manifest, read_rows
+from coalescence.archive import read_manifest, read_rows
 from coalescence.cli import main
 
 USER = "The Eiffel Tower was completed in 1889. It is 330 m tall. It is in Paris. It was designed by Gustave Eiffel's company."
@@ -106,19 +101,7 @@ def test_a_new_run_on_another_day_is_a_game_of_its_own(day1, day2):
 def test_a_run_resumed_on_another_day_keeps_its_first_day(setup, day1, tmp_path, monkeypatch):
     ref1 = utilities(day1[1])
     run_dir = tmp_path / "killed"
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD, *argv(setup, run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "COALESCENCE_TODAY": DAY1},
-    )
-    deadline = time.monotonic() + 90
-    while len(list_parts(run_dir)) < 2:
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    kill_when(argv(setup, run_dir), parts_written(run_dir, 2), timeout=90, env={"COALESCENCE_TODAY": DAY1})
     on_disk = read_rows(run_dir).num_rows
     assert 8 <= on_disk < 2**N
 

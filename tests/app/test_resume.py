@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpers.archive_faults import DiskFault
-from helpers.children import SLOW_CHILD, slow_child
+from helpers.children import kill_when, parts_written, slow_child
 
 from coalescence import cli
 from coalescence.archive import RunArchive, list_parts, read_manifest, read_rows
@@ -103,20 +102,8 @@ def reference(tmp_path_factory, tiny_model_dir):
 
 def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, conversation, tiny_model_dir, reference):
     run_dir = tmp_path / "run"
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD, *argv(conversation, tiny_model_dir, run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    deadline = time.monotonic() + 60
-    while len(list_parts(run_dir)) < 3:
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert child.returncode == -signal.SIGKILL
+    returncode = kill_when(argv(conversation, tiny_model_dir, run_dir), parts_written(run_dir, 3), timeout=60)
+    assert returncode == -signal.SIGKILL
     on_disk = read_rows(run_dir).num_rows
     assert 12 <= on_disk < 2**N  # some complete parts, not the whole run
     assert read_manifest(run_dir)["runs"][0]["status"] == "running"  # never closed

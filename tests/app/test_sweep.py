@@ -8,12 +8,7 @@ estimators themselves, errors computed here with numpy and scipy."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import spearmanr
 
-from helpers.children import slow_child
+from helpers.children import kill_when, slow_child
 
 from helpers.cli import run_cli_quiet as run
 
@@ -182,20 +177,12 @@ def test_a_killed_sweep_resumes_to_the_same_results_and_a_finished_one_calls_no_
     _, data, _, reference = swept
     out = tmp_path / "out"
     argv = sweep_argv(data, tiny_model_dir, out, METHODS, BUDGETS, SEEDS, "--flush-rows", "4", "--max-conversations-in-flight", "1")
-    child = subprocess.Popen(
-        [sys.executable, "-c", slow_child(0.03), *argv, "--no-progress"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
     results = out / "archive" / "results.jsonl"
-    deadline = time.monotonic() + 120
-    while not (results.exists() and results.read_text(encoding="utf-8").count("\n") >= 1):
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+
+    def one_result() -> bool:
+        return results.exists() and results.read_text(encoding="utf-8").count("\n") >= 1
+
+    kill_when([*argv, "--no-progress"], one_result, timeout=120, child=slow_child(0.03))
     assert not (out / "results.parquet").exists()
     before = read_rows(out / "archive").num_rows
 

@@ -263,7 +263,14 @@ def _set(path: str, value: object):
     return edit
 
 
-_DELETE = object()
+class _Delete:
+    """The edit that removes a field (its repr names it, so that test ids are the same in every run)."""
+
+    def __repr__(self) -> str:
+        return "<delete>"
+
+
+_DELETE = _Delete()
 MANIFEST_DAMAGE = [
     ("runs", _DELETE, "runs is missing"),
     ("runs", {"a": 1}, "runs must be a list of objects"),
