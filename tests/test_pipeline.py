@@ -9,7 +9,6 @@ import itertools
 import numpy as np
 import pytest
 from helpers.models import build_model
-
 from helpers.snapshots import snapshot_of
 
 from coalescence.backends.base import BackendBase, ScoreRequest, ScoreResult, ScoringBackend

@@ -14,9 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from helpers.datasets import RecordingProgress, conversations
-
 from helpers.cli import run_cli_quiet as run
+from helpers.datasets import RecordingProgress, conversations
 
 from coalescence.archive import read_rows
 from coalescence.engine import Engine

@@ -16,9 +16,8 @@ import shutil
 import pytest
 
 from helpers.chat_templates import DATED_FAMILIES, build_family_tokenizer
-from helpers.models import build_model
-
 from helpers.children import kill_when, parts_written
+from helpers.models import build_model
 
 from coalescence.archive import read_manifest, read_rows
 from coalescence.cli import main

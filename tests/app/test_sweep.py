@@ -17,36 +17,12 @@ import pytest
 from scipy.stats import spearmanr
 
 from helpers.children import kill_when, slow_child
-
 from helpers.cli import run_cli_quiet as run
+from helpers.datasets import conversations
 
 from coalescence.archive import read_rows
 from coalescence.attribution.estimators import make_estimator
 from coalescence.masking.codec import PackedMask
-
-FACTS = [
-    "The Eiffel Tower was completed in 1889.",
-    "Big Ben's clock tower in London was finished in 1859.",
-    "The Colosseum in Rome was opened in the year 80.",
-]
-
-
-def conversations(n: int) -> list[dict]:
-    """Conversations of 3, 4, 5, 3, ... players with --unit sentence (a system sentence, 1-3 facts
-    and a question)."""
-    out = []
-    for k in range(n):
-        facts = " ".join(FACTS[(k + j) % 3] for j in range(1 + k % 3))
-        out.append(
-            {
-                "messages": [
-                    {"role": "system", "content": "You are a helpful assistant."},
-                    {"role": "user", "content": f"{facts}\nWhen was tower {k} completed?"},
-                    {"role": "assistant", "content": "It was completed in 1889." if k % 2 else "In 1889."},
-                ]
-            }
-        )
-    return out
 
 
 PLAYERS = [3, 4, 5, 3]
@@ -72,7 +48,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def swept(tmp_path_factory, tiny_model_dir):
     """One sweep over four conversations: its directory, printed output and table."""
     tmp = tmp_path_factory.mktemp("sweep")
-    data = write_jsonl(tmp / "data.jsonl", conversations(4))
+    data = write_jsonl(tmp / "data.jsonl", conversations(4, documents=False))
     code, out, err = run(sweep_argv(data, tiny_model_dir, tmp / "out"))
     assert code == 0, err
     table = pq.read_table(tmp / "out" / "results.parquet").to_pylist()
@@ -102,7 +78,7 @@ def test_each_cell_is_the_one_method_explain_run_and_a_refused_budget_is_a_recor
         assert (r["status"] == "skipped") == refused, r
         if refused:
             assert "below the minimum of 16" in r["reason"] and r["values"] is None and r["n_evaluations"] is None
-    one_conversation = write_jsonl(tmp_path / "first.jsonl", conversations(1))
+    one_conversation = write_jsonl(tmp_path / "first.jsonl", conversations(1, documents=False))
     for method, budget, seed in sorted(expected, key=str):
         # a sweep fits every cell from the exact game's rows: the explain run it equals plays no proxy game
         options = ["--method", method, "--proxy-game", "none"] + ([] if budget is None else ["--budget", str(budget), "--seed", str(seed)])
@@ -116,7 +92,7 @@ def test_each_cell_is_the_one_method_explain_run_and_a_refused_budget_is_a_recor
 
 
 def test_the_pool_is_the_union_of_the_plans_evaluated_once(tmp_path, tiny_model_dir):
-    data = write_jsonl(tmp_path / "data.jsonl", conversations(3))
+    data = write_jsonl(tmp_path / "data.jsonl", conversations(3, documents=False))
     methods, budgets, seeds = ("kernelshap", "lasso", "permutation"), (8, 16), (0, 1, 2)
     code, out, err = run(sweep_argv(data, tiny_model_dir, tmp_path / "out", ",".join(methods), budgets, seeds))
     assert code == 0, err
@@ -217,7 +193,7 @@ def test_a_killed_sweep_resumes_to_the_same_results_and_a_finished_one_calls_no_
     ],
 )
 def test_bad_input_exits_2_in_one_line_naming_the_flag_and_writes_nothing(tmp_path, tiny_model_dir, option, value, flag):
-    data = write_jsonl(tmp_path / "data.jsonl", conversations(1))
+    data = write_jsonl(tmp_path / "data.jsonl", conversations(1, documents=False))
     argv = sweep_argv(data, tiny_model_dir, tmp_path / "out", "exact,kernelshap", (8,), (0,))
     argv[argv.index(option) + 1] = value
     code, out, err = run(argv)
@@ -227,7 +203,7 @@ def test_bad_input_exits_2_in_one_line_naming_the_flag_and_writes_nothing(tmp_pa
 
 
 def test_a_sampling_method_without_budgets_is_refused(tmp_path, tiny_model_dir):
-    data = write_jsonl(tmp_path / "data.jsonl", conversations(1))
+    data = write_jsonl(tmp_path / "data.jsonl", conversations(1, documents=False))
     code, _, err = run(["sweep", str(data), "--model", str(tiny_model_dir), "--methods", "exact,lasso", "--out", str(tmp_path / "out")])
     assert code == 2 and err.startswith("coalescence: error: --budgets: methods lasso sample within a budget")
     assert not (tmp_path / "out").exists()

@@ -33,9 +33,8 @@ import pytest
 import torch
 from anyio import wait_all_tasks_blocked
 from helpers.chat_templates import FAMILIES, Family, conversation
-from helpers.vllm_engines import vllm_backend
-
 from helpers.family_models import CONTEXT, model_for, tokenizer_for
+from helpers.vllm_engines import vllm_backend
 
 from coalescence.archive import RunArchive, read_rows
 from coalescence.attribution.estimators import ExactShapley

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from helpers.models import build_model
-
 from helpers.snapshots import LANDMARKS, conversation_of, render_for
 
 from coalescence.backends import attention

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 from helpers.chat_templates import build_family_tokenizer, conversation, family_named
-from helpers.models import build_model
-
 from helpers.cli import run_cli_quiet as run
+from helpers.models import build_model
 
 from coalescence.archive import read_manifest
 from coalescence.backends import fingerprint as fp

@@ -11,7 +11,9 @@ FACTS = [
 ]
 
 
-def conversations(n: int) -> list[dict]:
+def conversations(n: int, *, documents: bool = True) -> list[dict]:
+    """``n`` conversations of 3, 4, 5, 3, ... players with --unit sentence (a system sentence, 1-3
+    facts and a question), then (with ``documents``) one more in the RAG form."""
     out = []
     for k in range(n):
         facts = " ".join(FACTS[(k + j) % 3] for j in range(1 + k % 3))
@@ -24,6 +26,8 @@ def conversations(n: int) -> list[dict]:
                 ]
             }
         )
+    if not documents:
+        return out
     # one document with a title, one without: in Parquet the second's title is a null struct field
     out.append({"documents": [{"id": "a", "title": "Paris", "text": FACTS[0]}, {"id": "b", "text": FACTS[1]}], "question": "When?", "answer": "In 1889."})
     return out
