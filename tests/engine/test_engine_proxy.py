@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+from helpers.presence import own_id_weights
 from helpers.snapshots import snapshot_of
 
 from coalescence.archive import RunArchive, read_rows
@@ -49,11 +50,7 @@ def own_token_weights(tokenizer, snap, scale: float) -> dict[int, float]:
         without = np.ones(n, dtype=bool)
         without[i] = False
         brings.append(full - set(probe.renderer.coalition_prompt(snap, DropPolicy(), without)))
-    weights = {}
-    for i, ids in enumerate(brings):
-        for t in ids:
-            if sum(ch.isalnum() for ch in tokenizer.decode([t])) >= 2 and all(t not in other for j, other in enumerate(brings) if j != i):
-                weights[t] = scale * (0.1 + 0.01 * (t % 7))
+    weights = own_id_weights(brings, scale=scale, keep=lambda t: sum(ch.isalnum() for ch in tokenizer.decode([t])) >= 2)
     assert len({i for i, ids in enumerate(brings) if ids & set(weights)}) == n  # every player weighs
     return weights
 

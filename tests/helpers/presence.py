@@ -20,6 +20,17 @@ def eiffel() -> ConversationSnapshot:
     )
 
 
+def own_id_weights(brings: list[set[int]], *, scale: float = 1.0, keep=lambda t: True) -> dict[int, float]:
+    """A weight ``scale * (0.1 + 0.01 * (t % 7))`` nats on each token id ``t`` (passing ``keep``)
+    that exactly one player brings (``brings[i]``: the ids player i brings into the prompt)."""
+    weights = {}
+    for i, ids in enumerate(brings):
+        for t in ids:
+            if keep(t) and all(t not in other for j, other in enumerate(brings) if j != i):
+                weights[t] = scale * (0.1 + 0.01 * (t % 7))
+    return weights
+
+
 def additive_presence_game(tokenizer, snap: ConversationSnapshot) -> tuple[Engine, list[float], int]:
     """An engine on the fake backend whose game is additive over ``snap``'s players, the closed-form
     value of each player, and the target's token count.
@@ -37,11 +48,7 @@ def additive_presence_game(tokenizer, snap: ConversationSnapshot) -> tuple[Engin
 
     empty = prompt([False] * n)
     brings = [prompt([j == i for j in range(n)]) - empty for i in range(n)]
-    weights = {}
-    for i, ids in enumerate(brings):
-        for t in ids:
-            if all(t not in other for j, other in enumerate(brings) if j != i):
-                weights[t] = 0.1 + 0.01 * (t % 7)
+    weights = own_id_weights(brings)
     assert len(weights) >= n
     engine = Engine(FakeBackend(tokenizer, game=presence_game(weights, base=-0.5)), batch_size=4)
     expected = [len(target.ids) * sum(weights.get(t, 0.0) for t in ids) for ids in brings]
