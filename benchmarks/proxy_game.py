@@ -144,7 +144,7 @@ def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds) ->
 
 
 def analytic_game(n: int = 8):
-    """``(masks, v, c)``: the Harsanyi-dividend game of ``tests/attribution/test_two_fidelity.py``
+    """``(masks, v, c)``: the Harsanyi-dividend game of ``tests/attribution/estimators/test_two_fidelity.py``
     (singletons, 6 pairs, 3 triples; seed 7) and its proxy (dividends moved and scaled, plus a
     smooth nonlinear term; seed 11), over all 2^n coalitions."""
     import itertools

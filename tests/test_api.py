@@ -6,9 +6,7 @@ by path, as a user would), real archives, real asyncio and trio loops.
 
 from __future__ import annotations
 
-import contextlib
 import html
-import io
 import json
 from pathlib import Path
 
@@ -17,9 +15,10 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
+from helpers.cli import run_cli_quiet
+
 import coalescence
 from coalescence.archive import read_manifest, read_rows
-from coalescence.cli import main
 from coalescence.errors import ConfigError
 
 MESSAGES = [
@@ -30,10 +29,8 @@ MESSAGES = [
 
 
 def cli(argv: list[str]) -> tuple[int, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--no-progress"])
-    return code, err.getvalue()
+    code, _, err = run_cli_quiet(argv)
+    return code, err
 
 
 @pytest.fixture(scope="module")

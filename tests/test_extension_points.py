@@ -1,8 +1,8 @@
 """Adding a utility or a backend from outside the package: one object and one public registration
 call make it a choice everywhere (the CLI's choices and help, settings, the engine, the manifest).
-(An estimator: tests/attribution/test_registration.py; an input format: tests/test_readers.py.)
+(An estimator: tests/attribution/estimators/test_registration.py; an input format: tests/test_readers.py.)
 
-Both run on the public fake backend's presence game made additive (tests/backends/test_testing.py):
+Both run on the public fake backend's presence game made additive (tests/helpers/presence.py):
 every target token loses w_t nats for each weighted id t absent from the prompt, so every target
 token has the same log-probability in a coalition and player i's exact Shapley value is the
 closed form ``n_target * (the weights of the ids it alone brings)`` for the sum (``logprob``), and
@@ -25,7 +25,7 @@ from coalescence.engine import Engine
 from coalescence.masking.policies import DropPolicy
 from coalescence.utility import UTILITIES, Utility, UtilitySpec, register_utility
 
-from backends.test_testing import additive_presence_game, eiffel
+from helpers.presence import additive_presence_game, eiffel
 
 LEAST = Utility(kind="min_logprob", unit="nats", teacher_forced=True, reduction="min", label="least token log p", reduce=lambda lp: float(lp.min()))
 

@@ -8,11 +8,11 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import build_model
+from helpers.models import build_model
+from helpers.snapshots import snapshot_of
 
 from coalescence.backends.base import BackendBase, ScoreRequest, ScoreResult, ScoringBackend
 from coalescence.backends.hf import HFBackend
-from coalescence.conversation import Conversation, Message
 from coalescence.snapshot import ConversationSnapshot
 from coalescence.errors import BatchFailed
 from coalescence.masking.codec import PackedMask
@@ -27,14 +27,7 @@ ANSWER = "It was completed in 1889."
 
 
 def snapshot() -> ConversationSnapshot:
-    c = Conversation(
-        messages=(
-            Message(role="system", content="You are a helpful assistant."),
-            Message(role="user", content="The Eiffel Tower was completed in 1889.\nWhen was the tower completed?"),
-        ),
-        target=ANSWER,
-    )
-    return ConversationSnapshot.build(c, unit="sentence")
+    return snapshot_of("The Eiffel Tower was completed in 1889.\nWhen was the tower completed?", target=ANSWER)
 
 
 def make(backend, calls=None):

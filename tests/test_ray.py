@@ -36,7 +36,8 @@ from coalescence.cli import main  # noqa: E402
 from coalescence.app.settings import RunSettings  # noqa: E402
 from coalescence.errors import ConfigError  # noqa: E402
 
-from app.test_datasets import conversations, run  # noqa: E402
+from helpers.cli import run_cli_quiet as run  # noqa: E402
+from helpers.datasets import conversations  # noqa: E402
 
 SRC = str(Path(coalescence.__file__).resolve().parents[1])
 
@@ -261,7 +262,7 @@ def test_progress_over_ray_workers_is_one_monotone_count_over_the_dataset(tmp_pa
     decrease, and a last count equal to that total."""
     from coalescence.app.explain import explain_run
 
-    from app.test_datasets import RecordingProgress
+    from helpers.datasets import RecordingProgress
 
     progress = RecordingProgress()
     settings = RunSettings(

@@ -7,17 +7,16 @@ the first 32-bit word of ``numpy.random.SeedSequence(seed)`` and a smaller one u
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers.cli import run_cli
+
 from coalescence.archive import read_manifest
 from coalescence.attribution.estimators.base import library_seed
-from coalescence.cli import main
 
 CONVERSATION = {
     "messages": [
@@ -28,16 +27,6 @@ CONVERSATION = {
 }
 SAMPLING = ("permutation", "kernelshap", "regression-msr", "banzhaf", "lasso")
 BIG_SEEDS = (4294967296, 2**70)
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:  # argparse's refusals exit from the parser
-            code = exc.code
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_library_seed_keeps_small_seeds_and_derives_large_ones() -> None:

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
+from helpers.snapshots import eiffel_snapshot as snapshot
+
 from coalescence.archive import RunArchive, read_rows
 from coalescence.attribution.estimators import ExactShapley
 from coalescence.backends.base import ScoreRequest
-from coalescence.conversation import Conversation, Message
-from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine, fill_measurements, pool_from_store
 from coalescence.masking.codec import PackedMask
 from coalescence.masking.policies import DropPolicy
@@ -20,18 +20,6 @@ from coalescence.scheduler.store import ResultStore
 from coalescence.utility import UtilitySpec
 
 TARGET = "It was completed in 1889."
-
-
-def snapshot() -> ConversationSnapshot:
-    c = Conversation(
-        messages=(
-            Message(role="system", content="You are a helpful assistant."),
-            Message(role="user", content="The Eiffel Tower was completed in 1889. Big Ben was finished in 1859."),
-            Message(role="user", content="When was the tower completed?"),
-        ),
-        target=TARGET,
-    )
-    return ConversationSnapshot.build(c, unit="sentence")
 
 
 def all_rows(n: int) -> list[np.ndarray]:

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from compare_runs import MESSAGES, cli, compare_run  # noqa: F401 (a fixture)
+from helpers.cli import run_cli as cli
+from helpers.compare_runs import MESSAGES
 
 
 

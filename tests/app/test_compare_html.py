@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from compare_runs import cli, compare_run  # noqa: F401 (a fixture)
+from helpers.cli import run_cli as cli
 
 pytest.importorskip("matplotlib")
 

@@ -6,8 +6,6 @@ in-process."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -16,41 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from helpers.cli import run_cli_quiet as run
+from helpers.datasets import RecordingProgress, conversations
+
 from coalescence.archive import read_rows
-from coalescence.cli import main
 from coalescence.engine import Engine
-
-FACTS = [
-    "The Eiffel Tower was completed in 1889.",
-    "Big Ben's clock tower in London was finished in 1859.",
-    "The Colosseum in Rome was opened in the year 80.",
-    "It was completed in 1889.",
-]
-
-
-def conversations(n: int) -> list[dict]:
-    out = []
-    for k in range(n):
-        facts = " ".join(FACTS[(k + j) % 3] for j in range(1 + k % 3))
-        out.append(
-            {
-                "messages": [
-                    {"role": "system", "content": "You are a helpful assistant."},
-                    {"role": "user", "content": f"{facts}\nWhen was tower {k} completed?"},
-                    {"role": "assistant", "content": FACTS[3] if k % 2 else "In 1889."},
-                ]
-            }
-        )
-    # one document with a title, one without: in Parquet the second's title is a null struct field
-    out.append({"documents": [{"id": "a", "title": "Paris", "text": FACTS[0]}, {"id": "b", "text": FACTS[1]}], "question": "When?", "answer": "In 1889."})
-    return out
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--no-progress"])
-    return code, out.getvalue(), err.getvalue()
 
 
 def explain(tmp: Path, source: Path, model: Path, name: str, *options: str) -> list[dict]:
@@ -149,20 +117,6 @@ def test_a_list_of_inputs_in_python_is_the_jsonl_dataset(tmp_path, jsonl, tiny_m
     with pytest.raises(coalescence.InputError) as bad:
         coalescence.explain([conversations(1)[0], {"messages": [{"role": "robot", "content": "Hi."}]}], model=str(tiny_model_dir))
     assert bad.value.field == "input 1: messages[0].role"
-
-
-class RecordingProgress:
-    """The progress protocol's calls, recorded as they come."""
-
-    def __init__(self) -> None:
-        self.planned: list[int] = []
-        self.finished: list[tuple[int, int]] = []
-
-    def on_planned(self, total: int) -> None:
-        self.planned.append(total)
-
-    def on_finished(self, done: int, total: int) -> None:
-        self.finished.append((done, total))
 
 
 def test_progress_of_conversations_in_flight_is_one_monotone_count_over_the_dataset(tmp_path, jsonl, tiny_model_dir):

@@ -11,19 +11,15 @@ template that writes ``strftime_now("%d %b %Y")``, real Parquet parts.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from chat_templates import DATED_FAMILIES, build_family_tokenizer
-from conftest import build_model
+from helpers.chat_templates import DATED_FAMILIES, build_family_tokenizer
+from helpers.children import kill_when, parts_written
+from helpers.models import build_model
 
-from coalescence.archive import list_parts, read_manifest, read_rows
+from coalescence.archive import read_manifest, read_rows
 from coalescence.cli import main
 
 USER = "The Eiffel Tower was completed in 1889. It is 330 m tall. It is in Paris. It was designed by Gustave Eiffel's company."
@@ -35,17 +31,6 @@ CONVERSATION = {
     ]
 }
 N = 5  # players with --unit sentence: 1 system sentence, 4 user sentences
-SLOW_CHILD = """
-import sys, time
-from coalescence.backends.hf import HFBackend
-_score = HFBackend.score
-def slow(self, requests):
-    time.sleep(0.04)
-    return _score(self, requests)
-HFBackend.score = slow
-from coalescence.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 DAY1, DAY2 = "2024-07-26", "2024-07-27"
 TOL = 1e-5  # the resume test's tolerance (tests/app/test_resume.py): a cold prefix cache sums in another order
 
@@ -115,19 +100,7 @@ def test_a_new_run_on_another_day_is_a_game_of_its_own(day1, day2):
 def test_a_run_resumed_on_another_day_keeps_its_first_day(setup, day1, tmp_path, monkeypatch):
     ref1 = utilities(day1[1])
     run_dir = tmp_path / "killed"
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD, *argv(setup, run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "COALESCENCE_TODAY": DAY1},
-    )
-    deadline = time.monotonic() + 90
-    while len(list_parts(run_dir)) < 2:
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    kill_when(argv(setup, run_dir), parts_written(run_dir, 2), timeout=90, env={"COALESCENCE_TODAY": DAY1})
     on_disk = read_rows(run_dir).num_rows
     assert 8 <= on_disk < 2**N
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from compare_runs import cli, compare_run  # noqa: F401 (a fixture)
+from helpers.cli import run_cli as cli
 
 from coalescence.archive import read_rows
 
@@ -57,7 +57,7 @@ def test_too_few_coalitions_names_the_option(compare_run):
 def test_missing_coalitions_are_evaluated_with_the_runs_model_once(tmp_path, tiny_model_dir):
     """A leave-one-out run holds n + 1 coalitions: evaluate loads the run's model (no --model given)
     for the rest and archives them; the same command again makes no model evaluation."""
-    from compare_runs import MESSAGES
+    from helpers.compare_runs import MESSAGES
 
     source = tmp_path / "chat.json"
     source.write_text(json.dumps({"messages": MESSAGES}), encoding="utf-8")

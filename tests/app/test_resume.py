@@ -4,7 +4,7 @@ damaged and foreign archives, a full disk, and the exit codes of every command.
 Real parts throughout: the real CLI in a real subprocess killed with SIGKILL, the tiny random Llama,
 real Parquet parts. The injected pieces: a slow step (each backend call sleeps) so that the kill
 lands mid-run, patched into the child process by the test, never into the library; and a full
-disk or a denied permission, answered by wrapped OS calls (``tests/archive/archive_faults.py``:
+disk or a denied permission, answered by wrapped OS calls (``tests/helpers/archive_faults.py``:
 neither can be produced for real here, as root with no mounts).
 """
 
@@ -19,14 +19,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from archive.archive_faults import DiskFault
+from helpers.archive_faults import DiskFault
+from helpers.children import kill_when, parts_written, slow_child
 
 from coalescence import cli
 from coalescence.archive import RunArchive, list_parts, read_manifest, read_rows
@@ -44,17 +44,6 @@ CONVERSATION = {
     ]
 }
 N = 6  # players with --unit sentence
-SLOW_CHILD = """
-import sys, time
-from coalescence.backends.hf import HFBackend
-_score = HFBackend.score
-def slow(self, requests):
-    time.sleep(0.04)
-    return _score(self, requests)
-HFBackend.score = slow
-from coalescence.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def argv(input_path: Path, model: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -113,20 +102,8 @@ def reference(tmp_path_factory, tiny_model_dir):
 
 def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, conversation, tiny_model_dir, reference):
     run_dir = tmp_path / "run"
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD, *argv(conversation, tiny_model_dir, run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    deadline = time.monotonic() + 60
-    while len(list_parts(run_dir)) < 3:
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    assert child.returncode == -signal.SIGKILL
+    returncode = kill_when(argv(conversation, tiny_model_dir, run_dir), parts_written(run_dir, 3), timeout=60)
+    assert returncode == -signal.SIGKILL
     on_disk = read_rows(run_dir).num_rows
     assert 12 <= on_disk < 2**N  # some complete parts, not the whole run
     assert read_manifest(run_dir)["runs"][0]["status"] == "running"  # never closed
@@ -279,7 +256,7 @@ def test_archive_info_and_compact(tmp_path, conversation, tiny_model_dir, capsys
 def test_sigterm_flushes_the_archive_and_a_rerun_resumes(tmp_path, conversation, tiny_model_dir, reference):
     run_dir = tmp_path / "run"
     child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD.replace("time.sleep(0.04)", "time.sleep(0.04); print('scored', flush=True)"),
+        [sys.executable, "-c", slow_child(0.04, then="print('scored', flush=True)"),
          *argv(conversation, tiny_model_dir, run_dir, "--flush-rows", "1000")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -4,15 +4,14 @@ messages, for whole turns), with the prompt's token count and the scored answer.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
 
+from helpers.cli import run_cli as cli
+
 from coalescence.app.settings import RunSettings
 from coalescence.app.show import parse_coalition, show_coalition
-from coalescence.cli import main
 from coalescence.errors import ConfigError
 
 MESSAGES = [
@@ -22,13 +21,6 @@ MESSAGES = [
     {"role": "user", "content": "What should I eat there?\n- something local"},
     {"role": "assistant", "content": "Grilled sardines."},
 ]
-
-
-def cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

@@ -7,15 +7,8 @@ estimators themselves, errors computed here with numpy and scipy."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,47 +16,19 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import spearmanr
 
+from helpers.children import kill_when, slow_child
+from helpers.cli import run_cli_quiet as run
+from helpers.datasets import conversations
+
 from coalescence.archive import read_rows
 from coalescence.attribution.estimators import make_estimator
-from coalescence.cli import main
 from coalescence.masking.codec import PackedMask
-
-FACTS = [
-    "The Eiffel Tower was completed in 1889.",
-    "Big Ben's clock tower in London was finished in 1859.",
-    "The Colosseum in Rome was opened in the year 80.",
-]
-
-
-def conversations(n: int) -> list[dict]:
-    """Conversations of 3, 4, 5, 3, ... players with --unit sentence (a system sentence, 1-3 facts
-    and a question)."""
-    out = []
-    for k in range(n):
-        facts = " ".join(FACTS[(k + j) % 3] for j in range(1 + k % 3))
-        out.append(
-            {
-                "messages": [
-                    {"role": "system", "content": "You are a helpful assistant."},
-                    {"role": "user", "content": f"{facts}\nWhen was tower {k} completed?"},
-                    {"role": "assistant", "content": "It was completed in 1889." if k % 2 else "In 1889."},
-                ]
-            }
-        )
-    return out
 
 
 PLAYERS = [3, 4, 5, 3]
 METHODS = "exact,kernelshap,lasso,loo"
 BUDGETS = (8, 16)
 SEEDS = (0, 1)
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--no-progress"])
-    return code, out.getvalue(), err.getvalue()
 
 
 def sweep_argv(data: Path, model: Path, out: Path, methods: str = METHODS, budgets=BUDGETS, seeds=SEEDS, *extra: str) -> list[str]:
@@ -83,7 +48,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def swept(tmp_path_factory, tiny_model_dir):
     """One sweep over four conversations: its directory, printed output and table."""
     tmp = tmp_path_factory.mktemp("sweep")
-    data = write_jsonl(tmp / "data.jsonl", conversations(4))
+    data = write_jsonl(tmp / "data.jsonl", conversations(4, documents=False))
     code, out, err = run(sweep_argv(data, tiny_model_dir, tmp / "out"))
     assert code == 0, err
     table = pq.read_table(tmp / "out" / "results.parquet").to_pylist()
@@ -113,7 +78,7 @@ def test_each_cell_is_the_one_method_explain_run_and_a_refused_budget_is_a_recor
         assert (r["status"] == "skipped") == refused, r
         if refused:
             assert "below the minimum of 16" in r["reason"] and r["values"] is None and r["n_evaluations"] is None
-    one_conversation = write_jsonl(tmp_path / "first.jsonl", conversations(1))
+    one_conversation = write_jsonl(tmp_path / "first.jsonl", conversations(1, documents=False))
     for method, budget, seed in sorted(expected, key=str):
         # a sweep fits every cell from the exact game's rows: the explain run it equals plays no proxy game
         options = ["--method", method, "--proxy-game", "none"] + ([] if budget is None else ["--budget", str(budget), "--seed", str(seed)])
@@ -127,7 +92,7 @@ def test_each_cell_is_the_one_method_explain_run_and_a_refused_budget_is_a_recor
 
 
 def test_the_pool_is_the_union_of_the_plans_evaluated_once(tmp_path, tiny_model_dir):
-    data = write_jsonl(tmp_path / "data.jsonl", conversations(3))
+    data = write_jsonl(tmp_path / "data.jsonl", conversations(3, documents=False))
     methods, budgets, seeds = ("kernelshap", "lasso", "permutation"), (8, 16), (0, 1, 2)
     code, out, err = run(sweep_argv(data, tiny_model_dir, tmp_path / "out", ",".join(methods), budgets, seeds))
     assert code == 0, err
@@ -184,37 +149,16 @@ def test_the_error_columns_against_exact(swept):
     assert checked > 20
 
 
-SLOW_CHILD = """
-import sys, time
-from coalescence.backends.hf import HFBackend
-_score = HFBackend.score
-def slow(self, requests):
-    time.sleep(0.03)
-    return _score(self, requests)
-HFBackend.score = slow
-from coalescence.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_a_killed_sweep_resumes_to_the_same_results_and_a_finished_one_calls_no_model(swept, tmp_path, tiny_model_dir):
     _, data, _, reference = swept
     out = tmp_path / "out"
     argv = sweep_argv(data, tiny_model_dir, out, METHODS, BUDGETS, SEEDS, "--flush-rows", "4", "--max-conversations-in-flight", "1")
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD, *argv, "--no-progress"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
     results = out / "archive" / "results.jsonl"
-    deadline = time.monotonic() + 120
-    while not (results.exists() and results.read_text(encoding="utf-8").count("\n") >= 1):
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+
+    def one_result() -> bool:
+        return results.exists() and results.read_text(encoding="utf-8").count("\n") >= 1
+
+    kill_when([*argv, "--no-progress"], one_result, timeout=120, child=slow_child(0.03))
     assert not (out / "results.parquet").exists()
     before = read_rows(out / "archive").num_rows
 
@@ -249,7 +193,7 @@ def test_a_killed_sweep_resumes_to_the_same_results_and_a_finished_one_calls_no_
     ],
 )
 def test_bad_input_exits_2_in_one_line_naming_the_flag_and_writes_nothing(tmp_path, tiny_model_dir, option, value, flag):
-    data = write_jsonl(tmp_path / "data.jsonl", conversations(1))
+    data = write_jsonl(tmp_path / "data.jsonl", conversations(1, documents=False))
     argv = sweep_argv(data, tiny_model_dir, tmp_path / "out", "exact,kernelshap", (8,), (0,))
     argv[argv.index(option) + 1] = value
     code, out, err = run(argv)
@@ -259,7 +203,7 @@ def test_bad_input_exits_2_in_one_line_naming_the_flag_and_writes_nothing(tmp_pa
 
 
 def test_a_sampling_method_without_budgets_is_refused(tmp_path, tiny_model_dir):
-    data = write_jsonl(tmp_path / "data.jsonl", conversations(1))
+    data = write_jsonl(tmp_path / "data.jsonl", conversations(1, documents=False))
     code, _, err = run(["sweep", str(data), "--model", str(tiny_model_dir), "--methods", "exact,lasso", "--out", str(tmp_path / "out")])
     assert code == 2 and err.startswith("coalescence: error: --budgets: methods lasso sample within a budget")
     assert not (tmp_path / "out").exists()

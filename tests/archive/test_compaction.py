@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-from test_archive import make_legacy, make_row
+from helpers.archive_rows import make_legacy, make_row
 
 from coalescence.archive import RunArchive, compact, list_parts, read_manifest, read_rows
 from coalescence.archive.layout import RETIRED_SECONDS

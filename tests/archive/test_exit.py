@@ -22,7 +22,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from test_archive import seven_rows
+from helpers.archive_rows import seven_rows
 
 from coalescence.archive import RunArchive, list_parts
 

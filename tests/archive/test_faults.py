@@ -1,6 +1,6 @@
 """Write faults: a full disk at every write point, places that cannot be written.
 
-Fault injection at the OS boundary (see ``archive_faults``): a real full disk needs a small
+Fault injection at the OS boundary (see ``helpers.archive_faults``): a real full disk needs a small
 file system of its own, and root mounts are not available here; a real permission denial needs a
 user other than root. Everything else is real: the archive's own code, real Parquet parts on disk.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-from archive_faults import DiskFault
-from test_archive import make_row
+from helpers.archive_faults import DiskFault
+from helpers.archive_rows import make_row
 
 from coalescence.archive import RunArchive, compact, list_parts, read_manifest, read_rows
 from coalescence.archive.writer import write_json_atomic

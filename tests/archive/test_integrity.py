@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from test_archive import make_legacy, make_row, seven_rows
+from helpers.archive_rows import make_legacy, make_row, seven_rows
 
 from coalescence.archive import ROW_SCHEMA, RunArchive, archive_info, list_parts, read_manifest, read_rows
 from coalescence.archive.reader import check_parts
@@ -263,7 +263,14 @@ def _set(path: str, value: object):
     return edit
 
 
-_DELETE = object()
+class _Delete:
+    """The edit that removes a field (its repr names it, so that test ids are the same in every run)."""
+
+    def __repr__(self) -> str:
+        return "<delete>"
+
+
+_DELETE = _Delete()
 MANIFEST_DAMAGE = [
     ("runs", _DELETE, "runs is missing"),
     ("runs", {"a": 1}, "runs must be a list of objects"),

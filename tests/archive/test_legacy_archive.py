@@ -7,8 +7,6 @@ model: ``explain chat.json --unit sentence --method exact`` over 4 players.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import json
 import math
@@ -18,17 +16,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from coalescence.cli import main
+from helpers.cli import run_cli_quiet as run
+
 from coalescence.masking.codec import PackedMask
 
 LEGACY = Path(__file__).parents[1] / "data" / "legacy-v1-run"
-
-
-def run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--no-progress"])
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_legacy_archive_replays_its_exact_values_without_a_model(tmp_path):

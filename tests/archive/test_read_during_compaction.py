@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pyarrow.dataset as ds
-from test_archive import make_row
+from helpers.archive_rows import make_row
 
 from coalescence.archive import RunArchive, compact
 

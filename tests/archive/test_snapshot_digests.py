@@ -10,15 +10,14 @@ Llama, then the CLI's ``replay`` on a copy with one field edited.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from coalescence.cli import main
+from helpers.cli import run_cli_quiet as run
+
 
 LEGACY = Path(__file__).parent.parent / "data" / "legacy-v1-run"
 CHAT = {
@@ -28,13 +27,6 @@ CHAT = {
         {"role": "assistant", "content": "The Eiffel Tower, in 1889."},
     ]
 }
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--no-progress"])
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

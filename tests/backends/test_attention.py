@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import build_model
+from helpers.models import build_model
 
 import coalescence.backends.attention as attention
 from coalescence.backends.attention import PrefixSplit, install, prefix_split_attention

@@ -23,7 +23,6 @@ The contract:
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,8 +32,9 @@ import numpy as np
 import pytest
 import torch
 from anyio import wait_all_tasks_blocked
-from chat_templates import FAMILIES, Family, build_family_tokenizer, conversation
-from vllm_engines import vllm_backend
+from helpers.chat_templates import FAMILIES, Family, conversation
+from helpers.family_models import CONTEXT, model_for, tokenizer_for
+from helpers.vllm_engines import vllm_backend
 
 from coalescence.archive import RunArchive, read_rows
 from coalescence.attribution.estimators import ExactShapley
@@ -62,34 +62,6 @@ TOLERANCE = 1e-4
 """fp32 tolerance in nats (the project's batching invariant)."""
 
 CONTRACT_FAMILIES = tuple(f for f in FAMILIES if f.name in ("chatml", "qwen3", "llama3", "llama2", "gemma"))
-CONTEXT = 512
-
-
-@functools.cache
-def tokenizer_for(name: str):
-    return build_family_tokenizer(next(f for f in FAMILIES if f.name == name))
-
-
-@functools.cache
-def model_for(name: str):
-    """A tiny random Llama for a family's tokenizer (head size 32: what vLLM's CPU attention needs)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = tokenizer_for(name)
-    torch.manual_seed(3)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=CONTEXT,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 def float64_reference(model) -> Callable[[tuple[int, ...], tuple[int, ...]], np.ndarray]:
@@ -143,7 +115,7 @@ def fake_subject(family: str, *, max_batch_size: int = 4) -> Subject:
 
 def vllm_subject(family: str, *, max_batch_size: int = 4) -> Subject:
     """The in-process vLLM backend on :func:`model_for`'s weights (one engine per family for the
-    session; skipped without vLLM or for a family without an engine, see ``vllm_engines``)."""
+    session; skipped without vLLM or for a family without an engine, see ``helpers.vllm_engines``)."""
     model = model_for(family)
     backend = vllm_backend(family, model, tokenizer_for(family))
     backend.max_batch_size = max_batch_size

@@ -12,7 +12,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import build_model
+from helpers.models import build_model
 
 from coalescence.backends.base import ScoreRequest
 from coalescence.backends.cost import PathRates, forward_flops, model_shape

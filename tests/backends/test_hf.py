@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import build_model
+from helpers.models import build_model
 
 from coalescence.backends.base import ScoreRequest
 from coalescence.backends.hf import HFBackend

@@ -7,7 +7,7 @@ import itertools
 import anyio
 import numpy as np
 import pytest
-from conftest import build_model
+from helpers.models import build_model
 
 from coalescence.archive import RunArchive, read_rows
 from coalescence.backends.base import ScoreRequest, ScoreResult, validate_results

@@ -11,19 +11,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from chat_templates import FAMILIES, build_family_tokenizer
-from conftest import build_model
+from helpers.models import build_model
+from helpers.snapshots import LANDMARKS, conversation_of, render_for
 
 from coalescence.backends import attention
 from coalescence.backends.base import ProxyScoreRequest, ScoreRequest
 from coalescence.backends.hf import HFBackend
 from coalescence.backends.testing import FakeBackend
-from coalescence.conversation import Conversation, Message
+from coalescence.conversation import Conversation
 from coalescence.errors import BackendError
 from coalescence.masking.policies import DropPolicy
 from coalescence.masking.proxy import TAIL_RULES, proxy_layout
-from coalescence.masking.render import ChatRenderer
-from coalescence.snapshot import ConversationSnapshot
 
 ATOL = 1e-4  # nats, fp32
 
@@ -47,27 +45,16 @@ def reference(model, r: ProxyScoreRequest) -> np.ndarray:
 
 
 def conversation() -> Conversation:
-    return Conversation(
-        messages=(
-            Message(role="system", content="You answer questions about landmarks. Keep answers short."),
-            Message(
-                role="user",
-                content="Some facts: It is 330 m tall. It was designed by Gustave Eiffel's company. "
-                "It was completed in 1889.\n\nWhen was it completed?",
-            ),
-        ),
-        target="It was completed in 1889.",
+    return conversation_of(
+        "Some facts: It is 330 m tall. It was designed by Gustave Eiffel's company. It was completed in 1889.\n\nWhen was it completed?",
+        system=LANDMARKS,
     )
 
 
 @pytest.fixture(scope="module", params=["chatml", "llama3"])
 def game(request):
     """A family's tokenizer, renderer, snapshot, target, backend model and reference model."""
-    family = next(f for f in FAMILIES if f.name == request.param)
-    tokenizer = build_family_tokenizer(family)
-    renderer = ChatRenderer(tokenizer)
-    snapshot = ConversationSnapshot.build(conversation(), unit="sentence")
-    target = renderer.target_tokens(snapshot, DropPolicy())
+    tokenizer, renderer, snapshot, target = render_for(request.param, conversation())
     model = build_model(tokenizer, seed=2)
     ref = build_model(tokenizer, seed=2)
     ref.set_attn_implementation("eager")
@@ -172,11 +159,7 @@ def test_a_backend_without_the_proxy_game_refuses(chatml_tokenizer):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 def test_proxy_rows_on_cuda_equal_the_reference():
     """device='cuda': the block mask, ids and positions go to the model's device (dense-mask sdpa)."""
-    family = next(f for f in FAMILIES if f.name == "chatml")
-    tokenizer = build_family_tokenizer(family)
-    renderer = ChatRenderer(tokenizer)
-    snapshot = ConversationSnapshot.build(conversation(), unit="sentence")
-    target = renderer.target_tokens(snapshot, DropPolicy())
+    tokenizer, renderer, snapshot, target = render_for("chatml", conversation())
     model = build_model(tokenizer, seed=2).to("cuda")
     ref = build_model(tokenizer, seed=2)
     ref.set_attn_implementation("eager")

@@ -10,55 +10,16 @@ import numpy as np
 import pytest
 from anyio import wait_all_tasks_blocked
 
+from helpers.presence import additive_presence_game, eiffel
+
 from coalescence.attribution.estimators import ExactShapley
 from coalescence.backends.base import GenerateRequest, ScoreRequest
 from coalescence.backends.testing import FakeBackend, hashed_game, presence_game
 from coalescence.conversation import Conversation, Message
-from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
 from coalescence.errors import BatchFailed, ConfigError, EngineClosed
 from coalescence.masking.policies import DropPolicy
 from coalescence.scheduler.collator import Collator, scoring_backend
-
-
-def eiffel() -> ConversationSnapshot:
-    c = Conversation(
-        messages=(
-            Message(role="system", content="You are a helpful assistant."),
-            Message(role="user", content="The Eiffel Tower was completed in 1889.\nBig Ben was finished in 1859."),
-            Message(role="user", content="Order the grilled sardines in Lisbon.\n- When was the tower completed?"),
-        ),
-        target="It was completed in 1889.",
-    )
-    return ConversationSnapshot.build(c, unit="sentence")
-
-
-def additive_presence_game(tokenizer, snap: ConversationSnapshot) -> tuple[Engine, list[float], int]:
-    """An engine on the fake backend whose game is additive over ``snap``'s players, the closed-form
-    value of each player, and the target's token count.
-
-    The rule: every target token loses w_t nats for each weighted id t absent from the prompt;
-    weighting only ids that one player alone brings into the prompt makes the game additive, so
-    player i's value (Shapley, leave-one-out, leave-one-in alike) is n_target * (the weights of
-    the ids it alone brings)."""
-    n = snap.n_players
-    probe = Engine(FakeBackend(tokenizer), batch_size=4)
-    target = probe.target_tokens(snap, DropPolicy())
-
-    def prompt(row):
-        return set(probe.renderer.encode(probe.renderer.scoring_prompt(DropPolicy().render(snap, np.array(row)), target)))
-
-    empty = prompt([False] * n)
-    brings = [prompt([j == i for j in range(n)]) - empty for i in range(n)]
-    weights = {}
-    for i, ids in enumerate(brings):
-        for t in ids:
-            if all(t not in other for j, other in enumerate(brings) if j != i):
-                weights[t] = 0.1 + 0.01 * (t % 7)
-    assert len(weights) >= n
-    engine = Engine(FakeBackend(tokenizer, game=presence_game(weights, base=-0.5)), batch_size=4)
-    expected = [len(target.ids) * sum(weights.get(t, 0.0) for t in ids) for ids in brings]
-    return engine, expected, len(target.ids)
 
 
 @pytest.mark.anyio

@@ -1,7 +1,7 @@
 """The vLLM backend on vLLM's CPU build: values against a float64 transformers forward written here,
 the prefix-cache rule (no target position is read from a cached block), and the CLI on the real model.
 
-The engines are the session's, one per family (tests/backends/vllm_engines.py), shared with the
+The engines are the session's, one per family (tests/helpers/vllm_engines.py), shared with the
 contract suite.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from chat_templates import FAMILIES, conversation
-from test_contract import model_for, tokenizer_for
-from vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, start_server, stop_server, vllm_backend
+from helpers.chat_templates import conversation, family_named
+from helpers.family_models import model_for, tokenizer_for
+from helpers.vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, start_server, stop_server, vllm_backend
 
 from coalescence.backends.base import GenerateRequest, ScoreRequest
 from coalescence.snapshot import ConversationSnapshot
@@ -39,7 +39,7 @@ CONTEXT = 512
 @pytest.fixture(scope="module", params=VLLM_FAMILIES)
 def subject(request):
     """(family, tokenizer, transformers model, the session's VLLMBackend on the same weights)."""
-    fam = next(f for f in FAMILIES if f.name == request.param)
+    fam = family_named(request.param)
     tok, model = tokenizer_for(fam.name), model_for(fam.name)
     backend = vllm_backend(fam.name, model, tok)
     backend.max_batch_size = 64
@@ -212,7 +212,7 @@ def _values(doc) -> list[float]:
 def test_ray_workers_on_vllm_give_the_transformers_values(tmp_path):
     """``--workers 2 --backend vllm``: one vLLM engine per Ray actor of a local cluster,
     conversations routed whole; the values equal the in-process transformers run's."""
-    from app.test_datasets import conversations
+    from helpers.datasets import conversations
 
     tok, model = tokenizer_for("chatml"), model_for("chatml")
     path = tmp_path / "tiny-chatml"
@@ -266,7 +266,7 @@ def test_server_values_equal_a_float64_forward(server):
     from coalescence.backends.vllm import VLLMServerBackend
 
     url, tok, model, _ = server
-    fam = next(f for f in FAMILIES if f.name == "chatml")
+    fam = family_named("chatml")
     backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
     assert backend.forced
     requests = _coalition_requests(fam, tok)
@@ -548,7 +548,7 @@ def test_the_docs_server_command_is_the_one_the_tests_start():
     """docs/scaling.md's server command line (vLLM's API server as a module: `vllm serve` does not
     start on the CPU build) is the one :func:`start_server` runs, options for options, plus what
     the docs say to add on the CPU."""
-    from vllm_engines import server_command
+    from helpers.vllm_engines import server_command
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text(encoding="utf-8")
     [line] = [x.strip() for x in docs.splitlines() if x.strip().startswith("python -m vllm.")]

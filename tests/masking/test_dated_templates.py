@@ -12,7 +12,7 @@ from datetime import datetime
 
 import pytest
 
-from chat_templates import DATED_FAMILIES, FAMILIES, build_family_tokenizer
+from helpers.chat_templates import DATED_FAMILIES, FAMILIES, build_family_tokenizer
 
 from coalescence.conversation import Message
 from coalescence.masking.render import ChatRenderer

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chat_templates import FAMILIES, build_family_tokenizer
+
+from helpers.snapshots import LANDMARKS, conversation_of, render_for
 
 from coalescence.backends.base import ProxyScoreRequest
-from coalescence.conversation import Conversation, Message
+from coalescence.conversation import Conversation
 from coalescence.errors import ConfigError, MaskError
 from coalescence.masking import proxy as proxy_module
 from coalescence.masking.policies import DropPolicy
 from coalescence.masking.proxy import TAIL_RULES, proxy_layout
-from coalescence.masking.render import ChatRenderer
 from coalescence.snapshot import ConversationSnapshot
 
 FAMILY_NAMES = ("chatml", "llama3", "llama2", "qwen3")
@@ -27,27 +27,16 @@ ANSWER = "It was completed in 1889."
 def proxy_conversation() -> Conversation:
     """A one-message RAG prompt (context sentences, then the question, all players) with a system
     prompt first (or, for templates that fold it, first anyway)."""
-    return Conversation(
-        messages=(
-            Message(role="system", content="You answer questions about landmarks. Keep answers short."),
-            Message(
-                role="user",
-                content="Some facts: It is 330 m tall. It was designed by Gustave Eiffel's company.\n\n"
-                "When was it completed?",
-            ),
-        ),
+    return conversation_of(
+        "Some facts: It is 330 m tall. It was designed by Gustave Eiffel's company.\n\nWhen was it completed?",
+        system=LANDMARKS,
         target=ANSWER,
     )
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
 def setup(request):
-    family = next(f for f in FAMILIES if f.name == request.param)
-    tokenizer = build_family_tokenizer(family)
-    renderer = ChatRenderer(tokenizer)
-    snapshot = ConversationSnapshot.build(proxy_conversation(), unit="sentence")
-    target = renderer.target_tokens(snapshot, DropPolicy())
-    return tokenizer, renderer, snapshot, target
+    return render_for(request.param, proxy_conversation())
 
 
 def _decode(tokenizer, ids) -> str:

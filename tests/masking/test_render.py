@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import build_tokenizer
+from helpers.models import build_tokenizer
 
 from coalescence.conversation import Conversation, Message
 from coalescence.snapshot import ConversationSnapshot

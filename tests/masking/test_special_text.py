@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chat_templates import FAMILIES, MISTRAL, Family, build_family_tokenizer, conversation
+from helpers.chat_templates import FAMILIES, MISTRAL, Family, build_family_tokenizer, conversation, family_named
 
 from coalescence.conversation import Conversation, Message
 from coalescence.snapshot import ConversationSnapshot
@@ -124,7 +124,7 @@ def test_normal_content_is_encoded_exactly_as_before(family):
 def _metaspace_first_tokenizer():
     """A SentencePiece-style tokenizer (Metaspace, ``prepend_scheme="first"``: only the text at
     offset 0 gets the ``▁`` prefix) with the ChatML template."""
-    from chat_templates import CHATML, CORPUS
+    from helpers.chat_templates import CHATML, CORPUS
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -176,6 +176,6 @@ def test_default_system_prompt_detected_by_rendering(family):
 
 
 def test_mistral_injects_nothing():
-    tok = build_family_tokenizer(next(f for f in FAMILIES if f.name == "llama2"))
+    tok = build_family_tokenizer(family_named("llama2"))
     tok.chat_template = MISTRAL
     assert ChatRenderer(tok).injects_default_system is False

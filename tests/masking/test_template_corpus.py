@@ -1,6 +1,6 @@
 """The template corpus (issue 12, part 4): every family x unit renders right or is refused early.
 
-For every fixture of :mod:`chat_templates` and every unit:
+For every fixture of :mod:`helpers.chat_templates` and every unit:
 
 - the full coalition re-renders the original conversation byte for byte (the reference is the
   template applied to the input as given, native ``tool_calls`` included);
@@ -18,8 +18,8 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
-from chat_templates import FAMILIES, Family, build_family_tokenizer, conversation
-from conftest import build_model
+from helpers.chat_templates import FAMILIES, Family, build_family_tokenizer, conversation, family_named
+from helpers.models import build_model
 
 from coalescence.attribution.estimators import make_estimator
 from coalescence.backends.hf import HFBackend
@@ -84,7 +84,7 @@ def test_scored_tokens_are_the_answer_and_the_end_of_turn(family):
 
 
 def test_qwen3_reasoning_block_is_prompt_not_answer():
-    fam = next(f for f in FAMILIES if f.name == "qwen3")
+    fam = family_named("qwen3")
     tok = build_family_tokenizer(fam)
     s = _snapshot(fam, "sentence")
     t = ChatRenderer(tok).target_tokens(s, DropPolicy())
@@ -119,9 +119,9 @@ def test_leave_one_out_and_empty_render_or_are_refused_early(family, unit, empty
 
 
 def test_gemma_refuses_a_system_message_with_the_templates_words():
-    fam = next(f for f in FAMILIES if f.name == "gemma")
+    fam = family_named("gemma")
     tok = build_family_tokenizer(fam)
-    data = conversation(next(f for f in FAMILIES if f.name == "chatml"))  # has a system message
+    data = conversation(family_named("chatml"))  # has a system message
     s = ConversationSnapshot.build(conversation_from_input(data), unit="exchange")
     with pytest.raises(TemplateRefused) as info:
         check_game(ChatRenderer(tok), s, DropPolicy(), None, max_context=4096)
@@ -129,7 +129,7 @@ def test_gemma_refuses_a_system_message_with_the_templates_words():
 
 
 def test_merge_adjacent_renders_dropped_assistant_turns_under_strict_alternation():
-    fam = next(f for f in FAMILIES if f.name == "llama2")
+    fam = family_named("llama2")
     tok = build_family_tokenizer(fam)
     r = ChatRenderer(tok)
     s = _snapshot(fam, "turn", roles=["assistant"])
@@ -189,7 +189,7 @@ def test_batched_equals_one_by_one_and_a_plain_forward(family):
 
 
 def test_remedies_named_are_the_ones_not_in_use():
-    fam = next(f for f in FAMILIES if f.name == "llama2")
+    fam = family_named("llama2")
     tok = build_family_tokenizer(fam)
     s = _snapshot(fam, "turn")
     plan = list(make_estimator("loo").plan(s.n_players))

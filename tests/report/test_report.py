@@ -18,7 +18,7 @@ import pytest
 
 from coalescence.report import DivergingScale, contrast_ratio, explanation_fragment, load_source, render_report
 from coalescence.app.report import report_source
-from report_runs import HUNDRED, SECOND, TRICKY, Run, explain, prompt_messages, run_cli
+from helpers.report_runs import HUNDRED, SECOND, TRICKY, Run, explain, prompt_messages, run_cli
 
 pytest.importorskip("matplotlib")
 

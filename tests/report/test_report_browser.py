@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from report_runs import SECOND, TRICKY, Run, explain, prompt_messages, run_cli
+from helpers.report_runs import SECOND, TRICKY, Run, explain, prompt_messages, run_cli
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL = "apt-get install chromium chromium-driver"

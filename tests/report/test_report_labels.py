@@ -3,7 +3,6 @@ run's results are written is its own exit code (4), one line, with the results k
 
 from __future__ import annotations
 
-import contextlib
 import html
 import io
 import json
@@ -15,8 +14,9 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from helpers.cli import run_cli
+
 from coalescence.archive import read_manifest
-from coalescence.cli import main
 from coalescence.report.chart import bar_chart_svg
 from coalescence.report.colors import DivergingScale
 
@@ -37,13 +37,6 @@ def conversation() -> dict:
     starts = [sum(len(x) + 1 for x in lines[:i]) for i in range(len(lines))]
     players = [{"message": 0, "start": s, "end": s + len(line), "label": label} for s, line, label in zip(starts, lines, LABELS)]
     return {"messages": [{"role": "user", "content": USER}, {"role": "assistant", "content": ANSWER}], "players": players}
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_chart_labels_are_drawn_as_written() -> None:

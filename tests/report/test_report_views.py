@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from coalescence.cli import main
-from report_runs import TRICKY, Run, explain
+from helpers.report_runs import TRICKY, Run, explain
 
 pytest.importorskip("matplotlib")
 

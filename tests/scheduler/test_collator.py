@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -125,7 +126,11 @@ def test_backend_and_collator_validation():
 
 def test_batch_key_canonical():
     k = batch_key({"seed": 1, "stop": ["a", "b"]}, {"lora"}, single_candidate=True, key_extra=("m", "u", 64))
-    assert len(k) == 64 and int(k, 16) >= 0
+    # the bytes hashed, written out by hand: canonical JSON (sorted keys, no spaces) of the call
+    # kwargs, the sorted row keys, the single-candidate flag and the extras (tuples as lists)
+    text = '{"call":{"seed":1,"stop":["a","b"]},"extra":["m","u",64],"row_keys":["lora"],"single":true}'
+    assert k == hashlib.sha256(text.encode()).hexdigest()
+    assert k == "8f6fc1f8fc2ea5b90271f06f76d9b70d634d6d752d1c544b96fecf8e90213602"
     assert k == batch_key({"stop": ("a", "b"), "seed": 1}, ["lora"], single_candidate=True, key_extra=("m", "u", 64))
     others = {
         batch_key({"seed": 2, "stop": ["a", "b"]}, {"lora"}, single_candidate=True, key_extra=("m", "u", 64)),

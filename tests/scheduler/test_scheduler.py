@@ -11,6 +11,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from helpers.datasets import RecordingProgress
+
 from coalescence.archive import RunArchive, read_rows
 from coalescence.errors import ArchiveError, BatchFailed, ConfigError, MaskError
 from coalescence.masking.codec import PackedMask
@@ -90,18 +92,6 @@ class ListArchive:
 
     def append(self, row: dict) -> None:
         self.rows.append(dict(row))
-
-
-class RecordingProgress:
-    def __init__(self) -> None:
-        self.planned: list[int] = []
-        self.finished: list[tuple[int, int]] = []
-
-    def on_planned(self, total: int) -> None:
-        self.planned.append(total)
-
-    def on_finished(self, done: int, total: int) -> None:
-        self.finished.append((done, total))
 
 
 def invariant(stats: SchedulerStatistics) -> bool:

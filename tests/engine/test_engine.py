@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from helpers.snapshots import eiffel_snapshot as snapshot
+
 from coalescence.archive import RunArchive, read_pool, read_rows
 from coalescence.attribution.estimators import ExactShapley, LeaveOneOut, PermutationShapley
 from coalescence.backends.base import ScoreRequest
@@ -16,18 +18,6 @@ from coalescence.snapshot import ConversationSnapshot
 from coalescence.engine import Engine
 from coalescence.errors import EngineClosed, InputError
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
-
-
-def snapshot() -> ConversationSnapshot:
-    c = Conversation(
-        messages=(
-            Message(role="system", content="You are a helpful assistant."),
-            Message(role="user", content="The Eiffel Tower was completed in 1889. Big Ben was finished in 1859."),
-            Message(role="user", content="When was the tower completed?"),
-        ),
-        target="It was completed in 1889.",
-    )
-    return ConversationSnapshot.build(c, unit="sentence")
 
 
 def direct_utilities(backend, renderer, snap, policy) -> dict[tuple[bool, ...], float]:

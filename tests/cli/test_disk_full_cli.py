@@ -2,7 +2,7 @@
 manifest's own failure to record it is not a second line).
 
 A real full disk cannot be made here (root, no tmpfs): the run's OS write calls under the archive
-fail with ENOSPC from the ``after``-th on (``tests/archive/archive_faults.py``), in a real
+fail with ENOSPC from the ``after``-th on (``tests/helpers/archive_faults.py``), in a real
 ``coalescence explain`` subprocess.
 """
 
@@ -20,7 +20,7 @@ DRIVER = """
 import sys
 sys.path.insert(0, {faults!r})
 import pytest
-from archive_faults import DiskFault
+from helpers.archive_faults import DiskFault
 from coalescence.cli import main
 mp = pytest.MonkeyPatch()
 DiskFault(mp, {root!r}, after={after})
@@ -34,9 +34,9 @@ def test_a_full_disk_is_one_line(after: int, tmp_path: Path, tiny_model_dir: Pat
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "One. Two.\\nThree."}, {"role": "assistant", "content": "Four."}]}))
     run_dir = tmp_path / "run"
     argv = ["explain", str(path), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact", "--archive", str(run_dir), "--no-progress", "--flush-rows", "2"]
-    faults = str(Path(__file__).parent / "archive")
+    faults = str(Path(__file__).parents[1])  # tests/, where the helpers package is
     code = DRIVER.format(faults=faults, root=str(run_dir), after=after, argv=argv)
-    paths = [p for p in (os.environ.get("PYTHONPATH", ""), str(Path(__file__).parents[1] / "src")) if p]
+    paths = [p for p in (os.environ.get("PYTHONPATH", ""), str(Path(__file__).parents[2] / "src")) if p]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # the caller's sources first
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     lines = proc.stderr.splitlines()

@@ -2,27 +2,22 @@
 interactions in the document and the table, kill -9 then resume equals an uninterrupted run,
 replay with no model equals the run, and bad settings exit 2 naming the option.
 
-The injected piece: a slow backend call in the child process (tests/app/test_resume.py's SLOW_CHILD), so that
+The injected piece: a slow backend call in the child process (tests/helpers/children.py, as in the resume tests), so that
 the kill lands mid-run.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("shapiq", reason="the shapiq extra: pip install -c constraints.txt 'coalescence[shapiq]'")
 
-from coalescence.archive import list_parts, read_manifest, read_rows  # noqa: E402
+from coalescence.archive import read_manifest, read_rows  # noqa: E402
 from coalescence.cli import main  # noqa: E402
-from app.test_resume import SLOW_CHILD  # noqa: E402  (the same slowed backend as the resume tests)
+from helpers.children import kill_when, parts_written  # noqa: E402  (the resume tests' slowed backend)
 
 USER = (
     "The Eiffel Tower was completed in 1889. Big Ben was finished in 1859. The Colosseum opened in 80.\n"
@@ -102,19 +97,7 @@ def test_the_document_and_the_table_carry_the_interactions(reference, tiny_model
 
 def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, conversation, tiny_model_dir, reference):
     run_dir = tmp_path / "run"
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD, *argv(conversation, tiny_model_dir, run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    deadline = time.monotonic() + 120
-    while len(list_parts(run_dir)) < 3:
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    kill_when(argv(conversation, tiny_model_dir, run_dir), parts_written(run_dir, 3), timeout=120)
     on_disk = read_rows(run_dir).num_rows
     ref_doc, ref_run = reference
     assert 12 <= on_disk < ref_doc["n_coalitions"]
@@ -231,19 +214,7 @@ def test_an_external_shapiq_method_resumes_after_kill_9_and_replays_with_no_mode
     assert ref["method"] == "shapiq:RegressionMSR" and 20 <= ref["n_coalitions"] <= BUDGET
 
     run_dir = tmp_path / "run"
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD, *run_argv(run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    deadline = time.monotonic() + 120
-    while len(list_parts(run_dir)) < 3:
-        assert child.poll() is None, child.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    kill_when(run_argv(run_dir), parts_written(run_dir, 3), timeout=120)
     on_disk = read_rows(run_dir).num_rows
     assert 12 <= on_disk < ref["n_coalitions"]
     out = tmp_path / "out.json"

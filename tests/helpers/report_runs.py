@@ -8,14 +8,13 @@ lines, a no-break space, a combining accent, an emoji, right-to-left text and HT
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coalescence.cli import main
+from helpers.cli import run_cli
+
 
 SYSTEM = "You are a helpful assistant.\tAnswer  briefly."
 USER = (
@@ -64,14 +63,6 @@ class Run:
     run_dir: Path
     html: Path
     inputs: list[dict[str, Any]]
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``coalescence.cli.main(argv)`` with stdout and stderr captured."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def explain(base: Path, model_dir: Path, inputs: Any, *options: str) -> Run:

@@ -11,15 +11,15 @@ without one these tests skip, saying how to get it.
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+
+from helpers.games import brute_force_shapley
 
 from coalescence.attribution.estimators import make_estimator
 from coalescence.attribution.estimators import shapiq as adapter
@@ -68,22 +68,6 @@ def shapiq_in_the_external_python(name: str, n: int, budget: int, seed: int, opt
     out = subprocess.run([EXTERNAL.python, "-I", "-c", script], capture_output=True, text=True, check=True)
     doc = json.loads(out.stdout)
     return np.array(doc["values"]), np.array(doc["asked"], dtype=bool)
-
-
-def brute_force_shapley(game, n: int) -> np.ndarray:
-    """phi_i = sum_S |S|! (n-|S|-1)! / n! (v(S+i) - v(S)), every S, written out."""
-    phi = np.zeros(n)
-    for i in range(n):
-        others = [j for j in range(n) if j != i]
-        for r in range(n):
-            for subset in itertools.combinations(others, r):
-                with_i = np.zeros(n, bool)
-                with_i[list(subset)] = True
-                without = with_i.copy()
-                with_i[i] = True
-                weight = math.factorial(r) * math.factorial(n - r - 1) / math.factorial(n)
-                phi[i] += weight * (game(with_i)[0] - game(without)[0])
-    return phi
 
 
 def test_the_newer_approximators_are_methods_run_by_the_external_shapiq():

@@ -3,25 +3,23 @@ block recorded, the remedies for strict templates, and the model identified by i
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
-from chat_templates import FAMILIES, build_family_tokenizer, conversation
-from conftest import build_model
+from helpers.chat_templates import build_family_tokenizer, conversation, family_named
+from helpers.cli import run_cli_quiet as run
+from helpers.models import build_model
 
 from coalescence.archive import read_manifest
 from coalescence.backends import fingerprint as fp
-from coalescence.cli import main
 
 ANSWER = "It was completed in 1889."
 
 
 def family_dir(root: Path, name: str, *, weights: bool, seed: int = 0, max_positions: int = 512) -> Path:
     """A model directory of the family: tokenizer and config always, weights when asked."""
-    fam = next(f for f in FAMILIES if f.name == name)
+    fam = family_named(name)
     tok = build_family_tokenizer(fam)
     path = root / f"{name}-{'w' if weights else 'nw'}-{seed}-{max_positions}"
     path.mkdir(parents=True, exist_ok=True)
@@ -33,13 +31,6 @@ def family_dir(root: Path, name: str, *, weights: bool, seed: int = 0, max_posit
         model.config.save_pretrained(path)
     tok.save_pretrained(path)
     return path
-
-
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--no-progress"])
-    return code, out.getvalue(), err.getvalue()
 
 
 def write(tmp: Path, data: dict, name: str = "chat.json") -> Path:
@@ -68,7 +59,7 @@ def _argv(tmp: Path, chat: Path, model: Path, *options: str) -> list[str]:
 
 @pytest.mark.parametrize("name", ["llama2", "gemma"])
 def test_a_strict_template_is_refused_before_the_weights_load(name, models, tmp_path):
-    fam = next(f for f in FAMILIES if f.name == name)
+    fam = family_named(name)
     # the directory has no weights: any attempt to load them would fail with another error
     model = family_dir(models, name, weights=False)
     chat = write(tmp_path, conversation(fam))
@@ -86,7 +77,7 @@ def test_a_strict_template_is_refused_before_the_weights_load(name, models, tmp_
     ],
 )
 def test_errors_the_tokenizer_reveals_come_before_the_weights(name, options, data_change, field, says, models, tmp_path):
-    fam = next(f for f in FAMILIES if f.name == name)
+    fam = family_named(name)
     small = "--max-positions-test" in options
     options = [o for o in options if o != "--max-positions-test"]
     model = family_dir(models, name, weights=False, max_positions=40 if small else 512)
@@ -97,7 +88,7 @@ def test_errors_the_tokenizer_reveals_come_before_the_weights(name, options, dat
 
 
 def test_qwen3_reasoning_block_is_recorded_and_not_scored(models, tmp_path):
-    fam = next(f for f in FAMILIES if f.name == "qwen3")
+    fam = family_named("qwen3")
     model = family_dir(models, "qwen3", weights=True)
     chat = write(tmp_path, conversation(fam))
     code, out, err = run(_argv(tmp_path, chat, model, "--unit", "turn", "--method", "loo"))
@@ -121,7 +112,7 @@ def test_qwen3_reasoning_block_is_recorded_and_not_scored(models, tmp_path):
     ],
 )
 def test_the_remedies_run_on_a_strict_template(unit, options, params, models, tmp_path):
-    fam = next(f for f in FAMILIES if f.name == "llama2")
+    fam = family_named("llama2")
     model = family_dir(models, "llama2", weights=True)
     chat = write(tmp_path, conversation(fam))
     code, out, err = run(_argv(tmp_path, chat, model, "--unit", unit, "--method", "loo", *options))
@@ -133,7 +124,7 @@ def test_the_remedies_run_on_a_strict_template(unit, options, params, models, tm
 
 
 def test_a_changed_model_in_the_same_folder_is_refused_on_resume(tmp_path):
-    fam = next(f for f in FAMILIES if f.name == "chatml")
+    fam = family_named("chatml")
     model = family_dir(tmp_path / "models", "chatml", weights=True, seed=0)
     weights = sorted(p for p in model.iterdir() if p.suffix == ".safetensors")
     sizes = [p.stat().st_size for p in weights]
@@ -188,7 +179,7 @@ def test_fingerprints_are_cached_by_path_size_mtime_and_inode(tmp_path, monkeypa
 def test_one_local_model_however_it_is_spelled_and_whatever_lies_beside_it(tmp_path, monkeypatch):
     """./m, m/, the absolute path and a link to m are one model; a README or .DS_Store added to
     the folder changes nothing (the new user's cases): each resume evaluates nothing."""
-    fam = next(f for f in FAMILIES if f.name == "chatml")
+    fam = family_named("chatml")
     model = family_dir(tmp_path / "models", "chatml", weights=True)
     monkeypatch.chdir(model.parent)
     (tmp_path / "link").symlink_to(model)

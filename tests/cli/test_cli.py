@@ -8,8 +8,7 @@ happy paths run on the tiny random Llama saved by ``tiny_model_dir`` (never the 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
+import hashlib
 import json
 import math
 import os
@@ -22,6 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
+
+from helpers.cli import run_cli
 
 from coalescence.archive import read_manifest, read_pool
 from coalescence.attribution.estimators import ExactShapley
@@ -342,14 +343,6 @@ def test_module_exits_2_on_an_argparse_error(tmp_path: Path, cwd: Path) -> None:
 # -- happy paths on the tiny model ----------------------------------------------------------
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """Run ``main`` capturing stdout and stderr (usable outside a test's capsys)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
 def explain(tmp: Path, tiny_model_dir: Path, name: str, *options: str, conversation: Any = CONVERSATION):
     """Run ``explain`` on ``conversation`` with sentence players; return code, stdout, stderr, doc, run dir."""
     base = tmp / name
@@ -385,7 +378,18 @@ def test_exact_document_has_the_documented_fields(exact_run, tiny_model_dir: Pat
     assert doc["target_source"] == "last_assistant"
     assert doc["value_unit"] == "nats"
     assert doc["archive"] == str(run_dir)
-    assert len(doc["snapshot_id"]) == 64 and int(doc["snapshot_id"], 16) >= 0
+    # the snapshot id by its documented rule (ConversationSnapshot): SHA-256 of the canonical JSON
+    # (sorted keys, no spaces, UTF-8) of the messages before the target, the target, the unit and
+    # each player's span, written out here from the document's own fields
+    payload = {
+        "schema": 1,
+        "messages": [[m["role"], m["content"]] for m in doc["messages"]],
+        "target": doc["target"],
+        "unit": doc["unit"],
+        "players": [[p["message_index"], p["start"], p["end"]] for p in doc["players"]],
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert doc["snapshot_id"] == hashlib.sha256(text.encode("utf-8")).hexdigest()
     assert doc["wall_seconds"] > 0
     assert math.isfinite(doc["v_empty"]) and math.isfinite(doc["v_full"])
     assert doc["v_full"] < 0 and doc["v_empty"] < 0  # log-probabilities of a multi-token answer

@@ -3,7 +3,7 @@ it a method everywhere (the live ``METHODS``, ``make_estimator``, the CLI's help
 
 The estimator defined here is leave-one-in, ``v({i}) - v(empty)`` (the first-order effect of each
 player alone). On an additive game it equals every Shapley value; the game is the public fake
-backend's presence game made additive as in ``tests/backends/test_testing.py``.
+backend's presence game made additive as in ``tests/helpers/presence.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from coalescence.attribution.estimators import registry
 from coalescence.cli import main
 from coalescence.masking.policies import DropPolicy
 
-from backends.test_testing import additive_presence_game, eiffel
+from helpers.presence import additive_presence_game, eiffel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,8 +21,8 @@ from coalescence.attribution.estimators import KernelSHAP, RegressionMSR, make_e
 from coalescence.attribution.estimators.kernel import _build_plan
 from coalescence.attribution.estimators.msr import _replicates, _strata
 from coalescence.errors import ConfigError, EstimatorError
-from test_stderr_coverage import all_masks
-from test_stderr_coverage import third_order_table as coverage_table
+from helpers.games import all_masks
+from helpers.games import third_order_table as coverage_table
 
 
 def index_of(masks: np.ndarray) -> np.ndarray:

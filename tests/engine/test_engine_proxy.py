@@ -17,11 +17,13 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+from helpers.presence import own_id_weights
+from helpers.snapshots import snapshot_of
+
 from coalescence.archive import RunArchive, read_rows
 from coalescence.attribution.estimators import ExactShapley
 from coalescence.attribution.estimators.base import Capabilities
 from coalescence.backends.testing import FakeBackend, presence_game
-from coalescence.conversation import Conversation, Message
 from coalescence.engine import Engine
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
 from coalescence.snapshot import ConversationSnapshot
@@ -30,15 +32,10 @@ GAME = "kv-proxy:after-last-player"
 
 
 def snapshot() -> ConversationSnapshot:
-    c = Conversation(
-        messages=(
-            Message(role="system", content="You are a helpful assistant."),
-            Message(role="user", content="The Eiffel Tower was completed in 1889. Big Ben was finished in 1859.\n\n- The Colosseum in Rome was opened in the year 80."),
-            Message(role="user", content="When was the tower completed?"),
-        ),
-        target="It was completed in 1889.",
+    return snapshot_of(
+        "The Eiffel Tower was completed in 1889. Big Ben was finished in 1859.\n\n- The Colosseum in Rome was opened in the year 80.",
+        "When was the tower completed?",
     )
-    return ConversationSnapshot.build(c, unit="sentence")
 
 
 def own_token_weights(tokenizer, snap, scale: float) -> dict[int, float]:
@@ -53,11 +50,7 @@ def own_token_weights(tokenizer, snap, scale: float) -> dict[int, float]:
         without = np.ones(n, dtype=bool)
         without[i] = False
         brings.append(full - set(probe.renderer.coalition_prompt(snap, DropPolicy(), without)))
-    weights = {}
-    for i, ids in enumerate(brings):
-        for t in ids:
-            if sum(ch.isalnum() for ch in tokenizer.decode([t])) >= 2 and all(t not in other for j, other in enumerate(brings) if j != i):
-                weights[t] = scale * (0.1 + 0.01 * (t % 7))
+    weights = own_id_weights(brings, scale=scale, keep=lambda t: sum(ch.isalnum() for ch in tokenizer.decode([t])) >= 2)
     assert len({i for i, ids in enumerate(brings) if ids & set(weights)}) == n  # every player weighs
     return weights
 

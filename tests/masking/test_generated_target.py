@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from chat_templates import FAMILIES, build_family_tokenizer
-from conftest import build_model
+from helpers.chat_templates import FAMILIES, build_family_tokenizer
+from helpers.models import build_model
 
 from coalescence.archive import read_manifest, read_rows
 from coalescence.cli import main

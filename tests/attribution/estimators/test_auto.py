@@ -73,7 +73,7 @@ def test_a_budget_asks_for_auto_and_none_for_exact() -> None:
     assert RunSettings().method == "exact"
     assert RunSettings(method="kernelshap", budget=64).method == "kernelshap"
     # auto's choice (and so whether it reports standard errors) is known once n is: the settings
-    # take a target standard error, the run checks what auto chooses (tests/test_cli.py)
+    # take a target standard error, the run checks what auto chooses (tests/cli/test_cli.py)
     assert RunSettings(method="auto", target_stderr=0.1).target_stderr == 0.1
 
 

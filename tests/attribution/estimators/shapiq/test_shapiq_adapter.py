@@ -18,6 +18,8 @@ import pytest
 
 shapiq = pytest.importorskip("shapiq", reason="the shapiq extra: pip install -c constraints.txt 'coalescence[shapiq]'")
 
+from helpers.games import brute_force_shapley
+
 from coalescence.attribution.estimators import estimator_class, make_estimator  # noqa: E402
 from coalescence.attribution.estimators.shapiq import approximator_names  # noqa: E402
 from coalescence.errors import ConfigError, EstimatorError  # noqa: E402
@@ -41,22 +43,6 @@ class Game:
         return (
             x @ self.w + 1.5 * (x[:, 0] & x[:, 1]) - 0.7 * (x[:, 2] & x[:, 3] & x[:, 4]) + np.sin(x @ np.arange(1.0, self.n + 1))
         )
-
-
-def brute_force_shapley(game, n: int) -> np.ndarray:
-    """phi_i = sum_S |S|! (n-|S|-1)! / n! (v(S+i) - v(S)), every S, written out."""
-    phi = np.zeros(n)
-    for i in range(n):
-        others = [j for j in range(n) if j != i]
-        for r in range(n):
-            for subset in itertools.combinations(others, r):
-                with_i = np.zeros(n, bool)
-                with_i[list(subset)] = True
-                without = with_i.copy()
-                with_i[i] = True
-                weight = math.factorial(r) * math.factorial(n - r - 1) / math.factorial(n)
-                phi[i] += weight * (game(with_i)[0] - game(without)[0])
-    return phi
 
 
 def brute_force_sii_pairs(game, n: int) -> dict[tuple[int, int], float]:

@@ -23,6 +23,8 @@ import math
 import numpy as np
 import pytest
 
+from helpers.games import all_masks, third_order_table
+
 from coalescence.attribution.estimators import make_estimator
 from coalescence.attribution.estimators.banzhaf import uniform_plan
 from coalescence.attribution.estimators.permutation import _build_plan as permutation_plan
@@ -35,26 +37,9 @@ LOW, HIGH = 0.90, 0.98
 # ------------------------------------------------------------------ games, as tables over 2^n
 
 
-def all_masks(n: int) -> np.ndarray:
-    """``[2^n, n]`` bool; row r is the coalition of the set bits of r."""
-    return ((np.arange(1 << n)[:, None] >> np.arange(n)) & 1).astype(bool)
-
-
 def random_table(n: int, seed: int) -> np.ndarray:
     """A random game: an independent standard normal utility per coalition (no structure)."""
     return np.random.default_rng(seed).normal(size=1 << n)
-
-
-def third_order_table(n: int, seed: int, amplitude: float = 1.0) -> np.ndarray:
-    """Additive weights plus n unanimity games on random triples (interactions of order 3),
-    each of weight ``amplitude`` x a standard normal."""
-    rng = np.random.default_rng(seed)
-    z = all_masks(n).astype(np.float64)
-    table = z @ rng.normal(size=n)
-    for _ in range(n):
-        triple = rng.choice(n, 3, replace=False)
-        table += amplitude * rng.normal() * z[:, triple].prod(axis=1)
-    return table
 
 
 def majority_table(n: int, seed: int) -> np.ndarray:
@@ -189,7 +174,7 @@ def min_budget(method: str, n: int) -> int:
 BUDGETS = {4: (8, 10, 12, 14, 16), 6: (8, 12, 16, 24, 32, 40, 48), 10: (24, 40, 64, 128, 256)}
 METHODS = methods_with(reports_stderr=True, two_fidelity=False)
 """The two-fidelity methods (proxy-shapley) fit exact-only as the method they extend (regression-msr,
-checked here); their two-fidelity errors' coverage is tests/attribution/test_two_fidelity.py's."""
+checked here); their two-fidelity errors' coverage is tests/attribution/estimators/test_two_fidelity.py's."""
 
 
 def test_the_methods_with_standard_errors_are_the_ones_checked() -> None:

@@ -321,6 +321,11 @@ CORPUS = [
 ] * 4
 
 
+def family_named(name: str) -> Family:
+    """The family of :data:`FAMILIES` or :data:`DATED_FAMILIES` called ``name``."""
+    return next(f for f in (*FAMILIES, *DATED_FAMILIES) if f.name == name)
+
+
 def build_family_tokenizer(family: Family):
     """A real fast tokenizer (byte-level BPE trained on :data:`CORPUS`) with the family's
     special tokens, BOS behaviour and chat template."""
