@@ -5,7 +5,7 @@ Usage::
 
     .venv/bin/python benchmarks/proxy_game.py [--data benchmarks/data] [--rule RULE] \\
         [--games demo,eiffel12,long_design,long_glossary,long_unicode] [--seeds 20] [--draws 10] \\
-        [--budgets 16,32,64] [--lasso-budgets 8,16,32,64] [--multiples 4,8,16,32]
+        [--budgets 16,32,64] [--lasso-budgets 8,16,32,64] [--multiples 4,8,16,32] [--guided 0.5,0.7]
 
 The proxy values are ``<data>/<game>_proxy.parquet`` (``benchmarks/proxy_tail.py --write``: one
 column ``proxy:<rule>`` per tail rule, the proxy's log p of the answer in nats on the recorded
@@ -27,7 +27,10 @@ in-script): the bias check at 200 seeds. Every game shows ``proxy-shapley`` thre
 (cross-fitted, its least squares weighted by each coalition's weight in the importance-sampled
 term's variance, the linear terms ridged), ``ridge=0, weighting="draws"`` (the estimator before
 that: least squares, each coalition weighted by its draws) and ``cross_fit=False`` (b fitted on
-the exact coalitions, then ``b phi(c) + regression-msr(v - b c)``).
+the exact coalitions, then ``b phi(c) + regression-msr(v - b c)``). ``--guided 0.5,0.7`` adds
+rows of the proxy-guided plan (``proxy/guided.py``: the exact pairs drawn from a mixture of
+KernelSHAP's distribution, share ``mix``, and one guided by the proxy's residual; the proxy on all
+2^n coalitions).
 
 **LASSO / LDS** (the long games, 67-73 sentence players). As ``benchmarks/long_context.py
 --resamples``: each draw takes m exact coalitions at random (seed 1000 + draw) from the game's
