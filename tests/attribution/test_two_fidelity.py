@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from coalescence.attribution.estimators import RegressionMSR, make_estimator, methods_with
+from coalescence.attribution.estimators import ExactShapley, RegressionMSR, make_estimator, methods_with
 from coalescence.attribution.estimators.auto import AutoMethod
 from coalescence.attribution.estimators.proxy import (
     ControlVariateLasso,
@@ -25,7 +25,6 @@ from coalescence.attribution.estimators.proxy import (
     fit_lasso_with_covariate,
 )
 from coalescence.attribution.estimators.proxy.shapley import fit_weights
-from coalescence.attribution.estimators import ExactShapley
 from coalescence.attribution.estimators.proxy.guided import guide_probabilities, guided_plan, guided_shapley
 from coalescence.errors import ConfigError, EstimatorError
 
