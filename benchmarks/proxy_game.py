@@ -5,7 +5,7 @@ Usage::
 
     .venv/bin/python benchmarks/proxy_game.py [--data benchmarks/data] [--rule RULE] \\
         [--games demo,eiffel12,long_design,long_glossary,long_unicode] [--seeds 20] [--draws 10] \\
-        [--budgets 16,32,64] [--lasso-budgets 8,16,32,64] [--multiples 4,8,16,32]
+        [--budgets 16,32,64] [--lasso-budgets 8,16,32,64] [--multiples 4,8,16,32] [--guided 0.5,0.7]
 
 The proxy values are ``<data>/<game>_proxy.parquet`` (``benchmarks/proxy_tail.py --write``: one
 column ``proxy:<rule>`` per tail rule, the proxy's log p of the answer in nats on the recorded
@@ -27,7 +27,10 @@ in-script): the bias check at 200 seeds. Every game shows ``proxy-shapley`` thre
 (cross-fitted, its least squares weighted by each coalition's weight in the importance-sampled
 term's variance, the linear terms ridged), ``ridge=0, weighting="draws"`` (the estimator before
 that: least squares, each coalition weighted by its draws) and ``cross_fit=False`` (b fitted on
-the exact coalitions, then ``b phi(c) + regression-msr(v - b c)``).
+the exact coalitions, then ``b phi(c) + regression-msr(v - b c)``). ``--guided 0.5,0.7`` adds
+rows of the proxy-guided plan (``proxy/guided.py``: the exact pairs drawn from a mixture of
+KernelSHAP's distribution, share ``mix``, and one guided by the proxy's residual; the proxy on all
+2^n coalitions).
 
 **LASSO / LDS** (the long games, 67-73 sentence players). As ``benchmarks/long_context.py
 --resamples``: each draw takes m exact coalitions at random (seed 1000 + draw) from the game's
@@ -110,9 +113,10 @@ def proxy_pool(name: str, data: Path, rule: str | None) -> tuple[dict[bytes, flo
     return dict(zip(keys, values[keep].tolist())), rule, ratio
 
 
-def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds) -> list[dict]:
+def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds, guided=()) -> list[dict]:
     from coalescence.attribution.estimators import ExactShapley, RegressionMSR
     from coalescence.attribution.estimators.proxy import TwoFidelityShapley
+    from coalescence.attribution.estimators.proxy.guided import guided_plan, guided_shapley
 
     n = masks.shape[1]
     c = np.array([proxy.get(k, np.nan) for k in pack(masks)])
@@ -120,6 +124,8 @@ def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds) ->
         print(f"{name}: the proxy covers {int(np.isfinite(c).sum())} of the {len(c)} coalitions; no Shapley rows", file=sys.stderr)
         return []
     phi = ExactShapley().fit(masks, u).values
+    phi_c = ExactShapley().fit(masks, c).values
+    index = {key: i for i, key in enumerate(pack(masks))}
     scale = float(np.linalg.norm(phi))
     pearson = float(np.corrcoef(u, c)[0, 1])
     rows = []
@@ -138,6 +144,18 @@ def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds) ->
                           + " (ridge)" * bool(e.diagnostics.get("control_ridge", 0.0) > 0)) for e in ests}
                 row["controls"] = "; ".join(sorted(kinds)) if options.get("cross_fit", True) else "regression-msr of v - b c"
                 rows.append(row)
+            if guided and k == multiples[0]:  # the exact coalitions drawn from the proxy-guided distribution (the proxy on all 2^n first)
+                for mix in guided:
+                    ests = []
+                    for s in seeds:
+                        plan = guided_plan(masks, c, m, s, mix)
+                        where = [index[r.tobytes()] for r in np.packbits(plan.rows, axis=1, bitorder="little")]
+                        ests.append(guided_shapley(plan, u[where], c[where], phi_c))
+                    vals = np.array([e.values for e in ests])
+                    se = np.array([e.stderr for e in ests])
+                    row = summary(name, n, pearson, f"proxy-shapley, proxy-guided plan (mix {mix:g})", m, 1 << n, vals, se, phi, scale)
+                    row["controls"] = "a + b c + linear (ridge)"
+                    rows.append(row)
             alone = np.array([RegressionMSR(budget=min(k * m, 1 << n), seed=s).fit(masks, c).values for s in seeds])
             rows.append(summary(name, n, pearson, "proxy alone", 0, min(k * m, 1 << n), alone, None, phi, scale))
     return rows
@@ -298,10 +316,12 @@ def main() -> None:
     ap.add_argument("--budgets", default="16,32,64")
     ap.add_argument("--lasso-budgets", default="8,16,32,64")
     ap.add_argument("--multiples", default="4,8,16,32")
+    ap.add_argument("--guided", default="", help="mixes (0-1] of the proxy-guided plan to add to the Shapley rows (proxy on all 2^n)")
     ap.add_argument("--proxy-fixed", default="", help="proxy coalition counts tried besides the multiples (LASSO part)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)  # regression-msr's "raise the budget" at 16 exact coalitions
     multiples = [int(x) for x in args.multiples.split(",")]
+    guided = [float(x) for x in args.guided.split(",") if x]
     shapley, lasso = [], []
     for name in args.games.split(","):
         if name == "analytic":  # the tests' game and proxy, every coalition: the bias check
@@ -309,7 +329,7 @@ def main() -> None:
             proxy = dict(zip(pack(masks), c.tolist()))
             seeds = range(args.seeds)
             budgets = [int(x) for x in args.budgets.split(",")]
-            shapley += shapley_rows(name, masks, u, proxy, budgets, multiples, seeds)
+            shapley += shapley_rows(name, masks, u, proxy, budgets, multiples, seeds, guided)
             continue
         got = proxy_pool(name, args.data, args.rule)
         if got is None:
@@ -322,7 +342,7 @@ def main() -> None:
             fixed = [int(x) for x in args.proxy_fixed.split(",") if x]
             lasso += lasso_rows(name, args.data, masks, u, proxy, ratio, [int(x) for x in args.lasso_budgets.split(",")], multiples, args.draws, fixed)
         else:
-            shapley += shapley_rows(name, masks, u, proxy, [int(x) for x in args.budgets.split(",")], multiples, range(args.seeds))
+            shapley += shapley_rows(name, masks, u, proxy, [int(x) for x in args.budgets.split(",")], multiples, range(args.seeds), guided)
     if shapley:
         print(shapley_table(shapley))
         print()

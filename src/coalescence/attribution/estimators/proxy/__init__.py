@@ -9,7 +9,9 @@ game on an estimator's ``plan(n)`` and the proxy game on the union of ``proxy_pl
 EXACT game; the proxy only reduces its error. Without a proxy, ``fit`` is the exact-only method.
 
 The control-variate surrogate is :mod:`.lasso`'s, the Shapley estimator :mod:`.shapley`'s (each
-module's docstring has its mathematics); :mod:`.common` what they share.
+module's docstring has its mathematics); :mod:`.common` what they share. :mod:`.guided` draws the
+exact coalitions from a proxy-guided distribution when the proxy is known on all 2^n coalitions
+first (on arrays only: the engine plays the exact plan first).
 
 Both estimators report in ``diagnostics``: ``b`` (the proxy's coefficient), ``proxy_pearson`` and
 ``proxy_spearman`` (the correlation of c and v on the exact coalitions), ``proxy_evaluations`` (the
@@ -25,6 +27,7 @@ from .common import (
     proxy_pools,
     proxy_seed,
 )
+from .guided import GUIDE_MIX, GuidedPlan, guide_probabilities, guided_plan, guided_shapley
 from .lasso import (
     CORRECTIONS,
     PROXY_FITS,
@@ -47,6 +50,11 @@ from .shapley import (
 
 __all__ = (
     "CONTROLS",
+    "GUIDE_MIX",
+    "GuidedPlan",
+    "guide_probabilities",
+    "guided_plan",
+    "guided_shapley",
     "CORRECTIONS",
     "LINEAR_ROWS_PER_TERM",
     "RIDGE_PENALTY",
