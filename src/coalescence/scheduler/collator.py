@@ -14,12 +14,10 @@ call is in flight at a time by construction; requests that arrive while a call r
 so the running call is the collation window. ``max_batch_size=1`` is strict serialisation through
 the same code path.
 
-Batch key: SHA-256 of the canonical JSON of the call-scoped kwargs (seed and stop strings
-included), the sorted key set of the per-row runtime kwargs, a single-candidate flag and the
-caller's ``key_extra`` (for scoring: model, utility), plus the length bucket of requests admitted
-with ``n_tokens`` when the collator has :class:`~coalescence.scheduler.buckets.LengthBuckets`
-(their calls also take at most ``padded_token_budget // ceiling`` rows). Per-row values never
-enter it.
+Batch keys (:mod:`~coalescence.scheduler.batch_keys`): only records of one key share a call; with
+:class:`~coalescence.scheduler.buckets.LengthBuckets` a request admitted with ``n_tokens`` is
+bucketed and its calls take at most the rows the padded-token budget holds (a row that shares
+cached tokens with its batch-mates, the proxy game's, counts its own tokens, the shared ones once).
 
 Runtime kwargs and scopes: the backend declares the runtime kwargs it consumes, each ``"row"`` or
 ``"call"``. Static (whole-run) kwargs: call-scoped pass through to every call, row-scoped are
@@ -45,21 +43,27 @@ different seeds never share a call and such rows run one at a time.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 
-from ..backends.base import ScoreRequest, ScoringBackend, validate_results
 from ..errors import BatchFailed, CoalescenceError, ConfigError, EngineClosed
+from .batch_keys import BatchKeyMemo, batch_key, canonical
 from .buckets import LengthBuckets
+from .records import (
+    EMPTY,
+    RESERVED,
+    BatchFn,
+    CallReport,
+    CollatorBackend,
+    CollatorRecord,
+    CollatorStatistics,
+    frozen_mapping,
+    scoring_backend,
+)
 
 __all__ = (
     "BatchFn",
@@ -73,215 +77,7 @@ __all__ = (
 
 logger = logging.getLogger(__name__)
 
-BatchFn = Callable[[list[Any], dict[str, Any], list[dict[str, Any]]], Sequence[Any]]
-"""``fn(prompts, call_kwargs, row_kwargs) -> outputs``: one synchronous backend call.
-
-``prompts`` and ``row_kwargs`` have one entry per row; ``outputs`` must have exactly one per row,
-in order. ``call_kwargs`` carries ``n_candidates`` when a request asks for more than one.
-"""
-
-Scope = Literal["row", "call"]
-
-_SCOPES = ("row", "call")
-_RESERVED = "n_candidates"
 _QUEUED, _TAKEN, _DONE, _CANCELLED = "queued", "taken", "done", "cancelled"
-
-
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-_MEMO_SCALARS = frozenset((str, int, float, bool, type(None)))
-
-
-def _frozen_mapping(value: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
-    if value is None:
-        return _EMPTY
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"must be a mapping, got {value!r}", field=name)
-    for key in value:
-        if not isinstance(key, str):
-            raise ConfigError(f"keys must be strings, got {key!r}", field=name)
-    return MappingProxyType(dict(value))
-
-
-def _canonical(value: Any, where: str) -> Any:
-    """A JSON-encodable canonical form of ``value`` (tuples and lists alike, dict keys sorted)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else {"float": repr(value)}
-    if isinstance(value, (bytes, bytearray)):
-        return {"bytes": bytes(value).hex()}
-    if isinstance(value, Mapping):
-        out = {}
-        for key in value:
-            if not isinstance(key, str):
-                raise ConfigError(f"mapping keys must be strings, got {key!r}", field=where)
-            out[key] = _canonical(value[key], f"{where}.{key}")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v, where) for v in value]
-    item = getattr(value, "item", None)  # numpy scalars
-    if callable(item) and getattr(value, "shape", None) == ():
-        return _canonical(item(), where)
-    raise ConfigError(
-        f"cannot enter a batch key: {value!r} ({type(value).__name__}); use str, int, float, bool, "
-        "None, bytes, or lists/tuples/dicts of them",
-        field=where,
-    )
-
-
-def batch_key(
-    call_kwargs: Mapping[str, Any],
-    row_keys: frozenset[str] | set[str],
-    *,
-    single_candidate: bool,
-    key_extra: tuple[Any, ...] = (),
-) -> str:
-    """The SHA-256 batch key of a request (two requests may share a call iff their keys match).
-
-    Args:
-        call_kwargs: the effective call-scoped kwargs (static call-scoped + per request).
-        row_keys: the names of the effective per-row runtime kwargs (their values never enter).
-        single_candidate: whether the request asks for exactly one candidate.
-        key_extra: what else makes rows batchable for the backend (model, utility, length bucket).
-
-    Returns:
-        64 lowercase hex digits.
-
-    Raises:
-        ConfigError: a value that has no canonical encoding (e.g. an arbitrary object).
-    """
-    payload = {
-        "call": _canonical(call_kwargs, "call_kwargs"),
-        "row_keys": sorted(row_keys),
-        "single": bool(single_candidate),
-        "extra": _canonical(tuple(key_extra), "key_extra"),
-    }
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CollatorBackend:
-    """A synchronous batch function and the runtime kwargs it consumes.
-
-    Args:
-        fn: the :data:`BatchFn`; called from one worker thread at a time.
-        runtime_kwargs: name -> ``"row"`` (one value per row) or ``"call"`` (one value per call).
-
-    Raises:
-        ConfigError: ``fn`` not callable, a scope other than ``"row"``/``"call"``, a non-string
-            name, or the reserved name ``"n_candidates"``.
-    """
-
-    fn: BatchFn
-    runtime_kwargs: Mapping[str, Scope] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not callable(self.fn):
-            raise ConfigError(f"must be callable, got {self.fn!r}", field="fn")
-        scopes = _frozen_mapping(self.runtime_kwargs, "runtime_kwargs")
-        for name, scope in scopes.items():
-            if scope not in _SCOPES:
-                raise ConfigError(f"scope of {name!r} must be 'row' or 'call', got {scope!r}", field="runtime_kwargs")
-            if name == _RESERVED:
-                raise ConfigError(f"{_RESERVED!r} is reserved for the collator", field="runtime_kwargs")
-        object.__setattr__(self, "runtime_kwargs", scopes)
-
-
-def scoring_backend(backend: ScoringBackend) -> CollatorBackend:
-    """Adapt a :class:`~coalescence.backends.base.ScoringBackend` for the collator.
-
-    Prompts are :class:`~coalescence.backends.base.ScoreRequest` rows; outputs are their
-    :class:`~coalescence.backends.base.ScoreResult`. The backend consumes no runtime kwargs.
-
-    Args:
-        backend: the scoring backend (e.g. :class:`~coalescence.backends.hf.HFBackend`).
-
-    Returns:
-        A :class:`CollatorBackend` whose ``fn`` calls ``backend.score(prompts)``.
-    """
-
-    def fn(prompts: list[Any], call_kwargs: dict[str, Any], row_kwargs: list[dict[str, Any]]) -> list[Any]:
-        for p in prompts:
-            if not isinstance(p, ScoreRequest):
-                raise BatchFailed(f"a scoring backend takes ScoreRequest rows, got {type(p).__name__}")
-        return validate_results(prompts, backend.score(prompts))
-
-    return CollatorBackend(fn=fn, runtime_kwargs={})
-
-
-class _Slot:
-    """Mutable per-record state, touched only on the event-loop thread."""
-
-    __slots__ = ("ok", "owner", "state", "value")
-
-    def __init__(self) -> None:
-        self.owner: Collator | None = None
-        self.state: str | None = None
-        self.ok = False
-        self.value: Any = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class CollatorRecord:
-    """One admitted request, validated, not yet queued (compared by identity).
-
-    Args:
-        prompt: the row's prompt as the backend takes it (e.g. a ``ScoreRequest``).
-        call_kwargs: effective call-scoped kwargs (static call-scoped + per-request generation kwargs).
-        row_kwargs: effective per-row runtime kwargs (static row-scoped broadcast + per request).
-        n_candidates: candidates asked for (>= 1); above 1 the request dispatches alone.
-        batch_key: 64-hex SHA-256 (see :func:`batch_key`).
-        max_rows: the most rows of a call this record leads (0: the collator's ``max_batch_size``);
-            set from its length bucket and the padded-token budget.
-
-    Raises:
-        ConfigError: ``n_candidates`` < 1 or a malformed ``batch_key``.
-    """
-
-    prompt: Any
-    call_kwargs: Mapping[str, Any]
-    row_kwargs: Mapping[str, Any]
-    n_candidates: int
-    batch_key: str
-    max_rows: int = 0
-    _slot: _Slot = field(init=False, default_factory=_Slot, repr=False)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.n_candidates, bool) or not isinstance(self.n_candidates, int) or self.n_candidates < 1:
-            raise ConfigError(f"must be a positive integer, got {self.n_candidates!r}", field="n_candidates")
-        if not (isinstance(self.batch_key, str) and len(self.batch_key) == 64):
-            raise ConfigError(f"must be 64 hex digits, got {self.batch_key!r}", field="batch_key")
-        # most records carry no kwargs: they share one empty read-only mapping
-        object.__setattr__(self, "call_kwargs", MappingProxyType(dict(self.call_kwargs)) if self.call_kwargs else _EMPTY)
-        object.__setattr__(self, "row_kwargs", MappingProxyType(dict(self.row_kwargs)) if self.row_kwargs else _EMPTY)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CollatorStatistics:
-    """A snapshot of a collator's counters.
-
-    Attributes:
-        calls: backend calls made (poison-isolation re-runs included).
-        rows: records delivered (a result or an exception), each counted once.
-        largest_batch: most rows in one backend call (0 before the first call).
-        poison_reruns: failed multi-row calls whose members were re-run one by one.
-        failed_rows: records delivered an exception.
-    """
-
-    calls: int = 0
-    rows: int = 0
-    largest_batch: int = 0
-    poison_reruns: int = 0
-    failed_rows: int = 0
-
-
-@dataclass(slots=True)
-class _Report:
-    outcomes: list[tuple[bool, Any]]
-    calls: int
-    poisoned: bool
-    batch_message: str | None  # set when a multi-row call failed and every member then succeeded
 
 
 class Collator:
@@ -325,16 +121,16 @@ class Collator:
         self._closed = False
         self._inert: set[str] = set()
         self._warned: set[str] = set()
-        self._key_memo: dict[tuple[Any, ...], str] = {}
+        self._batch_key = BatchKeyMemo()
         self._stats = CollatorStatistics()
-        static = _frozen_mapping(static_kwargs, "static_kwargs")
-        if _RESERVED in static:
-            raise ConfigError(f"{_RESERVED!r} is set per request (admit's n_candidates)", field="static_kwargs")
+        static = frozen_mapping(static_kwargs, "static_kwargs")
+        if RESERVED in static:
+            raise ConfigError(f"{RESERVED!r} is set per request (admit's n_candidates)", field="static_kwargs")
         scopes = backend.runtime_kwargs
         self._static = static
         self._static_call = {k: v for k, v in static.items() if scopes.get(k) == "call"}
         self._static_row = {k: v for k, v in static.items() if scopes.get(k) == "row"}
-        _canonical(self._static_call, "static_kwargs")
+        canonical(self._static_call, "static_kwargs")
         for name in static:
             if name not in scopes:
                 self._note_inert(name, "static_kwargs")
@@ -373,35 +169,6 @@ class Collator:
                 "runtime kwarg %r (%s) is not consumed by this backend; it is dropped from every call "
                 "and from the batch key", name, where,
             )
-
-    def _batch_key(self, call: dict[str, Any], row: dict[str, Any], single: bool, extra: tuple[Any, ...]) -> str:
-        """:func:`batch_key`, memoised for hashable inputs (most requests share a handful of keys)."""
-        # type tags keep 1, 1.0 and True apart, as the canonical encoding does, and floats go by
-        # repr so 0.0 and -0.0 (equal, but encoded apart) do too
-        tagged = []
-        for v in extra:
-            t = type(v)
-            if t not in _MEMO_SCALARS:
-                return batch_key(call, set(row), single_candidate=single, key_extra=extra)
-            tagged.append((t, repr(v) if t is float else v))
-        if call or row:
-            for v in call.values():
-                if type(v) not in _MEMO_SCALARS:
-                    return batch_key(call, set(row), single_candidate=single, key_extra=extra)
-            memo: tuple[Any, ...] = (
-                tuple((k, type(v), repr(v) if type(v) is float else v) for k, v in sorted(call.items())),
-                tuple(sorted(row)),
-                single,
-                tuple(tagged),
-            )
-        else:
-            memo = ((), (), single, tuple(tagged))
-        key = self._key_memo.get(memo)
-        if key is None:
-            key = batch_key(call, set(row), single_candidate=single, key_extra=extra)
-            if len(self._key_memo) < 4096:
-                self._key_memo[memo] = key
-        return key
 
     def admit(
         self,
@@ -452,7 +219,7 @@ class Collator:
             if isinstance(n_candidates, bool) or not isinstance(n_candidates, int) or n_candidates < 1:
                 raise ConfigError(f"must be a positive integer, got {n_candidates!r}", field="n_candidates")
             record = CollatorRecord(
-                prompt=prompt, call_kwargs=_EMPTY, row_kwargs=_EMPTY, n_candidates=n_candidates,
+                prompt=prompt, call_kwargs=EMPTY, row_kwargs=EMPTY, n_candidates=n_candidates,
                 batch_key=self._batch_key({}, {}, n_candidates == 1, key_extra),
             )
             record._slot.owner = self
@@ -462,13 +229,13 @@ class Collator:
             ceiling = self._buckets.bucket(n_tokens)
             max_rows = self._buckets.max_rows(ceiling, self._max)
             key_extra = (*key_extra, "length_bucket", ceiling) if isinstance(key_extra, tuple) else key_extra
-        calls = _frozen_mapping(call_kwargs, "call_kwargs")
-        rows = _frozen_mapping(row_kwargs, "row_kwargs")
+        calls = frozen_mapping(call_kwargs, "call_kwargs")
+        rows = frozen_mapping(row_kwargs, "row_kwargs")
         if not isinstance(key_extra, tuple):
             raise ConfigError(f"must be a tuple, got {key_extra!r}", field="key_extra")
         scopes = self._backend.runtime_kwargs
-        if _RESERVED in calls or _RESERVED in rows:
-            raise ConfigError(f"{_RESERVED!r} is reserved; pass admit(..., n_candidates=...)", field="call_kwargs")
+        if RESERVED in calls or RESERVED in rows:
+            raise ConfigError(f"{RESERVED!r} is reserved; pass admit(..., n_candidates=...)", field="call_kwargs")
         for name in (*calls, *rows):
             if name in self._static:
                 raise ConfigError(
@@ -621,17 +388,17 @@ class Collator:
 
     async def _lead(self, record: CollatorRecord) -> None:
         batch = self._take(record)
-        report: _Report | None = None
+        report: CallReport | None = None
         try:
             with anyio.CancelScope(shield=True):
                 report = await anyio.to_thread.run_sync(self._execute, batch)
         finally:
             if report is None:  # the worker call itself could not run: fail every member
                 msg = f"the backend call for a batch of {len(batch)} rows did not complete"
-                report = _Report([(False, BatchFailed(msg)) for _ in batch], 0, False, None)
+                report = CallReport([(False, BatchFailed(msg)) for _ in batch], 0, False, None)
             self._deliver(batch, report)
 
-    def _deliver(self, batch: list[CollatorRecord], report: _Report) -> None:
+    def _deliver(self, batch: list[CollatorRecord], report: CallReport) -> None:
         failed = sum(1 for ok, _ in report.outcomes if not ok)
         s = self._stats
         self._stats = dataclasses.replace(
@@ -658,7 +425,7 @@ class Collator:
         first = batch[0]
         call_kwargs = dict(first.call_kwargs)
         if first.n_candidates > 1:
-            call_kwargs[_RESERVED] = first.n_candidates
+            call_kwargs[RESERVED] = first.n_candidates
         outputs = self._backend.fn([r.prompt for r in batch], call_kwargs, [dict(r.row_kwargs) for r in batch])
         if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence):
             raise BatchFailed(
@@ -676,16 +443,16 @@ class Collator:
         err.__cause__ = exc
         return err
 
-    def _execute(self, batch: list[CollatorRecord]) -> _Report:
+    def _execute(self, batch: list[CollatorRecord]) -> CallReport:
         """The batch call plus, on failure of a multi-row call, one serial re-run per member."""
         try:
             outputs = self._invoke(batch)
         except Exception as exc:
             batch_exc = exc
         else:
-            return _Report([(True, out) for out in outputs], 1, False, None)
+            return CallReport([(True, out) for out in outputs], 1, False, None)
         if len(batch) == 1:
-            return _Report([(False, self._translate(batch_exc, 1))], 1, False, None)
+            return CallReport([(False, self._translate(batch_exc, 1))], 1, False, None)
         outcomes: list[tuple[bool, Any]] = []
         for member in batch:
             try:
@@ -694,4 +461,4 @@ class Collator:
                 outcomes.append((False, self._translate(exc, 1)))
         all_ok = all(ok for ok, _ in outcomes)
         message = f"{type(batch_exc).__name__}: {batch_exc}" if all_ok else None
-        return _Report(outcomes, 1 + len(batch), True, message)
+        return CallReport(outcomes, 1 + len(batch), True, message)
