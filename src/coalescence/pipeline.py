@@ -253,6 +253,8 @@ class ScoringPipeline:
             request,
             key_extra=(self.backend.model_id, _call_kind(request)),
             n_tokens=request.n_tokens,
+            # a proxy row is counted by its tail, its shared KV once per call (scheduler.buckets)
+            shared_tokens=request.shared_tokens if isinstance(request, ProxyScoreRequest) else 0,
         )
         measurement = self.decode(resolved, result)
         self.measurements[req.evaluation_key] = measurement

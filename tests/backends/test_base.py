@@ -142,6 +142,15 @@ def test_a_wrong_answer_is_refused_as_a_whole() -> None:
     assert backend.statistics() == ScoringStatistics()
 
 
+def test_a_proxy_row_shares_its_kv_and_computes_its_tail() -> None:
+    # 9 prompt tokens and 2 target tokens: positions [0, 4) shared, the 6 others but the last run
+    r = ProxyScoreRequest(prompt_ids=tuple(range(1, 10)), target_ids=(5, 6), tail_start=4)
+    assert (r.n_tokens, r.shared_tokens, r.tail_tokens) == (11, 4, 6)
+    # a tail starting at the prompt's end still runs the last prompt token (it predicts the target)
+    r = ProxyScoreRequest(prompt_ids=tuple(range(1, 10)), target_ids=(5, 6), tail_start=9)
+    assert (r.shared_tokens, r.tail_tokens) == (8, 2)
+
+
 def test_proxy_rows_are_counted_apart_and_a_backend_without_them_says_so() -> None:
     with pytest.raises(BackendError, match="the Minimal backend has no proxy game"):
         Minimal().score_proxy([ProxyScoreRequest(prompt_ids=(1, 2, 3), target_ids=(4,), tail_start=2)])

@@ -129,6 +129,8 @@ def test_shared_kv_once_and_rows_of_unequal_length(game):
     assert backend.statistics().prefix_forwards == 1
     assert [x.tokens_reused for x in again] == [p, p]
     np.testing.assert_allclose(again[1].token_logprobs, out[1].token_logprobs, atol=ATOL)
+    # what a request says it shares and computes (the collator's batch accounting) is what ran
+    assert [(r.shared_tokens, r.tail_tokens) for r in requests[:2]] == [(x.tokens_reused, x.tokens_computed) for x in again]
 
 
 def test_rows_split_into_forwards_within_the_mask_limit(game):

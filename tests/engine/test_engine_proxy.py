@@ -17,15 +17,18 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+from helpers.models import build_model
 from helpers.presence import own_id_weights
 from helpers.snapshots import snapshot_of
 
 from coalescence.archive import RunArchive, read_rows
 from coalescence.attribution.estimators import ExactShapley
 from coalescence.attribution.estimators.base import Capabilities
+from coalescence.backends.hf import HFBackend
 from coalescence.backends.testing import FakeBackend, presence_game
 from coalescence.engine import Engine
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
+from coalescence.scheduler.buckets import LengthBuckets
 from coalescence.snapshot import ConversationSnapshot
 
 GAME = "kv-proxy:after-last-player"
@@ -180,3 +183,55 @@ def test_proxy_and_exact_keys_differ_and_exact_keys_are_unchanged(chatml_tokeniz
         # the exact key is the one every earlier archive holds: the plain key of the utility
         assert exact == key_for(snap, policy, engine.model, mask, utility=engine.resolved_utility(snap, policy).coalition_utility())
         assert engine.key(snap, policy, mask, game=GAME) != exact
+
+
+class CountingHF(HFBackend):
+    """The transformers backend, counting the rows of each proxy call it is given."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.proxy_calls: list[int] = []
+
+    def score_proxy(self, requests):
+        self.proxy_calls.append(len(requests))
+        return super().score_proxy(requests)
+
+
+@pytest.mark.anyio
+async def test_proxy_rows_of_a_long_conversation_go_out_in_few_full_batches(chatml_tokenizer, anyio_backend):
+    """Proxy rows are counted by their tails (their shared KV once per call), so a call of a
+    conversation near the buckets' top takes a full batch, not the two rows its whole length
+    allows; the values are those of the rows scored one by one."""
+    snap = snapshot_of(
+        "The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It was designed by the "
+        "engineering company of Gustave Eiffel. Big Ben, the great bell of the clock at Westminster, "
+        "was finished in 1859. The Colosseum in Rome was opened in the year 80 under the emperor Titus. "
+        "The Statue of Liberty was dedicated in New York harbour in 1886. The Sydney Opera House was "
+        "opened by the Queen in 1973.",
+        "When was the tower completed?",
+    )
+    n = snap.n_players
+    buckets = LengthBuckets(ceilings=(16, 64, 512), padded_token_budget=1024, max_tokens=512)
+    backend = CountingHF(build_model(chatml_tokenizer, seed=3), chatml_tokenizer, model_id="tiny")
+    engine = Engine(backend, batch_size=8, buckets=buckets, proxy_game="after-last-player")
+    rng = np.random.default_rng(11)
+    rows = [np.ones(n, dtype=bool)] + [rng.random(n) < 0.5 for _ in range(47)]
+    masks, utilities = await engine.evaluate(snap, DropPolicy(), rows, game=GAME)
+    engine.close()
+
+    layout = engine.proxy_layout(snap, DropPolicy())
+    requests = [layout.request(r) for r in masks]
+    m = len(requests)
+    full = requests[0]
+    assert 256 < full.n_tokens <= 512 and full.n_tokens == full.shared_tokens + full.tail_tokens + 1
+    # hand-computed: whole rows fall in the 512 bucket, 1024 // 512 = 2 rows a call; their tails
+    # (at most 16 tokens with the last) in the 16 bucket, (1024 - shared) // 16 > 8: batch_size binds
+    assert all(r.n_tokens - r.shared_tokens <= 16 and r.shared_tokens == full.shared_tokens for r in requests)
+    assert buckets.max_rows(buckets.bucket(full.n_tokens), 8) == 2
+    assert buckets.max_rows(16, 8, shared_tokens=full.shared_tokens) == 8
+    calls = backend.proxy_calls
+    assert sum(calls) == m and max(calls) == 8
+    assert len(calls) <= -(-m // 8) + 1 < -(-m // 2)  # one short first call at most, against m / 2 calls
+    alone = [backend.score_proxy([r])[0].utility for r in requests]
+    np.testing.assert_allclose(utilities, alone, rtol=0, atol=1e-5)
+

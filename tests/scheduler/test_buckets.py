@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 
 import anyio
 import numpy as np
 import pytest
+from anyio import wait_all_tasks_blocked
 
 from coalescence.backends.base import BackendBase, ScoreRequest, ScoreResult, ScoringBackend
 from coalescence.errors import BatchFailed, ConfigError, InputError
@@ -170,3 +172,53 @@ def test_share_order_is_depth_first_over_the_player_trie():
         changes = sum(1 for a, b in zip(runs, runs[1:]) if a != b)
         assert changes == 2**k - 1
     assert share_order(np.zeros((0, 3), dtype=bool)).shape == (0,)
+
+
+def test_rows_sharing_cached_tokens_are_counted_by_their_own_tokens():
+    buckets = LengthBuckets(ceilings=(8, 32, 128, 512), padded_token_budget=1024)
+    # a whole row of 400 tokens: bucket 512, 1024 // 512 = 2 rows a call
+    assert buckets.max_rows(buckets.bucket(400), 32) == 2
+    # 380 of them shared once per call, 20 its own: bucket 32, (1024 - 380) // 32 = 20 rows
+    assert buckets.max_rows(buckets.bucket(400 - 380), 32, shared_tokens=380) == 20
+    assert buckets.max_rows(buckets.bucket(20), 12, shared_tokens=380) == 12  # max_batch_size binds
+    assert buckets.max_rows(8, 32, shared_tokens=1020) == 1  # one row always goes
+    collator = Collator(CollatorBackend(fn=Recorder()), max_batch_size=32, buckets=buckets)
+    shared = collator.admit("p", key_extra=("m",), n_tokens=400, shared_tokens=380)
+    whole = collator.admit("p", key_extra=("m",), n_tokens=400)
+    other = collator.admit("p", key_extra=("m",), n_tokens=401, shared_tokens=381)  # same own bucket, other KV length
+    assert (shared.max_rows, whole.max_rows) == (20, 2)
+    assert len({shared.batch_key, whole.batch_key, other.batch_key}) == 3
+    with pytest.raises(InputError, match="600 tokens"):  # the whole row must still fit the largest bucket
+        collator.admit("p", n_tokens=600, shared_tokens=590)
+    for bad in (-1, 400, 401, 1.5):
+        with pytest.raises(ConfigError, match="shared_tokens"):
+            collator.admit("p", n_tokens=400, shared_tokens=bad)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("shared", [380, 0])
+async def test_calls_of_shared_rows_follow_the_hand_computed_split(anyio_backend, shared):
+    # 45 rows of 400 tokens queue behind a held call; counted by their own 20 tokens (380 shared
+    # once) a call takes (1024 - 380) // 32 = 20 of them: 20, 20, 5; counted whole, 1024 // 512 = 2
+    buckets = LengthBuckets(ceilings=(8, 32, 128, 512), padded_token_budget=1024)
+    rec = Recorder()
+    collator = Collator(CollatorBackend(fn=rec), max_batch_size=32, buckets=buckets)
+    got: dict[int, object] = {}
+
+    async def one(i):
+        got[i] = await collator.submit(i, key_extra=("m",), n_tokens=400, shared_tokens=shared)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(collator.submit, "held", n_tokens=5))
+        await wait_all_tasks_blocked()  # the held call is running
+        for i in range(45):
+            tg.start_soon(one, i)
+        await wait_all_tasks_blocked()
+        rec.gate.set()
+    assert got == {i: ("ok", i) for i in range(45)}
+    assert rec.calls[0] == ["held"]
+    sizes = [len(c) for c in rec.calls[1:]]
+    assert sizes == ([20, 20, 5] if shared else [2] * 22 + [1])
+    assert sorted(p for c in rec.calls[1:] for p in c) == list(range(45))  # each row once
+    for size in sizes:
+        assert shared + size * buckets.bucket(400 - shared) <= buckets.padded_token_budget

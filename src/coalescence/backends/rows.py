@@ -117,6 +117,20 @@ class ProxyScoreRequest:
         """Total sequence length, prompt + target."""
         return len(self.prompt_ids) + len(self.target_ids)
 
+    @property
+    def shared_tokens(self) -> int:
+        """The shared KV's length in tokens, ``min(tail_start, len(prompt_ids) - 1)``: the prompt
+        positions computed once with every player present (cached, shared by every row of the
+        conversation; the last prompt token always runs in the row, as it predicts the target)."""
+        return min(self.tail_start, len(self.prompt_ids) - 1)
+
+    @property
+    def tail_tokens(self) -> int:
+        """The positions the row computes itself, ``n_tokens - 1 - shared_tokens``: the prompt
+        after the shared KV and the target but its last token (whose logits are never needed), as
+        :attr:`~coalescence.masking.proxy.ProxyLayout.tail_tokens`."""
+        return len(self.prompt_ids) + len(self.target_ids) - 1 - self.shared_tokens
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScoreResult:

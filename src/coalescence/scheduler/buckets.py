@@ -8,6 +8,14 @@ that holds it into the batch key, so only rows of one bucket share a call, and a
 positions of every dispatched batch stay within the budget. A request longer than the largest
 bucket or the model's context is rejected at admission, before any model call.
 
+Rows that share leading tokens computed once for the whole batch (the proxy game's rows: one
+cached KV of the full conversation, then each row's tail, laid side by side unpadded) are counted
+by their own tokens: such a row of ``n`` tokens sharing ``s`` is bucketed by ``n - s``, the count
+``s`` enters the batch key too, and a call takes at most ``(padded_token_budget - s) // ceiling``
+rows, so ``s`` plus the rows' ceilings stay within the budget. Counted as whole prompts, a
+conversation of 5,000 tokens would put 2 proxy rows in a call of the default 16,384-token budget;
+counted by tails of 100 tokens, 63 (both capped by ``max_batch_size``).
+
 :func:`share_order` orders coalitions so that those sharing leading players (hence long token
 prefixes) are submitted next to each other and land in the same or consecutive batches.
 """
@@ -89,9 +97,20 @@ class LengthBuckets:
             field="messages",
         )
 
-    def max_rows(self, ceiling: int, max_batch_size: int) -> int:
-        """Rows one batch of bucket ``ceiling`` may take: ``min(max_batch_size, budget // ceiling)``."""
-        return max(1, min(max_batch_size, self.padded_token_budget // ceiling))
+    def max_rows(self, ceiling: int, max_batch_size: int, *, shared_tokens: int = 0) -> int:
+        """Rows one batch of bucket ``ceiling`` may take.
+
+        Args:
+            ceiling: the bucket of the rows' own tokens (see :meth:`bucket`).
+            max_batch_size: the most rows of any call.
+            shared_tokens: tokens every row of the batch shares, computed once for the batch (a
+                proxy batch's cached KV; 0 for rows that share nothing), counted once.
+
+        Returns:
+            ``min(max_batch_size, (padded_token_budget - shared_tokens) // ceiling)``, at least 1
+            (one row always goes).
+        """
+        return max(1, min(max_batch_size, (self.padded_token_budget - shared_tokens) // ceiling))
 
 
 def share_order(masks: np.ndarray) -> np.ndarray:

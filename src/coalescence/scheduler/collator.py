@@ -179,6 +179,7 @@ class Collator:
         n_candidates: int = 1,
         key_extra: tuple[Any, ...] = (),
         n_tokens: int | None = None,
+        shared_tokens: int = 0,
     ) -> CollatorRecord:
         """Validate a request and build its record (nothing is queued).
 
@@ -195,6 +196,13 @@ class Collator:
                 (e.g. ``(model_id, utility)``).
             n_tokens: the row's length in tokens; with ``buckets`` its bucket ceiling enters the
                 batch key and bounds the rows of its calls by the padded-token budget.
+            shared_tokens: of ``n_tokens``, the leading tokens that every row of its calls shares,
+                computed once per call (a proxy row's cached KV,
+                :attr:`~coalescence.backends.rows.ProxyScoreRequest.shared_tokens`); with
+                ``buckets`` the count enters the batch key, the row is bucketed by its other
+                ``n_tokens - shared_tokens`` and its calls take at most
+                ``(padded_token_budget - shared_tokens) // ceiling`` rows. The whole row must
+                still fit the largest bucket and the context.
 
         Returns:
             The frozen :class:`CollatorRecord`, to pass to :meth:`serve`.
@@ -204,7 +212,8 @@ class Collator:
             ConfigError: a call-scoped runtime kwarg given per request, a key given both statically
                 and per request (or in both ``call_kwargs`` and ``row_kwargs``), the reserved
                 ``"n_candidates"`` in ``call_kwargs``, a bad ``n_candidates``, or a value without a
-                canonical encoding. The message names the key.
+                canonical encoding, or ``shared_tokens`` not in ``[0, n_tokens)``. The message
+                names the key.
             InputError: ``n_tokens`` exceeds the largest bucket or the model's context (nothing
                 is queued, no model call is made).
         """
@@ -226,9 +235,14 @@ class Collator:
             return record
         max_rows = 0
         if self._buckets is not None and n_tokens is not None:
-            ceiling = self._buckets.bucket(n_tokens)
-            max_rows = self._buckets.max_rows(ceiling, self._max)
-            key_extra = (*key_extra, "length_bucket", ceiling) if isinstance(key_extra, tuple) else key_extra
+            if shared_tokens:
+                if isinstance(shared_tokens, bool) or not isinstance(shared_tokens, int) or not 0 < shared_tokens < n_tokens:
+                    raise ConfigError(f"must be an int in [0, {n_tokens}) (n_tokens), got {shared_tokens!r}", field="shared_tokens")
+                self._buckets.bucket(n_tokens)  # the whole row fits the largest bucket and the context
+            ceiling = self._buckets.bucket(n_tokens - shared_tokens)
+            max_rows = self._buckets.max_rows(ceiling, self._max, shared_tokens=shared_tokens)
+            shared = ("shared_tokens", shared_tokens) if shared_tokens else ()
+            key_extra = (*key_extra, "length_bucket", ceiling, *shared) if isinstance(key_extra, tuple) else key_extra
         calls = frozen_mapping(call_kwargs, "call_kwargs")
         rows = frozen_mapping(row_kwargs, "row_kwargs")
         if not isinstance(key_extra, tuple):
@@ -290,11 +304,12 @@ class Collator:
         n_candidates: int = 1,
         key_extra: tuple[Any, ...] = (),
         n_tokens: int | None = None,
+        shared_tokens: int = 0,
     ) -> Any:
         """``serve(admit(...))``: see :meth:`admit` and :meth:`serve`."""
         record = self.admit(
             prompt, call_kwargs=call_kwargs, row_kwargs=row_kwargs, n_candidates=n_candidates, key_extra=key_extra,
-            n_tokens=n_tokens,
+            n_tokens=n_tokens, shared_tokens=shared_tokens,
         )
         return await self.serve(record)
 

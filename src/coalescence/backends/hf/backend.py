@@ -258,4 +258,4 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
 
 def _shared_kv(r: ProxyScoreRequest) -> tuple[int, ...]:
     """The prompt tokens of a proxy row's shared KV (before its tail, and before its last prompt token)."""
-    return r.prompt_ids[: min(r.tail_start, len(r.prompt_ids) - 1)]
+    return r.prompt_ids[: r.shared_tokens]
