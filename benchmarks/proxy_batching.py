@@ -15,7 +15,8 @@ call (``admit(..., shared_tokens=request.shared_tokens)``, what the scoring pipe
 a call takes ``batch_size`` rows.
 
 For each recorded long game (``benchmarks/data/<game>.json``, sentence players; the coalitions: the
-first ``--rows`` of its recorded pool), the same proxy rows (tail rule ``after-last-player``, drop
+first ``--rows`` of its recorded pool), or ``scale:T`` (``benchmarks/long_scale.py``'s joined long
+games cut to ``T`` tokens; ``--rows`` keep-half coalitions of ``default_rng(0)``), the same proxy rows (tail rule ``after-last-player``, drop
 policy) go through one :class:`~coalescence.scheduler.collator.Collator` per run in front of
 ``backend.score_proxy``, with at most ``2 x batch_size`` rows in flight as in the engine, under
 the old accounting (``whole``: ``shared_tokens=0``) and the new one (``tail``), alternately,
@@ -49,11 +50,20 @@ def proxy_rows(name: str, rows: int, backend):
     from coalescence.masking.render import ChatRenderer
     from coalescence.snapshot import ConversationSnapshot
 
-    snapshot = ConversationSnapshot.build(load_game(name).conversation, unit="sentence")
-    n = snapshot.n_players
-    t = pq.read_table(DATA / f"{name}_pool.parquet")
-    packed = np.frombuffer(b"".join(t["mask"].to_pylist()[:rows]), dtype=np.uint8).reshape(min(rows, t.num_rows), -1)
-    masks = np.unpackbits(packed, axis=1, count=n, bitorder="little").astype(bool)
+    if name.startswith("scale:"):  # long_scale.py's joined long games, cut to this many tokens
+        from long_scale import build
+
+        from coalescence.conversation import Conversation
+
+        snapshot = ConversationSnapshot.build(Conversation.from_dict(build(400, int(name[6:]))), unit="sentence")
+        n = snapshot.n_players
+        masks = np.random.default_rng(0).random((rows, n)) < 0.5  # keep-half coalitions
+    else:
+        snapshot = ConversationSnapshot.build(load_game(name).conversation, unit="sentence")
+        n = snapshot.n_players
+        t = pq.read_table(DATA / f"{name}_pool.parquet")
+        packed = np.frombuffer(b"".join(t["mask"].to_pylist()[:rows]), dtype=np.uint8).reshape(min(rows, t.num_rows), -1)
+        masks = np.unpackbits(packed, axis=1, count=n, bitorder="little").astype(bool)
     renderer = ChatRenderer(backend.tokenizer)
     policy = DropPolicy()
     layout = proxy_layout(renderer, snapshot, renderer.target_tokens(snapshot, policy), tail="after-last-player", policy=policy)

@@ -236,8 +236,11 @@ class Collator:
         max_rows = 0
         if self._buckets is not None and n_tokens is not None:
             if shared_tokens:
-                if isinstance(shared_tokens, bool) or not isinstance(shared_tokens, int) or not 0 < shared_tokens < n_tokens:
-                    raise ConfigError(f"must be an int in [0, {n_tokens}) (n_tokens), got {shared_tokens!r}", field="shared_tokens")
+                shared_ok = isinstance(shared_tokens, int) and not isinstance(shared_tokens, bool)
+                if not (shared_ok and 0 < shared_tokens < n_tokens):
+                    raise ConfigError(
+                        f"must be an int in [0, {n_tokens}) (n_tokens), got {shared_tokens!r}", field="shared_tokens"
+                    )
                 self._buckets.bucket(n_tokens)  # the whole row fits the largest bucket and the context
             ceiling = self._buckets.bucket(n_tokens - shared_tokens)
             max_rows = self._buckets.max_rows(ceiling, self._max, shared_tokens=shared_tokens)
