@@ -44,6 +44,12 @@ class PackedMask:
     n_bits: int
 
     def __post_init__(self) -> None:
+        words, n_bits = self.words, self.n_bits
+        if (  # the common case, in one expression (exact types; others take the checks below)
+            type(words) is bytes and type(n_bits) is int and n_bits >= 0 and len(words) == (n_bits + 7) >> 3
+            and not (n_bits & 7 and words[-1] >> (n_bits & 7))
+        ):
+            return
         if not isinstance(self.words, bytes):
             raise MaskError(f"words must be bytes, got {type(self.words).__name__}", field="mask")
         if not isinstance(self.n_bits, int) or self.n_bits < 0:
@@ -150,7 +156,7 @@ def _signature(params: Any) -> tuple[Any, ...] | None:
     """A hashable stand-in for a flat mapping whose equality implies an equal canonical encoding
     (type tags keep 1, 1.0 and True apart; floats by ``repr`` so -0.0 and 0.0 differ), or
     ``None`` when it is not a flat mapping (it is then encoded in full, as written)."""
-    if not isinstance(params, Mapping):
+    if type(params) is not dict and not isinstance(params, Mapping):  # dict: no ABC check
         return None
     out = []
     for k, v in params.items():
