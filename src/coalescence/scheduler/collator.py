@@ -251,6 +251,11 @@ class CollatorRecord:
     _slot: _Slot = field(init=False, default_factory=_Slot, repr=False)
 
     def __post_init__(self) -> None:
+        if (  # a request without kwargs (the scoring path), in one expression of exact types
+            self.call_kwargs is _EMPTY and self.row_kwargs is _EMPTY and type(self.n_candidates) is int
+            and self.n_candidates >= 1 and type(self.batch_key) is str and len(self.batch_key) == 64
+        ):
+            return
         if isinstance(self.n_candidates, bool) or not isinstance(self.n_candidates, int) or self.n_candidates < 1:
             raise ConfigError(f"must be a positive integer, got {self.n_candidates!r}", field="n_candidates")
         if not (isinstance(self.batch_key, str) and len(self.batch_key) == 64):
@@ -449,9 +454,9 @@ class Collator:
             self._buckets is None or n_tokens is None
         ):
             # no kwargs anywhere (the scoring path): the checks below have nothing to check
-            if not isinstance(key_extra, tuple):
+            if type(key_extra) is not tuple and not isinstance(key_extra, tuple):
                 raise ConfigError(f"must be a tuple, got {key_extra!r}", field="key_extra")
-            if isinstance(n_candidates, bool) or not isinstance(n_candidates, int) or n_candidates < 1:
+            if type(n_candidates) is not int and (isinstance(n_candidates, bool) or not isinstance(n_candidates, int)) or n_candidates < 1:
                 raise ConfigError(f"must be a positive integer, got {n_candidates!r}", field="n_candidates")
             record = CollatorRecord(
                 prompt=prompt, call_kwargs=_EMPTY, row_kwargs=_EMPTY, n_candidates=n_candidates,

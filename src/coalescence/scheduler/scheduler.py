@@ -315,8 +315,9 @@ class CoalitionScheduler:
                 return
             if item is _END:
                 return
-            job = item[1] if isinstance(item, tuple) else item
-            if not isinstance(job, CoalitionJob):
+            # run's items are (index, job) pairs; a stream's are jobs
+            job = item[1] if sync or isinstance(item, tuple) else item
+            if type(job) is not CoalitionJob and not isinstance(job, CoalitionJob):
                 state.fail(ConfigError(f"expected a CoalitionJob, got {type(job).__name__}", field="jobs"))
                 return
             self._live += 1
