@@ -28,7 +28,8 @@ T = TypeVar("T")
 class Flight(Generic[T]):
     """One in-flight evaluation: an event, then a value, an exception or abandonment.
 
-    Created by :class:`SingleFlight`; users only read it through :meth:`SingleFlight.do`.
+    Created by :class:`SingleFlight`; read through :meth:`SingleFlight.do` or
+    :meth:`SingleFlight.attempt`, or by a caller of :meth:`SingleFlight.join` (the scheduler).
     """
 
     __slots__ = ("_event", "_landed", "abandoned", "error", "followers", "value")
