@@ -44,6 +44,12 @@ class PackedMask:
     n_bits: int
 
     def __post_init__(self) -> None:
+        words, n_bits = self.words, self.n_bits
+        if (  # the common case, in one expression (exact types; others take the checks below)
+            type(words) is bytes and type(n_bits) is int and n_bits >= 0 and len(words) == (n_bits + 7) >> 3
+            and not (n_bits & 7 and words[-1] >> (n_bits & 7))
+        ):
+            return
         if not isinstance(self.words, bytes):
             raise MaskError(f"words must be bytes, got {type(self.words).__name__}", field="mask")
         if not isinstance(self.n_bits, int) or self.n_bits < 0:
@@ -71,7 +77,7 @@ class PackedMask:
         arr = np.asarray(row)
         if arr.ndim != 1:
             raise MaskError(f"a mask row must be 1-D, got shape {arr.shape}", field="mask")
-        if arr.dtype != np.bool_:
+        if arr.dtype is not _BOOL and arr.dtype != np.bool_:  # identity first: numpy's one bool dtype
             raise MaskError(f"a mask row must be bool, got dtype {arr.dtype}", field="mask")
         return cls(np.packbits(arr, bitorder="little").tobytes(), int(arr.shape[0]))
 
@@ -132,6 +138,8 @@ def unpack_rows(masks: list[PackedMask]) -> np.ndarray:
     return np.unpackbits(raw, axis=1, bitorder="little")[:, :n].astype(bool)
 
 
+_BOOL = np.dtype(np.bool_)
+
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 """``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, built once
 (``json.dumps`` with non-default options builds a new encoder on every call)."""
@@ -150,8 +158,10 @@ def _signature(params: Any) -> tuple[Any, ...] | None:
     """A hashable stand-in for a flat mapping whose equality implies an equal canonical encoding
     (type tags keep 1, 1.0 and True apart; floats by ``repr`` so -0.0 and 0.0 differ), or
     ``None`` when it is not a flat mapping (it is then encoded in full, as written)."""
-    if not isinstance(params, Mapping):
+    if type(params) is not dict and not isinstance(params, Mapping):  # dict: no ABC check
         return None
+    if not params:
+        return ()
     out = []
     for k, v in params.items():
         t = type(v)
@@ -221,7 +231,7 @@ def coalition_key(
     # and utility in a run), not once per coalition; _key_parts says why the bytes are the same
     memo: tuple[Any, ...] | None = None
     parts = None
-    sigs = (_signature(policy_params), _signature(utility), _signature(generation or {}))
+    sigs = (_signature(policy_params), _signature(utility), _signature(generation) if generation else ())
     if (
         None not in sigs and type(n_bits) is int and type(snapshot_id) is str and type(policy_id) is str
         and type(model_id) is str and type(model_revision) is str and type(dtype) is str

@@ -5,11 +5,13 @@ a queue and acquires one :class:`anyio.Lock`. The task that holds it (the *leade
 record plus the compatible queued records (same batch key, in queue order, up to
 ``max_batch_size``), runs one backend call in a worker thread (``anyio.to_thread.run_sync``,
 shielded so a cancelled leader never abandons it) and fills every member's result slot on the
-event-loop thread. A request that finds the lock held waits for the end of that call (one event per
-call, set once the lock is released, so every waiter wakes in one step rather than through a chain
-of lock hand-offs); it then returns its filled slot without a call, or, still queued, takes the
-free lock and leads the next batch: that of the oldest queued record, whichever waiter woke first,
-so batches form in queue order on every event loop. The lock holder is the only caller of the backend, so one
+event-loop thread. A request that finds the lock held sleeps until the call that takes its record is
+delivered (each member's task is woken then, once), and returns its filled slot without a call;
+when the lock is released with records still queued, the task of the oldest one is woken too, and
+takes the free lock and leads the next batch unless another request took it first. Whoever holds
+the lock leads the batch of the oldest queued record, so batches form in queue order on every event
+loop, and a request's task wakes once per call it waits for in the common case rather than at the
+end of every call. The lock holder is the only caller of the backend, so one
 call is in flight at a time by construction; requests that arrive while a call runs accumulate,
 so the running call is the collation window. ``max_batch_size=1`` is strict serialisation through
 the same code path.
@@ -115,7 +117,6 @@ class Collator:
         self._max = max_batch_size
         self._buckets = buckets
         self._lock = anyio.Lock()
-        self._round: anyio.Event | None = None  # set when the lock holder releases it
         self._queues: dict[str, dict[int, CollatorRecord]] = {}
         self._fifo: dict[int, CollatorRecord] = {}  # every queued record, oldest first
         self._closed = False
@@ -223,9 +224,9 @@ class Collator:
             self._buckets is None or n_tokens is None
         ):
             # no kwargs anywhere (the scoring path): the checks below have nothing to check
-            if not isinstance(key_extra, tuple):
+            if type(key_extra) is not tuple and not isinstance(key_extra, tuple):
                 raise ConfigError(f"must be a tuple, got {key_extra!r}", field="key_extra")
-            if isinstance(n_candidates, bool) or not isinstance(n_candidates, int) or n_candidates < 1:
+            if type(n_candidates) is not int and (isinstance(n_candidates, bool) or not isinstance(n_candidates, int)) or n_candidates < 1:
                 raise ConfigError(f"must be a positive integer, got {n_candidates!r}", field="n_candidates")
             record = CollatorRecord(
                 prompt=prompt, call_kwargs=EMPTY, row_kwargs=EMPTY, n_candidates=n_candidates,
@@ -347,15 +348,18 @@ class Collator:
         slot.state = _QUEUED
         self._queues.setdefault(record.batch_key, {})[id(record)] = record
         self._fifo[id(record)] = record
+        held = False  # whether this task took the lock (and so may have led, shielded)
         try:
             while slot.state != _DONE:
                 if self._lock.locked():
-                    # a call is running: wait for its end with every other waiter (no checkpoint
-                    # between the check and the wait, so the release cannot be missed)
-                    if self._round is None:
-                        self._round = anyio.Event()
-                    await self._round.wait()
+                    # a call is running: sleep until this record's batch is delivered, or until
+                    # the lock is free with this record the oldest queued (no checkpoint between
+                    # the check and the wait, so neither wake-up can be missed)
+                    event = slot.event = anyio.Event()
+                    await event.wait()
+                    slot.event = None
                     continue
+                held = True
                 try:
                     async with self._lock:
                         if slot.state == _QUEUED:  # lead the oldest queued record's batch
@@ -366,19 +370,25 @@ class Collator:
             if slot.state == _QUEUED:
                 self._withdraw(record)
                 slot.state = _CANCELLED
+                self._end_round()  # this record may have been the one woken to lead
             raise
         # whichever waiter takes the lock leads the oldest record's batch, shielded, so a cancelled
         # task may have led (and served) its batch: it still raises its cancellation, never returns
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        # (a task that only slept was cancellable there: its wait was the checkpoint)
+        if held:
+            await anyio.lowlevel.checkpoint_if_cancelled()
         if slot.ok:
             return slot.value
         raise slot.value
 
     def _end_round(self) -> None:
-        """Wake every request waiting for the end of the call (the lock is free again)."""
-        round_, self._round = self._round, None
-        if round_ is not None:
-            round_.set()
+        """With the lock free, wake the task of the oldest queued record: it leads the next batch
+        unless another request takes the lock first (whose call then ends with this again). The
+        members of a call are woken when it is delivered; the other queued records sleep on."""
+        if self._fifo and not self._lock.locked():
+            event = next(iter(self._fifo.values()))._slot.event
+            if event is not None:
+                event.set()
 
     def _withdraw(self, record: CollatorRecord) -> None:
         self._fifo.pop(id(record), None)
@@ -437,6 +447,8 @@ class Collator:
         for member, (ok, value) in zip(batch, report.outcomes, strict=True):
             slot = member._slot
             slot.ok, slot.value, slot.state = ok, value, _DONE
+            if slot.event is not None:  # its task sleeps (not the leader's own): wake it
+                slot.event.set()
 
     def _invoke(self, batch: list[CollatorRecord]) -> list[Any]:
         """One backend call (worker thread); checks one output per row."""

@@ -28,7 +28,8 @@ T = TypeVar("T")
 class Flight(Generic[T]):
     """One in-flight evaluation: an event, then a value, an exception or abandonment.
 
-    Created by :class:`SingleFlight`; users only read it through :meth:`SingleFlight.do`.
+    Created by :class:`SingleFlight`; read through :meth:`SingleFlight.do` or
+    :meth:`SingleFlight.attempt`, or by a caller of :meth:`SingleFlight.join` (the scheduler).
     """
 
     __slots__ = ("_event", "_landed", "abandoned", "error", "followers", "value")
@@ -102,33 +103,52 @@ class SingleFlight(Generic[T]):
             BaseException: cancellation or an interrupt (never recorded as the flight's outcome).
         """
         while True:
-            flight = self._flights.get(key)
-            if flight is None:
+            flight, leading = self.join(key)
+            if leading:
                 break
-            flight.followers += 1
             await flight.wait()
             if flight.abandoned:
                 continue  # the leader was cancelled: claim the key again
             return flight.value, flight.error, True  # type: ignore[return-value]
         # the leader (inline rather than in a coroutine of its own: one frame less per evaluation)
-        flight = Flight()
-        self._flights[key] = flight
         try:
             value = await work()
         except Exception as exc:
-            self._release(key, flight)
-            flight.land(None, exc)
+            self.land(key, flight, None, exc)
             return None, exc, False
         except BaseException:
             # cancellation or interrupt: hand the key to a follower
-            self._release(key, flight)
-            flight.land(None, None, abandoned=True)
-            if flight.followers:
-                logger.debug("flight %s abandoned by its leader; a follower retries", key)
+            self.land(key, flight, None, None, abandoned=True)
             raise
-        self._release(key, flight)
-        flight.land(value, None)
+        self.land(key, flight, value, None)
         return value, None, False
+
+    def join(self, key: Hashable) -> tuple[Flight[T], bool]:
+        """The flight of ``key`` and whether the caller leads it (the step :meth:`attempt` takes
+        before its work, for a caller that runs the leader's work inline itself).
+
+        Returns:
+            ``(flight, leading)``: with ``leading`` ``True``, a new flight the caller must end with
+            :meth:`land` whatever happens (value, exception or abandonment); otherwise the flight
+            in progress, now counting the caller as a follower (wait on it with ``flight.wait()``;
+            when it lands ``abandoned``, join again).
+        """
+        flight = self._flights.get(key)
+        if flight is None:
+            flight = self._flights[key] = Flight()
+            return flight, True
+        flight.followers += 1
+        return flight, False
+
+    def land(
+        self, key: Hashable, flight: Flight[T], value: T | None, error: Exception | None, *, abandoned: bool = False
+    ) -> None:
+        """End a flight that :meth:`join` made the caller lead: free ``key`` (a later caller leads a
+        new flight), record the outcome and wake every follower."""
+        self._release(key, flight)
+        flight.land(value, error, abandoned=abandoned)
+        if abandoned and flight.followers:
+            logger.debug("flight %s abandoned by its leader; a follower retries", key)
 
     def _release(self, key: Hashable, flight: Flight[T]) -> None:
         if self._flights.get(key) is flight:

@@ -43,6 +43,12 @@ class CoalitionJob:
     game: str = "exact"
 
     def __post_init__(self) -> None:
+        if (  # the common case, in one expression (exact types; subclasses take the checks below)
+            type(self.coalition_key) is str and self.coalition_key and type(self.snapshot_id) is str and self.snapshot_id
+            and type(self.absence_policy) is str and self.absence_policy and type(self.model_id) is str and self.model_id
+            and type(self.game) is str and self.game and type(self.prefix_hash) is str and type(self.mask) is PackedMask
+        ):
+            return
         for name in ("coalition_key", "snapshot_id", "absence_policy", "model_id", "game"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -91,6 +97,11 @@ class EvalOutcome:
     generated_texts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if (  # the common case, in one expression (exact types; others take the checks below)
+            type(self.utility) is float and type(self.batch_size) is int and type(self.kv_cache_hits) is int
+            and self.batch_size >= (0 if self.cache_hit else 1) and self.kv_cache_hits >= 0
+        ):
+            return
         if isinstance(self.utility, bool) or not isinstance(self.utility, int | float):
             raise ConfigError(f"must be a float (nats), got {self.utility!r}", field="utility")
         if not isinstance(self.batch_size, int) or self.batch_size < (0 if self.cache_hit else 1):

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+import anyio
+
 from ..backends.base import ScoreRequest, ScoringBackend, validate_results
 from ..errors import BatchFailed, ConfigError
 
@@ -113,13 +115,14 @@ def scoring_backend(backend: ScoringBackend) -> CollatorBackend:
 class _Slot:
     """Mutable per-record state, touched only on the event-loop thread."""
 
-    __slots__ = ("ok", "owner", "state", "value")
+    __slots__ = ("event", "ok", "owner", "state", "value")
 
     def __init__(self) -> None:
         self.owner: Collator | None = None
         self.state: str | None = None
         self.ok = False
         self.value: Any = None
+        self.event: anyio.Event | None = None  # set to wake the record's task while it sleeps
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -148,6 +151,11 @@ class CollatorRecord:
     _slot: _Slot = field(init=False, default_factory=_Slot, repr=False)
 
     def __post_init__(self) -> None:
+        if (  # a request without kwargs (the scoring path), in one expression of exact types
+            self.call_kwargs is EMPTY and self.row_kwargs is EMPTY and type(self.n_candidates) is int
+            and self.n_candidates >= 1 and type(self.batch_key) is str and len(self.batch_key) == 64
+        ):
+            return
         if isinstance(self.n_candidates, bool) or not isinstance(self.n_candidates, int) or self.n_candidates < 1:
             raise ConfigError(f"must be a positive integer, got {self.n_candidates!r}", field="n_candidates")
         if not (isinstance(self.batch_key, str) and len(self.batch_key) == 64):

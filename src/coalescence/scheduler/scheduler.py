@@ -315,8 +315,9 @@ class CoalitionScheduler:
                 return
             if item is _END:
                 return
-            job = item[1] if isinstance(item, tuple) else item
-            if not isinstance(job, CoalitionJob):
+            # run's items are (index, job) pairs; a stream's are jobs
+            job = item[1] if sync or isinstance(item, tuple) else item
+            if type(job) is not CoalitionJob and not isinstance(job, CoalitionJob):
                 state.fail(ConfigError(f"expected a CoalitionJob, got {type(job).__name__}", field="jobs"))
                 return
             self._live += 1
@@ -352,29 +353,49 @@ class CoalitionScheduler:
                     job=job, utility=hit, elapsed_s=0.0, cache_hit=True, deduplicated=False, batch_size=0
                 )
 
-        async def work() -> tuple[EvalOutcome, float]:
-            # fast path without a checkpoint when a slot is free (evaluate is the checkpoint)
+        # single flight (dedup): a job whose key is in flight shares that evaluation; the leader
+        # evaluates inline (no coroutine frames of the single flight's or a closure per job)
+        flights = self._flights
+        while True:
+            flight, leading = flights.join(key)
+            if leading:
+                break
+            await flight.wait()
+            if not flight.abandoned:  # else the leader was cancelled: claim the key again
+                break
+        shared = not leading
+        if shared:
+            value, error = flight.value, flight.error
+        else:
+            value = error = None
             try:
-                self._limiter.acquire_nowait()
-            except anyio.WouldBlock:
-                await self._limiter.acquire()
-            self._inflight += 1
-            if self._inflight > self._peak_inflight:
-                self._peak_inflight = self._inflight
-            try:
-                t0 = time.perf_counter()
-                outcome = await self.evaluate(job)
-                elapsed = time.perf_counter() - t0
-            finally:
-                self._inflight -= 1
-                self._limiter.release()
-            if not isinstance(outcome, EvalOutcome):
-                raise TypeError(f"evaluate must return an EvalOutcome, got {type(outcome).__name__}")
-            if self.store is not None:
-                self.store.put(key, outcome.utility)  # before the flight lands: later jobs hit
-            return outcome, elapsed
-
-        value, error, shared = await self._flights.attempt(key, work)
+                # fast path without a checkpoint when a slot is free (evaluate is the checkpoint)
+                try:
+                    self._limiter.acquire_nowait()
+                except anyio.WouldBlock:
+                    await self._limiter.acquire()
+                self._inflight += 1
+                if self._inflight > self._peak_inflight:
+                    self._peak_inflight = self._inflight
+                try:
+                    t0 = time.perf_counter()
+                    outcome = await self.evaluate(job)
+                    elapsed = time.perf_counter() - t0
+                finally:
+                    self._inflight -= 1
+                    self._limiter.release()
+                if not isinstance(outcome, EvalOutcome):
+                    raise TypeError(f"evaluate must return an EvalOutcome, got {type(outcome).__name__}")
+                if self.store is not None:
+                    self.store.put(key, outcome.utility)  # before the flight lands: later jobs hit
+                value = (outcome, elapsed)
+            except Exception as exc:
+                error = exc
+            except BaseException:
+                # cancellation or interrupt: hand the key to a follower, record nothing
+                flights.land(key, flight, None, None, abandoned=True)
+                raise
+            flights.land(key, flight, value, error)
         if error is not None:
             self._requested += 1
             if shared:

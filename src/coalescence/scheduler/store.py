@@ -95,7 +95,8 @@ class ResultStore:
                 return
             self._data[key] = value
             self._nbytes += entry_bytes(key)
-            self._evict()
+            if self.max_entries is not None or self.max_bytes is not None:  # unbounded: none to evict
+                self._evict()
 
     def _evict(self) -> None:
         # called with the lock held; the newest key is never evicted (max_bytes >= one entry)
