@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError, InputError
+from .options import Options
+from .settings import RunSettings
 
-__all__ = ("ShownCoalition", "parse_coalition", "show_coalition")
+__all__ = ("RENDER_OPTIONS", "ShownCoalition", "parse_coalition", "show_coalition")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,7 +152,6 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
     else:
         from ..snapshot import ConversationSnapshot
         from .explain import ExplainRun
-        from .settings import RunSettings
 
         import dataclasses
 
@@ -197,11 +198,15 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
 
 _RENDERING = ("model", "unit", "roles", "template", "absence_policy", "placeholder", "system_absent", "empty_turns", "merge_adjacent")
 
+RENDER_OPTIONS = Options(
+    cls=RunSettings, exclude=tuple(f.name for f in fields(RunSettings) if f.name not in (*_RENDERING, "proxy_game", "proxy_budget"))
+)
+"""The explain run's options that ``coalescence show`` takes: the rendering ones (and the proxy
+game's, accepted and unused)."""
+
 
 def _rendering_options(settings: Any, options: dict[str, Any]) -> list[str]:
     """The rendering settings given other than their defaults (an archive has its own)."""
-    from .settings import RunSettings
-
     default = RunSettings()
     given = [name for name in _RENDERING if settings is not None and getattr(settings, name) != getattr(default, name)]
     return given + sorted(options)

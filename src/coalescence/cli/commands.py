@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..app.lifecycle import RunFailed, Session, write_after_run
-from ..errors import ArchiveError, CoalescenceError, ConfigError, ReportError
+from ..errors import ArchiveError, ReportError
 from .messages import fail
-from .parser import EXPLAIN_ONLY, NOT_RENDERING, RAY_FIELDS
 
 __all__ = ("COMMANDS", "SESSIONS", "session")
 
@@ -102,12 +101,9 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from ..app.options import settings_from
-    from ..app.settings import RunSettings
-    from ..app.sweeps import SweepRun, SweepSettings
+    from ..app.sweeps import RUN_OPTIONS, SweepRun, SweepSettings
 
-    # no --archive: None, the sweep's default (OUT/archive)
-    game = settings_from(RunSettings, args, exclude=EXPLAIN_ONLY + RAY_FIELDS)
-    run = SweepRun(args.input, settings_from(SweepSettings, args, run=game))
+    run = SweepRun(args.input, settings_from(SweepSettings, args, run=RUN_OPTIONS.settings(args)))
     results = _run_phases(run, args)
     result = write_after_run(lambda: run.write(results), run.out_path)
     print(result.summary)
@@ -145,75 +141,22 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drawn(draw: Any, field: str) -> Any:
-    """``draw()``; a drawing library's failure is a :class:`ReportError` (exit 4, one line)."""
-    try:
-        return draw()
-    except CoalescenceError:
-        raise
-    except Exception as exc:  # a drawing library's failure: exit 4, one line, not a model failure
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ReportError(f"the report could not be drawn ({type(exc).__name__}: {first})", field=field) from exc
-
-
 def _report(args: argparse.Namespace) -> int:
-    from ..app.options import names
-    from ..app.outputs import html_path, refuse_overwrite
-    from ..app.report import report_source
-    from ..report import render_report, write_chart_image, write_report
+    from ..app.options import settings_from
+    from ..app.report import ReportSettings, write_report_files
 
-    if args.output is None and args.image is None:
-        raise ConfigError("give the HTML file written (-o report.html), --image chart.png, or both", field="output")
-    out = html_path(args.output, "output")
-    image = html_path(args.image, "image")  # matplotlib draws the image too
-    is_dir = Path(args.source).is_dir()  # a directory that is no run archive is refused by report_source
-    archive = is_dir and (Path(args.source) / "manifest.json").is_file()
-    refuse_overwrite(
-        {"output": out, "image": image}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if archive else None
-    )
-    methods = names(args.method) if args.method is not None else None
-    if methods is not None and not methods:
-        raise ConfigError("give at least one method, e.g. --method exact", field="method")
-    report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
-    if out is not None:
-        page = _drawn(lambda: render_report(report, scale=args.scale), "output")
-        write_report(out, page, field="output")
-        print(f"report: {out}")
-    if image is not None:
-        _drawn(lambda: write_chart_image(image, report, scale=args.scale, field="image"), "image")
-        print(f"image: {image}")
+    write_report_files(args.source, settings_from(ReportSettings, args), written=lambda what, path: print(f"{what}: {path}"))
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from ..app.compare import compare
-    from ..app.options import names
-    from ..app.outputs import html_path, output_path, refuse_overwrite
-    from ..archive.writer import write_json_atomic
-    from ..report import write_report
+    from ..app.compare import CompareSettings, compare_files
+    from ..app.options import settings_from
 
-    out = output_path(args.out, "out")
-    html = html_path(args.html, "html")
-    refuse_overwrite(
-        {"out": out, "html": html},
-        sources={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if not Path(s).is_dir()},
-        run_dirs={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if (Path(s) / "manifest.json").is_file()},
-    )
-    methods = names(args.method) if args.method is not None else None
-    sources = [s for s in args.sources if not Path(s).is_dir()]
-    if sources and (args.method or args.budget is not None or args.seed is not None or args.run) and len(sources) == len(args.sources):
-        raise ConfigError("applies to run archive directories; every SOURCE here is an --out document", field="method" if args.method else "budget" if args.budget is not None else "seed" if args.seed is not None else "run")
-    comparison = compare(
-        args.sources, methods=methods, budget=args.budget, seed=args.seed, top_k=args.top_k, snapshot=args.conversation, run_id=args.run
-    )
-    if out is not None:
-        write_after_run(lambda: write_json_atomic(out, comparison.to_dict(), field="out"), out)
-    if html is not None:
-        page = _drawn(lambda: comparison.to_html(scale=args.scale), "html")
-        write_report(html, page, field="html")
-    print(comparison.format())
-    if html is not None:
-        print(f"html: {html}")
+    settings = settings_from(CompareSettings, args)
+    print(compare_files(args.sources, settings).format())
+    if settings.html is not None:
+        print(f"html: {Path(settings.html)}")
     return 0
 
 
@@ -234,12 +177,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ..app.options import settings_from
-    from ..app.settings import RunSettings
-    from ..app.show import show_coalition
+    from ..app.show import RENDER_OPTIONS, show_coalition
 
-    settings = settings_from(RunSettings, args, exclude=NOT_RENDERING)
-    print(show_coalition(args.source, args.coalition, settings=settings, index=args.conversation).format())
+    print(show_coalition(args.source, args.coalition, settings=RENDER_OPTIONS.settings(args), index=args.conversation).format())
     return 0
 
 
@@ -257,7 +197,6 @@ def _archive(args: argparse.Namespace) -> int:
     before, rows = compact(args.run_dir, skip_corrupt=args.skip_corrupt)
     print(f"compacted {args.run_dir}: {before} parts -> {1 if rows else 0}, {rows} coalitions")
     return 0
-
 
 
 COMMANDS = {"explain": _explain, "replay": _replay, "sweep": _sweep, "compare": _compare, "evaluate": _evaluate, "show": _show, "archive": _archive, "report": _report}
