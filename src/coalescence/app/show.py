@@ -15,15 +15,34 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, InputError
-from .options import Options
+from .options import Options, SettingsGroup, option
 from .settings import RunSettings
 
-__all__ = ("RENDER_OPTIONS", "ShownCoalition", "parse_coalition", "show_coalition")
+__all__ = ("RENDER_OPTIONS", "ShowSettings", "ShownCoalition", "parse_coalition", "show_coalition")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShowSettings(SettingsGroup):
+    """What ``coalescence show`` renders (:func:`show_coalition`'s ``coalition`` and ``index``).
+
+    Args:
+        coalition: the coalition spec (module docs).
+        conversation: which conversation of a dataset, or snapshot of an archive (0-based).
+    """
+
+    title: ClassVar[str] = "show"
+
+    coalition: str = option(
+        "full",
+        metavar="SPEC",
+        help="full, empty, without:LABEL (every player but LABEL), only:LABEL, or one 0/1 per player in order (default: %(default)s)",
+    )
+    conversation: int = option(0, type=int, metavar="K", help="which conversation of a dataset or snapshot of an archive, from 0 (default: 0)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,18 +46,7 @@ from .options import Options, SettingsGroup, option
 from .groups import RaySettings, method_list_help
 from .settings import RunSettings
 
-__all__ = (
-    "EXPLAIN_ONLY",
-    "RESULT_SCHEMA",
-    "RUN_OPTIONS",
-    "Cell",
-    "SweepResult",
-    "SweepRun",
-    "SweepSettings",
-    "agreement",
-    "summarize",
-    "sweep_run",
-)
+__all__ = ("EXPLAIN_ONLY", "RESULT_SCHEMA", "RUN_OPTIONS", "Cell", "SweepResult", "SweepRun", "SweepSettings", "agreement", "summarize", "sweep_run")
 
 RESULTS_NAME = "results.parquet"
 """The results table in the output directory."""
@@ -283,6 +272,7 @@ class SweepResult:
         model_evaluations: coalitions this session evaluated with the model (0 for a finished
             sweep run again).
         restored_conversations: conversations restored from the archive, not fitted again.
+        conversations: conversations of the sweep.
     """
 
     rows: tuple[dict[str, Any], ...]
@@ -291,6 +281,15 @@ class SweepResult:
     summary: str
     model_evaluations: int
     restored_conversations: int
+    conversations: int
+
+    def format(self) -> str:
+        """The summary, then the conversations and model evaluations, then where the results are
+        (what ``coalescence sweep`` prints)."""
+        return (
+            f"{self.summary}\nconversations {self.conversations} ({self.restored_conversations} restored from the archive)   "
+            f"model evaluations this session {self.model_evaluations}\nresults: {self.path}   archive: {self.run_dir}"
+        )
 
     def to_arrow(self) -> Any:
         """The results as a ``pyarrow.Table``."""
@@ -519,6 +518,7 @@ class SweepRun(ExplainRun):
             summary=summarize(rows),
             model_evaluations=self.model_evaluations,
             restored_conversations=self.restored_conversations,
+            conversations=len(results),
         )
 
 

@@ -13,37 +13,17 @@ from ..app.lifecycle import RunFailed, Session, write_after_run
 from ..errors import ArchiveError, ReportError
 from .messages import fail
 
-__all__ = ("COMMANDS", "SESSIONS", "session")
+__all__ = ("COMMANDS",)
 
 
-SESSIONS: list[Session] = []  # the running command's lifecycle (signals, the archive it writes)
+def _progress(args: argparse.Namespace) -> Any:
+    """The run's progress bar on stderr, third-party loading noise off first unless ``--verbose``."""
+    from ..app.lifecycle import quiet_third_party
+    from ..scheduler.progress import TqdmProgress
 
-
-def session() -> Session:
-    if not SESSIONS:  # a command function called without main(): no handlers, nothing to watch
-        SESSIONS.append(Session())
-    return SESSIONS[-1]
-
-
-def _quiet_transformers(args: argparse.Namespace) -> None:
-    """Third-party loading noise off unless ``--verbose``: transformers' warnings and bars, and
-    vLLM's start-up (its INFO/WARNING log of the engine's configuration, a logged traceback of a
-    chat-template warm-up it cannot do without a tokenizer, deprecation warnings of its imports,
-    torch's C++ NUMA note); their errors stay, and so do coalescence's own warnings."""
     if not args.verbose:
-        import logging
-        import os
-        import warnings
-
-        import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        logging.getLogger("vllm").setLevel(logging.ERROR)  # what it logs while importing, before its own configuration
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm\.")
+        quiet_third_party()
+    return TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every)
 
 
 def _notify(args: argparse.Namespace) -> Any:
@@ -57,18 +37,14 @@ def _run_phases(run: Any, args: argparse.Namespace) -> Any:
     """An explain run's or a sweep's phases after its check: the tokenizer and template (every
     coalition rendered, no weights), the weights, snapshots and targets, the archive created or
     resumed, then the run, closed with its status."""
-    from ..scheduler.progress import TqdmProgress
-
-    _quiet_transformers(args)
+    progress = _progress(args)
     run.preflight()
-    run.load(progress=TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every), notify=_notify(args))
-    run.open_archive()
-    session().track(run.run_dir, run.engine)
+    Session.current().start(run, progress=progress, notify=_notify(args))
     if run.archive.resumed and not args.no_progress:
         print(f"coalescence: resuming {run.run_dir}: {run.resumed_coalitions} coalitions already evaluated", file=sys.stderr)
         if run.archive.results:
             print(f"coalescence: {len(run.archive.results)} conversations finished before are restored, not planned again", file=sys.stderr)
-    return session().finish(run.engine, run.evaluate)
+    return Session.current().finish(run.engine, run.evaluate)
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -105,13 +81,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
     run = SweepRun(args.input, settings_from(SweepSettings, args, run=RUN_OPTIONS.settings(args)))
     results = _run_phases(run, args)
-    result = write_after_run(lambda: run.write(results), run.out_path)
-    print(result.summary)
-    print(
-        f"conversations {len(results)} ({result.restored_conversations} restored from the archive)   "
-        f"model evaluations this session {result.model_evaluations}"
-    )
-    print(f"results: {result.path}   archive: {result.run_dir}")
+    print(write_after_run(lambda: run.write(results), run.out_path).format())
     return 0
 
 
@@ -119,19 +89,14 @@ def _replay(args: argparse.Namespace) -> int:
     from ..app.options import settings_from
     from ..app.replay import ReplayRun
     from ..app.settings import ReplaySettings
-    from ..scheduler.progress import TqdmProgress
 
-    settings = settings_from(ReplaySettings, args)
-    replay = ReplayRun(args.run_dir, settings)
+    replay = ReplayRun(args.run_dir, settings_from(ReplaySettings, args))
     if not replay.needs_model or args.model is None:
         explanations = replay.fit()  # with no model; names the missing coalitions when there are some
     else:
-        _quiet_transformers(args)
-        replay.load(progress=TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every), notify=_notify(args))
-        replay.open_archive()
-        session().track(args.run_dir, replay.engine)
+        Session.current().start(replay, progress=_progress(args), notify=_notify(args))
         try:
-            explanations = session().finish(replay.engine, replay.evaluate)
+            explanations = Session.current().finish(replay.engine, replay.evaluate)
         except ArchiveError as exc:
             raise RunFailed(exc) from exc
     write_after_run(lambda: replay.write(explanations), replay.out_path)  # before printing: a closed output must not lose the document
@@ -164,13 +129,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..app.evaluate import evaluate_source
     from ..app.options import settings_from
     from ..app.settings import EvaluateSettings
-    from ..scheduler.progress import TqdmProgress
 
     settings = settings_from(EvaluateSettings, args)
-    _quiet_transformers(args)
-    progress = TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every)
-    evaluation = evaluate_source(args.source, settings, progress=progress)
-    print(evaluation.format())
+    print(evaluate_source(args.source, settings, progress=_progress(args)).format())
     if settings.out is not None:
         print(f"json: {settings.out}")
     return 0
@@ -189,10 +150,7 @@ def _archive(args: argparse.Namespace) -> int:
 
     if args.archive_command == "info":
         info = archive_info(args.run_dir, skip_corrupt=args.skip_corrupt)
-        if args.json:
-            print(json.dumps(info, indent=2))
-            return 0
-        print(format_archive_info(info))
+        print(json.dumps(info, indent=2) if args.json else format_archive_info(info))
         return 0
     before, rows = compact(args.run_dir, skip_corrupt=args.skip_corrupt)
     print(f"compacted {args.run_dir}: {before} parts -> {1 if rows else 0}, {rows} coalitions")

@@ -49,30 +49,15 @@ def _subcommand(sub: Any, name: str, *, example: str, **kwargs: Any) -> argparse
     return sub.add_parser(name, epilog=f"example:\n  {example}\n\n{EXIT_CODES}", **kwargs)
 
 
-def _add_display_options(p: argparse.ArgumentParser) -> None:
-    from ..app.options import positive_float
-
-    g = p.add_argument_group("progress and logging")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    g.add_argument(
-        "--progress-every",
-        type=positive_float,
-        default=30.0,
-        metavar="SECONDS",
-        help="when stderr is not a terminal (a log file, CI): a plain progress line at most this often, "
-        "never carriage returns (default: %(default)s)",
-    )
-    g.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``coalescence`` command: each run command's options are generated
     from its settings (:mod:`coalescence.app.settings`), grouped in ``--help`` as the settings are."""
     from ..app.compare import CompareSettings
+    from ..app.groups import ProgressSettings
     from ..app.options import add_options
     from ..app.report import ReportSettings
     from ..app.settings import EvaluateSettings, ReplaySettings, RunSettings
-    from ..app.show import RENDER_OPTIONS
+    from ..app.show import RENDER_OPTIONS, ShowSettings
     from ..app.sweeps import RUN_OPTIONS, SweepSettings
 
     parser = _Parser(
@@ -101,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dataset with one input per row (a messages column and the optional fields as columns)",
     )
     add_options(ex, RunSettings)
-    _add_display_options(ex)
+    add_options(ex, ProgressSettings)
 
     rp = _subcommand(
         sub,
@@ -114,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("run_dir", metavar="RUN_DIR", help="run archive directory")
     add_options(rp, ReplaySettings)
-    _add_display_options(rp)
+    add_options(rp, ProgressSettings)
 
     sw = _subcommand(
         sub,
@@ -135,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_options(sw, SweepSettings)
     RUN_OPTIONS.add(sw)
-    _add_display_options(sw)
+    add_options(sw, ProgressSettings)
 
     rep = _subcommand(
         sub,
@@ -180,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("source", metavar="RUN_OR_DOC", help="a run archive directory or an --out JSON document")
     add_options(ev, EvaluateSettings)
-    _add_display_options(ev)
+    add_options(ev, ProgressSettings)
 
     sh = _subcommand(
         sub,
@@ -193,14 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model and date). Only the tokenizer is loaded.",
     )
     sh.add_argument("source", metavar="SOURCE", help="an input file (.json, .jsonl, .parquet) or a run archive directory")
-    sh.add_argument(
-        "--coalition",
-        default="full",
-        metavar="SPEC",
-        help="full, empty, without:LABEL (every player but LABEL), only:LABEL, or one 0/1 per player in order "
-        "(default: %(default)s)",
-    )
-    sh.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a dataset or snapshot of an archive, from 0 (default: 0)")
+    add_options(sh, ShowSettings)
     RENDER_OPTIONS.add(sh)
 
     ar = _subcommand(sub, "archive", example="coalescence archive info runs/eiffel", help="inspect or compact a run archive")
