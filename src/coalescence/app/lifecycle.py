@@ -1,11 +1,12 @@
 """A run's lifecycle around its phases: the status it closes with, the archive never left open,
 signals and a closed output turned into an orderly stop.
 
-A :class:`Session` is one command's: it holds the signal handling
-(:class:`~coalescence._interrupts.Interrupts`) and the engine being written. :meth:`Session.finish`
-evaluates a run with signals deferred and closes the archive with the run's status (``complete``,
-``failed``, ``interrupted``); :meth:`Session.close_left_open` closes an archive a command left open
-(a signal between opening it and the run). What the caller must report is raised as one error
+A :class:`Session` is one command's (:meth:`Session.current`): it holds the signal handling
+(:class:`~coalescence._interrupts.Interrupts`) and the engine being written. :meth:`Session.start`
+loads a run's model and opens its archive; :meth:`Session.finish` evaluates the run with signals
+deferred and closes the archive with the run's status (``complete``, ``failed``, ``interrupted``);
+:meth:`Session.conclude` runs a whole command and closes an archive it left open (a signal between
+opening it and the run). What the caller must report is raised as one error
 (:class:`RunFailed`: a write after the run started, exit 3 at the command line) or as
 :class:`~coalescence._interrupts.Stopped` (a signal) and :class:`~coalescence._interrupts.OutputClosed`.
 """
