@@ -157,3 +157,20 @@ def test_no_output_goes_into_a_run_archive_that_is_not_read(compare_run, tmp_pat
         assert code == 2 and out == "" and err.startswith(f"coalescence: error: {option}: ") and err.count("\n") == 1, err
         assert "run archive" in err
     assert sorted(p.name for p in other.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [({"seed": 0}, "seed"), ({"budget": 8, "run": "r"}, "budget"), ({"method": "exact", "seed": 1}, "method"), ({"method": "", "run": "r"}, "run")],
+)
+def test_archive_options_with_documents_only_are_refused_naming_the_first(tmp_path, given, named):
+    """``coalescence compare``'s settings: fit options where every source is a document are refused
+    before any source is read, naming the first given (seed 0 and budget are given, an empty
+    method is not)."""
+    from coalescence.app.compare import CompareSettings, compare_files
+    from coalescence.errors import ConfigError
+
+    sources = [tmp_path / "a.json", tmp_path / "b.json"]
+    with pytest.raises(ConfigError, match="every SOURCE here is an --out document") as refused:
+        compare_files(sources, CompareSettings(**given))
+    assert refused.value.field == named

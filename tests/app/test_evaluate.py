@@ -174,23 +174,3 @@ def test_document_with_no_archive_recreates_its_game_in_a_new_one(game_run, chat
     assert r.lds.estimate == pytest.approx(rho, abs=1e-6)
     again = coalescence.evaluate(tmp_path / "doc.json", archive=tmp_path / "new", seed=2)
     assert again.model_evaluations == 0 and again.to_dict()["results"] == fresh.to_dict()["results"]
-
-
-def test_the_lds_interval_is_scipys_percentile_bootstrap():
-    """Our seeded percentile bootstrap against scipy.stats.bootstrap's (paired, percentile method):
-    different draws, so the ends agree to the resampling noise of 2,000 resamples."""
-    from scipy.stats import bootstrap
-
-    from coalescence.app.evaluate import linear_datamodeling_score
-
-    rng = np.random.default_rng(7)
-    masks = rng.random((32, 8)) < 0.5
-    phi = rng.normal(size=8)
-    v = masks @ phi + rng.normal(scale=1.5, size=32)
-    ours = linear_datamodeling_score(phi, masks, v, seed=3)
-    x = masks.astype(float) @ phi
-    assert ours.estimate == pytest.approx(spearmanr(x, v).statistic, abs=1e-12)
-    ref = bootstrap((x, v), lambda a, b: spearmanr(a, b).statistic, paired=True, vectorized=False, method="percentile",
-                    n_resamples=2000, confidence_level=0.95, rng=np.random.default_rng(0)).confidence_interval  # fmt: skip
-    assert ours.low == pytest.approx(ref.low, abs=0.05) and ours.high == pytest.approx(ref.high, abs=0.05)
-    assert ours.low < ours.estimate < ours.high

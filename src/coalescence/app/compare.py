@@ -20,11 +20,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import ConfigError, InputError
+from .options import SettingsGroup, names, option, positive_int
+from .options import seed as seed_type
 
-__all__ = ("Column", "Comparison", "compare")
+__all__ = ("Column", "CompareSettings", "Comparison", "compare", "compare_files")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,6 +262,82 @@ def compare(
         top_k=k,
         columns=tuple(columns),
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareSettings(SettingsGroup):
+    """The settings of ``coalescence compare`` (its options; ``method``, ``budget``, ``seed`` and
+    ``run`` apply to run archives, as :func:`compare`).
+
+    Args:
+        method: comma-separated methods fitted (default: the run's).
+        budget, seed, run: the sampling budget, the plans' seed and the run id (default: the run's).
+        top_k: the k of the top-k overlap.
+        conversation: which conversation of a batch (0-based).
+        out: the comparison written as JSON, or ``None``.
+        html: the comparison written as one HTML page, or ``None``.
+        scale: the page's colour scale, ``robust`` or ``linear``.
+    """
+
+    title: ClassVar[str] = "compare"
+
+    method: str | None = option(None, help="run archives: comma-separated methods fitted (default: the run's method)")
+    budget: int | None = option(None, type=positive_int, help="run archives: sampling budget (default: the run's, else 32 x players)")
+    seed: int | None = option(None, type=seed_type, help="run archives: seed of the sampling plans (default: the run's)")
+    run: str | None = option(None, help="run archives: run id (default: the last run)")
+    top_k: int = option(3, type=positive_int, help="k of the top-k overlap (default: %(default)s)")
+    conversation: int = option(0, type=int, metavar="K", help="which conversation of a batch, from 0 (default: 0)")
+    out: str | Path | None = option(None, metavar="JSON", help="also write the comparison as JSON here")
+    html: str | Path | None = option(
+        None,
+        metavar="PATH",
+        help="also write the comparison as one self-contained HTML page here: values and ranks side by side, the "
+        "agreement, one bar chart per explanation on one scale",
+    )
+    scale: str = option(
+        "robust", choices=("robust", "linear"), help="--html: colour scale of the values (as coalescence report) (default: %(default)s)"
+    )
+
+
+def compare_files(sources: Sequence[str | Path], settings: CompareSettings) -> Comparison:
+    """``coalescence compare``: :func:`compare` of ``sources`` as ``settings`` asks, written to
+    ``settings.out`` (JSON) and ``settings.html`` (one page) when given, every path checked first.
+
+    Returns:
+        The comparison.
+
+    Raises:
+        ConfigError: an output that is a directory, unwritable, or would overwrite a source or a run
+            archive; archive options where every source is a document; as :func:`compare`.
+        InputError, ArchiveError, EstimatorError: as :func:`compare`.
+        BackendUnavailable: ``html`` without the report's optional packages.
+        ReportError: the page could not be drawn.
+        RunFailed: ``out`` could not be written.
+    """
+    from ..archive.writer import write_json_atomic
+    from ..report import write_report
+    from .lifecycle import write_after_run
+    from .outputs import html_path, output_path, refuse_overwrite
+    from .report import drawn
+
+    s = settings
+    out, html = output_path(s.out, "out"), html_path(s.html, "html")
+    refuse_overwrite(
+        {"out": out, "html": html},
+        sources={f"SOURCE {k + 1}": x for k, x in enumerate(sources) if not Path(x).is_dir()},
+        run_dirs={f"SOURCE {k + 1}": x for k, x in enumerate(sources) if (Path(x) / "manifest.json").is_file()},
+    )
+    documents = [x for x in sources if not Path(x).is_dir()]
+    given = [name for name, value in (("method", s.method), ("budget", s.budget is not None), ("seed", s.seed is not None), ("run", s.run)) if value]
+    if documents and len(documents) == len(sources) and given:
+        raise ConfigError("applies to run archive directories; every SOURCE here is an --out document", field=given[0])
+    methods = names(s.method) if s.method is not None else None
+    comparison = compare(list(sources), methods=methods, budget=s.budget, seed=s.seed, top_k=s.top_k, snapshot=s.conversation, run_id=s.run)
+    if out is not None:
+        write_after_run(lambda: write_json_atomic(out, comparison.to_dict(), field="out"), out)
+    if html is not None:
+        write_report(html, drawn(lambda: comparison.to_html(scale=s.scale), "html"), field="html")
+    return comparison
 
 
 def _num(x: float | None) -> str:

@@ -33,6 +33,7 @@ __all__ = (
     "HierarchySettings",
     "ModelSettings",
     "OutputSettings",
+    "ProgressSettings",
     "RaySettings",
     "RunArchiveSettings",
     "UtilitySettings",
@@ -384,3 +385,21 @@ class OutputSettings(SettingsGroup):
     html: str | Path | None = option(
         None, metavar="PATH", help="write the HTML report of the explanation here after the run (as `coalescence report`)"
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressSettings(SettingsGroup):
+    """What a command shows on stderr while it runs: the progress bar (or, off a terminal, a plain
+    line at most every ``progress_every`` seconds) and the log."""
+
+    title: ClassVar[str] = "progress and logging"
+
+    no_progress: bool = option(False, switch=True, help="no progress bar on stderr")
+    progress_every: float = option(
+        30.0,
+        type=positive_float,
+        metavar="SECONDS",
+        help="when stderr is not a terminal (a log file, CI): a plain progress line at most this often, "
+        "never carriage returns (default: %(default)s)",
+    )
+    verbose: bool = option(False, short="-v", switch=True, help="log progress details to stderr")

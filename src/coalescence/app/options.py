@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 __all__ = (
     "Option",
+    "Options",
     "SettingsGroup",
     "add_options",
     "names",
@@ -170,6 +171,31 @@ def settings_from(cls: type, args: argparse.Namespace, *, exclude: tuple[str, ..
     those in ``exclude``, as :func:`add_options`), and ``given`` fields set by the command itself."""
     values = {f.name: getattr(args, f.name) for _, f, _ in option_fields(cls) if hasattr(args, f.name) and f.name not in exclude}
     return cls(**(values | given))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """The options one command takes from a settings class, the same fields both ways: :meth:`add`
+    puts them on its parser (:func:`add_options`), :meth:`settings` builds the settings back from
+    the parsed namespace (:func:`settings_from`).
+
+    Attributes:
+        cls: the settings class.
+        exclude: its fields the command leaves out (set by the command itself, or not its concern).
+        help: the command's own help text for some fields.
+        defaults: the command's own defaults for some fields.
+    """
+
+    cls: type
+    exclude: tuple[str, ...] = ()
+    help: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        add_options(parser, self.cls, exclude=self.exclude, help=self.help, defaults=self.defaults)
+
+    def settings(self, args: argparse.Namespace, **given: Any) -> Any:
+        return settings_from(self.cls, args, exclude=self.exclude, **given)
 
 
 def names(value: str | Iterable[str]) -> tuple[str, ...]:

@@ -13,15 +13,36 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, InputError
+from .options import Options, SettingsGroup, option
+from .settings import RunSettings
 
-__all__ = ("ShownCoalition", "parse_coalition", "show_coalition")
+__all__ = ("RENDER_OPTIONS", "ShowSettings", "ShownCoalition", "parse_coalition", "show_coalition")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShowSettings(SettingsGroup):
+    """What ``coalescence show`` renders (:func:`show_coalition`'s ``coalition`` and ``index``).
+
+    Args:
+        coalition: the coalition spec (module docs).
+        conversation: which conversation of a dataset, or snapshot of an archive (0-based).
+    """
+
+    title: ClassVar[str] = "show"
+
+    coalition: str = option(
+        "full",
+        metavar="SPEC",
+        help="full, empty, without:LABEL (every player but LABEL), only:LABEL, or one 0/1 per player in order (default: %(default)s)",
+    )
+    conversation: int = option(0, type=int, metavar="K", help="which conversation of a dataset or snapshot of an archive, from 0 (default: 0)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,7 +171,6 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
     else:
         from ..snapshot import ConversationSnapshot
         from .explain import ExplainRun
-        from .settings import RunSettings
 
         import dataclasses
 
@@ -197,11 +217,15 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
 
 _RENDERING = ("model", "unit", "roles", "template", "absence_policy", "placeholder", "system_absent", "empty_turns", "merge_adjacent")
 
+RENDER_OPTIONS = Options(
+    cls=RunSettings, exclude=tuple(f.name for f in fields(RunSettings) if f.name not in (*_RENDERING, "proxy_game", "proxy_budget"))
+)
+"""The explain run's options that ``coalescence show`` takes: the rendering ones (and the proxy
+game's, accepted and unused)."""
+
 
 def _rendering_options(settings: Any, options: dict[str, Any]) -> list[str]:
     """The rendering settings given other than their defaults (an archive has its own)."""
-    from .settings import RunSettings
-
     default = RunSettings()
     given = [name for name in _RENDERING if settings is not None and getattr(settings, name) != getattr(default, name)]
     return given + sorted(options)

@@ -32,7 +32,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -42,11 +42,11 @@ from ..errors import ConfigError, EstimatorError
 from ..attribution.estimators import is_exact
 from .lifecycle import run_blocking
 from .explain import ExplainRun, closing_run
-from .options import SettingsGroup, option
-from .groups import method_list_help
+from .options import Options, SettingsGroup, option
+from .groups import RaySettings, method_list_help
 from .settings import RunSettings
 
-__all__ = ("RESULT_SCHEMA", "Cell", "SweepResult", "SweepRun", "SweepSettings", "agreement", "summarize", "sweep_run")
+__all__ = ("EXPLAIN_ONLY", "RESULT_SCHEMA", "RUN_OPTIONS", "Cell", "SweepResult", "SweepRun", "SweepSettings", "agreement", "summarize", "sweep_run")
 
 RESULTS_NAME = "results.parquet"
 """The results table in the output directory."""
@@ -209,7 +209,7 @@ class SweepSettings(SettingsGroup):
             raise ConfigError("give an output directory", field="out")
         run = self.run
         default = RunSettings()
-        for name in ("method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"):
+        for name in EXPLAIN_ONLY:
             if getattr(run, name) != getattr(default, name):
                 raise ConfigError("does not apply to a sweep (its methods, budgets and seeds are the sweep's)", field=name)
         for name in ("proxy_game", "proxy_budget"):  # every cell is fitted from the one pool of exact rows
@@ -237,6 +237,23 @@ class SweepSettings(SettingsGroup):
         return {"methods": list(self.methods), "budgets": list(self.budgets), "seeds": list(self.seeds)}
 
 
+EXPLAIN_ONLY = ("method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html")
+"""The explain run's settings that do not apply to a sweep (its methods, budgets and seeds are the sweep's)."""
+
+RUN_OPTIONS = Options(
+    cls=RunSettings,
+    exclude=EXPLAIN_ONLY + tuple(f.name for f in fields(RaySettings)),
+    help={
+        "archive": "run archive directory (default: DIR/archive); resumed if it holds this run",
+        "max_conversations_in_flight": "conversations evaluated at once through one scheduler, their coalitions "
+        "filling the same batches (bounds memory) (default: %(default)s)",
+    },
+    defaults={"archive": None},  # no --archive: None, the sweep's default (OUT/archive)
+)
+"""The explain run's options that ``coalescence sweep`` takes (:attr:`SweepSettings.run`): not the
+explain-only ones, nor Ray's."""
+
+
 def _replace(settings: RunSettings, **changes: Any) -> RunSettings:
     from dataclasses import replace
 
@@ -255,6 +272,7 @@ class SweepResult:
         model_evaluations: coalitions this session evaluated with the model (0 for a finished
             sweep run again).
         restored_conversations: conversations restored from the archive, not fitted again.
+        conversations: conversations of the sweep.
     """
 
     rows: tuple[dict[str, Any], ...]
@@ -263,6 +281,15 @@ class SweepResult:
     summary: str
     model_evaluations: int
     restored_conversations: int
+    conversations: int
+
+    def format(self) -> str:
+        """The summary, then the conversations and model evaluations, then where the results are
+        (what ``coalescence sweep`` prints)."""
+        return (
+            f"{self.summary}\nconversations {self.conversations} ({self.restored_conversations} restored from the archive)   "
+            f"model evaluations this session {self.model_evaluations}\nresults: {self.path}   archive: {self.run_dir}"
+        )
 
     def to_arrow(self) -> Any:
         """The results as a ``pyarrow.Table``."""
@@ -491,6 +518,7 @@ class SweepRun(ExplainRun):
             summary=summarize(rows),
             model_evaluations=self.model_evaluations,
             restored_conversations=self.restored_conversations,
+            conversations=len(results),
         )
 
 

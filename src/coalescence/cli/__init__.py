@@ -35,15 +35,13 @@ from collections.abc import Sequence
 
 from .._interrupts import EXIT_OUTPUT_CLOSED, Interrupts, Stopped, exit_code, is_broken_pipe, quiet_closed_outputs, write_stderr
 from ..app.lifecycle import RunFailed, Session
-from ..errors import ArchiveWriteError, BatchFailed, CoalescenceError, ReportError
-from .commands import COMMANDS, SESSIONS, session
-from .exit_codes import EXIT_CODES
+from ..errors import CoalescenceError
+from .commands import COMMANDS
+from .exit_codes import EXIT_CODES, error_exit_code
 from .messages import FLAGS, error_line, fail, flags_of
 from .parser import build_parser
 
 __all__ = ("EXIT_CODES", "build_parser", "main")
-
-logger = logging.getLogger("coalescence")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,11 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     interrupts = Interrupts()
     interrupts.install()
-    SESSIONS.append(Session(interrupts))
     try:
-        code = _main(argv, interrupts)
+        with Session(interrupts).running():
+            code = _main(argv)
     finally:
-        SESSIONS.pop()
         if argv is None:
             interrupts.finish()
         else:
@@ -76,17 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
-    try:
-        try:
-            code = _command(argv)
-        except BaseException as exc:
-            interrupts.finish()  # from here on, signals do not raise
-            _close_left_open(interrupted=interrupts.signum is not None or is_broken_pipe(exc))
-            raise
-        interrupts.finish()
-        _close_left_open(interrupted=interrupts.signum is not None)
-        return code
+def _main(argv: Sequence[str] | None) -> int:
+    try:  # the command, then its archive closed if it was left open (the error closing it printed)
+        return Session.current().conclude(lambda: _command(argv), report=lambda error: write_stderr(error_line(error)))
     except KeyboardInterrupt as exc:  # a first signal while a failure was being reported
         return exit_code(exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
     except Exception as exc:
@@ -97,48 +86,35 @@ def _main(argv: Sequence[str] | None, interrupts: Interrupts) -> int:
         return EXIT_OUTPUT_CLOSED
 
 
-def _close_left_open(*, interrupted: bool) -> None:
-    """Close an archive the command left open (:meth:`~coalescence.app.lifecycle.Session.close_left_open`)."""
-    error = session().close_left_open(interrupted=interrupted)
-    if error is not None:
-        write_stderr(error_line(error))
-
-
 def _command(argv: Sequence[str] | None) -> int:
     # third-party loading bars (e.g. GGUF de-quantization) read TQDM_* defaults when tqdm is first
     # imported; our own bar passes its setting explicitly, so this silences only theirs
     os.environ.setdefault("TQDM_DISABLE", "1")
     parser = build_parser()
-    FLAGS.clear()
-    FLAGS.update(flags_of(parser, argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit:
         sys.stdout.flush()  # --help into a closed pipe: the broken pipe shows here, not at exit
         raise
+    FLAGS.clear()
+    FLAGS.update(flags_of(parser, args))
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    session().track(None, None)
+    Session.current().track(None, None)
     try:
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's final flush
         return code
-    except RunFailed as exc:  # the exit-code table is in the module docstring
+    except RunFailed as exc:  # a write after the run started (exit_codes)
         return fail(exc.error, 3)
-    except BatchFailed as exc:
-        return fail(exc, 1)
-    except ArchiveWriteError as exc:
-        return fail(exc, 3)
-    except ReportError as exc:
-        return fail(exc, 4)
     except CoalescenceError as exc:
-        return fail(exc, 2)
+        return fail(exc, error_exit_code(exc))
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-        where = session().run_dir
+        where = Session.current().run_dir
         saved = f"; evaluated coalitions are in {where} (run the same command to resume)" if where else ""
         write_stderr(f"coalescence: {'terminated' if signum == signal.SIGTERM else 'interrupted'}{saved}")
         return exit_code(signum)

@@ -10,41 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from ..app.lifecycle import RunFailed, Session, write_after_run
-from ..errors import ArchiveError, CoalescenceError, ConfigError, ReportError
+from ..errors import ArchiveError, ReportError
 from .messages import fail
-from .parser import EXPLAIN_ONLY, NOT_RENDERING, RAY_FIELDS
 
-__all__ = ("COMMANDS", "SESSIONS", "session")
-
-
-SESSIONS: list[Session] = []  # the running command's lifecycle (signals, the archive it writes)
+__all__ = ("COMMANDS",)
 
 
-def session() -> Session:
-    if not SESSIONS:  # a command function called without main(): no handlers, nothing to watch
-        SESSIONS.append(Session())
-    return SESSIONS[-1]
+def _progress(args: argparse.Namespace) -> Any:
+    """The run's progress bar on stderr, third-party loading noise off first unless ``--verbose``."""
+    from ..app.lifecycle import quiet_third_party
+    from ..scheduler.progress import TqdmProgress
 
-
-def _quiet_transformers(args: argparse.Namespace) -> None:
-    """Third-party loading noise off unless ``--verbose``: transformers' warnings and bars, and
-    vLLM's start-up (its INFO/WARNING log of the engine's configuration, a logged traceback of a
-    chat-template warm-up it cannot do without a tokenizer, deprecation warnings of its imports,
-    torch's C++ NUMA note); their errors stay, and so do coalescence's own warnings."""
     if not args.verbose:
-        import logging
-        import os
-        import warnings
-
-        import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # read when vllm is first imported
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        logging.getLogger("vllm").setLevel(logging.ERROR)  # what it logs while importing, before its own configuration
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm\.")
+        quiet_third_party()
+    return TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every)
 
 
 def _notify(args: argparse.Namespace) -> Any:
@@ -58,18 +37,14 @@ def _run_phases(run: Any, args: argparse.Namespace) -> Any:
     """An explain run's or a sweep's phases after its check: the tokenizer and template (every
     coalition rendered, no weights), the weights, snapshots and targets, the archive created or
     resumed, then the run, closed with its status."""
-    from ..scheduler.progress import TqdmProgress
-
-    _quiet_transformers(args)
+    progress = _progress(args)
     run.preflight()
-    run.load(progress=TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every), notify=_notify(args))
-    run.open_archive()
-    session().track(run.run_dir, run.engine)
+    Session.current().start(run, progress=progress, notify=_notify(args))
     if run.archive.resumed and not args.no_progress:
         print(f"coalescence: resuming {run.run_dir}: {run.resumed_coalitions} coalitions already evaluated", file=sys.stderr)
         if run.archive.results:
             print(f"coalescence: {len(run.archive.results)} conversations finished before are restored, not planned again", file=sys.stderr)
-    return session().finish(run.engine, run.evaluate)
+    return Session.current().finish(run.engine, run.evaluate)
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -102,20 +77,11 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from ..app.options import settings_from
-    from ..app.settings import RunSettings
-    from ..app.sweeps import SweepRun, SweepSettings
+    from ..app.sweeps import RUN_OPTIONS, SweepRun, SweepSettings
 
-    # no --archive: None, the sweep's default (OUT/archive)
-    game = settings_from(RunSettings, args, exclude=EXPLAIN_ONLY + RAY_FIELDS)
-    run = SweepRun(args.input, settings_from(SweepSettings, args, run=game))
+    run = SweepRun(args.input, settings_from(SweepSettings, args, run=RUN_OPTIONS.settings(args)))
     results = _run_phases(run, args)
-    result = write_after_run(lambda: run.write(results), run.out_path)
-    print(result.summary)
-    print(
-        f"conversations {len(results)} ({result.restored_conversations} restored from the archive)   "
-        f"model evaluations this session {result.model_evaluations}"
-    )
-    print(f"results: {result.path}   archive: {result.run_dir}")
+    print(write_after_run(lambda: run.write(results), run.out_path).format())
     return 0
 
 
@@ -123,19 +89,14 @@ def _replay(args: argparse.Namespace) -> int:
     from ..app.options import settings_from
     from ..app.replay import ReplayRun
     from ..app.settings import ReplaySettings
-    from ..scheduler.progress import TqdmProgress
 
-    settings = settings_from(ReplaySettings, args)
-    replay = ReplayRun(args.run_dir, settings)
+    replay = ReplayRun(args.run_dir, settings_from(ReplaySettings, args))
     if not replay.needs_model or args.model is None:
         explanations = replay.fit()  # with no model; names the missing coalitions when there are some
     else:
-        _quiet_transformers(args)
-        replay.load(progress=TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every), notify=_notify(args))
-        replay.open_archive()
-        session().track(args.run_dir, replay.engine)
+        Session.current().start(replay, progress=_progress(args), notify=_notify(args))
         try:
-            explanations = session().finish(replay.engine, replay.evaluate)
+            explanations = Session.current().finish(replay.engine, replay.evaluate)
         except ArchiveError as exc:
             raise RunFailed(exc) from exc
     write_after_run(lambda: replay.write(explanations), replay.out_path)  # before printing: a closed output must not lose the document
@@ -145,75 +106,22 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drawn(draw: Any, field: str) -> Any:
-    """``draw()``; a drawing library's failure is a :class:`ReportError` (exit 4, one line)."""
-    try:
-        return draw()
-    except CoalescenceError:
-        raise
-    except Exception as exc:  # a drawing library's failure: exit 4, one line, not a model failure
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ReportError(f"the report could not be drawn ({type(exc).__name__}: {first})", field=field) from exc
-
-
 def _report(args: argparse.Namespace) -> int:
-    from ..app.options import names
-    from ..app.outputs import html_path, refuse_overwrite
-    from ..app.report import report_source
-    from ..report import render_report, write_chart_image, write_report
+    from ..app.options import settings_from
+    from ..app.report import ReportSettings, write_report_files
 
-    if args.output is None and args.image is None:
-        raise ConfigError("give the HTML file written (-o report.html), --image chart.png, or both", field="output")
-    out = html_path(args.output, "output")
-    image = html_path(args.image, "image")  # matplotlib draws the image too
-    is_dir = Path(args.source).is_dir()  # a directory that is no run archive is refused by report_source
-    archive = is_dir and (Path(args.source) / "manifest.json").is_file()
-    refuse_overwrite(
-        {"output": out, "image": image}, sources={} if is_dir else {"SOURCE": args.source}, run_dirs={"SOURCE": args.source} if archive else None
-    )
-    methods = names(args.method) if args.method is not None else None
-    if methods is not None and not methods:
-        raise ConfigError("give at least one method, e.g. --method exact", field="method")
-    report = report_source(args.source, methods=methods, budget=args.budget, seed=args.seed, run_id=args.run)
-    if out is not None:
-        page = _drawn(lambda: render_report(report, scale=args.scale), "output")
-        write_report(out, page, field="output")
-        print(f"report: {out}")
-    if image is not None:
-        _drawn(lambda: write_chart_image(image, report, scale=args.scale, field="image"), "image")
-        print(f"image: {image}")
+    write_report_files(args.source, settings_from(ReportSettings, args), written=lambda what, path: print(f"{what}: {path}"))
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from ..app.compare import compare
-    from ..app.options import names
-    from ..app.outputs import html_path, output_path, refuse_overwrite
-    from ..archive.writer import write_json_atomic
-    from ..report import write_report
+    from ..app.compare import CompareSettings, compare_files
+    from ..app.options import settings_from
 
-    out = output_path(args.out, "out")
-    html = html_path(args.html, "html")
-    refuse_overwrite(
-        {"out": out, "html": html},
-        sources={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if not Path(s).is_dir()},
-        run_dirs={f"SOURCE {k + 1}": s for k, s in enumerate(args.sources) if (Path(s) / "manifest.json").is_file()},
-    )
-    methods = names(args.method) if args.method is not None else None
-    sources = [s for s in args.sources if not Path(s).is_dir()]
-    if sources and (args.method or args.budget is not None or args.seed is not None or args.run) and len(sources) == len(args.sources):
-        raise ConfigError("applies to run archive directories; every SOURCE here is an --out document", field="method" if args.method else "budget" if args.budget is not None else "seed" if args.seed is not None else "run")
-    comparison = compare(
-        args.sources, methods=methods, budget=args.budget, seed=args.seed, top_k=args.top_k, snapshot=args.conversation, run_id=args.run
-    )
-    if out is not None:
-        write_after_run(lambda: write_json_atomic(out, comparison.to_dict(), field="out"), out)
-    if html is not None:
-        page = _drawn(lambda: comparison.to_html(scale=args.scale), "html")
-        write_report(html, page, field="html")
-    print(comparison.format())
-    if html is not None:
-        print(f"html: {html}")
+    settings = settings_from(CompareSettings, args)
+    print(compare_files(args.sources, settings).format())
+    if settings.html is not None:
+        print(f"html: {Path(settings.html)}")
     return 0
 
 
@@ -221,25 +129,18 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..app.evaluate import evaluate_source
     from ..app.options import settings_from
     from ..app.settings import EvaluateSettings
-    from ..scheduler.progress import TqdmProgress
 
     settings = settings_from(EvaluateSettings, args)
-    _quiet_transformers(args)
-    progress = TqdmProgress("coalitions", disable=args.no_progress, interval=args.progress_every)
-    evaluation = evaluate_source(args.source, settings, progress=progress)
-    print(evaluation.format())
+    print(evaluate_source(args.source, settings, progress=_progress(args)).format())
     if settings.out is not None:
         print(f"json: {settings.out}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    from ..app.options import settings_from
-    from ..app.settings import RunSettings
-    from ..app.show import show_coalition
+    from ..app.show import RENDER_OPTIONS, show_coalition
 
-    settings = settings_from(RunSettings, args, exclude=NOT_RENDERING)
-    print(show_coalition(args.source, args.coalition, settings=settings, index=args.conversation).format())
+    print(show_coalition(args.source, args.coalition, settings=RENDER_OPTIONS.settings(args), index=args.conversation).format())
     return 0
 
 
@@ -249,15 +150,11 @@ def _archive(args: argparse.Namespace) -> int:
 
     if args.archive_command == "info":
         info = archive_info(args.run_dir, skip_corrupt=args.skip_corrupt)
-        if args.json:
-            print(json.dumps(info, indent=2))
-            return 0
-        print(format_archive_info(info))
+        print(json.dumps(info, indent=2) if args.json else format_archive_info(info))
         return 0
     before, rows = compact(args.run_dir, skip_corrupt=args.skip_corrupt)
     print(f"compacted {args.run_dir}: {before} parts -> {1 if rows else 0}, {rows} coalitions")
     return 0
-
 
 
 COMMANDS = {"explain": _explain, "replay": _replay, "sweep": _sweep, "compare": _compare, "evaluate": _evaluate, "show": _show, "archive": _archive, "report": _report}

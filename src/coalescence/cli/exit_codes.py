@@ -32,9 +32,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ("EXIT_CODES",)
+from ..errors import ArchiveWriteError, BatchFailed, CoalescenceError, ReportError
+
+__all__ = ("EXIT_CODES", "error_exit_code")
 
 EXIT_CODES = "exit codes:\n" + re.sub(
     r":\w+:`~?([^`]+)`|``([^`]+)``", lambda m: m.group(1) or m.group(2), (__doc__ or "").split("::\n\n", 1)[1].rstrip()
 )
 """The exit-code table of the module docstring (every command's ``--help`` epilog)."""
+
+
+def error_exit_code(exc: CoalescenceError) -> int:
+    """The exit code of a library error that ends a command (the table above)."""
+    return 1 if isinstance(exc, BatchFailed) else 3 if isinstance(exc, ArchiveWriteError) else 4 if isinstance(exc, ReportError) else 2

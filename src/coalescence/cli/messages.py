@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
 
 from ..errors import CoalescenceError
 
@@ -21,26 +20,19 @@ FLAGS: dict[str, str] = {}
 _LINE = re.compile(r"^(line \d+: )?(.*)$", re.S)
 
 
-def flags_of(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> dict[str, str]:
-    """Field name -> option of the subcommand ``argv`` runs (its long option), so a library error about ``budget`` names ``--budget`` and one about ``archive`` names
-    ``--archive`` under ``explain`` and ``RUN_DIR`` under ``replay``."""
+def flags_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """Field name -> option of the subcommand ``args`` ran (its long option), so a library error
+    about ``budget`` names ``--budget`` and one about ``archive`` names ``--archive`` under
+    ``explain`` and ``RUN_DIR`` under ``replay``."""
     out: dict[str, str] = {}
-    positional_archive = ""
-    stack = [parser]
-    while stack:
-        current = stack.pop()
-        for action in current._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                name = next((a for a in (argv or sys.argv[1:]) if a in action.choices), None)
-                if name is not None:
-                    stack.append(action.choices[name])
-                continue
-            if action.option_strings:
-                out.setdefault(action.dest, max(action.option_strings, key=len))
-            elif action.dest == "run_dir":
-                positional_archive = str(action.metavar)
-    if "archive" not in out and positional_archive:
-        out["archive"] = positional_archive  # replay, archive info/compact: the archive is RUN_DIR
+    for name in (args.command, getattr(args, "archive_command", None)):
+        if name is not None:
+            parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    for action in parser._actions:
+        if action.option_strings:
+            out.setdefault(action.dest, max(action.option_strings, key=len))
+        elif action.dest == "run_dir":  # replay, archive info/compact: the archive is RUN_DIR
+            out.setdefault("archive", str(action.metavar))
     return out
 
 

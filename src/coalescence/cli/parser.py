@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from .exit_codes import EXIT_CODES
 
-__all__ = ("EXPLAIN_ONLY", "NOT_RENDERING", "RAY_FIELDS", "build_parser")
+__all__ = ("build_parser",)
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -44,59 +44,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"coalescence: error: {field}: {' '.join(text.split())} (see {self.prog} --help)\n")
 
 
-EXPLAIN_ONLY = ("method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html")
-
-
-RAY_FIELDS = ("workers", "ray_address", "gpus_per_worker", "threads_per_worker")
-
-
-NOT_RENDERING = (
-    *EXPLAIN_ONLY, *RAY_FIELDS, "backend", "vllm_url", "device", "dtype", "batch_size", "utility", "target_span", "target_substring",
-    "temperature", "top_p", "num_samples", "max_new_tokens", "archive", "new_run", "flush_rows", "flush_seconds", "skip_corrupt",
-    "max_conversations_in_flight",
-)  # fmt: skip
-
-
-def _image_path(text: str) -> str:
-    """``report --image``: a path ending in ``.png`` or ``.svg`` (the image's format)."""
-    from pathlib import Path
-
-    from ..report.chart import IMAGE_FORMATS
-
-    if Path(text).suffix.lower().lstrip(".") not in IMAGE_FORMATS:
-        accepted = ", ".join(f".{s}" for s in IMAGE_FORMATS)
-        raise argparse.ArgumentTypeError(f"{text!r} has no image suffix; accepted suffixes: {accepted}")
-    return text
-
-
 def _subcommand(sub: Any, name: str, *, example: str, **kwargs: Any) -> argparse.ArgumentParser:
     """A subcommand whose ``--help`` ends with one example command, then the exit codes."""
     return sub.add_parser(name, epilog=f"example:\n  {example}\n\n{EXIT_CODES}", **kwargs)
 
 
-def _add_display_options(p: argparse.ArgumentParser) -> None:
-    from ..app.options import positive_float
-
-    g = p.add_argument_group("progress and logging")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    g.add_argument(
-        "--progress-every",
-        type=positive_float,
-        default=30.0,
-        metavar="SECONDS",
-        help="when stderr is not a terminal (a log file, CI): a plain progress line at most this often, "
-        "never carriage returns (default: %(default)s)",
-    )
-    g.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``coalescence`` command: each run command's options are generated
     from its settings (:mod:`coalescence.app.settings`), grouped in ``--help`` as the settings are."""
-    from ..app.options import add_options, positive_int, seed
+    from ..app.compare import CompareSettings
+    from ..app.groups import ProgressSettings
+    from ..app.options import add_options
+    from ..app.report import ReportSettings
     from ..app.settings import EvaluateSettings, ReplaySettings, RunSettings
-    from ..app.sweeps import SweepSettings
-    from ..attribution.estimators import METHODS
+    from ..app.show import RENDER_OPTIONS, ShowSettings
+    from ..app.sweeps import RUN_OPTIONS, SweepSettings
 
     parser = _Parser(
         prog="coalescence",
@@ -124,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "dataset with one input per row (a messages column and the optional fields as columns)",
     )
     add_options(ex, RunSettings)
-    _add_display_options(ex)
+    add_options(ex, ProgressSettings)
 
     rp = _subcommand(
         sub,
@@ -137,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("run_dir", metavar="RUN_DIR", help="run archive directory")
     add_options(rp, ReplaySettings)
-    _add_display_options(rp)
+    add_options(rp, ProgressSettings)
 
     sw = _subcommand(
         sub,
@@ -157,18 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a .jsonl file with one input per line, a .parquet dataset, or one input .json file (the explain inputs)",
     )
     add_options(sw, SweepSettings)
-    add_options(
-        sw,
-        RunSettings,
-        exclude=EXPLAIN_ONLY + RAY_FIELDS,
-        help={
-            "archive": "run archive directory (default: DIR/archive); resumed if it holds this run",
-            "max_conversations_in_flight": "conversations evaluated at once through one scheduler, their coalitions "
-            "filling the same batches (bounds memory) (default: %(default)s)",
-        },
-        defaults={"archive": None},
-    )
-    _add_display_options(sw)
+    RUN_OPTIONS.add(sw)
+    add_options(sw, ProgressSettings)
 
     rep = _subcommand(
         sub,
@@ -183,34 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         "replay), or a run archive directory, fitted with --method from the coalitions it holds, with no model.",
     )
     rep.add_argument("source", metavar="SOURCE", help="an --out JSON document or a run archive directory")
-    rep.add_argument("-o", "--output", metavar="HTML", default=None, help="the HTML file written (give -o, --image or both)")
-    rep.add_argument(
-        "--image",
-        metavar="PATH",
-        type=_image_path,
-        default=None,
-        help="write the ranked bar chart as an image: PNG or SVG by the suffix (.png, .svg), the page's chart "
-        "(same labels, colours, error bars), one panel per explanation",
-    )
-    rep.add_argument(
-        "--method", default=None, help=f"run archive: comma-separated methods fitted ({','.join(METHODS)}) (default: the run's method)"
-    )
-    rep.add_argument(
-        "--budget",
-        type=positive_int,
-        default=None,
-        help="run archive: sampling budget (default: the run's for a one-input run, else 32 x players)",
-    )
-    rep.add_argument("--seed", type=seed, default=None, help="run archive: seed of the sampling plans (default: the run's)")
-    rep.add_argument("--run", default=None, help="run archive: run id (default: the last run)")
-    rep.add_argument(
-        "--scale",
-        choices=("robust", "linear"),
-        default="robust",
-        help="colour scale: robust (when one value dwarfs the rest, the values below the 90th percentile of "
-        "|value| take 80%% of the shades, so they stay apart; the largest is still the darkest) or linear "
-        "(default: %(default)s)",
-    )
+    add_options(rep, ReportSettings)
 
     cm = _subcommand(
         sub,
@@ -224,26 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compares the methods.",
     )
     cm.add_argument("sources", metavar="SOURCE", nargs="+", help="--out JSON documents or run archive directories")
-    cm.add_argument("--method", default=None, help="run archives: comma-separated methods fitted (default: the run's method)")
-    cm.add_argument("--budget", type=positive_int, default=None, help="run archives: sampling budget (default: the run's, else 32 x players)")
-    cm.add_argument("--seed", type=seed, default=None, help="run archives: seed of the sampling plans (default: the run's)")
-    cm.add_argument("--run", default=None, help="run archives: run id (default: the last run)")
-    cm.add_argument("--top-k", type=positive_int, default=3, help="k of the top-k overlap (default: %(default)s)")
-    cm.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a batch, from 0 (default: 0)")
-    cm.add_argument("--out", metavar="JSON", default=None, help="also write the comparison as JSON here")
-    cm.add_argument(
-        "--html",
-        metavar="PATH",
-        default=None,
-        help="also write the comparison as one self-contained HTML page here: values and ranks side by side, the "
-        "agreement, one bar chart per explanation on one scale",
-    )
-    cm.add_argument(
-        "--scale",
-        choices=("robust", "linear"),
-        default="robust",
-        help="--html: colour scale of the values (as coalescence report) (default: %(default)s)",
-    )
+    add_options(cm, CompareSettings)
 
     ev = _subcommand(
         sub,
@@ -259,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("source", metavar="RUN_OR_DOC", help="a run archive directory or an --out JSON document")
     add_options(ev, EvaluateSettings)
-    _add_display_options(ev)
+    add_options(ev, ProgressSettings)
 
     sh = _subcommand(
         sub,
@@ -272,15 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         "model and date). Only the tokenizer is loaded.",
     )
     sh.add_argument("source", metavar="SOURCE", help="an input file (.json, .jsonl, .parquet) or a run archive directory")
-    sh.add_argument(
-        "--coalition",
-        default="full",
-        metavar="SPEC",
-        help="full, empty, without:LABEL (every player but LABEL), only:LABEL, or one 0/1 per player in order "
-        "(default: %(default)s)",
-    )
-    sh.add_argument("--conversation", type=int, default=0, metavar="K", help="which conversation of a dataset or snapshot of an archive, from 0 (default: 0)")
-    add_options(sh, RunSettings, exclude=NOT_RENDERING)
+    add_options(sh, ShowSettings)
+    RENDER_OPTIONS.add(sh)
 
     ar = _subcommand(sub, "archive", example="coalescence archive info runs/eiffel", help="inspect or compact a run archive")
     ar_sub = ar.add_subparsers(dest="archive_command", required=True, metavar="ACTION")

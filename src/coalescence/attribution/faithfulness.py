@@ -1,0 +1,231 @@
+"""How faithful are attributions to their game? Two measures on fresh exact coalitions, with
+percentile-bootstrap intervals (numerics only: the game's values are given, by the coalition).
+
+- **LDS**, the linear datamodeling score (Park et al., 2023, TRAK; Cohen-Wang et al., 2024,
+  ContextCite): Spearman's rank correlation, over random keep-half coalitions S (each player
+  present with probability 1/2, independently: :func:`held_out_coalitions`), of the additive
+  prediction ``sum_{i in S} phi_i`` against the game's value ``v(S)``, with a percentile-bootstrap
+  95% interval (the coalitions resampled with replacement): :func:`linear_datamodeling_score`.
+- **Top-k removal drops**, k = 1, 3, 5 (those below the player count: :data:`DROP_KS`):
+  ``v(N) - v(N \\ T_k)`` with ``T_k`` the k players of largest value (ties: the lower player
+  index), against the same drop for k players drawn at random (the mean over ``draws`` draws, with
+  a percentile-bootstrap 95% interval of the mean), and their difference (top minus random: how
+  much more the top players matter than chance picks): :func:`removal_drops`, over the coalitions
+  of :func:`removal_rows`.
+
+Every coalition and resample is deterministic given the seed (``numpy.random.default_rng`` of
+``[seed, stream, ...]``, one stream per use), so that the held-out coalitions of a game depend only
+on its player count, their number and the seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = (
+    "CONFIDENCE",
+    "DROP_KS",
+    "RESAMPLES",
+    "Drop",
+    "Interval",
+    "held_out_coalitions",
+    "linear_datamodeling_score",
+    "random_removals",
+    "removal_drops",
+    "removal_rows",
+)
+
+DROP_KS = (1, 3, 5)
+"""The k of the top-k removal drops (those below the player count are reported)."""
+
+RESAMPLES = 2000
+"""Bootstrap resamples of every interval."""
+
+CONFIDENCE = 0.95
+"""The intervals' coverage (percentile bootstrap)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interval:
+    """A statistic with its percentile-bootstrap interval (``None`` where undefined: ``low``/``high``
+    of fewer than two distinct resampled values, or a statistic of constant data)."""
+
+    estimate: float | None
+    low: float | None
+    high: float | None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high}
+
+    def format(self, spec: str = "+.3f") -> str:
+        if self.estimate is None:
+            return "n/a"
+        if self.low is None or self.high is None:
+            return f"{self.estimate:{spec}}"
+        return f"{self.estimate:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drop:
+    """The top-k removal drop against k random players (module docs); values in the game's unit.
+
+    Attributes:
+        k: players removed.
+        removed: the labels of the k players of largest value, in value order.
+        top: ``v(N) - v(N without them)`` in the utility's unit.
+        random: the mean drop over random k-subsets, with its interval.
+        difference: ``top - random``, its interval ``top`` minus the random mean's.
+    """
+
+    k: int
+    removed: tuple[str, ...]
+    top: float
+    random: Interval
+    difference: Interval
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "removed": list(self.removed), "top": _finite(self.top), "random": self.random.to_dict(), "difference": self.difference.to_dict()}
+
+
+def held_out_coalitions(n_players: int, count: int, seed: int) -> np.ndarray:
+    """``[count, n_players]`` bool: each player present with probability 1/2, independently
+    (``numpy.random.default_rng([seed, 0])``); repeats are possible and kept."""
+    rng = np.random.default_rng([seed, 0])
+    return rng.random((count, n_players)) < 0.5
+
+
+def random_removals(n_players: int, k: int, draws: int, seed: int) -> np.ndarray:
+    """``[draws, n_players]`` bool: every player present but ``k`` drawn uniformly without
+    replacement, per draw (``numpy.random.default_rng([seed, 1, k])``)."""
+    rng = np.random.default_rng([seed, 1, k])
+    rows = np.ones((draws, n_players), dtype=bool)
+    for row in rows:
+        row[rng.choice(n_players, size=k, replace=False)] = False
+    return rows
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    return rankdata(x, axis=-1)
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's correlation of each row pair (ties averaged); NaN for a constant row."""
+    rx, ry = _ranks(x), _ranks(y)
+    rx = rx - rx.mean(axis=-1, keepdims=True)
+    ry = ry - ry.mean(axis=-1, keepdims=True)
+    den = np.sqrt((rx * rx).sum(axis=-1) * (ry * ry).sum(axis=-1))
+    num = (rx * ry).sum(axis=-1)
+    out = np.full(num.shape, np.nan)
+    ok = den > 0
+    out[ok] = num[ok] / den[ok]
+    return out
+
+
+def _percentile(samples: np.ndarray) -> tuple[float | None, float | None]:
+    finite = samples[np.isfinite(samples)]
+    if finite.size < 2:
+        return None, None
+    a = (1 - CONFIDENCE) / 2
+    low, high = np.quantile(finite, [a, 1 - a])
+    return float(low), float(high)
+
+
+def linear_datamodeling_score(values: Sequence[float], masks: np.ndarray, utilities: Sequence[float], *, seed: int = 0) -> Interval:
+    """The LDS: Spearman's rank correlation of ``masks @ values`` against ``utilities``, with a
+    percentile-bootstrap interval over the coalitions (:data:`RESAMPLES` resamples,
+    ``numpy.random.default_rng([seed, 2])``).
+
+    Args:
+        values: ``[n_players]`` attributions (phi).
+        masks: ``[m, n_players]`` bool coalitions.
+        utilities: ``[m]`` their values v(S).
+
+    Returns:
+        The score (``None`` when either side is constant) and its interval.
+    """
+    phi = np.asarray(values, dtype=np.float64)
+    x = np.asarray(masks, dtype=bool).astype(np.float64) @ phi
+    y = np.asarray(utilities, dtype=np.float64)
+    estimate = float(_spearman_rows(x[None], y[None])[0])
+    if not math.isfinite(estimate):
+        return Interval(estimate=None, low=None, high=None)
+    rng = np.random.default_rng([seed, 2])
+    idx = rng.integers(0, len(y), size=(RESAMPLES, len(y)))
+    low, high = _percentile(_spearman_rows(x[idx], y[idx]))
+    return Interval(estimate=estimate, low=low, high=high)
+
+
+def removal_drops(
+    values: Sequence[float],
+    labels: Sequence[str],
+    value_of: Mapping[bytes, float],
+    *,
+    draws: int,
+    seed: int,
+) -> tuple[Drop, ...]:
+    """The top-k removal drops against k random players, for each k of :data:`DROP_KS` below the
+    player count (module docs).
+
+    Args:
+        values: ``[n_players]`` attributions (an unknown one, ``NaN``, ranks last).
+        labels: the players' labels.
+        value_of: v(S) by the coalition's ``np.packbits`` bytes, for every row of :func:`removal_rows`.
+        draws, seed: as :func:`random_removals`.
+    """
+    n = len(values)
+    full = value_of[np.packbits(np.ones(n, dtype=bool)).tobytes()]
+    order = _top_order(values)
+    out = []
+    for k in (k for k in DROP_KS if k < n):
+        top_row = np.ones(n, dtype=bool)
+        top_row[order[:k]] = False
+        top = full - value_of[np.packbits(top_row).tobytes()]
+        random = np.array([full - value_of[np.packbits(r).tobytes()] for r in random_removals(n, k, draws, seed)])
+        mean = float(random.mean())
+        rng = np.random.default_rng([seed, 3, k])
+        means = random[rng.integers(0, draws, size=(RESAMPLES, draws))].mean(axis=1)
+        low, high = _percentile(means)
+        out.append(
+            Drop(
+                k=k,
+                removed=tuple(labels[i] for i in order[:k]),
+                top=float(top),
+                random=Interval(estimate=mean, low=low, high=high),
+                difference=Interval(
+                    estimate=float(top) - mean,
+                    low=None if high is None else float(top) - high,
+                    high=None if low is None else float(top) - low,
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def removal_rows(values: Sequence[float], *, draws: int, seed: int) -> list[np.ndarray]:
+    """The coalitions :func:`removal_drops` needs: the full one, each top-k removal and the random ones."""
+    n = len(values)
+    order = _top_order(values)
+    rows = [np.ones(n, dtype=bool)]
+    for k in (k for k in DROP_KS if k < n):
+        row = np.ones(n, dtype=bool)
+        row[order[:k]] = False
+        rows.append(row)
+        rows.extend(random_removals(n, k, draws, seed))
+    return rows
+
+
+def _top_order(values: Sequence[float]) -> list[int]:
+    """Player indices by decreasing value (ties: lower index first; unknown values last)."""
+    v = [float(x) if x is not None and math.isfinite(float(x)) else -math.inf for x in values]
+    return sorted(range(len(v)), key=lambda i: (-v[i], i))
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)

@@ -1,0 +1,46 @@
+"""The faithfulness measures against independent references: the LDS and its interval against
+scipy's Spearman correlation and percentile bootstrap, the removal drops against a game whose v(S)
+is known in closed form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import bootstrap, spearmanr
+
+from coalescence.attribution.faithfulness import linear_datamodeling_score, random_removals, removal_drops, removal_rows
+
+
+def test_the_lds_interval_is_scipys_percentile_bootstrap():
+    """Our seeded percentile bootstrap against scipy.stats.bootstrap's (paired, percentile method):
+    different draws, so the ends agree to the resampling noise of 2,000 resamples."""
+    rng = np.random.default_rng(7)
+    masks = rng.random((32, 8)) < 0.5
+    phi = rng.normal(size=8)
+    v = masks @ phi + rng.normal(scale=1.5, size=32)
+    ours = linear_datamodeling_score(phi, masks, v, seed=3)
+    x = masks.astype(float) @ phi
+    assert ours.estimate == pytest.approx(spearmanr(x, v).statistic, abs=1e-12)
+    ref = bootstrap((x, v), lambda a, b: spearmanr(a, b).statistic, paired=True, vectorized=False, method="percentile",
+                    n_resamples=2000, confidence_level=0.95, rng=np.random.default_rng(0)).confidence_interval  # fmt: skip
+    assert ours.low == pytest.approx(ref.low, abs=0.05) and ours.high == pytest.approx(ref.high, abs=0.05)
+    assert ours.low < ours.estimate < ours.high
+
+
+def test_removal_drops_of_an_additive_game_are_its_weights():
+    """v(S) = the sum of w over S: removing T drops v by exactly the sum of w over T, so the top-k
+    drop is the sum of the k largest weights (ties: the lower index first) and the random one the
+    mean over its draws."""
+    w = np.array([0.5, 3.0, -1.0, 2.0, 2.0, 0.25])
+    labels = [f"p{i}" for i in range(6)]
+    value_of = {np.packbits(r).tobytes(): float(w @ r) for r in removal_rows(w, draws=5, seed=4)}
+    drops = removal_drops(w, labels, value_of, draws=5, seed=4)
+    assert [d.removed for d in drops] == [("p1",), ("p1", "p3", "p4"), ("p1", "p3", "p4", "p0", "p5")]
+    for d, top in zip(drops, (3.0, 7.0, 7.75), strict=True):
+        assert d.top == pytest.approx(top, abs=1e-12)
+        removed = ~random_removals(6, d.k, 5, 4)
+        assert (removed.sum(axis=1) == d.k).all()
+        mean = np.mean([w[r].sum() for r in removed])
+        assert d.random.estimate == pytest.approx(mean, abs=1e-12)
+        assert d.difference.estimate == pytest.approx(top - mean, abs=1e-12)
+        assert d.difference.low == pytest.approx(top - d.random.high, abs=1e-12)
