@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
 from .lifecycle import run_blocking
 from .outputs import check_run_dir
-from .record import backend_of_settings, check_backend, check_model_identity, check_same_date, run_record, same_measurement
+from .record import check_backend, check_model_identity, check_same_date, run_record, same_measurement
 from .outputs import html_path, on_line, output_path, refuse_overwrite
 from .backend import load_model
 from .record import recorded_now
@@ -264,7 +264,7 @@ class ExplainRun:
         renderer = ChatRenderer(tokenizer, now=self.now)
         if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
             identity["template_now"] = renderer.now.isoformat()
-        engine = self.backend.identity() if self.backend is not None else {"backend": backend_of_settings(s)}
+        engine = self.backend.identity() if self.backend is not None else {"backend": s.backend_settings().backend_name}
         check_backend(self.run_dir, engine, names_only=True)  # before the weights load or the server is asked
         check_model_identity(self.run_dir, identity, new_run=s.new_run)
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):

@@ -15,11 +15,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from .settings import RunSettings
 
 __all__ = ("ShownCoalition", "parse_coalition", "show_coalition")
 
@@ -110,7 +113,7 @@ def parse_coalition(spec: str, labels: Sequence[str]) -> tuple[str, np.ndarray]:
     )
 
 
-def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None, index: int = 0, **options: Any) -> ShownCoalition:
+def show_coalition(source: Any, coalition: str = "full", *, settings: RunSettings | None = None, index: int = 0, **options: Any) -> ShownCoalition:
     """Render one coalition of an input or of a run archive's snapshot (module docs).
 
     Args:
@@ -198,7 +201,7 @@ def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None
 _RENDERING = ("model", "unit", "roles", "template", "absence_policy", "placeholder", "system_absent", "empty_turns", "merge_adjacent")
 
 
-def _rendering_options(settings: Any, options: dict[str, Any]) -> list[str]:
+def _rendering_options(settings: RunSettings | None, options: dict[str, Any]) -> list[str]:
     """The rendering settings given other than their defaults (an archive has its own)."""
     from .settings import RunSettings
 
