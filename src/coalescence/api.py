@@ -125,13 +125,14 @@ class Explainer:
         threads_per_worker: int | None = None,
     ) -> None:
         from .app.backend import load_model
+        from .backends.registry import resolve_model
 
         self.model = model
         self.backend_settings = BackendSettings(
             model=model, backend=backend, device=device, dtype=dtype, batch_size=batch_size, vllm_url=vllm_url,
             workers=workers, ray_address=ray_address, gpus_per_worker=gpus_per_worker, threads_per_worker=threads_per_worker,
         )  # fmt: skip
-        self.backend = load_model(self.backend_settings, model)
+        self.backend = load_model(self.backend_settings, resolve_model(model))
         # the backend serves every call: a run's engine leaves it running, close() stops it
         self.backend.shutdown_with_engine = False
         self._closed = False

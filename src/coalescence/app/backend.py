@@ -137,7 +137,9 @@ def check_ray_settings(settings: BackendSettings) -> None:
 
 
 def ray_backend(settings: BackendSettings, source: ModelSource, **preloaded: Any) -> Any:
-    """The model of ``settings`` in Ray workers (:func:`~coalescence.distributed.start_ray_backend`)."""
+    """The model of ``settings`` in Ray workers (:func:`~coalescence.distributed.start_ray_backend`);
+    the driver plans and renders, so it keeps the tokenizer (``preloaded``'s, else loaded here)."""
+    from ..backends.registry import load_config, load_tokenizer
     from ..distributed import start_ray_backend
 
     s = settings
@@ -151,27 +153,23 @@ def ray_backend(settings: BackendSettings, source: ModelSource, **preloaded: Any
         device=s.device,
         dtype=s.dtype,
         max_batch_size=s.batch_size,
-        tokenizer=preloaded.get("tokenizer"),
-        config=preloaded.get("config"),
+        tokenizer=preloaded.get("tokenizer") or load_tokenizer(source),
+        config=preloaded.get("config") or load_config(source),
         fingerprint=preloaded.get("fingerprint"),
     )
 
 
 def load_model(
-    settings: BackendSettings | LoadsAModel,
-    source: ModelSource | str,
-    *,
-    notify: Callable[[str], None] | None = None,
-    **preloaded: Any,
+    settings: BackendSettings | LoadsAModel, source: ModelSource, *, notify: Callable[[str], None] | None = None, **preloaded: Any
 ) -> Any:
-    """The backend of ``settings`` for the model ``source``: in Ray workers when
+    """The backend of ``settings`` for the resolved model ``source``: in Ray workers when
     ``settings.distributed``, a ``vllm serve`` at ``settings.vllm_url``, else the weights loaded
     in this process by :func:`~coalescence.backends.registry.load_backend`.
 
     Args:
         settings: the :class:`BackendSettings`, or a command's settings that give them.
-        source: the :class:`~coalescence.backends.registry.ModelSource`, or a ``--model`` value
-            (resolved after the backend's name is checked).
+        source: the :class:`~coalescence.backends.registry.ModelSource`
+            (:func:`~coalescence.backends.registry.resolve_model`).
         notify: told what is being started, in one line (e.g. printed by the CLI).
         preloaded: the ``tokenizer``, ``config`` and ``fingerprint`` already at hand.
 
@@ -184,40 +182,34 @@ def load_model(
             be reached.
         ConfigError: an unknown backend, device or dtype; a server URL that is not ``http://HOST:PORT``.
     """
-    from ..backends.registry import load_backend, load_config, load_tokenizer, model_context, model_fingerprint, resolve_model
+    from ..backends.registry import load_backend, load_config, load_tokenizer, model_context, model_fingerprint
 
     s = settings if isinstance(settings, BackendSettings) else settings.backend_settings()
-    if not s.distributed and not s.vllm_url:
-        if notify is not None:
-            notify(f"loading {getattr(source, 'model_id', source)} ...")
-        with quiet_loading_bars():
-            return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
-    if isinstance(source, str):
-        source = resolve_model(source)
     if s.distributed:
         if notify is not None:
             where = f"on the Ray cluster at {s.ray_address}" if s.ray_address else "on a local Ray cluster"
             n = f"{s.workers} " if s.workers else ""
             notify(f"starting {n}Ray workers with {s.model or source.model_id} {where} ...")
-        if preloaded.get("tokenizer") is None:  # the driver plans and renders: it keeps the tokenizer
-            preloaded["tokenizer"] = load_tokenizer(source)
-        if preloaded.get("config") is None:
-            preloaded["config"] = load_config(source)
         return ray_backend(s, source, **preloaded)
-    from ..backends.vllm import VLLMServerBackend
+    if s.vllm_url:
+        from ..backends.vllm import VLLMServerBackend
 
-    tokenizer = preloaded.get("tokenizer") or load_tokenizer(source)
-    config = preloaded.get("config") or load_config(source)
-    fingerprint = preloaded.get("fingerprint")
-    return VLLMServerBackend(
-        s.vllm_url,
-        tokenizer,
-        model_id=source.model_id,
-        revision=source.revision,
-        fingerprint=fingerprint if fingerprint is not None else model_fingerprint(source),
-        max_context=model_context(config, tokenizer),
-        **({"max_batch_size": s.batch_size} if s.batch_size else {}),  # else the server backend's own
-    )
+        tokenizer = preloaded.get("tokenizer") or load_tokenizer(source)
+        config = preloaded.get("config") or load_config(source)
+        fingerprint = preloaded.get("fingerprint")
+        return VLLMServerBackend(
+            s.vllm_url,
+            tokenizer,
+            model_id=source.model_id,
+            revision=source.revision,
+            fingerprint=fingerprint if fingerprint is not None else model_fingerprint(source),
+            max_context=model_context(config, tokenizer),
+            **({"max_batch_size": s.batch_size} if s.batch_size else {}),  # else the server backend's own
+        )
+    if notify is not None:
+        notify(f"loading {source.model_id} ...")
+    with quiet_loading_bars():
+        return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
 
 
 @contextlib.contextmanager
