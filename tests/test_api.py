@@ -213,3 +213,44 @@ async def test_the_blocking_call_works_inside_a_running_event_loop(chat, tiny_mo
     this thread, so it runs the evaluation in a worker thread and waits; asyncio and trio alike."""
     e = coalescence.explain(chat, model=str(tiny_model_dir), unit="sentence", method="loo")
     assert e.n_evaluations == e.snapshot.n_players + 2  # leave-one-out: n + 2 coalitions, all evaluated
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"workers": 0}, "workers"),
+        ({"threads_per_worker": 2}, "threads_per_worker"),
+        ({"workers": 2, "gpus_per_worker": 1}, "gpus_per_worker"),
+        ({"ray_address": " "}, "ray_address"),
+    ],
+)
+def test_an_explainer_refuses_bad_ray_settings_naming_the_field_before_loading(tiny_model_dir, monkeypatch, options, field):
+    from coalescence.backends import registry
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(registry, "load_backend", no_load)
+    monkeypatch.setattr(registry, "load_tokenizer", no_load)
+    with pytest.raises(ConfigError) as info:
+        coalescence.Explainer(str(tiny_model_dir), **options)
+    assert info.value.field == field
+
+
+def test_an_explainer_runs_are_recorded_as_the_commands_with_its_backend_settings(chat, tiny_model_dir, tmp_path):
+    """An Explainer's settings are the command's ``BackendSettings``; its runs record them as the
+    command records its options, and explain() refuses them as the Explainer's."""
+    from coalescence.app.backend import BackendSettings
+
+    with coalescence.Explainer(str(tiny_model_dir), batch_size=3) as explainer:
+        assert explainer.backend_settings == BackendSettings(model=str(tiny_model_dir), batch_size=3)
+        explainer.explain(chat, unit="sentence", method="loo", archive=tmp_path / "api")
+        with pytest.raises(ConfigError) as info:
+            explainer.explain(chat, workers=2)
+        assert info.value.field == "workers" and "are the Explainer's" in info.value.message
+    code, err = cli(["explain", str(chat), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "loo",
+                     "--batch-size", "3", "--archive", str(tmp_path / "cli")])  # fmt: skip
+    assert code == 0, err
+    configs = [read_manifest(tmp_path / d)["runs"][0]["run_config"] for d in ("api", "cli")]
+    assert configs[0] == {**configs[1], "input": configs[0]["input"]}
+    assert configs[0]["batch_size"] == 3 and configs[0]["device"] == "cpu"

@@ -255,6 +255,27 @@ def test_run_settings_validate_the_ray_settings():
     assert RunSettings(workers=2, gpus_per_worker=1, backend="vllm").gpus_per_worker == 1
 
 
+def test_an_explainer_on_two_workers_gives_the_in_process_values_and_keeps_them_for_every_call(cluster, tiny_model_dir):
+    """``Explainer(workers=2)`` loads the model by the command's path (the module's cluster is
+    joined): its values are the in-process Explainer's, the workers serve a second call (a run's
+    engine leaves them running), and ``close`` stops them."""
+    from coalescence.errors import EngineClosed
+
+    source = conversations(1, documents=False)[0]
+    local = coalescence.Explainer(str(tiny_model_dir), batch_size=4).explain(source, unit="sentence", method="loo")
+    with coalescence.Explainer(str(tiny_model_dir), batch_size=4, workers=2) as explainer:
+        assert [w.alive for w in explainer.backend.workers] == [True, True]
+        first = explainer.explain(source, unit="sentence", method="loo")
+        again = explainer.explain(source, unit="sentence", method="loo")
+    assert first.n_evaluations == len(first.snapshot.players) + 2 > 2
+    np.testing.assert_allclose(first.values, local.values, atol=1e-5)
+    np.testing.assert_allclose(again.values, local.values, atol=1e-5)
+    assert sum(w.calls for w in explainer.backend.workers) > 0  # the workers scored, not this process
+    with pytest.raises(EngineClosed):
+        explainer.explain(source, unit="sentence", method="loo")
+    assert ray.is_initialized()  # the cluster the Explainer joined is not its own to stop
+
+
 def test_progress_over_ray_workers_is_one_monotone_count_over_the_dataset(tmp_path, cluster, dataset, tiny_model_dir):
     """Issue 24 item 11 on Ray: a run over two workers showed one conversation's total and a count
     that jumped back. The rule: one total, the sum of each conversation's leave-one-out plan (its

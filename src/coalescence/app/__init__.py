@@ -4,8 +4,9 @@ path under the CLI and the Python API.
 :mod:`.settings` (what a run is asked to do), :mod:`.explain` (an explain run, phase by phase),
 :mod:`.replay` and :mod:`.fit` (fits from an archive, with or without the model), :mod:`.sweeps`,
 :mod:`.hierarchy` (a coarse level, then detail), :mod:`.record` (the run's manifest record and what a
-resumed run must agree with), :mod:`.outputs` and :mod:`.backend` (checks before any work),
-:mod:`.report` (a report's input, a run directory fitted here).
+resumed run must agree with), :mod:`.preflight` (an explain run's checks before the weights load),
+:mod:`.backend` (how the model executes, and the one path that loads it), :mod:`.outputs` (output
+paths checked before any work), :mod:`.report` (a report's input, a run directory fitted here).
 """
 
 from .explain import ExplainRun, explain_run, explain_run_async

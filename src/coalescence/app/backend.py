@@ -1,6 +1,8 @@
-"""A run's model: loaded in this process, started in Ray workers
-(:func:`~coalescence.distributed.start_ray_backend`), or scored by a running ``vllm serve``
-(``vllm_url``); and the Ray settings checked before anything starts.
+"""A run's model and where it executes: :class:`BackendSettings` (the model, its backend, device,
+dtype and batch, and whether it runs in this process, in Ray workers or through a running ``vllm
+serve``), checked on construction (:func:`check_ray_settings`), and :func:`load_model`, the one
+path every caller loads a model by: the CLI's runs (explain, replay, evaluate, sweep), the Python
+API's :func:`~coalescence.explain` and :class:`~coalescence.Explainer`.
 """
 
 from __future__ import annotations
@@ -8,21 +10,111 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError
 
+if TYPE_CHECKING:
+    from ..backends.registry import ModelSource
+    from .groups import ModelSettings, RaySettings
+
 __all__ = (
+    "BackendSettings",
+    "LoadsAModel",
+    "check_ray_settings",
     "load_model",
     "quiet_loading_bars",
-    "check_ray_settings",
     "ray_backend",
 )
 
 
-def check_ray_settings(s: Any) -> None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendSettings:
+    """How a run's model executes: one settings group, the same for every command and the Python
+    API (built from a command's settings by :meth:`of`).
+
+    Args:
+        model: alias, local model directory, ``.gguf`` file or hub id (``None``: a replay or an
+            evaluation with no model of its own).
+        backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`: ``hf``,
+            ``vllm``).
+        device: torch device (``"cpu"``, ``"cuda"``).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        batch_size: rows per model call; ``None``: the backend's own default.
+        vllm_url: a running ``vllm serve`` (``http://HOST:PORT``) scoring instead of weights loaded here.
+        workers: model workers in Ray actors (``None``: in this process, unless ``ray_address``).
+        ray_address: a Ray cluster to join (``auto``, ``HOST:PORT``) instead of starting one.
+        gpus_per_worker: accelerators each Ray worker reserves (>= 0; needs ``device="cuda"``
+            unless the backend is ``vllm``).
+        threads_per_worker: torch threads of each Ray worker (default: its node's CPUs divided
+            among the workers there).
+
+    Raises:
+        ConfigError: Ray settings that cannot work (:func:`check_ray_settings`, naming the field).
+    """
+
+    model: str | None = None
+    backend: str = "hf"
+    device: str = "cpu"
+    dtype: str = "float32"
+    batch_size: int | None = None
+    vllm_url: str | None = None
+    workers: int | None = None
+    ray_address: str | None = None
+    gpus_per_worker: float = 0.0
+    threads_per_worker: int | None = None
+
+    def __post_init__(self) -> None:
+        check_ray_settings(self)
+
+    @classmethod
+    def of(cls, *, model: ModelSettings, ray: RaySettings) -> BackendSettings:
+        """The backend settings of a command's settings: its model group and its Ray group (a
+        :class:`~coalescence.app.settings.RunSettings`, ``ReplaySettings`` or ``EvaluateSettings``
+        is both)."""
+        return cls(
+            model=model.model,
+            backend=model.backend,
+            device=model.device,
+            dtype=model.dtype,
+            batch_size=model.batch_size,
+            vllm_url=model.vllm_url,
+            workers=ray.workers,
+            ray_address=ray.ray_address,
+            gpus_per_worker=ray.gpus_per_worker,
+            threads_per_worker=ray.threads_per_worker,
+        )
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the model runs in Ray workers (``workers`` or ``ray_address`` given)."""
+        return self.workers is not None or self.ray_address is not None
+
+    @property
+    def backend_name(self) -> str:
+        """The backend that scores, as a run records it: ``vllm-server`` with a ``vllm_url``,
+        else ``backend``."""
+        return "vllm-server" if self.vllm_url else str(self.backend)
+
+
+class LoadsAModel(Protocol):
+    """The settings of a command that loads a model (``RunSettings``, ``ReplaySettings``,
+    ``EvaluateSettings``): they give their :class:`BackendSettings`."""
+
+    def backend_settings(self) -> BackendSettings: ...
+
+
+def check_ray_settings(settings: BackendSettings) -> None:
     """Refuse Ray settings that cannot work (``workers``, ``ray_address``, ``gpus_per_worker``,
-    ``threads_per_worker`` of a :class:`RunSettings` or :class:`ReplaySettings`)."""
+    ``threads_per_worker``).
+
+    Raises:
+        ConfigError: naming the field: a count that is not a positive integer, an empty address,
+            a negative or non-finite ``gpus_per_worker``, a worker setting without workers, or
+            GPUs reserved for workers that compute on the CPU.
+    """
+    s = settings
     for name in ("workers", "threads_per_worker"):
         value = getattr(s, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -44,10 +136,13 @@ def check_ray_settings(s: Any) -> None:
         )
 
 
-def ray_backend(s: Any, source: Any, **preloaded: Any) -> Any:
-    """The settings' model in Ray workers (:func:`~coalescence.distributed.start_ray_backend`)."""
+def ray_backend(settings: BackendSettings, source: ModelSource, **preloaded: Any) -> Any:
+    """The model of ``settings`` in Ray workers (:func:`~coalescence.distributed.start_ray_backend`);
+    the driver plans and renders, so it keeps the tokenizer (``preloaded``'s, else loaded here)."""
+    from ..backends.registry import load_config, load_tokenizer
     from ..distributed import start_ray_backend
 
+    s = settings
     return start_ray_backend(
         source,
         workers=s.workers,
@@ -58,41 +153,45 @@ def ray_backend(s: Any, source: Any, **preloaded: Any) -> Any:
         device=s.device,
         dtype=s.dtype,
         max_batch_size=s.batch_size,
-        tokenizer=preloaded.get("tokenizer"),
-        config=preloaded.get("config"),
+        tokenizer=preloaded.get("tokenizer") or load_tokenizer(source),
+        config=preloaded.get("config") or load_config(source),
         fingerprint=preloaded.get("fingerprint"),
     )
 
 
-def load_model(s: Any, source: Any, *, notify: Callable[[str], None] | None = None, **preloaded: Any) -> Any:
-    """The backend of the settings ``s`` (a :class:`~coalescence.app.settings.RunSettings` or
-    :class:`~coalescence.app.settings.ReplaySettings`) for the resolved model ``source``: in Ray
-    workers when ``s.distributed``, a ``vllm serve`` at ``s.vllm_url``, else the weights loaded in
-    this process by :func:`~coalescence.backends.registry.load_backend`.
+def load_model(
+    settings: BackendSettings | LoadsAModel, source: ModelSource, *, notify: Callable[[str], None] | None = None, **preloaded: Any
+) -> Any:
+    """The backend of ``settings`` for the resolved model ``source``: in Ray workers when
+    ``settings.distributed``, a ``vllm serve`` at ``settings.vllm_url``, else the weights loaded
+    in this process by :func:`~coalescence.backends.registry.load_backend`.
 
     Args:
-        s: the settings (backend, device, dtype, batch size, Ray and server settings).
-        source: the :class:`~coalescence.backends.registry.ModelSource`.
+        settings: the :class:`BackendSettings`, or a command's settings that give them.
+        source: the :class:`~coalescence.backends.registry.ModelSource`
+            (:func:`~coalescence.backends.registry.resolve_model`).
         notify: told what is being started, in one line (e.g. printed by the CLI).
         preloaded: the ``tokenizer``, ``config`` and ``fingerprint`` already at hand.
 
+    Returns:
+        A :class:`~coalescence.backends.base.ScoringBackend` (a Ray backend shuts down with its
+        engine: ``shutdown_with_engine``).
+
     Raises:
-        BackendUnavailable: the backend's package is missing, or the server cannot be reached.
-        ConfigError: a server URL that is not ``http://HOST:PORT``.
+        BackendUnavailable: the backend's package is missing, or the model or the server cannot
+            be reached.
+        ConfigError: an unknown backend, device or dtype; a server URL that is not ``http://HOST:PORT``.
     """
     from ..backends.registry import load_backend, load_config, load_tokenizer, model_context, model_fingerprint
 
+    s = settings if isinstance(settings, BackendSettings) else settings.backend_settings()
     if s.distributed:
         if notify is not None:
             where = f"on the Ray cluster at {s.ray_address}" if s.ray_address else "on a local Ray cluster"
             n = f"{s.workers} " if s.workers else ""
-            notify(f"starting {n}Ray workers with {s.model} {where} ...")
-        if preloaded.get("tokenizer") is None:  # the driver plans and renders: it keeps the tokenizer
-            preloaded["tokenizer"] = load_tokenizer(source)
-        if preloaded.get("config") is None:
-            preloaded["config"] = load_config(source)
+            notify(f"starting {n}Ray workers with {s.model or source.model_id} {where} ...")
         return ray_backend(s, source, **preloaded)
-    if getattr(s, "vllm_url", None):
+    if s.vllm_url:
         from ..backends.vllm import VLLMServerBackend
 
         tokenizer = preloaded.get("tokenizer") or load_tokenizer(source)

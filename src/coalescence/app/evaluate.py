@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from ..attribution.faithfulness import (
     removal_rows,
 )
 from ..errors import ArchiveError, CoalescenceError, ConfigError, InputError
+
+if TYPE_CHECKING:
+    from .settings import EvaluateSettings
 
 __all__ = ("Evaluation", "Faithfulness", "evaluate_source")
 
@@ -149,7 +152,7 @@ class _Item:
     snapshot: Any
 
 
-def evaluate_source(source: str | Path, settings: Any, *, backend: Any = None, progress: Any = None) -> Evaluation:
+def evaluate_source(source: str | Path, settings: EvaluateSettings, *, backend: Any = None, progress: Any = None) -> Evaluation:
     """Evaluate the explanations of ``source`` on fresh exact coalitions (module docs).
 
     Args:
@@ -249,7 +252,7 @@ class _Game:
     """The explanations' games in one run archive: the coalitions they need, served from the
     archive or evaluated (and archived) with the run's model."""
 
-    def __init__(self, run_dir: Path, documents: Sequence[Mapping[str, Any]], settings: Any, *, backend: Any, source_dir: bool) -> None:
+    def __init__(self, run_dir: Path, documents: Sequence[Mapping[str, Any]], settings: EvaluateSettings, *, backend: Any, source_dir: bool) -> None:
         from ..archive.reader import read_manifest
         from ..utility import UtilitySpec
         from .fit import ArchiveFit

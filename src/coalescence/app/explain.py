@@ -5,8 +5,9 @@ An explain run (:class:`ExplainRun`) goes through its phases in order; each is a
 them:
 
 1. :meth:`~ExplainRun.check` the inputs and settings, nothing loaded (bad input refused here);
-2. :meth:`~ExplainRun.preflight`: the model's tokenizer and configuration, its content fingerprint,
-   and every coalition the plan needs rendered with its chat template (:mod:`coalescence.preflight`),
+2. :meth:`~ExplainRun.preflight` (:mod:`coalescence.app.preflight`): the model's tokenizer and
+   configuration, its content fingerprint, and every coalition the plan needs rendered with its chat
+   template (:mod:`coalescence.preflight`),
    before any weights load;
 3. :meth:`~ExplainRun.load`: the weights (unless a backend is given), the snapshots (a missing
    answer generated), their scored target tokens;
@@ -37,24 +38,19 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
-from .lifecycle import run_blocking
-from .outputs import check_run_dir
-from .record import backend_of_settings, check_backend, check_model_identity, check_same_date, run_record, same_measurement
-from .outputs import html_path, on_line, output_path, refuse_overwrite
 from .backend import load_model
-from .record import recorded_now
+from .lifecycle import run_blocking
+from .outputs import check_run_dir, html_path, on_line, output_path, refuse_overwrite
+from .preflight import check_input_game, check_server_can, pinned_now, preflight_run
+from .record import check_backend, check_same_date, run_record, same_measurement
 from .settings import RunResult, RunSettings, interaction_settings
 
 __all__ = (
-    "PROVISIONAL_ANSWER",
     "ExplainRun",
     "closing_run",
     "explain_run",
     "explain_run_async",
 )
-
-
-PROVISIONAL_ANSWER = "\u2063answer\u2063"
 
 
 class ExplainRun:
@@ -84,6 +80,7 @@ class ExplainRun:
         self.resumed_coalitions = 0
         self.restored_conversations = 0
         self._loaded: dict[str, Any] = {}
+        self.max_context = 0  # tokens: known after the preflight
         if backend is not None and settings.distributed:
             raise ConfigError("a loaded backend runs in this process; drop workers/ray_address or the backend", field="workers")
         self.check()
@@ -110,7 +107,7 @@ class ExplainRun:
             if conversation.target is not None:  # a generated target is checked once it exists
                 on_line(k, self.is_batch, self.utility.locate, conversation.target)
         if s.vllm_url:
-            self._check_server_can()
+            check_server_can(self.conversations, self.utility, is_batch=self.is_batch)
         # an estimator's player limit (exact: 16) stops the count early: a long text is refused
         # after a few sentences, not after segmenting all of it
         at_most = self.player_limit()
@@ -132,48 +129,9 @@ class ExplainRun:
             self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
         self.now = self.pinned_now()
 
-    def _check_server_can(self) -> None:
-        """Refuse what a ``vllm serve`` run cannot do (it scores teacher-forced answers only:
-        :class:`~coalescence.backends.vllm.VLLMServerBackend` does not generate), before anything
-        is loaded or written.
-
-        Raises:
-            ConfigError: a utility that generates answers (field ``utility``).
-            InputError: a conversation without an answer (it would be generated; field ``target``).
-        """
-        if not self.utility.teacher_forced:
-            raise ConfigError(
-                f"{self.utility.kind} compares generated answers, and a run through --vllm-url only scores given ones; use "
-                "a log-probability utility (logprob, mean_logprob, logit_prob, prob) or --backend vllm/hf to generate",
-                field="utility",
-            )
-        for k, conversation in enumerate(self.conversations):
-            if conversation.target is None:
-                raise InputError(
-                    f"{f'input line {k + 1}: ' if self.is_batch else ''}the conversation has no answer to explain, and a run "
-                    "through --vllm-url does not generate one; give the answer (a final assistant message or target), or "
-                    "use --backend vllm or hf to generate it",
-                    field="target",
-                )
-
     def pinned_now(self) -> datetime:
-        """The instant chat templates that write the date render in this run: the one the archive's
-        last run recorded (``template_now``) when the archive is resumed (no ``new_run``), else
-        :func:`~coalescence.masking.render.template_now` (the clock, or ``COALESCENCE_TODAY``).
-
-        Raises:
-            ArchiveError: the recorded instant is not an ISO datetime (an edited manifest).
-            ConfigError: ``COALESCENCE_TODAY`` is not an ISO date.
-        """
-        from ..archive.reader import read_manifest
-        from ..masking.render import template_now
-
-        if self.run_dir is not None and not self.settings.new_run and (self.run_dir / "manifest.json").is_file():
-            runs = read_manifest(self.run_dir).get("runs") or []
-            recorded = [r.get("template_now") for r in runs if r.get("template_now") is not None]
-            if recorded:
-                return recorded_now(self.run_dir, recorded[-1])
-        return template_now()
+        """The instant dated chat templates render in this run (:func:`~coalescence.app.preflight.pinned_now`)."""
+        return pinned_now(self.run_dir, new_run=self.settings.new_run)
 
     # the parts a run of another kind (a sweep, :mod:`coalescence.app.sweeps`) changes -------------------
     def player_limit(self) -> int | None:
@@ -227,7 +185,8 @@ class ExplainRun:
     # -- 2. what the tokenizer and template reveal, no weights --------------------------------------
     def preflight(self) -> None:
         """Load the tokenizer and configuration (or take the backend's), fingerprint the model,
-        refuse a changed model for a resume, and render every coalition the plans need.
+        refuse a changed model for a resume, and render every coalition the plans need
+        (:func:`~coalescence.app.preflight.preflight_run`).
 
         Raises:
             TemplateRefused: the chat template refuses a coalition or changes the answer.
@@ -236,67 +195,7 @@ class ExplainRun:
             ArchiveError: the archive's runs used other model content (without ``new_run``).
             BackendUnavailable: the model cannot be found.
         """
-        from ..masking.render import ChatRenderer
-
-        s = self.settings
-        if self.backend is not None:
-            tokenizer = self.backend.tokenizer
-            max_context = int(self.backend.max_context)
-            identity = {
-                "id": self.backend.model_id,
-                "revision": self.backend.revision,
-                "dtype": self.backend.dtype,
-                "sha256": str(self.backend.fingerprint or ""),
-            }
-        else:
-            from ..backends.registry import load_config, load_tokenizer, model_context, model_fingerprint, resolve_model
-
-            source = resolve_model(s.model)
-            tokenizer = load_tokenizer(source)
-            config = load_config(source)
-            max_context = model_context(config, tokenizer)
-            fingerprint = model_fingerprint(source)
-            # a server computes in its own dtype: its runs are keyed as dtype "server" (VLLMServerBackend.dtype)
-            dtype = "server" if s.vllm_url else s.dtype
-            identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
-            self._loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
-        self.max_context = max_context
-        renderer = ChatRenderer(tokenizer, now=self.now)
-        if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
-            identity["template_now"] = renderer.now.isoformat()
-        engine = self.backend.identity() if self.backend is not None else {"backend": backend_of_settings(s)}
-        check_backend(self.run_dir, engine, names_only=True)  # before the weights load or the server is asked
-        check_model_identity(self.run_dir, identity, new_run=s.new_run)
-        for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
-            on_line(k, self.is_batch, self._check_game, renderer, conversation, unit)
-
-
-    def _check_game(self, renderer: Any, conversation: Any, unit: str) -> None:
-        """One input's game, with the tokenizer alone (see :mod:`coalescence.preflight`)."""
-        from .hierarchy import fine_snapshot
-        from ..snapshot import ConversationSnapshot
-        from ..preflight import check_game
-
-        s = self.settings
-        provisional = conversation.target is None
-        if provisional:  # the answer is generated later; its prompts must render now
-            conversation = conversation.with_target(PROVISIONAL_ANSWER, source="generated")
-        snapshot = ConversationSnapshot.build(conversation, unit=unit, roles=s.roles)
-        plan = self.plan(snapshot.n_players)
-        report = check_game(
-            renderer,
-            snapshot,
-            self.policy,
-            plan,
-            max_context=self.max_context,
-            teacher_forced=self.utility.teacher_forced and not provisional,
-            provisional=provisional,
-        )
-        if report.target is not None:
-            self.utility.resolve(snapshot.target, report.target.offsets)  # a span that covers no token
-        if s.hierarchy is not None and not provisional:
-            fine, _ = fine_snapshot(snapshot, s.hierarchy[1])
-            check_game(renderer, fine, self.policy, None, max_context=self.max_context, teacher_forced=self.utility.teacher_forced)
+        self._loaded = preflight_run(self)
 
     # -- 3. the model, snapshots and targets ---------------------------------------------------------
     def load(self, *, progress: Any = None, notify: Callable[[str], None] | None = None) -> Any:
@@ -340,7 +239,7 @@ class ExplainRun:
             snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
             self.validate_game(snapshot.n_players)
             if conversation.target is None:  # checked with a stand-in answer before; now with the real one
-                on_line(k, self.is_batch, self._check_game, self.engine.renderer, snapshot.conversation, unit)
+                on_line(k, self.is_batch, check_input_game, self, self.engine.renderer, snapshot.conversation, unit)
             self.snapshots.append(snapshot)
             if s.hierarchy is not None:
                 self.fines.append(fine_snapshot(snapshot, s.hierarchy[1]))

@@ -19,7 +19,6 @@ from typing import Any
 from ..errors import ArchiveError, CoalescenceError
 
 __all__ = (
-    "backend_of_settings",
     "check_backend",
     "check_model_identity",
     "recorded_backend",
@@ -55,11 +54,6 @@ _HOW_TO_GET = {
     "vllm": "--backend vllm",
     "vllm-server": "--vllm-url of a server of the same model",
 }
-
-
-def backend_of_settings(s: Any) -> str:
-    """The backend a run's settings load: ``vllm-server`` with a ``vllm_url``, else ``s.backend``."""
-    return "vllm-server" if getattr(s, "vllm_url", None) else str(s.backend)
 
 
 def recorded_backend(run: dict[str, Any]) -> tuple[dict[str, str] | None, bool]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import ArchiveError, ConfigError
-from .backend import check_ray_settings
+from .backend import BackendSettings
 from .groups import (
     INDEX_HELP,
     INDICES,
@@ -164,7 +164,7 @@ class RunSettings(
             raise ConfigError(f"must be a positive integer, got {self.max_conversations_in_flight!r}", field="max_conversations_in_flight")
         if isinstance(self.archive, str) and not self.archive.strip():
             raise ConfigError("is empty; give a directory path for the run archive", field="archive")
-        check_ray_settings(self)
+        self.backend_settings()  # the Ray settings are checked with the model's
         self.policy()  # a bad rule or placeholder is refused now
         self.utility_spec()
 
@@ -186,6 +186,10 @@ class RunSettings(
                 )
             if self.proxy_game == "none":
                 raise ConfigError("the proxy game is off (proxy_game none); drop one of them", field="proxy_budget")
+
+    def backend_settings(self) -> BackendSettings:
+        """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
+        return BackendSettings.of(model=self, ray=self)
 
     @property
     def proxy_tail(self) -> str | None:
@@ -426,7 +430,7 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         from ..attribution.estimators import ESTIMATORS, estimator_class, is_method
         from ..attribution.estimators.base import check_seed
 
-        check_ray_settings(self)
+        self.backend_settings()  # the Ray settings are checked with the model's
         if self.seed is not None:
             check_seed(self.seed)
 
@@ -447,6 +451,10 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         spanned = self.target_span is not None or self.target_substring is not None
         if self.whole_answer and spanned:
             raise ConfigError("scores every answer token, so it does not combine with a sub-span; drop one", field="whole_answer")
+
+    def backend_settings(self) -> BackendSettings:
+        """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
+        return BackendSettings.of(model=self, ray=self)
 
     def budget_for(self, n_players: int, method: str | None = None, run: Mapping[str, Any] | None = None) -> int:
         """The sampling budget for a game of ``n_players``: ``budget``; else the ``run``'s
@@ -523,7 +531,7 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
         from ..attribution.estimators import ESTIMATORS, is_method
         from ..attribution.estimators.base import check_seed
 
-        check_ray_settings(self)
+        self.backend_settings()  # the Ray settings are checked with the model's
         check_seed(self.seed)
         for name in ("coalitions", "random_draws"):
             value = getattr(self, name)
@@ -540,6 +548,10 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
                     field="method",
                 )
             object.__setattr__(self, "methods", methods)
+
+    def backend_settings(self) -> BackendSettings:
+        """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
+        return BackendSettings.of(model=self, ray=self)
 
 
 def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:

@@ -131,7 +131,7 @@ def parse_coalition(spec: str, labels: Sequence[str]) -> tuple[str, np.ndarray]:
     )
 
 
-def show_coalition(source: Any, coalition: str = "full", *, settings: Any = None, index: int = 0, **options: Any) -> ShownCoalition:
+def show_coalition(source: Any, coalition: str = "full", *, settings: RunSettings | None = None, index: int = 0, **options: Any) -> ShownCoalition:
     """Render one coalition of an input or of a run archive's snapshot (module docs).
 
     Args:
@@ -224,7 +224,7 @@ RENDER_OPTIONS = Options(
 game's, accepted and unused)."""
 
 
-def _rendering_options(settings: Any, options: dict[str, Any]) -> list[str]:
+def _rendering_options(settings: RunSettings | None, options: dict[str, Any]) -> list[str]:
     """The rendering settings given other than their defaults (an archive has its own)."""
     default = RunSettings()
     given = [name for name in _RENDERING if settings is not None and getattr(settings, name) != getattr(default, name)]

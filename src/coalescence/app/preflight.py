@@ -1,0 +1,173 @@
+"""An explain run's checks before its weights load (the ``check`` and ``preflight`` phases of
+:class:`~coalescence.app.explain.ExplainRun`): what a ``vllm serve`` cannot do, the date that
+templates render, and the preflight proper: the model's tokenizer, configuration and content
+fingerprint, its identity and backend against the archive's runs, and every coalition the plans
+need rendered with the chat template (each game through :func:`coalescence.preflight.check_game`).
+
+Errors name the settings by their names (``utility``, ``archive``); the CLI maps them to its
+options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import ConfigError, InputError
+from .outputs import on_line
+from .record import check_backend, check_model_identity, recorded_now
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .settings import RunSettings
+
+__all__ = ("PROVISIONAL_ANSWER", "CheckedRun", "check_input_game", "check_server_can", "pinned_now", "preflight_run")
+
+PROVISIONAL_ANSWER = "\u2063answer\u2063"
+"""The stand-in answer a conversation without one is rendered with before it is generated."""
+
+
+class CheckedRun(Protocol):
+    """What the preflight reads of a run whose inputs are checked
+    (:class:`~coalescence.app.explain.ExplainRun` after its ``check``, a sweep's too)."""
+
+    settings: RunSettings
+    backend: Any  # a loaded ScoringBackend, or None: the model is loaded after the preflight
+    now: datetime  # the instant dated templates render (pinned_now)
+    run_dir: Path | None
+    conversations: list[Any]
+    units: list[str]
+    is_batch: bool
+    policy: Any
+    utility: Any
+    max_context: int  # tokens; set by preflight_run
+
+    def plan(self, n_players: int) -> Iterable[np.ndarray]: ...
+
+
+def check_server_can(conversations: Sequence[Any], utility: Any, *, is_batch: bool) -> None:
+    """Refuse what a ``vllm serve`` run cannot do (it scores teacher-forced answers only:
+    :class:`~coalescence.backends.vllm.VLLMServerBackend` does not generate), before anything
+    is loaded or written.
+
+    Raises:
+        ConfigError: a utility that generates answers (field ``utility``).
+        InputError: a conversation without an answer (it would be generated; field ``target``).
+    """
+    if not utility.teacher_forced:
+        raise ConfigError(
+            f"{utility.kind} compares generated answers, and a run through --vllm-url only scores given ones; use "
+            "a log-probability utility (logprob, mean_logprob, logit_prob, prob) or --backend vllm/hf to generate",
+            field="utility",
+        )
+    for k, conversation in enumerate(conversations):
+        if conversation.target is None:
+            raise InputError(
+                f"{f'input line {k + 1}: ' if is_batch else ''}the conversation has no answer to explain, and a run "
+                "through --vllm-url does not generate one; give the answer (a final assistant message or target), or "
+                "use --backend vllm or hf to generate it",
+                field="target",
+            )
+
+
+def pinned_now(run_dir: Path | None, *, new_run: bool) -> datetime:
+    """The instant chat templates that write the date render in a run: the one the archive's
+    last run recorded (``template_now``) when the archive at ``run_dir`` is resumed (no
+    ``new_run``), else :func:`~coalescence.masking.render.template_now` (the clock, or
+    ``COALESCENCE_TODAY``).
+
+    Raises:
+        ArchiveError: the recorded instant is not an ISO datetime (an edited manifest).
+        ConfigError: ``COALESCENCE_TODAY`` is not an ISO date.
+    """
+    from ..archive.reader import read_manifest
+    from ..masking.render import template_now
+
+    if run_dir is not None and not new_run and (run_dir / "manifest.json").is_file():
+        runs = read_manifest(run_dir).get("runs") or []
+        recorded = [r.get("template_now") for r in runs if r.get("template_now") is not None]
+        if recorded:
+            return recorded_now(run_dir, recorded[-1])
+    return template_now()
+
+
+def preflight_run(run: CheckedRun) -> dict[str, Any]:
+    """Load the tokenizer and configuration (or take the run's backend's), fingerprint the model,
+    refuse a changed model or another backend for a resume, and render every coalition the run's
+    plans need (``run.plan``); sets ``run.max_context``.
+
+    Returns:
+        What the weights load with (:func:`~coalescence.app.backend.load_model`): ``source``,
+        ``tokenizer``, ``config`` and ``fingerprint``; ``{}`` when the run has its backend.
+
+    Raises:
+        TemplateRefused: the chat template refuses a coalition or changes the answer.
+        InputError: a conversation or coalition longer than the context; a span that covers
+            no answer token.
+        ArchiveError: the archive's runs used other model content (without ``new_run``), or
+            another backend.
+        BackendUnavailable: the model cannot be found.
+    """
+    from ..masking.render import ChatRenderer
+
+    s, backend = run.settings, run.backend
+    loaded: dict[str, Any] = {}
+    if backend is not None:
+        tokenizer = backend.tokenizer
+        max_context = int(backend.max_context)
+        identity = {"id": backend.model_id, "revision": backend.revision, "dtype": backend.dtype, "sha256": str(backend.fingerprint or "")}
+    else:
+        from ..backends.registry import load_config, load_tokenizer, model_context, model_fingerprint, resolve_model
+
+        source = resolve_model(s.model)
+        tokenizer = load_tokenizer(source)
+        config = load_config(source)
+        max_context = model_context(config, tokenizer)
+        fingerprint = model_fingerprint(source)
+        # a server computes in its own dtype: its runs are keyed as dtype "server" (VLLMServerBackend.dtype)
+        dtype = "server" if s.vllm_url else s.dtype
+        identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
+        loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
+    run.max_context = max_context
+    renderer = ChatRenderer(tokenizer, now=run.now)
+    if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
+        identity["template_now"] = renderer.now.isoformat()
+    engine = backend.identity() if backend is not None else {"backend": s.backend_settings().backend_name}
+    check_backend(run.run_dir, engine, names_only=True)  # before the weights load or the server is asked
+    check_model_identity(run.run_dir, identity, new_run=s.new_run)
+    for k, (conversation, unit) in enumerate(zip(run.conversations, run.units, strict=True)):
+        on_line(k, run.is_batch, check_input_game, run, renderer, conversation, unit)
+    return loaded
+
+
+def check_input_game(run: CheckedRun, renderer: Any, conversation: Any, unit: str) -> None:
+    """One input's game, with the tokenizer alone (see :mod:`coalescence.preflight`): every
+    coalition of ``run.plan`` rendered, the answer's span located, a hierarchy's fine game too. A
+    conversation without an answer is rendered with :data:`PROVISIONAL_ANSWER` (checked again
+    once the answer is generated)."""
+    from ..preflight import check_game
+    from ..snapshot import ConversationSnapshot
+    from .hierarchy import fine_snapshot
+
+    s = run.settings
+    provisional = conversation.target is None
+    if provisional:  # the answer is generated later; its prompts must render now
+        conversation = conversation.with_target(PROVISIONAL_ANSWER, source="generated")
+    snapshot = ConversationSnapshot.build(conversation, unit=unit, roles=s.roles)
+    report = check_game(
+        renderer,
+        snapshot,
+        run.policy,
+        run.plan(snapshot.n_players),
+        max_context=run.max_context,
+        teacher_forced=run.utility.teacher_forced and not provisional,
+        provisional=provisional,
+    )
+    if report.target is not None:
+        run.utility.resolve(snapshot.target, report.target.offsets)  # a span that covers no token
+    if s.hierarchy is not None and not provisional:
+        fine, _ = fine_snapshot(snapshot, s.hierarchy[1])
+        check_game(renderer, fine, run.policy, None, max_context=run.max_context, teacher_forced=run.utility.teacher_forced)
