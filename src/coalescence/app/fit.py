@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
-from .settings import recorded_budget, recorded_interactions, recorded_proxy, recorded_run_config, recorded_seed
+from .record import recorded_budget, recorded_interactions, recorded_proxy, recorded_run_config, recorded_seed
 
 __all__ = (
     "ArchiveFit",

@@ -4,17 +4,18 @@
 and snapshots); a resumed run is refused when the archive's runs used other model content
 (:func:`check_model_identity`), another engine (:func:`check_backend`: the archive holds one
 engine's values, whatever its runs) or rendered dated templates on another day
-(:func:`check_same_date`); :func:`recorded_now` reads that day back.
+(:func:`check_same_date`); :func:`recorded_now` reads that day back, and the ``recorded_*``
+functions read back what a run recorded of its configuration (budget, proxy game, seed,
+interactions) for a fit from the archive.
 """
-
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
 
 from ..errors import ArchiveError, CoalescenceError
 
@@ -23,7 +24,12 @@ __all__ = (
     "check_model_identity",
     "recorded_backend",
     "check_same_date",
+    "recorded_budget",
+    "recorded_interactions",
     "recorded_now",
+    "recorded_proxy",
+    "recorded_run_config",
+    "recorded_seed",
     "run_record",
     "same_measurement",
 )
@@ -251,3 +257,49 @@ def run_record(run: Any) -> dict[str, Any]:
             else "never"
         )  # fmt: skip
     return run
+
+
+def recorded_run_config(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A manifest run's ``run_config`` (``{}`` when it records none)."""
+    config = run.get("run_config")
+    return config if isinstance(config, Mapping) else {}
+
+
+def recorded_budget(run: Mapping[str, Any], method: str) -> int | None:
+    """The sampling budget a run of one input (no hierarchy) recorded, when ``method`` is its
+    method; else None (a budget recorded for a dataset run is its first conversation's)."""
+    config = recorded_run_config(run)
+    budget = config.get("budget")
+    one_input = len(run.get("snapshot_ids") or ()) == 1 and not config.get("hierarchy")
+    if one_input and method == config.get("method") and isinstance(budget, int) and not isinstance(budget, bool):
+        return budget
+    return None
+
+
+def recorded_proxy(run: Mapping[str, Any]) -> tuple[str, int | None] | None:
+    """``(tail rule, proxy budget or None)`` of the proxy game a run played with a two-fidelity
+    method, or ``None`` (an exact-only run, or one written before proxy games)."""
+    proxy = recorded_run_config(run).get("proxy")
+    if not isinstance(proxy, Mapping) or not isinstance(proxy.get("tail"), str):
+        return None
+    budget = proxy.get("budget")
+    return proxy["tail"], budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+
+
+def recorded_seed(run: Mapping[str, Any]) -> int:
+    """The plans' seed a run recorded (0 when it records none)."""
+    seed = recorded_run_config(run).get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+
+
+def recorded_interactions(run: Mapping[str, Any], method: str) -> tuple[int | None, str | None]:
+    """``(order, index)`` of the interactions a run recorded for ``method`` (its own method), or
+    ``(None, None)``."""
+    config = recorded_run_config(run)
+    recorded = config.get("interactions")
+    if config.get("method") != method or not isinstance(recorded, Mapping):
+        return None, None
+    order, index = recorded.get("order"), recorded.get("index")
+    if isinstance(order, bool) or not isinstance(order, int) or not isinstance(index, str):
+        raise ArchiveError(f"run {run.get('run_id')}: run_config.interactions must be {{order, index}}", field="archive")
+    return order, index

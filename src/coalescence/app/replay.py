@@ -18,7 +18,8 @@ from .fit import ArchiveFit, select_run
 from .outputs import output_path, refuse_overwrite
 from .backend import load_model
 from .record import check_backend, recorded_now
-from .settings import ReplaySettings, recorded_proxy
+from .record import recorded_proxy
+from .settings import ReplaySettings
 
 __all__ = (
     "ReplayRun",

@@ -1,6 +1,6 @@
 """The settings of explain and replay runs (:class:`RunSettings`, :class:`ReplaySettings`), what a
-run returns (:class:`RunResult`), and what a run archive records of its fit (``recorded_*``), from
-which a replay takes its defaults.
+run returns (:class:`RunResult`); a replay takes its defaults from what the run archive recorded of
+its fit (``recorded_*`` in :mod:`~coalescence.app.record`).
 
 Errors name the settings by their names here (``budget``, ``archive``); the CLI maps them to its
 options (``--budget``).
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import ArchiveError, ConfigError
+from ..errors import ConfigError
 from .backend import BackendSettings
 from .groups import (
     INDEX_HELP,
@@ -37,6 +37,7 @@ from .groups import (
 )
 from .options import names, option, positive_int
 from .options import seed as seed_type
+from .record import recorded_budget, recorded_interactions, recorded_seed
 
 __all__ = (
     "EvaluateSettings",
@@ -44,11 +45,6 @@ __all__ = (
     "RunResult",
     "RunSettings",
     "interaction_settings",
-    "recorded_budget",
-    "recorded_interactions",
-    "recorded_proxy",
-    "recorded_run_config",
-    "recorded_seed",
 )
 
 
@@ -458,7 +454,7 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
 
     def budget_for(self, n_players: int, method: str | None = None, run: Mapping[str, Any] | None = None) -> int:
         """The sampling budget for a game of ``n_players``: ``budget``; else the ``run``'s
-        (:func:`recorded_budget`) for ``method``; else 32 x players."""
+        (:func:`~coalescence.app.record.recorded_budget`) for ``method``; else 32 x players."""
         if self.budget is not None:
             return self.budget
         recorded = None if run is None or method is None else recorded_budget(run, method)
@@ -559,49 +555,3 @@ def interaction_settings(method: str, interactions: int | None, index: str | Non
     from ..attribution.estimators import interaction_settings as check
 
     return check(method, interactions, index)
-
-
-def recorded_run_config(run: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A manifest run's ``run_config`` (``{}`` when it records none)."""
-    config = run.get("run_config")
-    return config if isinstance(config, Mapping) else {}
-
-
-def recorded_budget(run: Mapping[str, Any], method: str) -> int | None:
-    """The sampling budget a run of one input (no hierarchy) recorded, when ``method`` is its
-    method; else None (a budget recorded for a dataset run is its first conversation's)."""
-    config = recorded_run_config(run)
-    budget = config.get("budget")
-    one_input = len(run.get("snapshot_ids") or ()) == 1 and not config.get("hierarchy")
-    if one_input and method == config.get("method") and isinstance(budget, int) and not isinstance(budget, bool):
-        return budget
-    return None
-
-
-def recorded_proxy(run: Mapping[str, Any]) -> tuple[str, int | None] | None:
-    """``(tail rule, proxy budget or None)`` of the proxy game a run played with a two-fidelity
-    method, or ``None`` (an exact-only run, or one written before proxy games)."""
-    proxy = recorded_run_config(run).get("proxy")
-    if not isinstance(proxy, Mapping) or not isinstance(proxy.get("tail"), str):
-        return None
-    budget = proxy.get("budget")
-    return proxy["tail"], budget if isinstance(budget, int) and not isinstance(budget, bool) else None
-
-
-def recorded_seed(run: Mapping[str, Any]) -> int:
-    """The plans' seed a run recorded (0 when it records none)."""
-    seed = recorded_run_config(run).get("seed")
-    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
-
-
-def recorded_interactions(run: Mapping[str, Any], method: str) -> tuple[int | None, str | None]:
-    """``(order, index)`` of the interactions a run recorded for ``method`` (its own method), or
-    ``(None, None)``."""
-    config = recorded_run_config(run)
-    recorded = config.get("interactions")
-    if config.get("method") != method or not isinstance(recorded, Mapping):
-        return None, None
-    order, index = recorded.get("order"), recorded.get("index")
-    if isinstance(order, bool) or not isinstance(order, int) or not isinstance(index, str):
-        raise ArchiveError(f"run {run.get('run_id')}: run_config.interactions must be {{order, index}}", field="archive")
-    return order, index
