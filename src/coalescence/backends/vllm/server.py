@@ -51,6 +51,12 @@ class VLLMServerBackend(BackendBase):
     when it is on this machine, must have the local model's content fingerprint
     (:meth:`_check_weights`).
 
+    Each call goes through the envelope of :class:`~coalescence.backends.base.BackendBase`
+    (:meth:`score`, :meth:`generate_batch`, :meth:`statistics`): a row longer than
+    :attr:`max_context` is refused before the server is asked, transport errors and malformed
+    answers become ``BatchFailed`` ("the vLLM server failed on a batch of <n> rows: ..."), the
+    results are validated and the call counted; this class writes :meth:`_score_batch`.
+
     Args:
         url: ``http://HOST:PORT`` of the server.
         tokenizer: the local transformers tokenizer of the model.
@@ -63,15 +69,10 @@ class VLLMServerBackend(BackendBase):
         timeout: seconds per HTTP request.
         concurrency: the most requests in flight at once on a server that forces answers.
 
-    Each call goes through the envelope of :class:`~coalescence.backends.base.BackendBase`
-    (:meth:`score`, :meth:`generate_batch`, :meth:`statistics`): a row longer than
-    :attr:`max_context` is refused before the server is asked, transport errors and malformed
-    answers become ``BatchFailed`` ("the vLLM server failed on a batch of <n> rows: ..."), the
-    results are validated and the call counted; this class writes :meth:`_score_batch`.
-
     Raises:
         BackendUnavailable: the server cannot be reached, serves no model, or serves another model
             (a longer context, another tokenizer or chat template, other weight files), with what differs.
+        ConfigError: ``max_batch_size`` or ``concurrency`` < 1, or a ``url`` that is not ``http(s)://``.
     """
 
     dtype = "server"
