@@ -14,7 +14,7 @@ hf 16, vLLM a round's rows) unless ``--hf-batch-size`` / ``--vllm-batch-size`` s
 column is then bfloat16's against float32 transformers). ``--serve`` also starts a local ``vllm
 serve`` of the same float32 directory on 127.0.0.1 (the directory the vllm backend converted the
 GGUF to) with the forcing logits processor, so it scores through its prefix cache
-(``coalescence.backends.vllm_forcing``; ``--serve-plain``: without it, prompt log-probabilities,
+(``coalescence.backends.vllm.forcing``; ``--serve-plain``: without it, prompt log-probabilities,
 the cache skipped), and scores through it with ``--vllm-url``'s backend; ``--vllm-url URL`` uses
 a server already running. Needs ``make vllm``.
 """

@@ -171,3 +171,26 @@ def test_generation_counts_one_decode_per_greedy_request_and_per_sample() -> Non
     assert backend.statistics() == ScoringStatistics(decodes=3, generated_tokens=6, generation_tokens_computed=10)
     assert backend.generate((1, 2), max_new_tokens=2) == [7, 8]  # through generate_batch
     assert backend.statistics().decodes == 4
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "coalescence.backends.hf:HFBackend",
+        "coalescence.backends.testing:FakeBackend",
+        "coalescence.backends.vllm:VLLMBackend",
+        "coalescence.backends.vllm:VLLMServerBackend",
+    ],
+)
+def test_every_backend_of_the_package_writes_only_its_model_calls(path: str) -> None:
+    # no backend keeps a copy of the envelope (issue 35): the public calls and the statistics are
+    # BackendBase's own, and the backend writes _score_batch (importing the vLLM backends needs no
+    # vLLM: tests/backends/test_vllm.py runs them on a real engine and a real server)
+    import importlib
+
+    module, name = path.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert issubclass(cls, BackendBase)
+    for member in ("score", "score_proxy", "generate_batch", "statistics", "_translated", "_count"):
+        assert getattr(cls, member) is getattr(BackendBase, member), f"{name} overrides {member}"
+    assert cls._score_batch is not BackendBase._score_batch

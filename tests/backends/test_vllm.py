@@ -24,7 +24,7 @@ from helpers.chat_templates import conversation, family_named
 from helpers.family_models import model_for, tokenizer_for
 from helpers.vllm_engines import BLOCK, SKIP_REASON, VLLM_FAMILIES, have_vllm, start_server, stop_server, vllm_backend
 
-from coalescence.backends.base import GenerateRequest, ScoreRequest
+from coalescence.backends.base import GenerateRequest, ScoreRequest, ScoringStatistics
 from coalescence.snapshot import ConversationSnapshot
 from coalescence.inputs import conversation_from_input
 from coalescence.masking.policies import DropPolicy
@@ -145,6 +145,29 @@ def test_too_long_is_refused_before_vllm_runs(subject):
     before = backend.statistics()
     with pytest.raises(BatchFailed, match=f"context of {CONTEXT}"):
         backend.score([ScoreRequest(prompt_ids=(5,) * CONTEXT, target_ids=(6,))])
+    assert backend.statistics() == before
+
+
+def test_too_long_rows_are_refused_in_the_transformers_backends_words(subject):
+    """Both backends run BackendBase's envelope: on the same weights (a context of 512), a row or a
+    generation too long is refused with the same message, before either model runs."""
+    from coalescence.backends.hf import HFBackend
+    from coalescence.errors import BatchFailed
+
+    fam, tok, model, backend = subject
+    hf = HFBackend(model, tok, model_id=f"tiny-{fam.name}")
+    assert hf.max_context == backend.max_context == CONTEXT
+    row = ScoreRequest(prompt_ids=(5,) * (CONTEXT - 1), target_ids=(6, 7))  # 513 tokens
+    prompt = GenerateRequest(prompt_ids=(5,) * (CONTEXT - 3), max_new_tokens=4)  # 509 + 4
+    before = backend.statistics()
+    for call, requests, expected in (
+        ("score", [row], "a sequence of 513 tokens exceeds the model's context of 512"),
+        ("generate_batch", [prompt], "a prompt of 509 tokens plus 4 new tokens exceeds the model's context of 512"),
+    ):
+        for b in (hf, backend):
+            with pytest.raises(BatchFailed) as info:
+                getattr(b, call)(requests)
+            assert str(info.value) == expected, (type(b).__name__, call)
     assert backend.statistics() == before
 
 
@@ -329,6 +352,37 @@ def test_a_server_with_a_shorter_context_scores_up_to_it_and_refuses_longer_rows
     assert backend.statistics().rows == before
 
 
+def test_the_server_client_refuses_and_translates_in_the_shared_envelope(server):
+    """The server client runs BackendBase's envelope: rows too long for the server's context are
+    refused before any request in the words of every backend, a generation is refused, and a
+    server gone away (its port closed) is a BatchFailed naming the call, with the transport's
+    error as its cause; nothing of it is counted."""
+    import socket
+    import urllib.error
+
+    from coalescence.backends.vllm import VLLMServerBackend
+    from coalescence.errors import BatchFailed
+
+    url, tok, _, _ = server
+    backend = VLLMServerBackend(url, tok, model_id="tiny-chatml", max_context=CONTEXT)
+    assert backend.max_context == CONTEXT - 1  # vLLM counts the sampled token
+    with pytest.raises(BatchFailed, match=r"^a sequence of 512 tokens exceeds the model's context of 511$"):
+        backend.score([ScoreRequest(prompt_ids=(5,) * (CONTEXT - 2), target_ids=(6, 7))])
+    with pytest.raises(BatchFailed, match=r"^a prompt of 508 tokens plus 4 new tokens exceeds the model's context of 511$"):
+        backend.generate_batch([GenerateRequest(prompt_ids=(5,) * (CONTEXT - 4), max_new_tokens=4)])
+    with pytest.raises(BatchFailed, match=r"^generation through --vllm-url is not supported; use --backend vllm or hf$"):
+        backend.generate([5, 6, 7], max_new_tokens=2)
+    with socket.socket() as s:  # a port that nothing listens on any more
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    backend.url = closed
+    for forced in (True, False):  # both scoring paths
+        backend.forced = forced
+        with pytest.raises(BatchFailed, match=r"^the vLLM server failed on a batch of 2 rows: ") as info:
+            backend.score([ScoreRequest(prompt_ids=(5, 6, 7), target_ids=(8,)), ScoreRequest(prompt_ids=(5, 6), target_ids=(9,))])
+        assert isinstance(info.value.__cause__, urllib.error.URLError)
+    assert backend.statistics() == ScoringStatistics()  # nothing counted
+
 # ---- one run, one game: the backend and the served weights are part of a run (issue 34) ------------
 
 USER = "The Eiffel Tower was completed in 1889. Big Ben was finished in 1859. The Colosseum opened in 80. The bridge opened in 1937."
@@ -466,7 +520,7 @@ def test_a_server_run_resumes_after_its_server_is_killed_and_a_finished_one_runs
         while not list((run_dir / "parts").glob("part-*.parquet")) if (run_dir / "parts").exists() else True:
             assert child.poll() is None and time.monotonic() < deadline, child.communicate()
             time.sleep(0.05)
-        doomed.send_signal(signal.SIGKILL)
+        os.killpg(doomed.pid, signal.SIGKILL)  # the server and its engine
         _, err = child.communicate(timeout=300)
     finally:
         stop_server(doomed)

@@ -7,6 +7,7 @@ Only :data:`VLLM_FAMILIES` get an engine: each family is one more engine start i
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import os
 import tempfile
@@ -70,7 +71,9 @@ def server_command(path: Any, port: int, *, max_model_len: int) -> list[str]:
 
 def start_server(path: Any, run: Path, *, max_model_len: int) -> tuple[Any, str]:
     """A real ``vllm serve`` of the model directory ``path`` on a free port, its log in ``run``:
-    ``(process, url)`` once ``/v1/models`` answers (stop it with :func:`stop_server`)."""
+    ``(process, url)`` once ``/v1/models`` answers (stop it with :func:`stop_server`). The server
+    leads a process group of its own, with its engine-core process: kill that group
+    (``os.killpg(process.pid, ...)``) to kill the server, or its engine outlives it."""
     import socket
     import subprocess
     import time
@@ -82,7 +85,9 @@ def start_server(path: Any, run: Path, *, max_model_len: int) -> tuple[Any, str]
     env = {**os.environ, "VLLM_CACHE_ROOT": str(run / "cache"), "TMPDIR": str(run)}
     log = run / f"serve-{port}.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(server_command(path, port, max_model_len=max_model_len), stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            server_command(path, port, max_model_len=max_model_len), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
     while True:
@@ -97,16 +102,20 @@ def start_server(path: Any, run: Path, *, max_model_len: int) -> tuple[Any, str]
 
 
 def stop_server(proc: Any) -> None:
-    """Stop a server of :func:`start_server` (SIGTERM, then SIGKILL after 60 s)."""
+    """Stop a server of :func:`start_server` and its engine (its process group: SIGTERM, then
+    SIGKILL after 60 s)."""
+    import signal
     import subprocess
 
-    if proc.poll() is not None:
-        return
-    proc.terminate()
+    def signal_group(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(proc.pid, sig)
+
+    signal_group(signal.SIGTERM)
     try:
         proc.wait(60)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        signal_group(signal.SIGKILL)
         proc.wait()
 
 
