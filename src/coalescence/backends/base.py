@@ -91,13 +91,12 @@ class ScoringBackend(Protocol):
         pads_rows: whether the backend pads a call's rows to its longest (transformers): the
             engine then groups rows by length bucket under a padded-token budget. ``False``
             (vLLM: no padding) lets one call take rows of any length, up to ``max_batch_size``.
-        supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game (issue 37);
-            False (the default of :class:`BackendBase`): it raises ``BackendError``.
         shutdown_with_engine: whether :meth:`Engine.close` (and a run that fails to start)
             calls :meth:`shutdown`: ``True`` for a backend that owns processes or a cluster the
-            run started (Ray workers, an in-process vLLM engine).
-        supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game (a backend
-            that cannot says ``False``, and a run there uses exact rows only).
+            run started (Ray workers).
+        supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game; ``False``
+            (the default of :class:`BackendBase`: it raises ``BackendError``) and a run there
+            uses exact rows only.
     """
 
     model_id: str
