@@ -43,3 +43,15 @@ def test_no_test_module_imports_another_test_module_or_conftest() -> None:
                 continue
             offending += [f"{path.relative_to(TESTS)}:{node.lineno} imports {name}" for name in names if name.split(".")[0] in local or name.startswith(".")]
     assert offending == [], "\n".join(offending)
+
+
+def test_test_module_names_are_unique() -> None:
+    # pytest's default import mode (``prepend``, what ``make test`` runs) imports a test module by
+    # its file name alone: two ``test_x.py`` in different folders stop the run at collection
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(TESTS)} and {path.relative_to(TESTS)}")
+        seen.setdefault(path.name, path)
+    assert clashes == [], "test modules of one name: " + "; ".join(clashes)
