@@ -11,6 +11,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ConfigError
@@ -23,6 +24,7 @@ __all__ = (
     "BackendSettings",
     "LoadsAModel",
     "check_ray_settings",
+    "check_server_settings",
     "load_model",
     "quiet_loading_bars",
     "ray_backend",
@@ -51,7 +53,8 @@ class BackendSettings:
             among the workers there).
 
     Raises:
-        ConfigError: Ray settings that cannot work (:func:`check_ray_settings`, naming the field).
+        ConfigError: server or Ray settings that cannot work (:func:`check_server_settings`,
+            :func:`check_ray_settings`, naming the field), before anything loads.
     """
 
     model: str | None = None
@@ -66,6 +69,7 @@ class BackendSettings:
     threads_per_worker: int | None = None
 
     def __post_init__(self) -> None:
+        check_server_settings(self)
         check_ray_settings(self)
 
     @classmethod
@@ -95,7 +99,7 @@ class BackendSettings:
     def backend_name(self) -> str:
         """The backend that scores, as a run records it: ``vllm-server`` with a ``vllm_url``,
         else ``backend``."""
-        return "vllm-server" if self.vllm_url else str(self.backend)
+        return "vllm-server" if self.vllm_url is not None else str(self.backend)
 
 
 class LoadsAModel(Protocol):
@@ -103,6 +107,31 @@ class LoadsAModel(Protocol):
     ``EvaluateSettings``): they give their :class:`BackendSettings`."""
 
     def backend_settings(self) -> BackendSettings: ...
+
+
+def check_server_settings(settings: BackendSettings) -> None:
+    """Refuse a ``vllm_url`` that cannot work, before anything loads.
+
+    Raises:
+        ConfigError: naming ``vllm_url``: given but empty or not ``http(s)://HOST[:PORT]``, missing
+            for the ``vllm-server`` backend, or given with Ray workers (``workers``,
+            ``ray_address``), which would load the weights in the workers instead.
+    """
+    url = settings.vllm_url
+    if url is None:
+        if settings.backend == "vllm-server":
+            raise ConfigError("the vllm-server backend scores against a running vllm serve; give its http://HOST:PORT", field="vllm_url")
+        return
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError("is empty; give a running vllm serve's http://HOST:PORT", field="vllm_url")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"must be http://HOST:PORT, got {url!r}", field="vllm_url")
+    if settings.workers is not None or settings.ray_address is not None:
+        raise ConfigError(
+            "scores on a running vllm serve, while --workers/--ray-address load the model in Ray workers; give one of them",
+            field="vllm_url",
+        )
 
 
 def check_ray_settings(settings: BackendSettings) -> None:
