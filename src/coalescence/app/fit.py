@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError
+from ..userinput import did_you_mean
 from .record import recorded_budget, recorded_interactions, recorded_proxy, recorded_run_config, recorded_seed
 
 __all__ = (
@@ -354,7 +355,7 @@ def fit_archive(
         methods = [config["method"]]
     unknown = [m for m in methods if not is_method(m)]
     if unknown:
-        raise ConfigError(f"unknown method {unknown[0]!r}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="method")
+        raise ConfigError(f"unknown method {unknown[0]!r}{did_you_mean(unknown[0], ESTIMATORS)}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="method")
     fit = ArchiveFit(run_dir, run, {s["snapshot_id"]: s for s in manifest["snapshots"]})
     seed = seed if seed is not None else recorded_seed(run)
     hierarchy = config.get("hierarchy") if isinstance(config.get("hierarchy"), Mapping) else None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import ConfigError
+from ..userinput import did_you_mean
 from .backend import BackendSettings
 from .groups import (
     INDEX_HELP,
@@ -434,7 +435,7 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         unknown = [m for m in methods if not is_method(m)]
         if not methods or unknown:
             raise ConfigError(
-                f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(ESTIMATORS)} "
+                f"unknown method {unknown[0] if unknown else ''!r}{did_you_mean(unknown[0], ESTIMATORS) if unknown else ''}; use a comma-separated subset of {','.join(ESTIMATORS)} "
                 "or shapiq:<Approximator>",
                 field="method",
             )
@@ -540,7 +541,7 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
             unknown = [m for m in methods if not is_method(m)]
             if not methods or unknown:
                 raise ConfigError(
-                    f"unknown method {unknown[0] if unknown else ''!r}; use a comma-separated subset of {','.join(ESTIMATORS)}",
+                    f"unknown method {unknown[0] if unknown else ''!r}{did_you_mean(unknown[0], ESTIMATORS) if unknown else ''}; use a comma-separated subset of {','.join(ESTIMATORS)}",
                     field="method",
                 )
             object.__setattr__(self, "methods", methods)
