@@ -282,8 +282,8 @@ class EstimatorSettings(SettingsGroup):
     proxy_budget: int | None = option(
         None,
         type=positive_int,
-        help="two-fidelity methods: distinct proxy coalitions, besides the exact ones (default: a multiple of --budget, "
-        "docs/proxy.md)",
+        help="two-fidelity methods: distinct proxy coalitions, besides the exact ones (default: 16 x --budget, at least "
+        "16 per player, at most 2^n; docs/proxy.md)",
     )
 
 
