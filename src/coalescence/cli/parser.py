@@ -181,13 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(sh, ShowSettings)
     RENDER_OPTIONS.add(sh)
 
-    ar = _subcommand(sub, "archive", example="coalescence archive info runs/eiffel", help="inspect or compact a run archive")
+    ar = _subcommand(sub, "archive", example="coalescence archive info runs/eiffel", help="inspect or compact a run archive",
+                     description="Inspect a run archive (info) or merge its parts into one (compact).")  # fmt: skip
     ar_sub = ar.add_subparsers(dest="archive_command", required=True, metavar="ACTION")
-    info = ar_sub.add_parser("info", help="summary of a run archive")
-    info.add_argument("run_dir", metavar="RUN_DIR")
+    info = _subcommand(ar_sub, "info", example="coalescence archive info runs/eiffel --json", help="summary of a run archive",
+                       description="Its runs, snapshots, coalitions, parts and bytes, cache hits, tokens and model time.")  # fmt: skip
+    info.add_argument("run_dir", metavar="RUN_DIR", help="run archive directory")
     info.add_argument("--json", action="store_true", help="print the summary as JSON")
     info.add_argument("--skip-corrupt", action="store_true", help="skip unreadable parts")
-    cp = ar_sub.add_parser("compact", help="merge the parts of a run archive into one, atomically")
-    cp.add_argument("run_dir", metavar="RUN_DIR")
+    cp = _subcommand(ar_sub, "compact", example="coalescence archive compact runs/eiffel",
+                     help="merge the parts of a run archive into one, atomically")  # fmt: skip
+    cp.add_argument("run_dir", metavar="RUN_DIR", help="run archive directory (not in use by a run)")
     cp.add_argument("--skip-corrupt", action="store_true", help="drop unreadable parts while compacting")
     return parser
