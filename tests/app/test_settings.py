@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.cli import run_cli
+
 from coalescence.app.settings import EvaluateSettings, ReplaySettings
 from coalescence.errors import ConfigError
 
@@ -16,3 +18,21 @@ def test_a_misspelt_method_is_refused_with_the_nearest_name(settings, methods, m
         settings(methods=methods)
     assert info.value.field == "method"
     assert f"(did you mean {meant}?)" in info.value.message and "kernelshap" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["replay", "{run}", "--method", "kernalshap"], "--method"),
+        (["evaluate", "{run}", "--method", "kernalshap"], "--method"),
+        (["sweep", "{chat}", "--methods", "exact,kernalshap", "--budgets", "8", "--out", "{run}/s.json"], "--methods"),
+    ],
+)
+def test_the_commands_name_their_own_method_option_with_the_nearest_name(tmp_path, argv, flag):
+    """The library's errors call the field ``method``; each command prints its own option."""
+    chat = tmp_path / "chat.json"
+    chat.write_text('{"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]}')
+    code, _, err = run_cli([a.format(run=tmp_path, chat=chat) for a in argv])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"coalescence: error: {flag}: unknown method 'kernalshap' (did you mean kernelshap?)"), err

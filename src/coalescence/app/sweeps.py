@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import ConfigError, EstimatorError
+from ..userinput import did_you_mean
 from ..attribution.estimators import is_exact
 from .lifecycle import run_blocking
 from .explain import ExplainRun, closing_run
@@ -187,7 +188,8 @@ class SweepSettings(SettingsGroup):
                 continue
             if not is_method(name):
                 raise ConfigError(
-                    f"unknown method {name!r}; use a comma-separated subset of {','.join(ESTIMATORS)} or shapiq:<Approximator>",
+                    f"unknown method {name!r}{did_you_mean(name, ESTIMATORS)}; use a comma-separated subset of "
+                    f"{','.join(ESTIMATORS)} or shapiq:<Approximator>",
                     field="methods",
                 )
             estimator_class(name)  # a shapiq approximator the installed shapiq lacks is refused now

@@ -33,6 +33,8 @@ def flags_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[
             out.setdefault(action.dest, max(action.option_strings, key=len))
         elif action.dest == "run_dir":  # replay, archive info/compact: the archive is RUN_DIR
             out.setdefault("archive", str(action.metavar))
+    if "methods" in out:  # replay, evaluate, sweep take several; the library's errors say "method"
+        out.setdefault("method", out["methods"])
     return out
 
 
