@@ -647,6 +647,8 @@ def test_replay_with_another_kind_needs_no_model(exact_run, tmp_path: Path) -> N
     [doc] = json.loads(out.read_text())["explanations"]
     assert doc["utility"] == "mean_logprob" and doc["value_unit"] == "nats per token"
     assert "value (nats per token)" in stdout
+    # no model ran: the printout gives no rate (it said "0.0 evaluations/s")
+    assert "(no model evaluations in this session)" in stdout and "evaluations/s" not in stdout
     # a mean over the same tokens of every coalition: the values scale by 1 / n_target
     n = whole["target_token_count"]
     np.testing.assert_allclose([p["value"] for p in doc["players"]], [p["value"] / n for p in whole["players"]], rtol=1e-5)

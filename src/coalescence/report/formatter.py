@@ -111,7 +111,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
         lines.append("  ".join(cells).rstrip())
     span = est.v_full - est.v_empty
     rel = abs(est.efficiency_gap) / abs(span) if span else float("nan")
-    rate = explanation.n_evaluations / explanation.wall_seconds if explanation.wall_seconds > 0 else float("nan")
+    rate = explanation.n_evaluations / explanation.wall_seconds if explanation.n_evaluations and explanation.wall_seconds > 0 else float("nan")
     target = " ".join(explanation.snapshot.target.split())
     if len(target) > 100:
         target = target[:99] + "\u2026"
