@@ -65,11 +65,12 @@ def test_missing_coalitions_are_evaluated_with_the_runs_model_once(tmp_path, tin
                         "--archive", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
     assert code == 0, err
     before = read_rows(tmp_path / "run").num_rows
-    code, first, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "8", "--no-progress"])
+    code, first, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "8"])
     assert code == 0, err
+    assert err.count("coalescence: loading ") == 1  # it says which model it loads, as explain does
     evaluated = int(first.rsplit("coalitions: ", 1)[1].split(" evaluated")[0])
     assert evaluated > 0 and read_rows(tmp_path / "run").num_rows == before + evaluated
-    code, second, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "8", "--no-progress"])
+    code, second, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "8"])
     assert code == 0, err
-    assert "coalitions: 0 evaluated with the model" in second
+    assert "coalitions: 0 evaluated with the model" in second and "loading" not in err
     assert first.rsplit("\n", 2)[0] == second.rsplit("\n", 2)[0]  # the same numbers, from the archive

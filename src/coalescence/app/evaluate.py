@@ -23,7 +23,7 @@ utility; that run records ``command: evaluate`` and no method.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,7 +152,9 @@ class _Item:
     snapshot: Any
 
 
-def evaluate_source(source: str | Path, settings: EvaluateSettings, *, backend: Any = None, progress: Any = None) -> Evaluation:
+def evaluate_source(
+    source: str | Path, settings: EvaluateSettings, *, backend: Any = None, progress: Any = None, notify: Callable[[str], None] | None = None
+) -> Evaluation:
     """Evaluate the explanations of ``source`` on fresh exact coalitions (module docs).
 
     Args:
@@ -163,6 +165,7 @@ def evaluate_source(source: str | Path, settings: EvaluateSettings, *, backend: 
         backend: a loaded backend to evaluate missing coalitions with, instead of loading
             ``settings.model`` (default: the run's model).
         progress: the engine's progress callbacks.
+        notify: told in one line what model is being loaded, when one is (the CLI prints it).
 
     Returns:
         The :class:`Evaluation`; ``settings.out`` is written when given.
@@ -231,7 +234,7 @@ def evaluate_source(source: str | Path, settings: EvaluateSettings, *, backend: 
             raise InputError(f"the document holds {len(ids)} conversation(s), numbered from 0; got {s.conversation}", field="conversation")
         documents = [d for d in documents if str(d.get("snapshot_id")) == ids[s.conversation]]
     game = _Game(run_dir, documents, s, backend=backend, source_dir=is_dir)
-    results, executed, served = game.measure(progress=progress)
+    results, executed, served = game.measure(progress=progress, notify=notify)
     evaluation = Evaluation(
         source=str(source),
         archive=str(run_dir),
@@ -337,7 +340,7 @@ class _Game:
         n = item.snapshot.n_players
         return [*held_out_coalitions(n, s.coalitions, s.seed), *removal_rows(item.values, draws=s.random_draws, seed=s.seed)]
 
-    def measure(self, *, progress: Any = None) -> tuple[list[Faithfulness], int, int]:
+    def measure(self, *, progress: Any = None, notify: Callable[[str], None] | None = None) -> tuple[list[Faithfulness], int, int]:
         """Evaluate what the archive lacks, then compute every explanation's statistics.
 
         Returns:
@@ -354,7 +357,7 @@ class _Game:
         executed = 0
         if any(missing.values()):
             # the engine shares the fit's store: what it evaluates is served to the fit below
-            executed = self._evaluate([(snap, list(rows.values())) for sid, (snap, rows) in needed.items() if missing[sid]], progress)
+            executed = self._evaluate([(snap, list(rows.values())) for sid, (snap, rows) in needed.items() if missing[sid]], progress, notify)
 
         results = []
         for item in self.items:
@@ -381,7 +384,7 @@ class _Game:
             )
         return results, executed, total - executed
 
-    def _evaluate(self, games: list[tuple[Any, list[np.ndarray]]], progress: Any) -> int:
+    def _evaluate(self, games: list[tuple[Any, list[np.ndarray]]], progress: Any, notify: Callable[[str], None] | None = None) -> int:
         """Evaluate ``games``' coalitions with the run's model (archived); returns the model evaluations."""
         from ..archive.writer import RunArchive
         from ..backends.registry import resolve_model
@@ -394,7 +397,7 @@ class _Game:
         owned = self.backend is None
         if owned:
             model = s.model or run["model"]["id"]
-            backend = load_model(s, resolve_model(model))
+            backend = load_model(s, resolve_model(model), notify=notify)
         else:
             backend = self.backend
         pinned = run.get("template_now")

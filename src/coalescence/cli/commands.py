@@ -131,7 +131,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from ..app.settings import EvaluateSettings
 
     settings = settings_from(EvaluateSettings, args)
-    print(evaluate_source(args.source, settings, progress=_progress(args)).format())
+    print(evaluate_source(args.source, settings, progress=_progress(args), notify=_notify(args)).format())
     if settings.out is not None:
         print(f"json: {settings.out}")
     return 0
