@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = (
     "BackendSettings",
-    "LoadsAModel",
     "check_ray_settings",
     "check_server_settings",
     "load_model",
@@ -100,13 +99,6 @@ class BackendSettings:
         """The backend that scores, as a run records it: ``vllm-server`` with a ``vllm_url``,
         else ``backend``."""
         return "vllm-server" if self.vllm_url is not None else str(self.backend)
-
-
-class LoadsAModel(Protocol):
-    """The settings of a command that loads a model (``RunSettings``, ``ReplaySettings``,
-    ``EvaluateSettings``): they give their :class:`BackendSettings`."""
-
-    def backend_settings(self) -> BackendSettings: ...
 
 
 def check_server_settings(settings: BackendSettings) -> None:
@@ -188,15 +180,15 @@ def ray_backend(settings: BackendSettings, source: ModelSource, **preloaded: Any
     )
 
 
-def load_model(
-    settings: BackendSettings | LoadsAModel, source: ModelSource, *, notify: Callable[[str], None] | None = None, **preloaded: Any
-) -> Any:
+def load_model(settings: BackendSettings, source: ModelSource, *, notify: Callable[[str], None] | None = None, **preloaded: Any) -> Any:
     """The backend of ``settings`` for the resolved model ``source``: in Ray workers when
     ``settings.distributed``, a ``vllm serve`` at ``settings.vllm_url``, else the weights loaded
-    in this process by :func:`~coalescence.backends.registry.load_backend`.
+    in this process, both by :func:`~coalescence.backends.registry.load_backend` (the server
+    through the registered ``vllm-server`` backend).
 
     Args:
-        settings: the :class:`BackendSettings`, or a command's settings that give them.
+        settings: the :class:`BackendSettings` (a command's settings give theirs:
+            ``backend_settings()``).
         source: the :class:`~coalescence.backends.registry.ModelSource`
             (:func:`~coalescence.backends.registry.resolve_model`).
         notify: told what is being started, in one line (e.g. printed by the CLI).
@@ -211,34 +203,21 @@ def load_model(
             be reached.
         ConfigError: an unknown backend, device or dtype; a server URL that is not ``http://HOST:PORT``.
     """
-    from ..backends.registry import load_backend, load_config, load_tokenizer, model_context, model_fingerprint
+    from ..backends.registry import load_backend
 
-    s = settings if isinstance(settings, BackendSettings) else settings.backend_settings()
+    s = settings
     if s.distributed:
         if notify is not None:
             where = f"on the Ray cluster at {s.ray_address}" if s.ray_address else "on a local Ray cluster"
             n = f"{s.workers} " if s.workers else ""
             notify(f"starting {n}Ray workers with {s.model or source.model_id} {where} ...")
         return ray_backend(s, source, **preloaded)
-    if s.vllm_url:
-        from ..backends.vllm import VLLMServerBackend
-
-        tokenizer = preloaded.get("tokenizer") or load_tokenizer(source)
-        config = preloaded.get("config") or load_config(source)
-        fingerprint = preloaded.get("fingerprint")
-        return VLLMServerBackend(
-            s.vllm_url,
-            tokenizer,
-            model_id=source.model_id,
-            revision=source.revision,
-            fingerprint=fingerprint if fingerprint is not None else model_fingerprint(source),
-            max_context=model_context(config, tokenizer),
-            **({"max_batch_size": s.batch_size} if s.batch_size else {}),  # else the server backend's own
-        )
-    if notify is not None:
+    if notify is not None and s.vllm_url is None:  # a server is reached, not loaded
         notify(f"loading {source.model_id} ...")
     with quiet_loading_bars():
-        return load_backend(source, backend=s.backend, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded)
+        return load_backend(
+            source, backend=s.backend_name, url=s.vllm_url, device=s.device, dtype=s.dtype, max_batch_size=s.batch_size, **preloaded
+        )
 
 
 @contextlib.contextmanager

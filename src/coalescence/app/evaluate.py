@@ -397,7 +397,7 @@ class _Game:
         owned = self.backend is None
         if owned:
             model = s.model or run["model"]["id"]
-            backend = load_model(s, resolve_model(model), notify=notify)
+            backend = load_model(s.backend_settings(), resolve_model(model), notify=notify)
         else:
             backend = self.backend
         pinned = run.get("template_now")

@@ -217,7 +217,7 @@ class ExplainRun:
         if owned:
             loaded = self._loaded
             self.backend = load_model(
-                s, loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
+                s.backend_settings(), loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
             )
         try:
             self.engine = Engine(

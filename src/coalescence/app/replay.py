@@ -170,7 +170,7 @@ class ReplayRun:
         if s.model is None:
             raise ConfigError(f"the archive lacks coalitions; pass --model {self.run['model']['id']} to evaluate them", field="model")
         source = resolve_model(s.model)
-        backend = load_model(s, source, notify=notify)
+        backend = load_model(s.backend_settings(), source, notify=notify)
         pinned = self.run.get("template_now")  # one date per run: a replay renders the run's
         now = recorded_now(self.run_dir, pinned) if pinned is not None else None
         recorded = recorded_proxy(self.run)  # a two-fidelity method plays the run's proxy game again
