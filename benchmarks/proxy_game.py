@@ -23,7 +23,9 @@ the exact value, and the largest |mean - phi| / (sd / sqrt(seeds)) over the play
 about 2-3 for an unbiased estimator at 10-14 players).
 
 ``--games analytic`` runs the same on the Harsanyi-dividend game of the tests (n = 8, its proxy
-in-script): the bias check at 200 seeds. Every game shows ``proxy-shapley`` three ways: the default
+in-script): the bias check at 200 seeds. Every game shows ``proxy-shapley-shrunk`` (the cross-fitted
+estimate blended toward its control with jackknife weights, ``proxy/blend.py``) and
+``proxy-shapley`` three ways: the default
 (cross-fitted, its least squares weighted by each coalition's weight in the importance-sampled
 term's variance, the linear terms ridged), ``ridge=0, weighting="draws"`` (the estimator before
 that: least squares, each coalition weighted by its draws) and ``cross_fit=False`` (b fitted on
@@ -115,7 +117,7 @@ def proxy_pool(name: str, data: Path, rule: str | None) -> tuple[dict[bytes, flo
 
 def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds, guided=()) -> list[dict]:
     from coalescence.attribution.estimators import ExactShapley, RegressionMSR
-    from coalescence.attribution.estimators.proxy import TwoFidelityShapley
+    from coalescence.attribution.estimators.proxy import ShrunkTwoFidelityShapley, TwoFidelityShapley
     from coalescence.attribution.estimators.proxy.guided import guided_plan, guided_shapley
 
     n = masks.shape[1]
@@ -133,10 +135,11 @@ def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds, gu
         base = np.array([RegressionMSR(budget=m, seed=s).fit(masks, u).values for s in seeds])
         rows.append(summary(name, n, pearson, "regression-msr", m, 0, base, None, phi, scale))
         for k in multiples:
-            forms = (("proxy-shapley", {}), ("proxy-shapley, unweighted, no ridge", {"ridge": 0.0, "weighting": "draws"}),
-                     ("proxy-shapley, in-sample b", {"cross_fit": False}))
-            for label, options in forms:
-                ests = [TwoFidelityShapley(budget=m, seed=s, proxy_budget=k * m, **options).fit_two_fidelity(masks, u, masks, c) for s in seeds]
+            forms = (("proxy-shapley", TwoFidelityShapley, {}), ("proxy-shapley-shrunk", ShrunkTwoFidelityShapley, {}),
+                     ("proxy-shapley, unweighted, no ridge", TwoFidelityShapley, {"ridge": 0.0, "weighting": "draws"}),
+                     ("proxy-shapley, in-sample b", TwoFidelityShapley, {"cross_fit": False}))
+            for label, cls, options in forms:
+                ests = [cls(budget=m, seed=s, proxy_budget=k * m, **options).fit_two_fidelity(masks, u, masks, c) for s in seeds]
                 vals = np.array([e.values for e in ests])
                 se = np.array([e.stderr for e in ests])
                 row = summary(name, n, pearson, label, m, min(k * m, 1 << n), vals, se, phi, scale)

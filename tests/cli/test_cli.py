@@ -556,12 +556,12 @@ def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_m
         assert "lds" in doc["diagnostics"] and "diagnostics:" in stdout
 
 
-@pytest.mark.parametrize(("budget", "chosen", "method"), [(40, "lasso", "lasso"), (100, "regression-msr", "proxy-shapley")])
+@pytest.mark.parametrize(("budget", "chosen", "method"), [(40, "lasso", "lasso"), (100, "regression-msr", "proxy-shapley-shrunk")])
 def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen: str, method: str, tmp_path: Path, tiny_model_dir: Path) -> None:
     # 18 sentence players (the system prompt and 17 user sentences): auto takes the sparse surrogate
     # below 5 evaluations per player (90) and regression-msr from there (its docstring's rule); the
     # transformers backend plays the proxy game, so each runs in its two-fidelity form (proxy-shapley
-    # is regression-msr with the proxy as a control variate)
+    # is regression-msr with the proxy as a control variate; auto runs its shrunk form)
     conversation = {"messages": [CONVERSATION["messages"][0], {"role": "user", "content": SEVENTEEN}, CONVERSATION["messages"][2]]}
     code, stdout, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "auto", "--budget", str(budget), conversation=conversation)
     assert code == 0, stderr

@@ -19,6 +19,7 @@ from coalescence.attribution.estimators import ExactShapley, RegressionMSR, make
 from coalescence.attribution.estimators.auto import AutoMethod
 from coalescence.attribution.estimators.proxy import (
     ControlVariateLasso,
+    ShrunkTwoFidelityShapley,
     fit_ridge_with_covariate,
     ridge_penalties,
     TwoFidelityShapley,
@@ -329,7 +330,7 @@ def test_control_variate_lasso_lds_beats_the_lasso_alone_on_a_small_budget() -> 
 # --- registration ------------------------------------------------------------------------------
 
 def test_the_two_fidelity_methods_are_registered() -> None:
-    assert set(methods_with(two_fidelity=True)) == {"lasso", "proxy-shapley", "auto"}
+    assert set(methods_with(two_fidelity=True)) == {"lasso", "proxy-shapley", "proxy-shapley-shrunk", "auto"}
     est = make_estimator("proxy-shapley", budget=40, seed=2)
     assert isinstance(est, TwoFidelityShapley)
     exact_only = est.fit(MASKS, V)  # no proxy: regression-msr on the same plan
@@ -339,8 +340,10 @@ def test_the_two_fidelity_methods_are_registered() -> None:
 def test_auto_runs_the_two_fidelity_form_of_its_choice() -> None:
     auto = AutoMethod(budget=40, seed=2)
     estimate = auto.fit_two_fidelity(MASKS, V, MASKS, C)
-    assert estimate.method == "auto:proxy-shapley"
-    np.testing.assert_allclose(estimate.values, two_fidelity(40, 2).values, atol=0)
+    assert estimate.method == "auto:proxy-shapley-shrunk"  # the blended form (test_shrunk_shapley.py)
+    shrunk = ShrunkTwoFidelityShapley(budget=40, seed=2).fit_two_fidelity(MASKS, V, MASKS, C)
+    np.testing.assert_allclose(estimate.values, shrunk.values, atol=0)
+    assert np.max(np.abs(estimate.values - two_fidelity(40, 2).values)) > 1e-6  # not the unbiased form
     assert len(list(auto.proxy_plan(N))) == min(max(16 * 40, 16 * N), 1 << N)
     assert len(list(ControlVariateLasso(budget=32, seed=0).proxy_plan(70))) == max(16 * 32, 16 * 70)
     surrogate = AutoMethod(budget=32, seed=0).two_fidelity(40)[0]  # 40 players, under 5 per player

@@ -1,7 +1,7 @@
 """Attribution estimators: plan coalitions, fit values from the pool of evaluated coalitions.
 
 :func:`make_estimator` builds one by name (``"exact"``, ``"permutation"``, ``"loo"``,
-``"kernelshap"``, ``"regression-msr"``, ``"banzhaf"``, ``"lasso"``, ``"proxy-shapley"``, ``"auto"``); every estimator follows the :class:`Estimator`
+``"kernelshap"``, ``"regression-msr"``, ``"banzhaf"``, ``"lasso"``, ``"proxy-shapley"``, ``"proxy-shapley-shrunk"``, ``"auto"``); every estimator follows the :class:`Estimator`
 protocol and returns an :class:`Estimate`.
 """
 

@@ -17,7 +17,7 @@ from .kernel import KernelSHAP
 from .loo import LeaveOneOut
 from .msr import RegressionMSR
 from .permutation import PermutationShapley
-from .proxy import ControlVariateLasso, TwoFidelityShapley
+from .proxy import ControlVariateLasso, ShrunkTwoFidelityShapley, TwoFidelityShapley
 from .shapiq import PREFIX, approximator_estimator
 
 __all__ = ("ESTIMATORS", "METHODS", "estimator_class", "interaction_settings", "is_exact", "is_method", "make_estimator", "methods_with", "register_estimator")
@@ -33,7 +33,8 @@ ESTIMATORS: Registry[type] = Registry(
 """Estimator classes by method name (the CLI's ``--method`` choices, in registration order).
 ``lasso`` is the LASSO surrogate in its two-fidelity-capable form
 (:class:`~.proxy.ControlVariateLasso`: without a proxy game it is :class:`~.lasso.LassoSurrogate`);
-``proxy-shapley`` is regression-msr's two-fidelity form (:class:`~.proxy.TwoFidelityShapley`)."""
+``proxy-shapley`` is regression-msr's two-fidelity form (:class:`~.proxy.TwoFidelityShapley`),
+``proxy-shapley-shrunk`` the same blended toward its control (:class:`~.proxy.ShrunkTwoFidelityShapley`)."""
 
 
 def __getattr__(name: str) -> tuple[str, ...]:
@@ -65,6 +66,7 @@ for _name, _cls in (
     ("banzhaf", Banzhaf),
     ("lasso", ControlVariateLasso),
     ("proxy-shapley", TwoFidelityShapley),
+    ("proxy-shapley-shrunk", ShrunkTwoFidelityShapley),
     ("auto", AutoMethod),
 ):
     register_estimator(_name, _cls)

@@ -9,7 +9,8 @@ game on an estimator's ``plan(n)`` and the proxy game on the union of ``proxy_pl
 EXACT game; the proxy only reduces its error. Without a proxy, ``fit`` is the exact-only method.
 
 The control-variate surrogate is :mod:`.lasso`'s, the Shapley estimator :mod:`.shapley`'s (each
-module's docstring has its mathematics); :mod:`.common` what they share. :mod:`.guided` draws the
+module's docstring has its mathematics; :mod:`.blend` the Shapley estimate shrunk toward its
+control, ``proxy-shapley-shrunk``); :mod:`.common` what they share. :mod:`.guided` draws the
 exact coalitions from a proxy-guided distribution when the proxy is known on all 2^n coalitions
 first (on arrays only: the engine plays the exact plan first).
 
@@ -27,6 +28,7 @@ from .common import (
     proxy_pools,
     proxy_seed,
 )
+from .blend import Blend, ShrunkTwoFidelityShapley, shrunk_shapley
 from .guided import GUIDE_MIX, GuidedPlan, guide_probabilities, guided_plan, guided_shapley
 from .lasso import (
     CORRECTIONS,
@@ -49,6 +51,9 @@ from .shapley import (
 )
 
 __all__ = (
+    "Blend",
+    "ShrunkTwoFidelityShapley",
+    "shrunk_shapley",
     "CONTROLS",
     "GUIDE_MIX",
     "GuidedPlan",

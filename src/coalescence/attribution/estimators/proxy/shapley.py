@@ -399,6 +399,15 @@ class TwoFidelityShapley(RegressionMSR):
         self.validate(n_players)
         return self._proxy_estimator(int(n_players)).plan(n_players)
 
+    def _shrink(
+        self, fit: CrossFit, plan: object, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float], str] | None:
+        """``(values, replicates [D, n], bias [n], diagnostics, note)`` replacing the cross-fitted
+        estimate (``bias``: a bound on each value's bias in nats, added to its standard error in
+        quadrature), or None to keep it (this class: None; :class:`.blend.ShrunkTwoFidelityShapley`
+        blends)."""
+        return None
+
     def fit_two_fidelity(
         self, masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
     ) -> Estimate:
@@ -454,6 +463,7 @@ class TwoFidelityShapley(RegressionMSR):
         phi_c = proxy_estimate.values
         se_c = np.zeros(n) if proxy_estimate.stderr is None else np.asarray(proxy_estimate.stderr)
         v_empty, v_full = float(u[0]), float(u[1])
+        shrunk: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float], str] | None = None
         if not self.cross_fit:  # b in-sample, regression-msr on the residual game v - b c (module docs)
             x = np.column_stack([np.ones(u.shape[0]), c])
             b = float(np.linalg.lstsq(x, u, rcond=None)[0][1]) if np.ptp(c) > 0 else 0.0
@@ -471,9 +481,14 @@ class TwoFidelityShapley(RegressionMSR):
             n_draws = int(multiplicity.sum())
             stderr = np.full(n, np.nan)
             se_exact = np.full(n, np.nan)
+            replicates = (n_draws * values[None] - psi) / max(n_draws - 1, 1)  # [D, n] the mean without one draw
+            shrunk = self._shrink(fit, plan, u, c, phi_c)  # (values, replicates, bias, diagnostics, note) or None
+            if shrunk is not None:
+                values, replicates = shrunk[0], shrunk[1]
             if psi.shape[0] >= 2 and not budget_near_all(n, self.budget):
-                replicates = (n_draws * values[None] - psi) / (n_draws - 1)  # [D, n] the mean without one draw
                 se_exact = jackknife_t_stderr(replicates, multiplicity, n_draws, max(float(np.max(np.abs(u))), 1e-300))
+                if shrunk is not None:
+                    se_exact = np.sqrt(se_exact**2 + shrunk[2] ** 2)
                 stderr = np.sqrt(se_exact**2 + (b * se_c) ** 2)
         unknown = int(np.count_nonzero(np.isnan(stderr)))
         diagnostics = {
@@ -488,6 +503,7 @@ class TwoFidelityShapley(RegressionMSR):
             "control_ridge": ridge,
             "proxy_used": float(kind in ("c+linear", "c") or not self.cross_fit),
             "cross_fit": float(self.cross_fit),
+            **(shrunk[3] if shrunk is not None else {}),
         }
         note = (
             f"two-fidelity {self.name}: {len(plan.keys)} exact and {k_proxy} proxy coalitions; the proxy game entered as a "
@@ -495,8 +511,10 @@ class TwoFidelityShapley(RegressionMSR):
                else f"control variate fitted on the exact coalitions (b = {b:.3g}), regression-msr on v - b c")
             + " (its correlation with the exact game on the "
             f"exact coalitions: Pearson {pearson:.3f}); the values are of the exact game"
+            + (shrunk[4] if shrunk is not None else "")
         )
         return Estimate.from_values(
             method=self.name, values=values, stderr=stderr, v_empty=v_empty, v_full=v_full,
             n_evaluations=len(plan.keys), diagnostics=diagnostics, notes=(note,),
         )
+
