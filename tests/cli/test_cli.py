@@ -567,7 +567,9 @@ def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen:
     assert code == 0, stderr
     assert len(doc["players"]) == 18
     assert doc["method"] == f"auto:{method}"
-    said = f"method auto ran {chosen} with the proxy game as a control variate: {budget} evaluations for 18 players"
+    runs = {"lasso": "lasso with the proxy game as a control variate",
+            "regression-msr": "proxy-shapley-shrunk (regression-msr with the proxy game as a control variate, blended toward its control)"}
+    said = f"method auto ran {runs[chosen]}: {budget} evaluations for 18 players"
     assert any(note.startswith(said) for note in doc["notes"])
     assert said in stdout and doc["proxy"]["game"] == "kv-proxy:after-last-player"
     assert 2 <= doc["n_evaluations"] <= budget

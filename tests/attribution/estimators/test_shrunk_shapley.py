@@ -54,13 +54,8 @@ def unbiased(budget: int, seed: int):
     return TwoFidelityShapley(budget=budget, seed=seed).fit_two_fidelity(MASKS, V, MASKS, C)
 
 
-def test_the_blend_follows_its_stated_rule() -> None:
-    """One seed, by hand: the control a + b c + sum beta_i z_i fitted by weighted ridge least squares
-    (rows weighted by draws x |S|(n-|S|)/n, beta penalised by 3.2 n^2 / m) on all the plan's rows
-    and without each pair; t = b phi(c) + beta shifted to sum to v(N) - v(empty); the weights
-    lambda_i = Cov_jk(u_i, d_i) / (Var_jk(d_i) + delta^2) clipped to [0, 1]; the sum restored in
-    proportion to lambda_i Var_jk(d_i)."""
-    budget, seed = 40, 6
+def by_hand(budget: int, seed: int):
+    """The blend of the module docs by hand: ``(values, lambda, d, delta^2, m)``."""
     plan = _build_plan(N, budget, seed)
     rows = [INDEX[tuple(r)] for r in plan.rows]
     u, c = V[rows], C[rows]
@@ -107,11 +102,30 @@ def test_the_blend_follows_its_stated_rule() -> None:
     lam = np.clip(cov / (var_d + delta2), 0.0, 1.0)
     blend = fit.values - lam * d
     blend += (total - blend.sum()) * lam * var_d / (lam * var_d).sum()
-    got = ShrunkTwoFidelityShapley(budget=budget, seed=seed).fit_two_fidelity(MASKS, V, MASKS, C)
+    return blend, lam, d, delta2, m
+
+
+def test_the_blend_follows_its_stated_rule() -> None:
+    """One seed, by hand (:func:`by_hand`): the control a + b c + sum beta_i z_i fitted by weighted
+    ridge least squares (rows weighted by draws x |S|(n-|S|)/n, beta penalised by 3.2 n^2 / m) on all
+    the plan's rows and without each pair; t = b phi(c) + beta shifted to sum to v(N) - v(empty);
+    the weights lambda_i = Cov_jk(u_i, d_i) / (Var_jk(d_i) + delta^2) clipped to [0, 1]; the sum
+    restored in proportion to lambda_i Var_jk(d_i)."""
+    blend, lam, d, delta2, m = by_hand(40, 6)
+    got = ShrunkTwoFidelityShapley(budget=40, seed=6).fit_two_fidelity(MASKS, V, MASKS, C)
     np.testing.assert_allclose(got.values, blend, atol=1e-9)
     assert got.diagnostics["shrink_weight"] == pytest.approx(lam.mean(), abs=1e-9)
     assert 0.0 < lam.mean() < 1.0  # a real blend at this budget, not either end
-    assert default_ridge(N, m) == pytest.approx(pen**2)
+    assert default_ridge(N, m) == pytest.approx(3.2 * N * N / m)
+
+
+def test_the_standard_errors_bound_the_bias_toward_the_control() -> None:
+    """stderr_i >= lambda_i max(|d_i|, delta) (the stated bias bound; by hand, seeds whose pairs are
+    all distinct)."""
+    for seed in (0, 6, 8, 9, 10):
+        _, lam, d, delta2, _ = by_hand(40, seed)
+        got = ShrunkTwoFidelityShapley(budget=40, seed=seed).fit_two_fidelity(MASKS, V, MASKS, C)
+        assert np.all(got.stderr >= lam * np.maximum(np.abs(d), np.sqrt(delta2)) - 1e-9), seed
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +137,7 @@ def errors() -> dict:
         out[budget] = {
             "shrunk": np.array([np.linalg.norm(a.values - PHI) for a, _ in pairs]) / np.linalg.norm(PHI),
             "unbiased": np.array([np.linalg.norm(b.values - PHI) for _, b in pairs]) / np.linalg.norm(PHI),
-            "weight": np.array([a.diagnostics["shrink_weight"] for a, _ in pairs]),
+            "weight": np.array([a.diagnostics.get("shrink_weight", 0.0) for a, _ in pairs]),  # absent: no blend
             "gap": np.array([abs(a.efficiency_gap) for a, _ in pairs]),
             "stderr": np.array([a.stderr for a, _ in pairs]),
         }
@@ -160,3 +174,28 @@ def test_the_shrunk_method_is_registered_as_two_fidelity() -> None:
     assert isinstance(est, ShrunkTwoFidelityShapley) and est.name == "proxy-shapley-shrunk"
     got = est.fit_two_fidelity(MASKS, V, MASKS, C)
     assert got.method == "proxy-shapley-shrunk" and "blended toward the control" in got.notes[0]
+
+
+def test_without_a_proxy_it_is_regression_msr_and_says_so() -> None:
+    from coalescence.attribution.estimators import RegressionMSR
+
+    got = ShrunkTwoFidelityShapley(budget=40, seed=3).fit(MASKS, V)
+    np.testing.assert_allclose(got.values, RegressionMSR(budget=40, seed=3).fit(MASKS, V).values, atol=0)
+    assert got.method == "proxy-shapley-shrunk"
+    assert any("without a proxy game" in note and "regression-msr" in note for note in got.notes)
+
+
+def test_a_proxy_budget_below_the_minimum_names_the_proxy_budget() -> None:
+    from coalescence.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        ShrunkTwoFidelityShapley(budget=32, seed=0, proxy_budget=3).validate(N)
+    assert caught.value.field == "proxy_budget"
+    TwoFidelityShapley(budget=32, seed=0, proxy_budget=32).validate(N)  # at the minimum or above: fine
+
+
+def test_with_too_few_pairs_to_blend_it_is_the_unbiased_estimate_without_the_blend_note() -> None:
+    budget = 4  # the empty and grand coalitions and one pair: no jackknife, no blend
+    got, plain = shrunk(budget, 0), unbiased(budget, 0)
+    np.testing.assert_allclose(got.values, plain.values, atol=0)
+    assert not any("blended" in note for note in got.notes) and "shrink_weight" not in got.diagnostics

@@ -142,7 +142,11 @@ class AutoMethod:
         """
         estimator, why = self.choose(n_players)
         # the note names what runs: the chosen method with the proxy game as its control variate
-        why = why.replace(f"method auto ran {estimator.name}", f"method auto ran {estimator.name} with the proxy game as a control variate", 1)
+        runs = (
+            f"{estimator.name} with the proxy game as a control variate" if isinstance(estimator, LassoSurrogate)
+            else "proxy-shapley-shrunk (regression-msr with the proxy game as a control variate, blended toward its control)"
+        )
+        why = why.replace(f"method auto ran {estimator.name}", f"method auto ran {runs}", 1)
         if isinstance(estimator, LassoSurrogate):
             # the ridge correction (its default) ignores cv_rule; "min" is for correction="lasso", where
             # the denser penalty lost 0.05 of LDS at 8 exact coalitions and 0.02 at 16 (benchmarks/RESULTS.md)

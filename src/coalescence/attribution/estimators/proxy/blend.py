@@ -36,10 +36,11 @@ estimate's 0.30x / 0.60x / 0.86x; eiffel12 and the 14-player games 0.23-0.43x at
 at 32, 0.63-0.81x at 64.
 
 Standard errors: the jackknife of the blend with its weights held fixed (``u_hat_(p) -
-lambda (u_hat_(p) - t_hat_(p))`` over the pairs p), its bias toward the control ``lambda_i delta``
-and the proxy's part ``b se(phi(c))`` added in quadrature (a root mean squared error, not a
-sampling interval: the bias is pooled over players, so a player whose control is off by more than
-delta is covered less often; the coverage is measured in ``benchmarks/RESULTS.md``).
+lambda (u_hat_(p) - t_hat_(p))`` over the pairs p), a bound on its bias toward the control,
+``lambda_i max(|d_i|, delta)`` (the two estimates' disagreement, or the pooled bias where that is
+larger: with very few pairs the moment estimate of delta is often 0 while the weights are near 1),
+and the proxy's part ``b se(phi(c))``, added in quadrature: a root mean squared error rather than a
+sampling interval (the coverage is measured in ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Blend:
         replicates: ``[D, n]`` float64 the blend refitted without one draw of each distinct pair
             (its weights held fixed), for the jackknife's standard errors.
         delta2: the pooled squared bias of the control, ``delta^2`` (nats^2).
+        disagreement: ``[n]`` float64 ``d = u_hat - t_hat`` (nats).
     """
 
     values: np.ndarray
@@ -74,6 +76,7 @@ class Blend:
     control: np.ndarray
     replicates: np.ndarray
     delta2: float
+    disagreement: np.ndarray
 
 
 def shrunk_shapley(
@@ -109,7 +112,7 @@ def shrunk_shapley(
     n_draws = int(multiplicity.sum())
     unbiased = Blend(
         values=fit.values, weights=np.zeros(n), control=fit.values,
-        replicates=(n_draws * fit.values[None] - fit.psi) / max(n_draws - 1, 1), delta2=0.0,
+        replicates=(n_draws * fit.values[None] - fit.psi) / max(n_draws - 1, 1), delta2=0.0, disagreement=np.zeros(n),
     )
     if d_count < 2 or n_draws < 2:
         return unbiased
@@ -159,7 +162,7 @@ def shrunk_shapley(
     gap = total - float(values.sum())
     values = values + gap * (spread / spread.sum() if spread.sum() > 0 else np.full(n, 1.0 / n))
     replicates = rep_u - lam * rep_d
-    return Blend(values=values, weights=lam, control=control, replicates=replicates, delta2=delta2)
+    return Blend(values=values, weights=lam, control=control, replicates=replicates, delta2=delta2, disagreement=d)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,13 +183,16 @@ class ShrunkTwoFidelityShapley(TwoFidelityShapley):
 
     def _shrink(
         self, fit: CrossFit, plan: object, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float], str]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float], str] | None:
         blend = shrunk_shapley(
             fit, plan.rows, plan.pairs, plan.enumerated, u, c, phi_c, weighting=self.weighting  # type: ignore[attr-defined]
         )
+        if not np.any(blend.weights > 0):
+            return None  # too few pairs, or nothing to gain: the unbiased estimate, said as such
         diagnostics = {"shrink_weight": float(np.mean(blend.weights)), "shrink_delta2": blend.delta2}
         note = (
             f", blended toward the control's own Shapley values (mean weight {diagnostics['shrink_weight']:.2f}; biased "
             "toward the control, consistent: the weights vanish as the exact budget grows)"
         )
-        return blend.values, blend.replicates, blend.weights * np.sqrt(blend.delta2), diagnostics, note
+        bias = blend.weights * np.maximum(np.abs(blend.disagreement), np.sqrt(blend.delta2))  # [n] nats
+        return blend.values, blend.replicates, bias, diagnostics, note

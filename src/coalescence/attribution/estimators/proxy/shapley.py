@@ -89,7 +89,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -389,6 +389,35 @@ class TwoFidelityShapley(RegressionMSR):
 
     def _proxy_estimator(self, n_players: int) -> RegressionMSR:
         return RegressionMSR(budget=_proxy_budget(self.budget, self.proxy_budget, n_players), seed=proxy_seed(self.seed))
+
+    def validate(self, n_players: int) -> None:
+        """As :meth:`.msr.RegressionMSR.validate`, and the proxy budget against the same minimum.
+
+        Raises:
+            EstimatorError: ``n_players == 0``.
+            ConfigError: the budget (``field="budget"``) or the proxy budget (``field="proxy_budget"``)
+                is below the minimum.
+        """
+        RegressionMSR.validate(self, n_players)
+        proxy = self._proxy_estimator(int(n_players))
+        minimum = proxy.min_budget(int(n_players))
+        if proxy.budget < minimum:
+            raise ConfigError(
+                f"{proxy.budget} proxy coalitions are below the minimum of {minimum} for the proxy game's "
+                f"regression-msr with {n_players} players; raise the proxy budget or leave it out (default "
+                f"{self.budget} x 16)",
+                field="proxy_budget",
+            )
+
+    def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
+        """Without a proxy game: :class:`~.msr.RegressionMSR` on the same plan, its ``method`` this
+        estimator's name and a note saying so. Args, Raises: as :meth:`.msr.RegressionMSR.fit`."""
+        estimate = RegressionMSR.fit(self, masks, utilities)
+        note = (
+            f"{self.name} without a proxy game (none was played: --proxy-game none, or a backend, utility or "
+            "absence policy that does not play it): regression-msr on the same exact coalitions"
+        )
+        return replace(estimate, notes=(*estimate.notes, note))
 
     def proxy_plan(self, n_players: int) -> Iterator[np.ndarray]:
         """The proxy game's coalitions: KernelSHAP's plan at the proxy budget, seeded by :func:`proxy_seed`.
