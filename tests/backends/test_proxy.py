@@ -1,9 +1,13 @@
 """The shared-KV proxy game on the transformers backend (issue 37), against an independent reference.
 
-The reference is written here from the semantics of :class:`ProxyScoreRequest`: one plain forward
-of ``prompt + target[:-1]`` through a second copy of the tiny model (same seed, eager attention),
-with a hand-built 4-D mask (a query before ``tail_start`` sees every earlier key; a query in the
-tail sees the earlier keys that are in no hidden range), log-softmax in float64.
+The reference is written here from the semantics of :class:`ProxyScoreRequest`, through a second
+copy of the tiny model (same seed, eager attention): one plain forward of the shared KV with every
+player present; its keys moved to their compacted positions by a rotary rotation written out here
+from RoPE's definition (pairs ``(x_f, x_{f + d/2})`` turned by ``-h(j) theta^(-2f/d)``, ``h(j)``
+the hidden tokens before j); then the rest of ``prompt + target[:-1]`` at its compacted positions
+under a hand-built 4-D mask (a query in the tail sees the earlier keys in no hidden range);
+log-softmax in float64. A second check needs no reference at all: a coalition whose absent players
+all follow its present ones scores as the exact game on the same tokens.
 """
 
 from __future__ import annotations
@@ -26,22 +30,43 @@ from coalescence.masking.proxy import TAIL_RULES, proxy_layout
 ATOL = 1e-4  # nats, fp32
 
 
+def _turned(keys: torch.Tensor, offsets: np.ndarray, theta: float) -> torch.Tensor:
+    """``keys`` ``[1, H, J, d]`` each moved by ``offsets[j]`` positions: RoPE's rotation, written out."""
+    d = keys.shape[-1]
+    freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
+    angle = torch.from_numpy(offsets[:, None] * freq[None, :])  # [J, d/2]
+    cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
+    x, y = keys[..., : d // 2], keys[..., d // 2 :]
+    return torch.cat([x * cos - y * sin, y * cos + x * sin], dim=-1)
+
+
 def reference(model, r: ProxyScoreRequest) -> np.ndarray:
-    """``[n_target]`` log-probabilities from one plain forward with the semantics' 4-D mask."""
+    """``[n_target]`` log-probabilities of the semantics, computed as the module docs say."""
+    from transformers import DynamicCache
+
     seq = list(r.prompt_ids) + list(r.target_ids[:-1])
-    n = len(seq)
-    visible = np.ones(n, dtype=bool)
+    n, s = len(seq), r.shared_tokens
+    hidden = np.zeros(n, dtype=bool)
     for a, b in r.hidden:
-        visible[a:b] = False
-    allowed = np.tril(np.ones((n, n), dtype=bool))
-    allowed[r.tail_start :] &= visible[None, :]
-    mask = torch.zeros((1, 1, n, n))
-    mask[0, 0][~torch.from_numpy(allowed)] = torch.finfo(torch.float32).min
+        hidden[a:b] = True
+    before = np.cumsum(hidden) - hidden  # hidden tokens before each position
+    theta = getattr(model.config, "rope_theta", None) or model.config.rope_parameters["rope_theta"]
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([seq]), attention_mask=mask, position_ids=torch.arange(n)[None]).logits[0]
+        full = DynamicCache()
+        model(input_ids=torch.tensor([seq[:s]]), position_ids=torch.arange(s)[None], cache=full, use_cache=True)
+        moved = DynamicCache()
+        for i, layer in enumerate(full.layers):
+            moved.update(_turned(layer.keys, -before[:s].astype(np.float64), theta), layer.values, i)
+        allowed = np.tril(np.ones((n, n), dtype=bool))[s:]  # queries s.. n-1
+        tail = np.arange(s, n) >= r.tail_start
+        allowed[tail] &= ~hidden[None, :]
+        mask = torch.zeros((1, 1, n - s, n))
+        mask[0, 0][~torch.from_numpy(allowed)] = torch.finfo(torch.float32).min
+        positions = torch.from_numpy((np.arange(n) - before)[s:])[None]
+        logits = model(input_ids=torch.tensor([seq[s:]]), attention_mask=mask, position_ids=positions, cache=moved, use_cache=True).logits[0]
     logp = torch.log_softmax(logits.double(), dim=-1)
     p = len(r.prompt_ids)
-    return np.array([logp[p - 1 + j, t].item() for j, t in enumerate(r.target_ids)])
+    return np.array([logp[p - 1 - s + j, t].item() for j, t in enumerate(r.target_ids)])
 
 
 def conversation() -> Conversation:
@@ -87,7 +112,8 @@ def test_proxy_rows_equal_the_reference_batched_and_alone(game, split):
             assert x.utility == pytest.approx(float(np.sum(x.token_logprobs, dtype=np.float64)))
         # the coalitions differ: masking changed the values
         assert np.ptp([x.utility for x in batched]) > 1e-3
-    assert (attention.split_calls > before) == split
+    # the rows run as a batch under plain sdpa whatever the setting (each row's re-rotated keys are its own)
+    assert attention.split_calls == before
 
 
 def test_full_coalition_equals_the_exact_game(game):
@@ -137,13 +163,12 @@ def test_rows_split_into_forwards_within_the_mask_limit(game):
     tokenizer, renderer, snapshot, target, model, ref = game
     layout = proxy_layout(renderer, snapshot, target, tail="answer")
     requests = [layout.request(r) for r in coalitions(snapshot.n_players)]
-    t = requests[0].n_tokens - 1 - layout.tail_start
-    # room for two rows per forward: N x (P + N) with N = 2T
-    limit = 2 * t * (layout.tail_start + 2 * t)
+    total = requests[0].n_tokens - 1
+    limit = 2 * (total - requests[0].shared_tokens) * total  # room for two rows' 4-D mask per forward
     backend = HFBackend(model, tokenizer, model_id="tiny", tree_mask_limit=limit)
     calls = []
-    original = backend._proxy_forward
-    backend._proxy_forward = lambda rows, *a: calls.append(len(rows)) or original(rows, *a)
+    original = backend._proxy_forward_compact
+    backend._proxy_forward_compact = lambda rows, *a: calls.append(len(rows)) or original(rows, *a)
     out = backend.score_proxy(requests)
     assert calls == [2] * (len(requests) // 2) + [1] * (len(requests) % 2)
     for r, x in zip(requests, out, strict=True):
@@ -172,3 +197,46 @@ def test_proxy_rows_on_cuda_equal_the_reference():
         requests = [layout.request(row) for row in coalitions(snapshot.n_players)]
         for r, x in zip(requests, backend.score_proxy(requests), strict=True):
             np.testing.assert_allclose(x.token_logprobs, reference(ref, r), atol=ATOL)
+
+
+def test_a_hidden_span_that_ends_at_the_tail_scores_as_the_exact_game(game):
+    """No reference needed: when the hidden tokens are one span running up to the tail, every
+    visible key was computed without them, so the compacted proxy row is the exact game on the
+    prompt without that span (spans from each player's start to the tail; a player's own range
+    alone is not enough: the separators after it are visible and saw it)."""
+    tokenizer, renderer, snapshot, target, model, _ = game
+    backend = HFBackend(model, tokenizer, model_id="tiny")
+    layout = proxy_layout(renderer, snapshot, target, tail="after-last-player")
+    starts = sorted({a for ranges in layout.player_ranges for a, _ in ranges if a < layout.tail_start})
+    assert len(starts) >= 3
+    contrast = []
+    for a in starts:
+        r = ProxyScoreRequest(
+            prompt_ids=layout.prompt_ids, target_ids=layout.target_ids, tail_start=layout.tail_start,
+            hidden=((a, layout.tail_start),),
+        )
+        kept = layout.prompt_ids[:a] + layout.prompt_ids[layout.tail_start :]
+        [exact] = backend.score([ScoreRequest(prompt_ids=kept, target_ids=layout.target_ids)])
+        [proxy] = backend.score_proxy([r])
+        np.testing.assert_allclose(proxy.token_logprobs, exact.token_logprobs, atol=2e-5)  # fp32 rounding
+        contrast.append(abs(exact.utility - reference_at_original_positions(model, r)))
+    # at the full conversation's positions (the first proxy game) the long spans would not score so
+    assert max(contrast) > 1e-4, contrast  # 4.8e-4 and 1.4e-3 on these tiny models (nearly position-blind at random init)
+
+
+def reference_at_original_positions(model, r: ProxyScoreRequest) -> float:
+    """The first proxy game's value (every position as in the full conversation), for the contrast above."""
+    seq = list(r.prompt_ids) + list(r.target_ids[:-1])
+    n = len(seq)
+    visible = np.ones(n, dtype=bool)
+    for a, b in r.hidden:
+        visible[a:b] = False
+    allowed = np.tril(np.ones((n, n), dtype=bool))
+    allowed[r.tail_start :] &= visible[None, :]
+    mask = torch.zeros((1, 1, n, n))
+    mask[0, 0][~torch.from_numpy(allowed)] = torch.finfo(torch.float32).min
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([seq]), attention_mask=mask, position_ids=torch.arange(n)[None]).logits[0]
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    p = len(r.prompt_ids)
+    return float(sum(logp[p - 1 + j, t].item() for j, t in enumerate(r.target_ids)))

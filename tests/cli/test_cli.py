@@ -571,7 +571,7 @@ def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen:
             "regression-msr": "proxy-shapley-shrunk (regression-msr with the proxy game as a control variate, blended toward its control)"}
     said = f"method auto ran {runs[chosen]}: {budget} evaluations for 18 players"
     assert any(note.startswith(said) for note in doc["notes"])
-    assert said in stdout and doc["proxy"]["game"] == "kv-proxy:after-last-player"
+    assert said in stdout and doc["proxy"]["game"] == "kv-proxy-compact:after-last-player"
     assert 2 <= doc["n_evaluations"] <= budget
     # a replay with no model fits the same method from the archive
     code, out, err = run_cli(["replay", str(run_dir), "--method", "auto", "--out", str(tmp_path / "replayed.json")])

@@ -31,7 +31,7 @@ from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
 from coalescence.scheduler.buckets import LengthBuckets
 from coalescence.snapshot import ConversationSnapshot
 
-GAME = "kv-proxy:after-last-player"
+GAME = "kv-proxy-compact:after-last-player"
 
 
 def snapshot() -> ConversationSnapshot:

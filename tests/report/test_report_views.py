@@ -368,7 +368,7 @@ def test_the_proxy_line_says_when_the_proxy_rows_were_not_used() -> None:
     used" where it computed them and fitted the exact rows alone (diagnostics proxy_used = 0)."""
     from coalescence.report.formatter import proxy_line
 
-    proxy = {"game": "kv-proxy:after-last-player", "coalitions": 4, "evaluations": 4, "shared": 4, "pearson": 0.9, "spearman": 0.8}
+    proxy = {"game": "kv-proxy-compact:after-last-player", "coalitions": 4, "evaluations": 4, "shared": 4, "pearson": 0.9, "spearman": 0.8}
     assert proxy_line(proxy).endswith("; a control variate only: the values are the exact game's")
     assert proxy_line(proxy, used=False).endswith("; not used: the values are of the exact rows alone")
     assert "r = 0.900, Spearman 0.800 over 4 coalitions" in proxy_line(proxy, used=False)

@@ -302,7 +302,7 @@ def archive_info(run_dir: str | Path, *, skip_corrupt: bool = False) -> dict[str
         writer is gone, killed before it could close, as ``interrupted`` with ``killed`` true: the
         lock dies with its process, :func:`~coalescence.archive.layout.lock_holder`), snapshots
         (id, rows), coalitions, rows per game
-        (``{"exact": rows, "kv-proxy:<tail>": rows}``: the proxy game's rows only reduce the variance
+        (``{"exact": rows, "kv-proxy-compact:<tail>": rows}``: the proxy game's rows only reduce the variance
         of estimates of the exact game), cache-hit rate,
         tokens computed and reused, model time (seconds), first/last write (UTC ISO), parts (and
         how many carry no digest, written before schema version 3), parts skipped by this read

@@ -97,7 +97,7 @@ ROW_SCHEMA = pa.schema(
         pa.field("tokens_reused", pa.int64(), nullable=True),  # positions served from a prefix cache
         pa.field("batch_id", pa.int64(), nullable=True),  # model call that produced the row
         pa.field("run_id", pa.string(), nullable=True),  # the run (manifest "runs") that wrote it
-        pa.field("game", pa.string(), nullable=True),  # "exact" or the proxy game ("kv-proxy:<tail>"); null: exact
+        pa.field("game", pa.string(), nullable=True),  # "exact" or the proxy game ("kv-proxy-compact:<tail>"); null: exact
     ],
     metadata={"coalescence.schema_version": str(SCHEMA_VERSION)},
 )
@@ -108,7 +108,7 @@ sub-span); ``evaluation_key`` identifies the model evaluation it was reduced fro
 log-probabilities or the generated texts, which are stored with it), so rows of one evaluation
 under other utilities are derived from it with no model call. ``game`` keeps the two fidelities apart:
 ``"exact"`` (or null, in parts written before proxy games) for the game whose values are reported,
-``"kv-proxy:<tail rule>"`` for rows of the shared-KV proxy game, which are only ever used to reduce
+``"kv-proxy-compact:<tail rule>"`` for rows of the shared-KV proxy game, which are only ever used to reduce
 the variance of estimates of the exact game (their keys are the proxy game's own)."""
 
 REQUIRED_COLUMNS = frozenset(f.name for f in ROW_SCHEMA if not f.nullable)

@@ -66,12 +66,17 @@ class ScoreRequest:
 class ProxyScoreRequest:
     """One row of the shared-KV proxy game (issue 37; :mod:`coalescence.masking.proxy` builds them).
 
-    Semantics (what a backend computes; the tests' reference is one plain forward with this 4-D
-    mask): a causal forward over ``prompt_ids + target_ids[:-1]`` at the original positions in
-    which a query at position ``p < tail_start`` sees every key ``q <= p`` (the shared KV, computed
-    with every player present), and a query at ``p >= tail_start`` sees key ``q`` iff ``q <= p``
-    and ``q`` is in no ``hidden`` range. The result is the :class:`ScoreResult` of the target
-    read from that forward's logits (``token_logprobs`` ``[n_target]`` float32 nats).
+    Semantics (what a backend computes; the tests' reference writes it out): the shared KV, the
+    keys and values of ``prompt_ids[:shared_tokens]``, is computed once with every player present
+    at the original positions. The rest, ``prompt_ids[shared_tokens:] + target_ids[:-1]``, runs
+    causally on it with **positions compacted** as the exact game lays them out: a position p is
+    placed at ``p - h(p)``, ``h(p)`` the hidden tokens before p, and each cached key at j is moved
+    to ``j - h(j)`` (for RoPE, rotated by ``-h(j)``); a query at ``p >= tail_start`` sees key ``q``
+    iff ``q <= p`` and ``q`` is in no ``hidden`` range, one at ``p < tail_start`` every key
+    ``q <= p``. So a coalition whose absent players all follow its present ones in the shared KV
+    scores as the exact game on the same tokens; elsewhere the visible keys still carry what the
+    absent players wrote into them. The result is the :class:`ScoreResult` of the target read
+    from that forward's logits (``token_logprobs`` ``[n_target]`` float32 nats).
 
     Args:
         prompt_ids: the full prompt (every player present).

@@ -13,13 +13,16 @@ from ..masking.codec import PackedMask
 __all__ = ("PROXY_GAME", "proxy_agreement", "proxy_game_name", "proxy_refusal")
 
 
-PROXY_GAME = "kv-proxy"
-"""The shared-KV proxy game's name stem; a game's full name adds its tail rule (:func:`proxy_game_name`)."""
+PROXY_GAME = "kv-proxy-compact"
+"""The shared-KV proxy game's name stem; a game's full name adds its tail rule (:func:`proxy_game_name`).
+``compact``: positions compacted as the exact game lays them out (:mod:`coalescence.backends.hf.proxy`);
+the first proxy game, at the full conversation's positions, was ``kv-proxy`` (archives holding its
+rows are refitted from their exact rows alone, with a note: the two games are not mixed)."""
 
 
 def proxy_game_name(tail: str) -> str:
     """The name of the proxy game with tail rule ``tail``, as keys and archive rows carry it:
-    ``"kv-proxy:<tail>"`` (e.g. ``"kv-proxy:after-last-player"``)."""
+    ``"kv-proxy-compact:<tail>"`` (e.g. ``"kv-proxy-compact:after-last-player"``)."""
     return f"{PROXY_GAME}:{tail}"
 
 

@@ -17,7 +17,7 @@ from ..prefix import PrefixCache
 from .generation import Generation, _eos_token_ids
 from .paths import PathChoice
 from .plain import PlainScoring
-from .proxy import ProxyScoring
+from .proxy import ProxyScoring, rope_rotation
 from .tree import TreeScoring
 
 __all__ = ("HFBackend",)
@@ -78,7 +78,9 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
 
     Attributes:
         supports_proxy: True (the proxy game, :meth:`score_proxy`) unless the model has
-            sliding-window attention, which the proxy's block mask does not model.
+            sliding-window attention, which the proxy's block mask does not model, or a position
+            encoding the proxy cannot compact (not a full-width RoPE of a fixed-frequency kind:
+            :func:`.proxy.rope_rotation`).
         eos_token_ids: the token ids every decode (:meth:`generate`, :meth:`generate_batch`)
             stops at: the model's generation-config ``eos_token_id`` (an int or a list), then the
             tokenizer's EOS (the chat template's end-of-turn) when it is not among them.
@@ -154,7 +156,8 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
         # prefix-split attention for the suffix forwards (CPU + sdpa only; see .attention)
         self.split_attention = bool(split_attention) and self.prefix_sharing and install(model)
         # the proxy game's block mask models full causal attention, not a sliding window
-        self.supports_proxy = self.sliding_window is None
+        self._rope = rope_rotation(model)
+        self.supports_proxy = self.sliding_window is None and self._rope is not None
         self._last_prefix_forwards = 0
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         if greedy_tie_margin is None:
@@ -232,18 +235,17 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
         :class:`~coalescence.backends.base.ProxyScoreRequest`; one group of :meth:`_proxy_calls`), in nats.
 
         The shared KV is resumed from the prefix cache (:class:`~coalescence.backends.prefix.PrefixCache`,
-        keyed by its tokens; the part not cached is run once and put there), and the rows' tails
-        (``prompt_ids[s:] + target_ids[:-1]``, at their original positions) are laid side by side
-        in one row of ``N`` tokens per forward, on a fork of that cache that shares its tensors
-        (never a copy per row), with one additive 4-D mask ``[1, 1, N, s + N]``: per row, the prefix
-        columns of its hidden ranges masked for its queries at positions ``>= tail_start``, and its
-        own block causal with its hidden positions masked likewise (other rows' blocks masked).
-        A forward takes as many rows as keep ``N x (s + N)`` within ``tree_mask_limit`` (2**22
-        when 0), at least one. On the CPU under prefix-split attention the prefix part reads the
-        mask's prefix columns and rows of equal length run their local part as a batch of blocks
-        (:class:`~coalescence.backends.attention.PrefixSplit`); elsewhere the dense mask goes to
-        the model's attention (``sdpa``). Exact up to float rounding (fp32: 1e-4 nats). A model
-        with sliding-window attention has no proxy game (``supports_proxy`` False).
+        keyed by its tokens; the part not cached is run once and put there; ``s`` positions), and
+        the rows' tails (``prompt_ids[s:] + target_ids[:-1]``) run on it as a batch, positions
+        compacted (:mod:`.proxy`): per row, the cached keys rotated to their compacted positions
+        (RoPE, by minus the hidden tokens before them: a row's own copy of the keys, the values
+        shared), the tail at its compacted positions, one additive 4-D mask ``[R, 1, T, s + T]``
+        with the hidden ranges masked for the queries at positions ``>= tail_start``. A forward
+        takes rows of one length, as many as keep their keys and values within 1 GiB and the mask's
+        ``R x T x (s + T)`` within ``tree_mask_limit`` (2**22 when 0), at least one; the model's
+        attention (``sdpa``) runs it. Exact up to float rounding (fp32: 1e-4 nats). A model with
+        sliding-window attention, or a position encoding the proxy cannot compact, has no proxy
+        game (``supports_proxy`` False).
 
         Returns:
             One :class:`ScoreResult` per row, in order: ``tokens_computed`` the row's tail

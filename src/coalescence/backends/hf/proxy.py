@@ -1,6 +1,9 @@
 """The shared-KV proxy game's forwards (:meth:`HFBackend.score_proxy
 <coalescence.backends.hf.HFBackend.score_proxy>`): rows grouped by their shared KV, resumed from the
-prefix cache, and their tails laid side by side in one row under an additive 4-D block mask."""
+prefix cache, and their tails run against it with the absent players' keys masked and every
+position compacted as the exact game lays it out: the cached keys re-rotated (RoPE) per row to
+their position once the hidden tokens are gone, the tail placed right after the visible context
+(:func:`rope_rotation`; a row's re-rotated keys are its own, so rows run as a batch)."""
 
 from __future__ import annotations
 
@@ -9,11 +12,41 @@ from typing import Any
 
 import numpy as np
 
-from ..attention import PrefixSplit
 from ..base import ProxyScoreRequest, ScoreResult
 from .caches import cache_bytes, fork_cache, resumed_cache
 
-__all__ = ("ProxyScoring",)
+__all__ = ("ProxyScoring", "rope_rotation")
+
+COMPACT_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+"""RoPE variants whose rotation by a position offset is a fixed per-frequency rotation (the
+compacted proxy game re-rotates cached keys by it); ``dynamic`` and ``longrope`` change their
+frequencies with the sequence length and are not re-rotated."""
+
+
+def rope_rotation(model: Any) -> Any | None:
+    """The model's rotary embedding module when the compacted proxy game can re-rotate its cached
+    keys (a ``rotary_emb`` under ``model.model`` of a :data:`COMPACT_ROPE_TYPES` type, the whole head
+    dimension rotated), else None (the backend then has no proxy game: ``supports_proxy`` False)."""
+    config = getattr(model, "config", None)
+    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    if config is None or rotary is None or not hasattr(rotary, "inv_freq"):
+        return None
+    if getattr(config, "partial_rotary_factor", 1.0) not in (None, 1, 1.0):
+        return None
+    rope_type = getattr(rotary, "rope_type", "default")
+    return rotary if rope_type in COMPACT_ROPE_TYPES else None
+
+
+def _rotate_half(x: Any) -> Any:
+    """RoPE's half rotation in transformers' layout (the head dimension's two halves are the pairs)."""
+    import torch
+
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+_ROW_BYTES = 1 << 30
+"""Most bytes of per-row re-rotated keys and values one proxy forward holds."""
+
 
 class ProxyScoring:
     """The proxy game's forwards of :class:`~coalescence.backends.hf.HFBackend` (a mixin of its state)."""
@@ -46,82 +79,88 @@ class ProxyScoring:
             else:
                 resumed = 0
                 cache = resumed_cache(self.model.config, (), None, 0)
+            # a row's re-rotated keys and the values beside them: 2 x layers x kv heads x positions x head dim
+            config = self.model.config
+            heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            itemsize = torch.finfo(self.model.dtype).bits // 8 if self.model.dtype.is_floating_point else 4
+            per_position = 2 * config.num_hidden_layers * heads * head_dim * itemsize
             limit = self.tree_mask_limit or 2**22
             results: list[ScoreResult] = []
             at = 0
             while at < len(rows):
-                n_tokens = 0
-                end = at
-                while end < len(rows):
-                    grown = n_tokens + rows[end].n_tokens - 1 - shared
-                    if end > at and grown * (shared + grown) > limit:
-                        break
-                    n_tokens = grown
+                end = at + 1  # rows of one length per forward, within 1 GiB of per-row keys and values
+                total = rows[at].n_tokens - 1
+                while (
+                    end < len(rows) and rows[end].n_tokens == rows[at].n_tokens
+                    and (end + 1 - at) * total * per_position <= _ROW_BYTES  # the rows' own keys and values
+                    and (end + 1 - at) * (total - shared) * total <= limit  # the 4-D mask's entries
+                ):
                     end += 1
                 chunk = rows[at:end]
                 computed_prefix = shared - resumed if at == 0 else 0
-                fork = fork_cache(cache) if shared else resumed_cache(self.model.config, (), None, 0)  # the forward extends its own
-                results += self._proxy_forward(chunk, fork, shared, computed_prefix)
+                results += self._proxy_forward_compact(chunk, cache, shared, computed_prefix)
                 at = end
         return results, ran
 
-    def _proxy_forward(
+    def _proxy_forward_compact(
         self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
     ) -> list[ScoreResult]:
-        """One forward of proxy rows side by side on ``cache`` (``shared`` positions; a fork: the
-        forward extends it), with the block mask of :meth:`score_proxy`."""
+        """One forward of proxy rows of one length as a batch on ``cache`` (``shared`` positions,
+        batch 1, never written), positions compacted (module docs): per row r, a position p is
+        placed at ``p - h_r(p)``, ``h_r(p)`` its hidden tokens before p; the cached key at j is
+        rotated by ``-h_r(j)`` (RoPE: a rotation by the position offset), so every visible key sits
+        where the exact game puts it; the forward's own tokens get their compacted positions; a query
+        at ``p >= tail_start`` sees the keys in no hidden range, one before it every earlier key."""
         torch = self._torch
+        from transformers import DynamicCache
+
         dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
         lows = torch.finfo(dtype).min
-        lengths = [r.n_tokens - 1 - shared for r in rows]  # [R] tail positions per row
-        n = sum(lengths)
-        tokens: list[int] = []
-        positions: list[int] = []
-        mask = torch.full((n, shared + n), lows, dtype=dtype)  # [N, P + N] additive
-        keep: list[int] = []
-        at = 0
-        for r, t in zip(rows, lengths, strict=True):
-            seq = r.prompt_ids + r.target_ids
-            tokens += seq[shared : shared + t]
-            positions += range(shared, shared + t)
-            visible = torch.ones(shared + t, dtype=torch.bool)  # [P + T] key positions not hidden
-            for a, b in r.hidden:
-                visible[a:b] = False
-            masked = (torch.arange(shared, shared + t) >= r.tail_start)[:, None]  # [T, 1] queries in the tail
-            sees = ~masked | visible[None, :]  # [T, P + T]
-            causal = torch.ones((t, t), dtype=torch.bool).tril_()
-            mask[at : at + t, :shared].masked_fill_(sees[:, :shared], 0.0)
-            mask[at : at + t, shared + at : shared + at + t].masked_fill_(sees[:, shared:] & causal, 0.0)
-            p = len(r.prompt_ids)
-            keep += range(at + p - 1 - shared, at + p - 1 - shared + len(r.target_ids))
-            at += t
-        kwargs: dict[str, Any] = {}
-        if self._keep_logits:
-            kwargs["logits_to_keep"] = torch.tensor(keep, device=self.device)
-        split: dict[str, Any] = {}
-        if self.split_attention and shared:
-            block = lengths[0] if len(set(lengths)) == 1 else 0
-            split = {"prefix_split": PrefixSplit(shared, False, prefix_masked=True, block=block)}
+        b = len(rows)
+        total = rows[0].n_tokens - 1  # positions of each row: prompt + target[:-1]
+        t = total - shared  # the positions each row computes
+        hidden = torch.zeros((b, total), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            for lo, hi in r.hidden:
+                hidden[i, lo:hi] = True
+        before = torch.cumsum(hidden.long(), dim=1) - hidden.long()  # [b, total] hidden tokens before p
+        positions = torch.arange(total)[None] - before  # [b, total] compacted
+        causal = torch.ones((t, total), dtype=torch.bool).tril_(diagonal=shared)  # [t, total]: key q <= p
+        in_tail = torch.tensor([[shared + k >= r.tail_start for k in range(t)] for r in rows])  # [b, t]
+        sees = causal[None] & (~in_tail[:, :, None] | ~hidden[:, None, :])  # [b, t, total]
+        mask = torch.zeros((b, 1, t, total), dtype=dtype).masked_fill_(~sees[:, None], lows)
+        rotated = DynamicCache()
+        if shared:
+            rotary = self._rope
+            probe = torch.zeros((1, shared, 1), dtype=torch.float32, device=self.device)
+            cos, sin = rotary(probe, (-before[:, :shared]).to(self.device))  # [b, shared, d], rotation by -h
+            scale = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)
+            cos, sin = (cos.float() / scale)[:, None], (sin.float() / scale)[:, None]  # [b, 1, shared, d]
+            for li, layer in enumerate(cache.layers):
+                keys = layer.keys.float()  # [1, H_kv, shared, d]
+                turned = (keys * cos + _rotate_half(keys) * sin).to(layer.keys.dtype)  # [b, H_kv, shared, d]
+                rotated.update(turned, layer.values.expand(b, -1, -1, -1), li)
+        tokens = [list(r.prompt_ids + r.target_ids)[shared:total] for r in rows]
+        keep = list(range(len(rows[0].prompt_ids) - 1 - shared, t))  # logits of the target tokens
+        kwargs: dict[str, Any] = {"logits_to_keep": torch.tensor(keep, device=self.device)} if self._keep_logits else {}
         out = self.model(
-            input_ids=torch.tensor([tokens], dtype=torch.long, device=self.device),  # [1, N]
-            attention_mask=mask[None, None].to(self.device),  # [1, 1, N, P + N]
-            position_ids=torch.tensor([positions], dtype=torch.long, device=self.device),  # [1, N]
-            cache=cache,
+            input_ids=torch.tensor(tokens, dtype=torch.long, device=self.device),  # [b, t]
+            attention_mask=mask.to(self.device),  # [b, 1, t, shared + t]
+            position_ids=positions[:, shared:].to(self.device),  # [b, t]
+            cache=rotated,
             use_cache=True,
             **kwargs,
-            **split,
         )
-        logits = out.logits[0]  # [kept or N, V]
+        logits = out.logits  # [b, kept or t, V]
         results = []
-        k = 0
-        for b, (r, t) in enumerate(zip(rows, lengths, strict=True)):
+        for i, r in enumerate(rows):
             m = len(r.target_ids)
-            rows_idx = list(range(k, k + m)) if self._keep_logits else keep[k : k + m]
-            k += m
-            logp = torch.log_softmax(logits[rows_idx].float(), dim=-1)  # [m, V]
+            picked = logits[i] if self._keep_logits else logits[i, keep]
+            logp = torch.log_softmax(picked.float(), dim=-1)  # [m, V]
             tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
             token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [m] float32
-            extra = computed_prefix if b == 0 else 0
+            extra = computed_prefix if i == 0 else 0
             results.append(
                 ScoreResult(
                     token_logprobs=token_lp,
@@ -131,5 +170,5 @@ class ProxyScoring:
                     padded_positions=0,
                 )
             )
+        assert all(len(x.token_logprobs) == len(r.target_ids) for x, r in zip(results, rows, strict=True))
         return results
-
