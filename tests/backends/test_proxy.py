@@ -112,8 +112,9 @@ def test_proxy_rows_equal_the_reference_batched_and_alone(game, split):
             assert x.utility == pytest.approx(float(np.sum(x.token_logprobs, dtype=np.float64)))
         # the coalitions differ: masking changed the values
         assert np.ptp([x.utility for x in batched]) > 1e-3
-    # the rows run as a batch under plain sdpa whatever the setting (each row's re-rotated keys are its own)
-    assert attention.split_calls == before
+    # on the CPU with the split the rows run side by side, each reading the prefix keys rotated to its
+    # own positions inside the split attention; without it, as a batch with their own rotated keys
+    assert (attention.split_calls > before) == split
 
 
 def test_full_coalition_equals_the_exact_game(game):
@@ -159,16 +160,21 @@ def test_shared_kv_once_and_rows_of_unequal_length(game):
     assert [(r.shared_tokens, r.tail_tokens) for r in requests[:2]] == [(x.tokens_reused, x.tokens_computed) for x in again]
 
 
-def test_rows_split_into_forwards_within_the_mask_limit(game):
+@pytest.mark.parametrize("split", [True, False], ids=["prefix-split", "batched"])
+def test_rows_split_into_forwards_within_the_mask_limit(game, split):
     tokenizer, renderer, snapshot, target, model, ref = game
     layout = proxy_layout(renderer, snapshot, target, tail="answer")
     requests = [layout.request(r) for r in coalitions(snapshot.n_players)]
     total = requests[0].n_tokens - 1
-    limit = 2 * (total - requests[0].shared_tokens) * total  # room for two rows' 4-D mask per forward
-    backend = HFBackend(model, tokenizer, model_id="tiny", tree_mask_limit=limit)
+    s = requests[0].shared_tokens
+    t = total - s
+    # room for two rows per forward: side by side the mask is N x (s + N) with N = 2T; as a batch 2 x T x (s + T)
+    limit = 2 * t * (s + 2 * t) if split else 2 * t * total
+    backend = HFBackend(model, tokenizer, model_id="tiny", tree_mask_limit=limit, split_attention=split)
     calls = []
-    original = backend._proxy_forward_compact
-    backend._proxy_forward_compact = lambda rows, *a: calls.append(len(rows)) or original(rows, *a)
+    name = "_proxy_forward_split" if split else "_proxy_forward_compact"
+    original = getattr(backend, name)
+    setattr(backend, name, lambda rows, *a: calls.append(len(rows)) or original(rows, *a))
     out = backend.score_proxy(requests)
     assert calls == [2] * (len(requests) // 2) + [1] * (len(requests) % 2)
     for r, x in zip(requests, out, strict=True):

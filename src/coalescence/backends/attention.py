@@ -73,6 +73,11 @@ class PrefixSplit:
     causal: bool
     prefix_masked: bool = False
     block: int = 0
+    rotation: Any = None
+    """``(cos, sin)``, each ``[R, prefix_len, d]`` float32, or None: with ``block=T`` (``R`` blocks),
+    block r's queries see the prefix keys rotated by RoPE's ``(cos_r, sin_r)`` (the compacted proxy
+    game: each row's cached keys moved to its own positions), computed per layer for its blocks and
+    never kept; ``block`` and ``prefix_masked`` are then required."""
 
 
 def _sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, None]:
@@ -118,6 +123,7 @@ def prefix_split_attention(
         or (not prefix_split.causal and (attention_mask is None or not attention_mask.dtype.is_floating_point))
         or (prefix_split.prefix_masked and (attention_mask is None or not attention_mask.dtype.is_floating_point))
         or (prefix_split.block and (prefix_split.causal or n != kv_len - P or n % prefix_split.block))
+        or (prefix_split.rotation is not None and not (prefix_split.block and prefix_split.prefix_masked))
     )
     if plain:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
@@ -136,9 +142,26 @@ def prefix_split_attention(
     prefix_mask = None
     if prefix_split.prefix_masked:  # per-query prefix columns, tiled for the stacked heads
         prefix_mask = attention_mask[..., :P].repeat(1, 1, n_rep, 1)  # [1 or B, 1, n_rep * N, P]
-    o1, lse1 = flash(stacked, key[:, :, :P], value[:, :, :P], 0.0, False, attn_mask=prefix_mask, scale=scaling)
-    o1 = o1.reshape(b, h, n, d)
-    lse1 = lse1.reshape(b, h, n)
+    if prefix_split.rotation is not None:  # per block: the prefix keys rotated to that row's positions
+        if b != 1:
+            raise ValueError("a rotated prefix split needs the rows side by side in one batch row")
+        cos, sin = prefix_split.rotation  # [R, P, d]
+        t = prefix_split.block
+        r = n // t
+        keys = key[:, :, :P].float()  # [1, H_kv, P, d]
+        half = d // 2
+        turned = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
+        rk = torch.addcmul(keys * cos[:, None], turned, sin[:, None]).to(key.dtype)  # [R, H_kv, P, d]
+        rv = value[:, :, :P].expand(r, -1, -1, -1)  # [R, H_kv, P, d], a view
+        q = query.reshape(h_kv, n_rep, r, t, d).permute(2, 0, 1, 3, 4).reshape(r, h_kv, n_rep * t, d)
+        pm = attention_mask[0, 0, :, :P].reshape(r, 1, t, P).repeat(1, 1, n_rep, 1)  # [R, 1, n_rep * T, P]
+        o1, lse1 = flash(q, rk, rv, 0.0, False, attn_mask=pm, scale=scaling)  # [R, H_kv, n_rep * T, d]
+        o1 = o1.reshape(r, h_kv, n_rep, t, d).permute(1, 2, 0, 3, 4).reshape(1, h, n, d)
+        lse1 = lse1.reshape(r, h_kv, n_rep, t).permute(1, 2, 0, 3).reshape(1, h, n)
+    else:
+        o1, lse1 = flash(stacked, key[:, :, :P], value[:, :, :P], 0.0, False, attn_mask=prefix_mask, scale=scaling)
+        o1 = o1.reshape(b, h, n, d)
+        lse1 = lse1.reshape(b, h, n)
     # local part: this forward's keys, causal or through the mask's local columns
     local_k = repeat_kv(key[:, :, P:], n_rep)  # [B, H, L, d]
     local_v = repeat_kv(value[:, :, P:], n_rep)

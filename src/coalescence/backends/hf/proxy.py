@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ProxyScoreRequest, ScoreResult
+from ..attention import PrefixSplit
 from .caches import cache_bytes, fork_cache, resumed_cache
 
 __all__ = ("ProxyScoring", "rope_rotation")
@@ -88,9 +89,19 @@ class ProxyScoring:
             limit = self.tree_mask_limit or 2**22
             results: list[ScoreResult] = []
             at = 0
+            side_by_side = self.split_attention and shared > 0  # the rotated prefix split (CPU)
             while at < len(rows):
-                end = at + 1  # rows of one length per forward, within 1 GiB of per-row keys and values
+                end = at + 1
                 total = rows[at].n_tokens - 1
+                if side_by_side:  # rows of one length side by side, the mask's N x (s + N) within the limit
+                    t = total - shared
+                    while end < len(rows) and rows[end].n_tokens == rows[at].n_tokens and (end + 1 - at) * t * (shared + (end + 1 - at) * t) <= limit:
+                        end += 1
+                    computed_prefix = shared - resumed if at == 0 else 0
+                    results += self._proxy_forward_split(rows[at:end], fork_cache(cache), shared, computed_prefix)
+                    at = end
+                    continue
+                # rows of one length as a batch, within 1 GiB of per-row keys and values
                 while (
                     end < len(rows) and rows[end].n_tokens == rows[at].n_tokens
                     and (end + 1 - at) * total * per_position <= _ROW_BYTES  # the rows' own keys and values
@@ -171,4 +182,76 @@ class ProxyScoring:
                 )
             )
         assert all(len(x.token_logprobs) == len(r.target_ids) for x, r in zip(results, rows, strict=True))
+        return results
+
+    def _proxy_forward_split(
+        self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
+    ) -> list[ScoreResult]:
+        """One forward of proxy rows of one length laid side by side in one row on ``cache`` (a fork:
+        the forward extends it), positions compacted (:meth:`_proxy_forward_compact`'s semantics):
+        the tails at their compacted positions, and each row's queries reading the shared prefix keys
+        rotated to its own positions inside the prefix-split attention, one layer at a time
+        (:class:`~coalescence.backends.attention.PrefixSplit` ``rotation``), so no row keeps a copy
+        of the cache."""
+        torch = self._torch
+        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+        lows = torch.finfo(dtype).min
+        b = len(rows)
+        total = rows[0].n_tokens - 1
+        t = total - shared
+        n = b * t
+        hidden = torch.zeros((b, total), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            for lo, hi in r.hidden:
+                hidden[i, lo:hi] = True
+        before = torch.cumsum(hidden.long(), dim=1) - hidden.long()  # [b, total] hidden tokens before p
+        positions = (torch.arange(total)[None] - before)[:, shared:].reshape(-1)  # [N] compacted
+        mask = torch.full((n, shared + n), lows, dtype=dtype)  # [N, P + N] additive
+        tokens: list[int] = []
+        keep: list[int] = []
+        causal = torch.ones((t, t), dtype=torch.bool).tril_()
+        for i, r in enumerate(rows):
+            at = i * t
+            tokens += list(r.prompt_ids + r.target_ids)[shared:total]
+            in_tail = (torch.arange(shared, total) >= r.tail_start)[:, None]  # [T, 1]
+            sees = ~in_tail | ~hidden[i][None, :]  # [T, P + T]
+            mask[at : at + t, :shared].masked_fill_(sees[:, :shared], 0.0)
+            mask[at : at + t, shared + at : shared + at + t].masked_fill_(sees[:, shared:] & causal, 0.0)
+            p = len(r.prompt_ids)
+            keep += range(at + p - 1 - shared, at + p - 1 - shared + len(r.target_ids))
+        rotary = self._rope
+        probe = torch.zeros((1, shared, 1), dtype=torch.float32, device=self.device)
+        cos, sin = rotary(probe, (-before[:, :shared]).to(self.device))  # [b, shared, d]: rotation by -h
+        scale = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)
+        split = PrefixSplit(shared, False, prefix_masked=True, block=t, rotation=(cos.float() / scale, sin.float() / scale))
+        kwargs: dict[str, Any] = {"logits_to_keep": torch.tensor(keep, device=self.device)} if self._keep_logits else {}
+        out = self.model(
+            input_ids=torch.tensor([tokens], dtype=torch.long, device=self.device),  # [1, N]
+            attention_mask=mask[None, None].to(self.device),  # [1, 1, N, P + N]
+            position_ids=positions[None].to(self.device),  # [1, N]
+            cache=cache,
+            use_cache=True,
+            prefix_split=split,
+            **kwargs,
+        )
+        logits = out.logits[0]  # [kept or N, V]
+        results = []
+        k = 0
+        for i, r in enumerate(rows):
+            m = len(r.target_ids)
+            picked = logits[k : k + m] if self._keep_logits else logits[keep[k : k + m]]
+            k += m
+            logp = torch.log_softmax(picked.float(), dim=-1)  # [m, V]
+            tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
+            token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [m] float32
+            extra = computed_prefix if i == 0 else 0
+            results.append(
+                ScoreResult(
+                    token_logprobs=token_lp,
+                    utility=float(token_lp.astype(np.float64).sum()),
+                    tokens_computed=t + extra,
+                    tokens_reused=shared - extra,
+                    padded_positions=0,
+                )
+            )
         return results
