@@ -138,10 +138,6 @@ def prefix_split_attention(
     h_kv = key.shape[1]
     n_rep = h // h_kv
     # prefix part: every query sees every prefix key; heads sharing a key/value head stacked
-    stacked = query.reshape(b, h_kv, n_rep * n, d)  # [B, H_kv, n_rep * N, d]
-    prefix_mask = None
-    if prefix_split.prefix_masked:  # per-query prefix columns, tiled for the stacked heads
-        prefix_mask = attention_mask[..., :P].repeat(1, 1, n_rep, 1)  # [1 or B, 1, n_rep * N, P]
     if prefix_split.rotation is not None:  # per block: the prefix keys rotated to that row's positions
         if b != 1:
             raise ValueError("a rotated prefix split needs the rows side by side in one batch row")
@@ -159,6 +155,10 @@ def prefix_split_attention(
         o1 = o1.reshape(r, h_kv, n_rep, t, d).permute(1, 2, 0, 3, 4).reshape(1, h, n, d)
         lse1 = lse1.reshape(r, h_kv, n_rep, t).permute(1, 2, 0, 3).reshape(1, h, n)
     else:
+        stacked = query.reshape(b, h_kv, n_rep * n, d)  # [B, H_kv, n_rep * N, d]
+        prefix_mask = None
+        if prefix_split.prefix_masked:  # per-query prefix columns, tiled for the stacked heads
+            prefix_mask = attention_mask[..., :P].repeat(1, 1, n_rep, 1)  # [1 or B, 1, n_rep * N, P]
         o1, lse1 = flash(stacked, key[:, :, :P], value[:, :, :P], 0.0, False, attn_mask=prefix_mask, scale=scaling)
         o1 = o1.reshape(b, h, n, d)
         lse1 = lse1.reshape(b, h, n)

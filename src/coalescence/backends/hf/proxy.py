@@ -114,6 +114,16 @@ class ProxyScoring:
                 at = end
         return results, ran
 
+    def _compact_rotation(self, before: Any) -> tuple[Any, Any]:
+        """``(cos, sin)``, each ``[b, P, d]`` float32 on the model's device: RoPE's rotation of each
+        cached key by minus ``before`` (``[b, P]`` int64, the hidden tokens before it), the model's
+        attention scaling divided out (the cached keys carry it once already)."""
+        torch = self._torch
+        probe = torch.zeros((1, before.shape[1], 1), dtype=torch.float32, device=self.device)
+        cos, sin = self._rope(probe, (-before).to(self.device))
+        scale = float(getattr(self._rope, "attention_scaling", 1.0) or 1.0)
+        return cos.float() / scale, sin.float() / scale
+
     def _proxy_forward_compact(
         self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
     ) -> list[ScoreResult]:
@@ -143,11 +153,8 @@ class ProxyScoring:
         mask = torch.zeros((b, 1, t, total), dtype=dtype).masked_fill_(~sees[:, None], lows)
         rotated = DynamicCache()
         if shared:
-            rotary = self._rope
-            probe = torch.zeros((1, shared, 1), dtype=torch.float32, device=self.device)
-            cos, sin = rotary(probe, (-before[:, :shared]).to(self.device))  # [b, shared, d], rotation by -h
-            scale = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)
-            cos, sin = (cos.float() / scale)[:, None], (sin.float() / scale)[:, None]  # [b, 1, shared, d]
+            cos, sin = self._compact_rotation(before[:, :shared])
+            cos, sin = cos[:, None], sin[:, None]  # [b, 1, shared, d]
             for li, layer in enumerate(cache.layers):
                 keys = layer.keys.float()  # [1, H_kv, shared, d]
                 turned = (keys * cos + _rotate_half(keys) * sin).to(layer.keys.dtype)  # [b, H_kv, shared, d]
@@ -164,25 +171,8 @@ class ProxyScoring:
             **kwargs,
         )
         logits = out.logits  # [b, kept or t, V]
-        results = []
-        for i, r in enumerate(rows):
-            m = len(r.target_ids)
-            picked = logits[i] if self._keep_logits else logits[i, keep]
-            logp = torch.log_softmax(picked.float(), dim=-1)  # [m, V]
-            tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
-            token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [m] float32
-            extra = computed_prefix if i == 0 else 0
-            results.append(
-                ScoreResult(
-                    token_logprobs=token_lp,
-                    utility=float(token_lp.astype(np.float64).sum()),
-                    tokens_computed=t + extra,
-                    tokens_reused=shared - extra,
-                    padded_positions=0,
-                )
-            )
-        assert all(len(x.token_logprobs) == len(r.target_ids) for x, r in zip(results, rows, strict=True))
-        return results
+        picked = [logits[i] if self._keep_logits else logits[i, keep] for i in range(b)]  # [m, V] each
+        return _row_results(rows, picked, t, shared, computed_prefix)
 
     def _proxy_forward_split(
         self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
@@ -219,11 +209,7 @@ class ProxyScoring:
             mask[at : at + t, shared + at : shared + at + t].masked_fill_(sees[:, shared:] & causal, 0.0)
             p = len(r.prompt_ids)
             keep += range(at + p - 1 - shared, at + p - 1 - shared + len(r.target_ids))
-        rotary = self._rope
-        probe = torch.zeros((1, shared, 1), dtype=torch.float32, device=self.device)
-        cos, sin = rotary(probe, (-before[:, :shared]).to(self.device))  # [b, shared, d]: rotation by -h
-        scale = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)
-        split = PrefixSplit(shared, False, prefix_masked=True, block=t, rotation=(cos.float() / scale, sin.float() / scale))
+        split = PrefixSplit(shared, False, prefix_masked=True, block=t, rotation=self._compact_rotation(before[:, :shared]))
         kwargs: dict[str, Any] = {"logits_to_keep": torch.tensor(keep, device=self.device)} if self._keep_logits else {}
         out = self.model(
             input_ids=torch.tensor([tokens], dtype=torch.long, device=self.device),  # [1, N]
@@ -235,23 +221,32 @@ class ProxyScoring:
             **kwargs,
         )
         logits = out.logits[0]  # [kept or N, V]
-        results = []
-        k = 0
-        for i, r in enumerate(rows):
-            m = len(r.target_ids)
-            picked = logits[k : k + m] if self._keep_logits else logits[keep[k : k + m]]
-            k += m
-            logp = torch.log_softmax(picked.float(), dim=-1)  # [m, V]
-            tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
-            token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [m] float32
-            extra = computed_prefix if i == 0 else 0
-            results.append(
-                ScoreResult(
-                    token_logprobs=token_lp,
-                    utility=float(token_lp.astype(np.float64).sum()),
-                    tokens_computed=t + extra,
-                    tokens_reused=shared - extra,
-                    padded_positions=0,
-                )
+        spans = np.cumsum([0] + [len(r.target_ids) for r in rows])
+        picked = [logits[a:z] if self._keep_logits else logits[keep[a:z]] for a, z in zip(spans[:-1], spans[1:])]
+        return _row_results(rows, picked, t, shared, computed_prefix)
+
+
+def _row_results(
+    rows: Sequence[ProxyScoreRequest], logits: Sequence[Any], t: int, shared: int, computed_prefix: int
+) -> list[ScoreResult]:
+    """One :class:`ScoreResult` per row from its target positions' logits (``[m, V]`` each): the
+    target's log-probabilities in nats; ``t`` positions computed per row, plus ``computed_prefix``
+    shared KV positions on the first row (read from the cache on the others)."""
+    import torch
+
+    results = []
+    for i, (r, picked) in enumerate(zip(rows, logits, strict=True)):
+        logp = torch.log_softmax(picked.float(), dim=-1)  # [m, V]
+        tgt = torch.tensor(r.target_ids, dtype=torch.long, device=logp.device)
+        token_lp = logp.gather(1, tgt[:, None])[:, 0].cpu().numpy()  # [m] float32
+        extra = computed_prefix if i == 0 else 0
+        results.append(
+            ScoreResult(
+                token_logprobs=token_lp,
+                utility=float(token_lp.astype(np.float64).sum()),
+                tokens_computed=t + extra,
+                tokens_reused=shared - extra,
+                padded_positions=0,
             )
-        return results
+        )
+    return results
