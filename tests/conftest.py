@@ -53,3 +53,11 @@ def tiny_model_dir(tmp_path_factory, chatml_tokenizer):
     build_model(chatml_tokenizer).save_pretrained(path)
     chatml_tokenizer.save_pretrained(path)
     return path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The session's vLLM engines stop here, before the interpreter's finalization (see
+    :func:`helpers.vllm_engines.shutdown_engines`)."""
+    from helpers.vllm_engines import shutdown_engines
+
+    shutdown_engines()

@@ -120,9 +120,16 @@ def stop_server(proc: Any) -> None:
 
 
 @atexit.register
-def _shutdown() -> None:
+def shutdown_engines() -> None:
+    """Shut the session's engines down (once): from ``pytest_sessionfinish``, while the interpreter
+    is whole (at exit vLLM's output thread can still be freeing tensors when finalization stops
+    threads, and the process aborts after every test passed), and at exit as a fallback."""
     import logging
 
+    level = logging.root.manager.disable
     logging.disable(logging.CRITICAL)  # vLLM logs its shutdown; the streams may be closed by now
-    for backend in _ENGINES.values():
-        backend.shutdown()
+    try:
+        while _ENGINES:
+            _ENGINES.popitem()[1].shutdown()
+    finally:
+        logging.disable(level)
