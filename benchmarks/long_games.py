@@ -175,9 +175,10 @@ class Scorer:
 
     def __init__(self, game: Game, *, backend: str = "hf", batch_size: int = 16) -> None:
         from coalescence import Engine, get_policy, load_backend
+        from coalescence.masking.proxy import DEFAULT_TAIL
 
         self.backend = load_backend("smollm2-135m", backend=backend, max_batch_size=batch_size)
-        self.engine = Engine(self.backend, batch_size=batch_size)
+        self.engine = Engine(self.backend, batch_size=batch_size, proxy_game=DEFAULT_TAIL if backend == "hf" else None)
         self.snapshot = self.engine.prepare(game.conversation, unit="sentence")
         if self.snapshot.n_players != game.n:
             raise SystemExit(f"{game.name}: the engine sees {self.snapshot.n_players} players, not {game.n}")
@@ -190,6 +191,15 @@ class Scorer:
         masks, utilities = anyio.run(self.engine.evaluate, self.snapshot, self.policy, rows)
         wall = time.perf_counter() - t0
         return masks, utilities, np.full(len(masks), wall / max(len(masks), 1))
+
+    def score_proxy(self, rows: np.ndarray, batch: int = 16) -> np.ndarray:
+        """The shared-KV proxy game's utilities of ``rows`` (nats), by the default tail rule
+        (``hf`` backend only), straight through ``backend.score_proxy`` (the full conversation's KV cached once)."""
+        layout = self.engine.proxy_layout(self.snapshot, self.policy)
+        out = []
+        for lo in range(0, len(rows), batch):
+            out += [r.utility for r in self.backend.score_proxy([layout.request(row) for row in rows[lo : lo + batch]])]
+        return np.array(out, dtype=np.float64)
 
     def close(self) -> None:
         self.engine.close()

@@ -4,7 +4,7 @@ proxy game) against ContextCite at 64 ablations, quality and wall time in one ru
 Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/proxy_race.py [--games long_design,long_glossary,long_unicode] \\
-        [--cc-budget 64] [--ours 16:0] [--draws 10] [--wall-draws 3] [--batch-size 16]
+        [--cc-budget 64] [--ours 8:0] [--draws 10] [--wall-draws 3] [--batch-size 16]
 
 Needs the ``contextcite`` extra (``make contextcite``).
 
@@ -12,9 +12,9 @@ Needs the ``contextcite`` extra (``make contextcite``).
 ContextCite's ``get_attributions`` at ``--cc-budget`` ablations (batch 4, as in its examples), and
 ``Explainer.explain(game, unit="sentence", budget=m, proxy_budget=K, seed=d)`` (``--method auto``:
 the control-variate surrogate with the shared-KV proxy game, positions compacted) for each ``m:K``
-of ``--ours`` (``K = 0``: the default proxy budget, 16 per player here) and seeds ``d < --wall-draws``.
-An exact budget below the surrogate's floor of 16 runs ``auto``'s two-fidelity surrogate given as an
-object whose floor is 8 (this benchmark's ``Floor8Lasso``; the command line refuses it).
+of ``--ours`` (``K = 0``: the default proxy budget, :func:`~coalescence.attribution.estimators.proxy.default_proxy_budget`)
+and seeds ``d < --wall-draws``. With the proxy game played the surrogate takes 8 exact coalitions
+(``TWO_FIDELITY_MIN_BUDGET``; 16 on exact rows alone).
 
 **Quality over independent draws** (``--draws``): the LDS, the Spearman correlation of ``sum_{i in
 S} phi_i`` with the exact v(S) over the game's 32 held-out keep-half coalitions (``long_games.held_out``),
@@ -23,7 +23,8 @@ and drop@3, ``v(N) - v(N minus the top 3 players)`` in nats, for each tool's att
 solver on ``--cc-budget`` ablations drawn at random (seed ``1000 + draw``) from its 256 recorded ones
 (``<game>_contextcite.parquet``; its own masks are seeded, so its runs repeat). The exact utilities of
 the held-out and removal coalitions come from the game's pool (``<game>_pool.parquet``); removal
-coalitions not in it are scored with the model first and added to it.
+coalitions not in it are scored with the model first and added to it. Each draw's LDS, drop@3 and
+removed players are printed on stderr, the table on stdout.
 """
 
 from __future__ import annotations
@@ -40,23 +41,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 GAMES = ("long_design", "long_glossary", "long_unicode")
-
-
-def _floor8():
-    from dataclasses import dataclass
-
-    from coalescence.attribution.estimators.proxy import ControlVariateLasso
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Floor8Lasso(ControlVariateLasso):
-        """``auto``'s two-fidelity surrogate (``ControlVariateLasso(holdout=0, cv_rule="min")``) with
-        the budget floor lowered to 8, for this benchmark only: the command line's floor is 16
-        (``lasso.MIN_BUDGET``), checked before the engine knows whether the proxy is played."""
-
-        def min_budget(self, n_players: int) -> int:
-            return min(8, 1 << n_players)
-
-    return Floor8Lasso
 
 
 def top_removed(values: np.ndarray, k: int = 3) -> np.ndarray:
@@ -88,9 +72,6 @@ def race(name: str, cc_budget: int, ours: list[tuple[int, int]], draws: int, wal
     from coalescence import Explainer
     from long_games import Pool, Scorer, contextcite_citer, held_out, load_game
 
-    from coalescence.attribution.estimators.lasso import MIN_BUDGET
-
-    Floor8Lasso = _floor8()
     game = load_game(name)
     pool = Pool.open(game)
     held = held_out(game.n)
@@ -118,11 +99,7 @@ def race(name: str, cc_budget: int, ours: list[tuple[int, int]], draws: int, wal
         for d in range(draws):
             clear()
             t0 = time.perf_counter()
-            if m < MIN_BUDGET:  # below the surrogate's floor: auto's two-fidelity form given as an object
-                method = Floor8Lasso(budget=m, seed=d, holdout=0.0, cv_rule="min", proxy_budget=k or None)
-                explanation = ex.explain(str(game.path), unit="sentence", method=method, progress=False)
-            else:
-                explanation = ex.explain(str(game.path), unit="sentence", budget=m, proxy_budget=k or None, seed=d, progress=False)
+            explanation = ex.explain(str(game.path), unit="sentence", budget=m, proxy_budget=k or None, seed=d, progress=False)
             wall = time.perf_counter() - t0
             values = np.asarray(explanation.values, dtype=np.float64)
             method = explanation.estimate.method
@@ -142,6 +119,10 @@ def race(name: str, cc_budget: int, ours: list[tuple[int, int]], draws: int, wal
         r["game"] = name
         r["lds"] = float(spearmanr(held.astype(float) @ r["values"], held_u).statistic)
         r["drop3"] = float(v_full - pool.lookup(row[None])[0][0])
+        if r["draw"] >= 0:
+            top = ",".join(str(int(i)) for i in np.flatnonzero(~row))
+            print(f"  {name} {r['tool']} m={r['m']} K={r['k']} draw {r['draw']}: LDS {r['lds']:.3f}, drop@3 {r['drop3']:.2f} "
+                  f"(players {top} removed)", file=sys.stderr, flush=True)
     return rows
 
 
@@ -174,7 +155,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--games", default=",".join(GAMES))
     ap.add_argument("--cc-budget", type=int, default=64)
-    ap.add_argument("--ours", default="16:0", help="exact budget:proxy budget pairs of coalescence's runs (0: the default proxy budget)")
+    ap.add_argument("--ours", default="8:0", help="exact budget:proxy budget pairs of coalescence's runs (0: the default proxy budget)")
     ap.add_argument("--draws", type=int, default=10)
     ap.add_argument("--wall-draws", type=int, default=3, help="how many of our draws count in the wall-time median")
     ap.add_argument("--batch-size", type=int, default=16)

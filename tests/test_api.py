@@ -222,6 +222,7 @@ async def test_the_blocking_call_works_inside_a_running_event_loop(chat, tiny_mo
         ({"threads_per_worker": 2}, "threads_per_worker"),
         ({"workers": 2, "gpus_per_worker": 1}, "gpus_per_worker"),
         ({"ray_address": " "}, "ray_address"),
+        ({"dtype": "float8"}, "dtype"),
     ],
 )
 def test_an_explainer_refuses_bad_ray_settings_naming_the_field_before_loading(tiny_model_dir, monkeypatch, options, field):

@@ -28,7 +28,7 @@ def test_archive_and_its_document_give_one_evaluation(compare_run, tmp_path):
     doc = json.loads((compare_run / "exact.json").read_text())
     phi = np.array([p["value"] for p in doc["players"]])
     n = len(phi)
-    held = np.random.default_rng([0, 0]).random((32, n)) < 0.5
+    held = np.random.default_rng([0, 0x68656C64]).random((32, n)) < 0.5
     table = read_rows(compare_run / "run")
     by_mask = {tuple(np.unpackbits(np.frombuffer(m, dtype=np.uint8), bitorder="little")[:n].astype(bool)): u
                for m, u in zip(table["mask"].to_pylist(), table["utility"].to_pylist(), strict=True)}  # fmt: skip

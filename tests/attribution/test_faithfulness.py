@@ -44,3 +44,20 @@ def test_removal_drops_of_an_additive_game_are_its_weights():
         assert d.random.estimate == pytest.approx(mean, abs=1e-12)
         assert d.difference.estimate == pytest.approx(top - mean, abs=1e-12)
         assert d.difference.low == pytest.approx(top - d.random.high, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_held_out_coalitions_are_none_of_the_plans_own(seed):
+    """The held-out coalitions of seed s are fresh against every sampling plan of seed s (a LASSO
+    run's keep-half plan, banzhaf's, KernelSHAP's): on 20 players (2^20 coalitions) 32 independent
+    draws meet a plan of 128 by chance with probability ~0.004, and the plans' own stream gave them
+    all (numpy's SeedSequence pads [s, 0] to s)."""
+    from coalescence.attribution.estimators import make_estimator
+    from coalescence.attribution.faithfulness import held_out_coalitions
+
+    n = 20
+    held = {row.tobytes() for row in held_out_coalitions(n, 32, seed)}
+    assert len(held) == 32
+    for method in ("lasso", "banzhaf", "kernelshap"):
+        plan = {np.asarray(row, dtype=bool).tobytes() for row in make_estimator(method, budget=128, seed=seed).plan(n)}
+        assert not held & plan, method

@@ -201,6 +201,25 @@ BAD_SETTINGS = [
         id="budget-below-minimum",
     ),
     pytest.param(["--method", "exact", "--budget", "50"], "--budget", "permutation", id="budget-with-exact"),
+    pytest.param(
+        ["--unit", "sentence", "--method", "lasso", "--budget", "8", "--proxy-game", "none"],
+        "--budget",
+        "minimum of 16 for the LASSO surrogate with 4 players on exact rows alone (8 where the proxy game is played "
+        "with it); raise the budget (the proxy game is not played here: the proxy game is off",
+        id="budget-8-without-the-proxy-game",
+    ),
+    pytest.param(
+        ["--unit", "sentence", "--method", "lasso", "--budget", "8", "--absence-policy", "placeholder"],
+        "--budget",
+        "the proxy game is defined for the drop policy only",
+        id="budget-8-with-placeholders",
+    ),
+    pytest.param(
+        ["--unit", "sentence", "--method", "lasso", "--budget", "7"],
+        "--budget",
+        "minimum of 8 for the LASSO surrogate with 4 players with the proxy game as its control variate",
+        id="budget-below-the-two-fidelity-floor",
+    ),
     pytest.param(["--placeholder", "[gone]"], "--placeholder", "--absence-policy placeholder", id="placeholder-with-drop"),
     pytest.param(["--method", "loo", "--budget", "50"], "--budget", "permutation", id="budget-with-loo"),
 ]
@@ -556,12 +575,15 @@ def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_m
         assert "lds" in doc["diagnostics"] and "diagnostics:" in stdout
 
 
-@pytest.mark.parametrize(("budget", "chosen", "method"), [(40, "lasso", "lasso"), (100, "regression-msr", "proxy-shapley-shrunk")])
+@pytest.mark.parametrize(
+    ("budget", "chosen", "method"), [(8, "lasso", "lasso"), (40, "lasso", "lasso"), (100, "regression-msr", "proxy-shapley-shrunk")]
+)
 def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen: str, method: str, tmp_path: Path, tiny_model_dir: Path) -> None:
     # 18 sentence players (the system prompt and 17 user sentences): auto takes the sparse surrogate
     # below 5 evaluations per player (90) and regression-msr from there (its docstring's rule); the
     # transformers backend plays the proxy game, so each runs in its two-fidelity form (proxy-shapley
-    # is regression-msr with the proxy as a control variate; auto runs its shrunk form)
+    # is regression-msr with the proxy as a control variate; auto runs its shrunk form), the
+    # surrogate down to 8 exact coalitions (16 on exact rows alone)
     conversation = {"messages": [CONVERSATION["messages"][0], {"role": "user", "content": SEVENTEEN}, CONVERSATION["messages"][2]]}
     code, stdout, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "auto", "--budget", str(budget), conversation=conversation)
     assert code == 0, stderr
@@ -573,6 +595,8 @@ def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen:
     assert any(note.startswith(said) for note in doc["notes"])
     assert said in stdout and doc["proxy"]["game"] == "kv-proxy-compact:after-last-player"
     assert 2 <= doc["n_evaluations"] <= budget
+    if budget == 8:
+        assert doc["n_evaluations"] == 8 and doc["diagnostics"]["proxy_used"] == 1.0
     # a replay with no model fits the same method from the archive
     code, out, err = run_cli(["replay", str(run_dir), "--method", "auto", "--out", str(tmp_path / "replayed.json")])
     assert code == 0, err

@@ -67,7 +67,7 @@ class Recording:
     name: ClassVar[str] = "recording"
     seen: list = None  # type: ignore[assignment]
 
-    def validate(self, n_players: int) -> None:
+    def validate(self, n_players: int, *, proxy: bool = False) -> None:
         ExactShapley().validate(n_players)
 
     def plan(self, n_players: int):
@@ -170,6 +170,43 @@ async def test_no_proxy_game_where_it_is_not_defined_says_why(chatml_tokenizer, 
         assert len(notes) == 1 and expected in notes[0]
 
 
+LONG = (
+    "The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It was designed by the "
+    "engineering company of Gustave Eiffel. Big Ben, the great bell of the clock at Westminster, "
+    "was finished in 1859. The Colosseum in Rome was opened in the year 80 under the emperor Titus. "
+    "The Statue of Liberty was dedicated in New York harbour in 1886. The Sydney Opera House was "
+    "opened by the Queen in 1973."
+)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("plays", [True, False], ids=["proxy", "no-proxy"])
+async def test_the_surrogate_runs_on_8_exact_coalitions_only_where_the_proxy_game_is_played(chatml_tokenizer, plays, anyio_backend):
+    """``lasso`` at 8 exact coalitions: with the proxy game played it runs (8 exact rows, its
+    proxy rows apart); where the backend cannot play it, refused before any model call, saying
+    why and what the floor is without it."""
+    from coalescence.attribution.estimators.proxy import ControlVariateLasso
+    from coalescence.errors import ConfigError
+
+    snap = snapshot_of(LONG, "When was the tower completed?")
+    assert snap.n_players == 8  # 2^8 coalitions: the exact-only floor is 16
+    backend = FakeBackend(chatml_tokenizer, supports_proxy=plays)
+    engine = Engine(backend, batch_size=8, proxy_game="after-last-player")
+    est = ControlVariateLasso(budget=8, seed=0, holdout=0.0, proxy_budget=40)
+    if plays:
+        explanation = await engine.explain(snap, est, DropPolicy())
+        assert explanation.n_evaluations == 8 and explanation.proxy["game"] == GAME
+        assert explanation.proxy["coalitions"] >= 40 and explanation.estimate.diagnostics["proxy_used"] == 1.0
+    else:
+        with pytest.raises(ConfigError) as caught:
+            await engine.explain(snap, est, DropPolicy())
+        message = caught.value.message
+        assert caught.value.field == "budget" and "minimum of 16" in message and "8 where the proxy game is played" in message
+        assert "FakeBackend cannot score the shared-KV proxy game" in message
+        assert backend.calls == []
+    engine.close()
+
+
 def test_proxy_and_exact_keys_differ_and_exact_keys_are_unchanged(chatml_tokenizer):
     from coalescence.engine import key_for
     from coalescence.masking.codec import PackedMask
@@ -202,14 +239,7 @@ async def test_proxy_rows_of_a_long_conversation_go_out_in_few_full_batches(chat
     """Proxy rows are counted by their tails (their shared KV once per call), so a call of a
     conversation near the buckets' top takes a full batch, not the two rows its whole length
     allows; the values are those of the rows scored one by one."""
-    snap = snapshot_of(
-        "The Eiffel Tower was completed in 1889 for the World's Fair in Paris. It was designed by the "
-        "engineering company of Gustave Eiffel. Big Ben, the great bell of the clock at Westminster, "
-        "was finished in 1859. The Colosseum in Rome was opened in the year 80 under the emperor Titus. "
-        "The Statue of Liberty was dedicated in New York harbour in 1886. The Sydney Opera House was "
-        "opened by the Queen in 1973.",
-        "When was the tower completed?",
-    )
+    snap = snapshot_of(LONG, "When was the tower completed?")
     n = snap.n_players
     buckets = LengthBuckets(ceilings=(16, 64, 512), padded_token_budget=1024, max_tokens=512)
     backend = CountingHF(build_model(chatml_tokenizer, seed=3), chatml_tokenizer, model_id="tiny")

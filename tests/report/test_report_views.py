@@ -372,3 +372,26 @@ def test_the_proxy_line_says_when_the_proxy_rows_were_not_used() -> None:
     assert proxy_line(proxy).endswith("; a control variate only: the values are the exact game's")
     assert proxy_line(proxy, used=False).endswith("; not used: the values are of the exact rows alone")
     assert "r = 0.900, Spearman 0.800 over 4 coalitions" in proxy_line(proxy, used=False)
+
+
+def test_the_page_states_the_proxy_game_as_the_printout_does(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A two-fidelity run (lasso at 8 exact coalitions with the proxy game): the page's facts carry
+    the printout's proxy line, its counts and agreement taken from the document."""
+    from coalescence.report.formatter import proxy_line
+
+    run = explain(tmp_path / "two", tiny_model_dir, CONVERSATION, "--unit", "sentence", "--method", "lasso", "--budget", "8")
+    assert run.code == 0, run.stderr
+    proxy = run.doc["proxy"]
+    assert proxy["game"] == "kv-proxy-compact:after-last-player" and proxy["coalitions"] >= 8
+    line = proxy_line(proxy)
+    assert line in run.stdout
+    page = html.unescape(run.html.read_text(encoding="utf-8"))
+    assert "proxy game" in page and line in page
+    # the diagnostics' counts as whole numbers on both, the LDS nothing was held out for as n/a
+    d = run.doc["diagnostics"]
+    count = d["proxy_evaluations"]
+    assert count == int(count) >= 8
+    assert d["lds"] is None or d["lds"] != d["lds"]  # NaN, or null in JSON
+    for text in (page, run.stdout):
+        assert f"proxy_evaluations = {int(count)}," in text.replace("   ", ", ") and f"{int(count)}.0" not in text
+        assert "lds = n/a" in text and "n_train = 8" in text

@@ -52,8 +52,9 @@ class BackendSettings:
             among the workers there).
 
     Raises:
-        ConfigError: server or Ray settings that cannot work (:func:`check_server_settings`,
-            :func:`check_ray_settings`, naming the field), before anything loads.
+        ConfigError: an unknown dtype (``field="dtype"``), or server or Ray settings that cannot
+            work (:func:`check_server_settings`, :func:`check_ray_settings`, naming the field),
+            before anything loads.
     """
 
     model: str | None = None
@@ -68,6 +69,9 @@ class BackendSettings:
     threads_per_worker: int | None = None
 
     def __post_init__(self) -> None:
+        from ..backends.base import check_dtype
+
+        check_dtype(self.dtype)  # before anything loads torch
         check_server_settings(self)
         check_ray_settings(self)
 

@@ -113,10 +113,10 @@ class Comparison:
         return render_comparison(self.to_dict(), scale=scale)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: players, unit, top_k and one record per column."""
+        """JSON-ready: players, value_unit (the values' unit), top_k and one record per column."""
         return {
             "players": [{"label": label, "text": text} for label, text in zip(self.labels, self.texts, strict=True)],
-            "unit": self.unit,
+            "value_unit": self.unit,  # as an explanation document names it
             "top_k": self.top_k,
             "columns": [
                 {

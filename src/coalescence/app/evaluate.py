@@ -75,7 +75,7 @@ class Faithfulness:
         return {
             "method": self.method,
             "snapshot_id": self.snapshot_id,
-            "unit": self.unit,
+            "value_unit": self.unit,  # as an explanation document names it ("unit" there is the players')
             "n_players": self.n_players,
             "coalitions": self.coalitions,
             "lds": self.lds.to_dict(),

@@ -123,7 +123,7 @@ class ExplainRun:
                     "unit, or method regression-msr with a budget, or method loo",
                     field="method",
                 )
-            self.validate_game(n_players)
+            self.validate_game(n_players, refused=self.proxy_refusal())
         self.check_outputs()
         if isinstance(s.archive, (str, Path)):
             self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
@@ -138,14 +138,40 @@ class ExplainRun:
         """The most players an input may have (the method's limit, e.g. exact: 16), or ``None``."""
         return self.settings.capabilities.max_players
 
-    def validate_game(self, n_players: int) -> None:
-        """Refuse a game of ``n_players`` the run's estimator cannot play (before any model call).
+    def proxy_refusal(self) -> str | None:
+        """Why this run plays no proxy game, as far as the settings, the inputs and a given backend
+        tell before the weights load, or ``None`` where it may (the engine then decides per
+        conversation: :meth:`~coalescence.engine.Engine.proxy_refusal`)."""
+        from ..engine.proxy import proxy_refusal
+
+        s = self.settings
+        if not s.capabilities.two_fidelity:
+            return f"method {s.method_name} fits the exact game alone"
+        backend = s.backend_settings()
+        if self.backend is None and (backend.distributed or backend.backend_name in ("vllm", "vllm-server")):
+            where = "Ray workers" if backend.distributed else f"backend {backend.backend_name}"
+            return f"{where} cannot score the shared-KV proxy game"
+        return proxy_refusal(
+            s.proxy_tail, self.backend, teacher_forced=self.utility.teacher_forced, policy_id=self.policy.id, lay_out=None
+        )
+
+    def validate_game(self, n_players: int, *, refused: str | None) -> None:
+        """Refuse a game of ``n_players`` the run's estimator cannot play (before any model call):
+        a two-fidelity method at its floor with the proxy game (``refused`` None: it may be
+        played), else at its floor on exact rows alone, saying why the proxy game is not played.
 
         Raises:
             EstimatorError, ConfigError: as the estimator's ``validate``.
         """
+        from ..engine.proxy import validate_exact_only
+
         estimator = self.settings.estimator(n_players)
-        estimator.validate(n_players)
+        if not self.settings.capabilities.two_fidelity:
+            estimator.validate(n_players)
+        elif refused is None:
+            estimator.validate(n_players, proxy=True)
+        else:
+            validate_exact_only(estimator, n_players, refused)
         if self.settings.target_stderr is not None:  # auto's choice is known once n is
             from ..attribution.estimators.base import for_target_stderr
 
@@ -237,7 +263,7 @@ class ExplainRun:
         s = self.settings
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
-            self.validate_game(snapshot.n_players)
+            self.validate_game(snapshot.n_players, refused=self.proxy_refusal())
             if conversation.target is None:  # checked with a stand-in answer before; now with the real one
                 on_line(k, self.is_batch, check_input_game, self, self.engine.renderer, snapshot.conversation, unit)
             self.snapshots.append(snapshot)
@@ -245,6 +271,8 @@ class ExplainRun:
                 self.fines.append(fine_snapshot(snapshot, s.hierarchy[1]))
         for k, snap in enumerate(self.snapshots):
             on_line(k, self.is_batch, self.engine.resolved_utility, snap, self.policy)
+            if s.capabilities.two_fidelity and self.proxy_refusal() is None:  # the engine's word on the proxy game
+                self.validate_game(snap.n_players, refused=self.engine.proxy_refusal(snap, self.policy))
         for snap in self.recorded:
             self.engine.resolved_utility(snap, self.policy)
 

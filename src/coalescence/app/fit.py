@@ -159,7 +159,8 @@ class ArchiveFit:
         executed = (self.run.get("statistics") or {}).get("executed")
         run_note = f"replayed from run {self.run['run_id']} of the archive: no model call"
         if isinstance(executed, int) and not isinstance(executed, bool):
-            run_note += f"; the run evaluated {executed} coalitions with the model"
+            both = " (its exact and proxy rows together)" if recorded_proxy(self.run) is not None else ""
+            run_note += f"; the run evaluated {executed} coalitions with the model{both}"
         return (*notes, run_note)
 
     def explain(
@@ -173,7 +174,7 @@ class ArchiveFit:
         """
         t0 = time.perf_counter()
         estimator = self.estimator(method, budget, seed, interactions=interactions, index=index)
-        estimator.validate(snap.n_players)
+        self.validate(estimator, snap.n_players)
         resolved = self.resolved(snap)
         masks, utilities = self.pool(snap, estimator.plan(snap.n_players), resolved, method)
         n = snap.n_players
@@ -192,6 +193,23 @@ class ArchiveFit:
             proxy = {"proxy_budget": recorded[1]}
         return make_estimator(method, budget=budget, seed=seed, interactions=interactions, index=index, **proxy)
 
+    def validate(self, estimator: Any, n_players: int) -> None:
+        """``estimator.validate`` for a fit from this archive: a two-fidelity estimator at its floor
+        with the proxy game where the run played it (whether the archive holds its rows is known
+        when fitted: :meth:`fit_two_fidelity`), else at its floor on exact rows alone.
+
+        Raises:
+            EstimatorError, ConfigError: as the estimator's ``validate``.
+        """
+        from ..engine.proxy import validate_exact_only
+
+        if not estimator.capabilities.two_fidelity:
+            estimator.validate(n_players)
+        elif recorded_proxy(self.run) is None:
+            validate_exact_only(estimator, n_players, "the run played none")
+        else:
+            estimator.validate(n_players, proxy=True)
+
     def fit_two_fidelity(
         self, snap: Any, estimator: Any, masks: np.ndarray, utilities: np.ndarray, resolved: Any
     ) -> tuple[Any, dict[str, Any] | None]:
@@ -209,8 +227,12 @@ class ArchiveFit:
             self.store, snap, self.policy, self.run["model"], rows, utility=resolved, measurements=self.measurements, game=game
         )
         if missing:
+            from ..engine.proxy import validate_exact_only
+
+            why = f"the archive lacks {missing} of the {game} coalitions this plan uses"
+            validate_exact_only(estimator, snap.n_players, why)
             estimate = estimator.fit(masks, utilities)
-            note = f"exact rows only: the archive lacks {missing} of the {game} coalitions this plan uses"
+            note = f"exact rows only: {why}"
             return replace(estimate, notes=(*estimate.notes, note)), None
         estimate = estimator.fit_two_fidelity(masks, utilities, pmasks, putilities)
         return estimate, {"game": game, "coalitions": len(pmasks), "evaluations": 0} | proxy_agreement(masks, utilities, pmasks, putilities)

@@ -260,7 +260,8 @@ class EstimatorSettings(SettingsGroup):
         None,
         type=positive_int,
         help="sampling methods (permutation, kernelshap, regression-msr, banzhaf, lasso, shapiq:NAME): the most distinct "
-        "model evaluations (default: 32 x players)",
+        "model evaluations (default: 32 x players); with the proxy game, exact ones (lasso and auto's surrogate take 8 "
+        "with it, 16 without)",
     )
     seed: int | None = option(0, type=seed_type, help="seed of the sampling plan (default: %(default)s)")
     interactions: int | None = option(None, type=positive_int, metavar="ORDER", help=INTERACTIONS_HELP)
@@ -285,7 +286,7 @@ class EstimatorSettings(SettingsGroup):
         None,
         type=positive_int,
         help="two-fidelity methods: distinct proxy coalitions, besides the exact ones (default: 16 x --budget, at least "
-        "16 per player, at most 2^n; docs/proxy.md)",
+        "4 per player, at most 2^n; docs/proxy.md)",
     )
 
 

@@ -18,7 +18,7 @@ from .fit import ArchiveFit, select_run
 from .outputs import output_path, refuse_overwrite
 from .backend import load_model
 from .record import check_backend, recorded_now
-from .record import recorded_proxy
+from .record import recorded_proxy, recorded_run_config
 from .settings import ReplaySettings
 
 __all__ = (
@@ -117,7 +117,7 @@ class ReplayRun:
                 order, index = s.interactions_for(method, run)
                 budget = s.budget_for(snap.n_players, method, run)
                 estimator = self.fit_.estimator(method, budget, s.seed_for(run), interactions=order, index=index)
-                estimator.validate(snap.n_players)
+                self.fit_.validate(estimator, snap.n_players)
                 self.jobs.append((snap, estimator))
         self.missing = [
             self.fit_.missing(snap, e.plan(snap.n_players)) if snap.snapshot_id in self.aligned else 1 for snap, e in self.jobs
@@ -137,10 +137,17 @@ class ReplayRun:
         if self.needs_model:
             k = next(i for i, m in enumerate(self.missing) if m)
             snap, estimator = self.jobs[k]
+            budget = getattr(estimator, "budget", None)
+            config = recorded_run_config(self.run)
+            own, own_budget = config.get("method"), config.get("budget")
+            held = ""
+            if isinstance(own, str) and own != estimator.name:  # another method's plan: the run's own is held
+                held = f", or replay the run's own method (--method {own}" + (f" --budget {own_budget}" if isinstance(own_budget, int) else "") + "), whose coalitions it holds"
             raise EstimatorError(
-                f"the archive lacks {self.missing[k]} of the coalitions {estimator.name} plans for snapshot "
-                f"{snap.snapshot_id[:12]} under utility {self.utility.kind}; pass --model {self.run['model']['id']} "
-                "to evaluate them",
+                f"the archive lacks {self.missing[k]} of the coalitions {estimator.name} plans"
+                + (f" at budget {budget}" if isinstance(budget, int) else "")
+                + f" for snapshot {snap.snapshot_id[:12]} under utility {self.utility.kind}; pass --model "
+                f"{self.run['model']['id']} to evaluate them{held}",
                 field="method",
             )
         return [

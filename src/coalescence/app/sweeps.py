@@ -367,7 +367,7 @@ class SweepRun(ExplainRun):
         """No limit: a method's limit (exact: 16) makes a recorded skip."""
         return None
 
-    def validate_game(self, n_players: int) -> None:
+    def validate_game(self, n_players: int, *, refused: str | None) -> None:
         """Nothing is refused: a cell whose estimator refuses the game is a recorded skip."""
 
     def estimators(self, n_players: int) -> list[tuple[Cell, Any, str | None]]:

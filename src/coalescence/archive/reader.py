@@ -414,8 +414,8 @@ def format_archive_info(info: Mapping[str, Any]) -> str:
         lines.append(f"skipped         {len(info['skipped_parts'])} damaged parts: {', '.join(info['skipped_parts'])}")
     if info["quarantined_parts"]:
         lines.append(f"quarantined     {len(info['quarantined_parts'])} parts in quarantine/: {', '.join(info['quarantined_parts'])}")
-    lines.append(f"cache-hit rate  {info['cache_hit_rate']:.3f}")
-    lines.append(f"tokens          {info['tokens_computed']} computed, {info['tokens_reused']} reused")
+    lines.append(f"cache-hit rate  {info['cache_hit_rate']:.3f} of the rows served with no model call (the result store)")
+    lines.append(f"tokens          {info['tokens_computed']} computed, {info['tokens_reused']} read from a prefix's cached KV")
     lines.append(f"model time      {info['model_seconds']:.1f} s")
     lines.append(f"writes          first {info['first_write']}, last {info['last_write']}")
     return "\n".join(lines)

@@ -15,7 +15,10 @@ percentile-bootstrap intervals (numerics only: the game's values are given, by t
 
 Every coalition and resample is deterministic given the seed (``numpy.random.default_rng`` of
 ``[seed, stream, ...]``, one stream per use), so that the held-out coalitions of a game depend only
-on its player count, their number and the seed.
+on its player count, their number and the seed. No stream is 0: ``SeedSequence`` pads its entropy
+with zeros, so ``[seed, 0]`` is the stream of ``seed`` alone, the one the estimators' plans draw
+from (:func:`~.estimators.banzhaf.uniform_plan`): held out that way, the coalitions of a LASSO
+run's plan would come back as its "fresh" ones.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 __all__ = (
     "CONFIDENCE",
     "DROP_KS",
+    "HELD_OUT_STREAM",
     "RESAMPLES",
     "Drop",
     "Interval",
@@ -92,10 +96,15 @@ class Drop:
         return {"k": self.k, "removed": list(self.removed), "top": _finite(self.top), "random": self.random.to_dict(), "difference": self.difference.to_dict()}
 
 
+HELD_OUT_STREAM = 0x68656C64
+"""The held-out coalitions' random stream (``b"held"``; module docs: never 0)."""
+
+
 def held_out_coalitions(n_players: int, count: int, seed: int) -> np.ndarray:
     """``[count, n_players]`` bool: each player present with probability 1/2, independently
-    (``numpy.random.default_rng([seed, 0])``); repeats are possible and kept."""
-    rng = np.random.default_rng([seed, 0])
+    (``numpy.random.default_rng([seed, HELD_OUT_STREAM])``, a stream apart from every plan's);
+    repeats are possible and kept."""
+    rng = np.random.default_rng([seed, HELD_OUT_STREAM])
     return rng.random((count, n_players)) < 0.5
 
 

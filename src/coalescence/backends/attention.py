@@ -147,7 +147,7 @@ def prefix_split_attention(
         keys = key[:, :, :P].float()  # [1, H_kv, P, d]
         half = d // 2
         turned = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
-        rk = torch.addcmul(keys * cos[:, None], turned, sin[:, None]).to(key.dtype)  # [R, H_kv, P, d]
+        rk = (keys * cos[:, None]).addcmul_(turned, sin[:, None]).to(key.dtype)  # [R, H_kv, P, d], in place
         rv = value[:, :, :P].expand(r, -1, -1, -1)  # [R, H_kv, P, d], a view
         q = query.reshape(h_kv, n_rep, r, t, d).permute(2, 0, 1, 3, 4).reshape(r, h_kv, n_rep * t, d)
         pm = attention_mask[0, 0, :, :P].reshape(r, 1, t, P).repeat(1, 1, n_rep, 1)  # [R, 1, n_rep * T, P]

@@ -48,7 +48,7 @@ from .hydrate import fill_measurements, fill_store
 from .keys import game_utility, key_for, model_identity
 from .lanes import LanePipelines, default_buckets
 from .notes import template_notes, utility_detail
-from .proxy import proxy_agreement, proxy_game_name, proxy_refusal
+from .proxy import proxy_agreement, proxy_game_name, proxy_refusal, validate_exact_only
 from .rounds import sample_until
 from .targets import check_room, generated_target
 
@@ -445,10 +445,15 @@ class Engine:
         """
         t0 = time.perf_counter()
         n = snapshot.n_players
-        estimator.validate(n)
-        self.resolved_utility(snapshot, policy)
         two = estimator.capabilities.two_fidelity
+        if two:  # the floor with the proxy game; the exact-only one below where it is not played
+            estimator.validate(n, proxy=True)
+        else:
+            estimator.validate(n)
+        self.resolved_utility(snapshot, policy)
         refused = self.proxy_refusal(snapshot, policy) if two else None
+        if refused is not None:  # exact rows alone: the floor without the proxy game, and why
+            validate_exact_only(estimator, n, refused)
         with counting_evaluations() as executed:
             masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
             if not two or refused is not None:

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import ConfigError, InputError, TemplateRefused
 from ..masking.codec import PackedMask
 
-__all__ = ("PROXY_GAME", "proxy_agreement", "proxy_game_name", "proxy_refusal")
+__all__ = ("PROXY_GAME", "proxy_agreement", "proxy_game_name", "proxy_refusal", "validate_exact_only")
 
 
 PROXY_GAME = "kv-proxy-compact"
@@ -54,7 +54,7 @@ def proxy_agreement(
 
 
 def proxy_refusal(
-    tail: str | None, backend: Any, *, teacher_forced: bool, policy_id: str, lay_out: Callable[[], object]
+    tail: str | None, backend: Any, *, teacher_forced: bool, policy_id: str, lay_out: Callable[[], object] | None
 ) -> str | None:
     """Why the proxy game with tail rule ``tail`` is not played, as a sentence, or ``None`` when it is.
 
@@ -66,22 +66,40 @@ def proxy_refusal(
 
     Args:
         tail: the engine's tail rule (``None``: the proxy game is off).
-        backend: the scoring backend (its ``supports_proxy``).
+        backend: the scoring backend (its ``supports_proxy``), or None before one is loaded (not
+            asked then).
         teacher_forced: whether the resolved utility scores a fixed answer.
         policy_id: the absence policy's id.
         lay_out: makes the conversation's proxy layout; raises ConfigError, InputError or
-            TemplateRefused where it cannot.
+            TemplateRefused where it cannot; None before the conversation is rendered (not asked).
     """
     if tail is None:
         return "the proxy game is off (proxy_game none)"
-    if not backend.supports_proxy:
+    if backend is not None and not backend.supports_proxy:
         return f"backend {type(backend).__name__} cannot score the shared-KV proxy game"
     if not teacher_forced:
         return "the utility generates a new answer per coalition, which the proxy game does not score"
     if policy_id != "drop":
         return f"the proxy game is defined for the drop policy only, not {policy_id}"
     try:
-        lay_out()
+        if lay_out is not None:
+            lay_out()
     except (ConfigError, InputError, TemplateRefused) as exc:  # e.g. a player owning the first token
         return f"the proxy game cannot lay out this conversation ({exc})"
     return None
+
+
+def validate_exact_only(estimator: Any, n_players: int, refused: str) -> None:
+    """A two-fidelity ``estimator``'s ``validate(n_players, proxy=False)`` for a run that fits the
+    exact rows alone because the proxy game is not played, the reason (``refused``, from
+    :func:`proxy_refusal`) added to a refusal.
+
+    Raises:
+        ConfigError: the budget is below the exact-only floor (e.g. 8 exact coalitions for the
+            surrogate, whose floor is 16 without the proxy game), naming ``refused``.
+        EstimatorError: as ``validate``.
+    """
+    try:
+        estimator.validate(n_players, proxy=False)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc.message} (the proxy game is not played here: {refused})", field=exc.field) from None

@@ -70,7 +70,7 @@ def render_comparison(comparison: Mapping[str, Any], *, scale: str = "robust", t
 
     players = comparison["players"]
     columns = comparison["columns"]
-    unit = str(comparison.get("unit") or "nats")
+    unit = str(comparison.get("value_unit") or "nats")
     labels = [_short_label(p["label"], p["text"]) for p in players]
     order = ranked_order(columns[0]["values"])
     colour = DivergingScale.for_values([v for c in columns for v in c["values"]], scale)

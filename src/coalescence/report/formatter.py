@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..attribution.explanation import _num, _optional
 from ..attribution.interactions import EFFICIENT_INDICES
 from ..attribution.estimators.registry import is_exact
+from .views import diagnostic_value, proxy_line
 
 if TYPE_CHECKING:
     from ..attribution.explanation import Explanation
@@ -44,32 +45,6 @@ def _bar_label(player: Any, n: int = 28) -> str:
     if len(text) > n:
         text = text[: n - 1] + "\u2026"
     return f"{player.label} {text}"
-
-
-def proxy_line(proxy: Any, *, used: bool = True) -> str:
-    """The table's line on a two-fidelity fit's proxy game (an explanation's ``proxy`` field, where
-    it has one): the rows of each game and how well they agree.
-
-    Args:
-        proxy: ``{"game", "coalitions", "evaluations", "shared", "pearson", "spearman"}``.
-        used: False where the estimator computed the proxy rows but fitted the exact rows alone
-            (its ``diagnostics["proxy_used"]`` is 0, e.g. the control-variate LASSO on a game of
-            a few coalitions): the line says so instead of "a control variate".
-
-    Returns:
-        One line.
-    """
-    r, rho = proxy.get("pearson"), proxy.get("spearman")
-    agreement = (
-        f"correlation with the exact rows r = {r:.3f}, Spearman {rho:.3f} over {proxy.get('shared', 0)} coalitions"
-        if r is not None and rho is not None
-        else f"no correlation with the exact rows defined over {proxy.get('shared', 0)} coalitions"
-    )
-    return (
-        f"proxy game {proxy['game']}: {proxy['coalitions']} coalitions ({proxy.get('evaluations', 0)} computed in this "
-        f"session), {agreement}; "
-        + ("a control variate only: the values are the exact game's" if used else "not used: the values are of the exact rows alone")
-    )
 
 
 def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
@@ -133,7 +108,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
         + (f" ({rel:.2g} of |v(full) - v(empty)|)" if math.isfinite(rel) else " (v(full) = v(empty))"),
         f"model evaluations = {explanation.n_evaluations} (coalitions used: {est.n_evaluations})   "
         f"wall time = {explanation.wall_seconds:.1f} s"
-        + (f"   ({rate:.1f} evaluations/s)" if math.isfinite(rate) else "   (no model evaluations in this session)"),
+        + (f"   ({rate:.2g} evaluations/s)" if math.isfinite(rate) else "   (no model evaluations in this session)"),
     ]
     proxy = explanation.proxy  # a two-fidelity fit's proxy game
     if proxy is not None:
@@ -151,7 +126,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
             worst += f"; {st['unknown_stderr']} standard errors unknown (too few samples to say)"
         lines.append(f"stopped after {st['rounds']} round{'' if st['rounds'] == 1 else 's'}: {what}{worst}")
     if est.diagnostics:
-        lines.append("diagnostics: " + "   ".join(f"{k} = {v:.4g}" for k, v in est.diagnostics.items()))
+        lines.append("diagnostics: " + "   ".join(f"{k} = {diagnostic_value(v)}" for k, v in est.diagnostics.items()))
     if est.interactions:
         top = explanation.top_interactions(5)
         order = max(len(p) for p, _ in est.interactions)

@@ -18,7 +18,7 @@ from .chart import BarChart, bar_chart_svg
 from .colors import DivergingScale, neutral_color
 from .heatmap import TIMES, heatmap_svg, pair_terms
 
-__all__ = ("explanation_chart", "explanation_view", "rank_ranges")
+__all__ = ("diagnostic_value", "explanation_chart", "explanation_view", "proxy_line", "rank_ranges")
 
 
 def _fmt(x: Any, *, sign: bool = False) -> str:
@@ -29,6 +29,16 @@ def _fmt(x: Any, *, sign: bool = False) -> str:
     if x != 0 and abs(x) < 1e-3:
         return f"{x:+.3e}" if sign else f"{x:.3e}"
     return f"{x:+.4f}" if sign else f"{x:.4f}"
+
+
+def diagnostic_value(x: Any) -> str:
+    """An estimate's diagnostic as the printout and the page show it: a whole number (a count:
+    ``proxy_evaluations``, ``n_train``) as an integer, any other number to 4 significant digits,
+    ``n/a`` for NaN or a missing one (e.g. ``lds`` where nothing was held out)."""
+    if x is None or isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(float(x)):
+        return "n/a"
+    x = float(x)
+    return str(int(x)) if x.is_integer() and abs(x) < 1e15 else f"{x:.4g}"
 
 
 def _exact(text: str) -> Markup:
@@ -352,6 +362,32 @@ def _interaction_view(doc: Mapping[str, Any], players: list[dict[str, Any]], uni
     }
 
 
+def proxy_line(proxy: Any, *, used: bool = True) -> str:
+    """The table's line on a two-fidelity fit's proxy game (an explanation's ``proxy`` field, where
+    it has one): the rows of each game and how well they agree.
+
+    Args:
+        proxy: ``{"game", "coalitions", "evaluations", "shared", "pearson", "spearman"}``.
+        used: False where the estimator computed the proxy rows but fitted the exact rows alone
+            (its ``diagnostics["proxy_used"]`` is 0, e.g. the control-variate LASSO on a game of
+            a few coalitions): the line says so instead of "a control variate".
+
+    Returns:
+        One line.
+    """
+    r, rho = proxy.get("pearson"), proxy.get("spearman")
+    agreement = (
+        f"correlation with the exact rows r = {r:.3f}, Spearman {rho:.3f} over {proxy.get('shared', 0)} coalitions"
+        if r is not None and rho is not None
+        else f"no correlation with the exact rows defined over {proxy.get('shared', 0)} coalitions"
+    )
+    return (
+        f"proxy game {proxy['game']}: {proxy['coalitions']} coalitions (its plan's and the exact ones, where the control "
+        f"variate needs c(S); {proxy.get('evaluations', 0)} computed in this session), {agreement}; "
+        + ("a control variate only: the values are the exact game's" if used else "not used: the values are of the exact rows alone")
+    )
+
+
 def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple[str, str]]:
     values = [p.get("value") for p in doc["players"] if p.get("value") is not None]
     v_empty, v_full, gap = doc.get("v_empty"), doc.get("v_full"), doc.get("efficiency_gap")
@@ -359,7 +395,7 @@ def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple
     detail = doc.get("utility_detail") or {}
     wall = doc.get("wall_seconds")
     evals, used = doc.get("n_evaluations"), doc.get("n_coalitions")
-    rate = f" ({evals / wall:.1f} evaluations/s)" if isinstance(evals, int) and evals and isinstance(wall, int | float) and wall > 0 else ""
+    rate = f" ({evals / wall:.2g} evaluations/s)" if isinstance(evals, int) and evals and isinstance(wall, int | float) and wall > 0 else ""
     params = doc.get("absence_params") or {}
     diagnostics = doc.get("diagnostics") or {}
     return [
@@ -378,7 +414,8 @@ def _facts(doc: Mapping[str, Any], unit: str, archive: str | None) -> list[tuple
         ("evaluations", f"{evals if evals is not None else 'n/a'} model evaluations in this run; {used if used is not None else 'n/a'} coalitions used"),
         ("wall time", (f"{wall:.1f} s" if isinstance(wall, int | float) else "n/a") + rate),
         ("stopping", _stopping(doc.get("stopping"))),
-        ("diagnostics", ", ".join(f"{k} = {_fmt(v)}" for k, v in diagnostics.items()) or "none"),
+        *([("proxy game", proxy_line(doc["proxy"], used=diagnostics.get("proxy_used", 1.0) != 0.0))] if doc.get("proxy") else []),
+        ("diagnostics", ", ".join(f"{k} = {diagnostic_value(v)}" for k, v in diagnostics.items()) or "none"),
         *_interactions(doc, unit),
         ("snapshot", str(doc.get("snapshot_id", "n/a"))),
         ("archive", str(doc.get("archive") or archive or "n/a")),

@@ -189,9 +189,10 @@ def test_a_proxy_budget_below_the_minimum_names_the_proxy_budget() -> None:
     from coalescence.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
-        ShrunkTwoFidelityShapley(budget=32, seed=0, proxy_budget=3).validate(N)
+        ShrunkTwoFidelityShapley(budget=32, seed=0, proxy_budget=3).validate(N, proxy=True)
     assert caught.value.field == "proxy_budget"
-    TwoFidelityShapley(budget=32, seed=0, proxy_budget=32).validate(N)  # at the minimum or above: fine
+    TwoFidelityShapley(budget=32, seed=0, proxy_budget=32).validate(N, proxy=True)  # at the minimum or above: fine
+    ShrunkTwoFidelityShapley(budget=32, seed=0, proxy_budget=3).validate(N)  # exact rows alone: no proxy budget applies
 
 
 def test_with_too_few_pairs_to_blend_it_is_the_unbiased_estimate_without_the_blend_note() -> None:

@@ -106,6 +106,27 @@ def test_efficiency_and_diagnostics_on_a_sampled_plan() -> None:
     assert "values are of the exact game" in estimate.notes[0]
 
 
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        TwoFidelityShapley(budget=40, seed=1, proxy_budget=5_000),
+        ShrunkTwoFidelityShapley(budget=40, seed=1, proxy_budget=5_000),
+        ControlVariateLasso(budget=24, seed=1, proxy_budget=5_000),
+    ],
+    ids=lambda e: e.name,
+)
+def test_a_proxy_budget_above_every_coalition_plays_each_once_and_says_so(estimator) -> None:
+    proxy_plan = np.array(list(estimator.proxy_plan(N)), dtype=bool)
+    assert len({row.tobytes() for row in proxy_plan}) == len(proxy_plan) == 1 << N  # 256, not 5,000
+    estimate = estimator.fit_two_fidelity(MASKS, V, MASKS, C)
+    assert estimate.diagnostics["proxy_evaluations"] == 1 << N
+    said = [note for note in estimate.notes if "5000" in note]
+    assert len(said) == 1 and "256 coalitions of 8 players" in said[0]
+    # a budget within 2^n says nothing of it
+    within = type(estimator)(budget=estimator.budget, seed=1, proxy_budget=200).fit_two_fidelity(MASKS, V, MASKS, C)
+    assert not [note for note in within.notes if "proxy budget" in note]
+
+
 def _rows(budget: int, seed: int) -> np.ndarray:
     """Row indices in MASKS of the exact plan's coalitions."""
     plan = np.array(list(TwoFidelityShapley(budget=budget, seed=seed).plan(N)))
@@ -269,17 +290,64 @@ def test_the_default_surrogate_is_the_scaled_proxy_when_the_proxy_explains_the_g
     assert estimate.diagnostics["proxy_used"] == 1.0
 
 
-def test_a_game_of_few_coalitions_says_the_proxy_rows_were_not_used() -> None:
-    """Two players: 4 coalitions, 3 of them to fit (one held out): too few for a, b and w; the
-    values are the exact LASSO surrogate's (v({1}) - v(empty) ... by hand below), the diagnostics
-    say proxy_used = 0 and the note that the proxy coalitions were not used."""
+def test_a_game_of_few_coalitions_fits_all_of_them_with_the_proxy() -> None:
+    """Two players: 4 coalitions, of which the default holdout (0.2) would keep 1 back, too few for
+    an LDS: all 4 are fitted with the proxy game as the control variate (a, b and the two w's under
+    the ridge), and a note says there is no held-out LDS."""
     masks = every_coalition(2)
     v = np.array([0.0, 1.0, 2.0, 3.5])
     c = np.array([0.1, 0.9, 2.2, 3.0])
     estimate = ControlVariateLasso(budget=4, seed=0, proxy_budget=4).fit_two_fidelity(masks, v, masks, c)
-    assert estimate.diagnostics["proxy_used"] == 0.0
-    assert any("proxy coalitions were not used" in note for note in estimate.notes)
-    np.testing.assert_allclose(estimate.values, ControlVariateLasso(budget=4, seed=0).fit(masks, v).values, atol=0)
+    assert estimate.diagnostics["proxy_used"] == 1.0
+    assert estimate.diagnostics["n_train"] == 4 and estimate.diagnostics["n_heldout"] == 0
+    assert any(note.startswith("no held-out LDS: 1 of 4 exact coalitions") for note in estimate.notes)
+
+
+def test_the_proxy_plan_holds_a_near_full_half() -> None:
+    """20 players, 8 exact coalitions: the default proxy plan of max(16 x 8, 4 x 20) = 128 distinct
+    coalitions is the keep-half plan's first 64 (the empty and full coalitions first, each player
+    kept about half the time) and 64 more that keep each player with probability 0.8; with
+    near_full_share=0 it is the proxy surrogate's keep-half plan alone, with 0.25 its first 96 and
+    32 near-full ones. Seeded: the same plan twice."""
+    n = 20
+    plan = np.array(list(ControlVariateLasso(budget=8, seed=3).proxy_plan(n)), dtype=bool)
+    assert plan.shape == (128, n) and len({row.tobytes() for row in plan}) == 128
+    assert not plan[0].any() and plan[1].all()
+    half, near = plan[2:64], plan[64:]
+    assert 0.44 < half.mean() < 0.56 and 0.76 < near.mean() < 0.84  # 1,240 and 1,280 Bernoulli draws
+    assert np.all((near.sum(axis=1) > 0) & (near.sum(axis=1) < n))
+    keep_half = np.array(list(ControlVariateLasso(budget=8, seed=3, near_full_share=0.0).proxy_plan(n)), dtype=bool)
+    assert keep_half.shape == (128, n) and np.array_equal(keep_half[:64], plan[:64]) and 0.45 < keep_half.mean() < 0.55
+    quarter = np.array(list(ControlVariateLasso(budget=8, seed=3, near_full_share=0.25).proxy_plan(n)), dtype=bool)
+    assert quarter.shape == (128, n) and np.array_equal(quarter[:96], keep_half[:96])
+    assert 0.76 < quarter[96:].mean() < 0.84  # 640 draws
+    assert np.array_equal(plan, np.array(list(ControlVariateLasso(budget=8, seed=3).proxy_plan(n)), dtype=bool))
+
+
+def test_the_near_full_share_fits_an_additive_proxy_exactly() -> None:
+    """An additive proxy c = 1 + x . beta and v = 2 c - 1 on 20 players: whatever the mix of
+    keep-half and near-full coalitions, least squares recovers beta, b = 2 and w = 0, so the values
+    are 2 beta; the plan's near-full rows are what it fits (a pool without them is refused, naming the plan)."""
+    n = 20
+    rng = np.random.default_rng(8)
+    beta = rng.normal(size=n)
+    estimator = ControlVariateLasso(budget=16, seed=2, proxy_budget=400, proxy_fit="least-squares")
+    rows = np.array(list(estimator.proxy_plan(n)) + list(estimator.plan(n)), dtype=bool)
+    c = 1.0 + rows @ beta
+    exact = np.array(list(estimator.plan(n)), dtype=bool)
+    estimate = estimator.fit_two_fidelity(exact, 2.0 * (1.0 + exact @ beta) - 1.0, rows, c)
+    np.testing.assert_allclose(estimate.values, 2.0 * beta, atol=1e-8)
+    assert estimate.diagnostics["b"] == pytest.approx(2.0) and estimate.diagnostics["proxy_evaluations"] == 400
+    keep_half_only = np.concatenate([rows[:200], exact])  # the plan's last 200, the near-full ones, gone
+    with pytest.raises(EstimatorError, match="proxy game's plan"):
+        estimator.fit_two_fidelity(exact, 2.0 * (1.0 + exact @ beta) - 1.0, keep_half_only, 1.0 + keep_half_only @ beta)
+
+
+@pytest.mark.parametrize("share", [1.0, -0.1, True, "a quarter"])
+def test_a_near_full_share_outside_0_to_1_is_refused(share) -> None:
+    with pytest.raises(ConfigError) as info:
+        ControlVariateLasso(budget=8, seed=0, near_full_share=share)
+    assert info.value.field == "near_full_share"
 
 
 def test_control_variate_lasso_recovers_planted_weights() -> None:
@@ -327,6 +395,55 @@ def test_control_variate_lasso_lds_beats_the_lasso_alone_on_a_small_budget() -> 
     assert np.median(ours) > np.median(alone) + 0.05, (np.median(ours), np.median(alone))  # measured 0.91 against 0.68
 
 
+def test_the_surrogate_takes_8_exact_coalitions_only_with_the_proxy_game() -> None:
+    """The floor: 16 exact coalitions on exact rows alone (the LASSO's), 8 with the proxy game as
+    the control variate; min(floor, 2^n) on a small game; auto's surrogate follows it."""
+    n = 40
+    for est in (ControlVariateLasso(budget=8, seed=0, holdout=0.0), AutoMethod(budget=8, seed=0)):
+        est.validate(n, proxy=True)
+        with pytest.raises(ConfigError) as caught:
+            est.validate(n)
+        assert caught.value.field == "budget" and "below the minimum of 16" in caught.value.message
+        assert "8 where the proxy game is played" in caught.value.message
+        rows = np.array(list(est.plan(n)))  # the plan itself goes down to the two-fidelity floor
+        assert rows.shape == (8, n) and len({r.tobytes() for r in rows}) == 8
+        assert {int(r.sum()) for r in rows} >= {0, n}  # the empty and grand coalitions
+    with pytest.raises(ConfigError, match="minimum of 8 .* with the proxy game"):
+        ControlVariateLasso(budget=7, seed=0).validate(n, proxy=True)
+    ControlVariateLasso(budget=4, seed=0).validate(2, proxy=True)  # 2^2 coalitions: all of them
+    ControlVariateLasso(budget=4, seed=0).validate(2)
+    with pytest.raises(ConfigError) as caught:  # a proxy budget below its own fit's floor names itself
+        ControlVariateLasso(budget=8, seed=0, proxy_budget=4).validate(n, proxy=True)
+    assert caught.value.field == "proxy_budget"
+
+
+def test_8_exact_coalitions_recover_an_additive_game_through_its_proxy() -> None:
+    """v additive with planted weights, the proxy an affine copy c = 2 v + 1 on 400 proxy
+    coalitions (least squares of c: exact): 8 exact coalitions fit a and b = 1/2, the correction
+    has nothing left, and the values are the planted weights. The exact rows alone (16 at least)
+    cannot get near them."""
+    n = 40
+    weights = np.random.default_rng(3).normal(0.0, 1.0, size=n)
+
+    def v(masks: np.ndarray) -> np.ndarray:
+        return masks.astype(float) @ weights + 0.3
+
+    est = ControlVariateLasso(budget=8, seed=1, holdout=0.0, proxy_budget=400)
+    exact = np.array(list(est.plan(n)))
+    proxy = np.concatenate([np.array(list(est.proxy_plan(n))), exact])
+    got = est.fit_two_fidelity(exact, v(exact), proxy, 2.0 * v(proxy) + 1.0)
+    np.testing.assert_allclose(got.values, weights, atol=1e-6)
+    assert got.n_evaluations == 8 and got.diagnostics["b"] == pytest.approx(0.5, abs=1e-9)
+    # lasso's default holdout (0.2) would keep 2 of the 8 back, too few for an LDS: all 8 are fitted
+    held = ControlVariateLasso(budget=8, seed=1, proxy_budget=400).fit_two_fidelity(exact, v(exact), proxy, 2.0 * v(proxy) + 1.0)
+    assert held.diagnostics["n_train"] == 8 and held.diagnostics["n_heldout"] == 0 and np.isnan(held.diagnostics["lds"])
+    np.testing.assert_allclose(held.values, got.values, atol=1e-12)
+    assert any(note.startswith("no held-out LDS: 2 of 8 exact coalitions") for note in held.notes)
+    alone = ControlVariateLasso(budget=16, seed=1, holdout=0.0)
+    exact16 = np.array(list(alone.plan(n)))
+    assert np.max(np.abs(alone.fit(exact16, v(exact16)).values - weights)) > 0.5
+
+
 # --- registration ------------------------------------------------------------------------------
 
 def test_the_two_fidelity_methods_are_registered() -> None:
@@ -345,7 +462,9 @@ def test_auto_runs_the_two_fidelity_form_of_its_choice() -> None:
     np.testing.assert_allclose(estimate.values, shrunk.values, atol=0)
     assert np.max(np.abs(estimate.values - two_fidelity(40, 2).values)) > 1e-6  # not the unbiased form
     assert len(list(auto.proxy_plan(N))) == min(max(16 * 40, 16 * N), 1 << N)
-    assert len(list(ControlVariateLasso(budget=32, seed=0).proxy_plan(70))) == max(16 * 32, 16 * 70)
+    # the default proxy budget: 16 per exact coalition, at least 4 per player (docs/proxy.md)
+    assert len(list(ControlVariateLasso(budget=32, seed=0).proxy_plan(70))) == max(16 * 32, 4 * 70) == 512
+    assert len(list(ControlVariateLasso(budget=8, seed=0).proxy_plan(70))) == max(16 * 8, 4 * 70) == 280
     surrogate = AutoMethod(budget=32, seed=0).two_fidelity(40)[0]  # 40 players, under 5 per player
     assert isinstance(surrogate, ControlVariateLasso) and surrogate.cv_rule == "min" and surrogate.holdout == 0.0
 

@@ -51,6 +51,12 @@ SURROGATE_BELOW = 5
 SURROGATE_MIN_PLAYERS = 16
 """Games of at most this many players always take regression-msr (its accuracy is measured there)."""
 
+_DENSE_1SE = "its penalty the smallest within one standard error of the best cross-validated one, so that more players are told apart"
+_WITH_PROXY = (
+    "the proxy game's linear surrogate scaled by b, with a per-player correction fitted on the exact coalitions "
+    "and ridged toward it"
+)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AutoMethod:
@@ -88,8 +94,7 @@ class AutoMethod:
             return LassoSurrogate(budget=self.budget, seed=self.seed, holdout=0.0, cv_rule="dense-1se"), (
                 f"method auto ran lasso: {self.budget} evaluations for {n} players is below "
                 f"{SURROGATE_BELOW} per player, where a sparse linear surrogate (ContextCite's) predicts "
-                "the game better than any Shapley estimator (its penalty the smallest within one standard error "
-                "of the best cross-validated one, so that more players are told apart); the values are its "
+                f"the game better than any Shapley estimator ({_DENSE_1SE}); the values are its "
                 "coefficients, not Shapley values"
             )
         if n < 62 and self.budget >= (1 << n):  # every coalition: 2^n evaluations, whatever the budget above it
@@ -103,21 +108,24 @@ class AutoMethod:
             + ", where regression-adjusted Monte Carlo is the most accurate Shapley estimator measured"
         )
 
-    def validate(self, n_players: int) -> None:
-        """Refuse what the chosen estimator refuses.
+    def validate(self, n_players: int, *, proxy: bool = False) -> None:
+        """Refuse what the chosen estimator refuses: its two-fidelity form's ``validate(n, proxy=proxy)``
+        (where the proxy game is played, ``proxy=True``, the surrogate's floor is 8 exact
+        coalitions, :data:`.proxy.lasso.TWO_FIDELITY_MIN_BUDGET`; else the exact-only form's).
 
         Raises:
             EstimatorError, ConfigError: as the chosen estimator's ``validate``.
         """
-        self.choose(n_players)[0].validate(n_players)
+        self.two_fidelity(n_players)[0].validate(n_players, proxy=proxy)  # the same floors as choose()'s without it
 
     def plan(self, n_players: int) -> Iterator[np.ndarray]:
-        """The chosen estimator's plan.
+        """The chosen estimator's plan (its two-fidelity form's: the same coalitions, down to the
+        two-fidelity floor; a run on exact rows alone checks :meth:`validate` first).
 
         Raises:
-            EstimatorError, ConfigError: as :meth:`validate`, raised at the call.
+            EstimatorError, ConfigError: as the two-fidelity form's ``plan``, raised at the call.
         """
-        return self.choose(n_players)[0].plan(n_players)
+        return self.two_fidelity(n_players)[0].plan(n_players)
 
     def fit(self, masks: np.ndarray, utilities: np.ndarray) -> Estimate:
         """The chosen estimator's fit, its ``method`` ``"auto:<chosen>"`` and the choice in ``notes``.
@@ -146,7 +154,7 @@ class AutoMethod:
             f"{estimator.name} with the proxy game as a control variate" if isinstance(estimator, LassoSurrogate)
             else "proxy-shapley-shrunk (regression-msr with the proxy game as a control variate, blended toward its control)"
         )
-        why = why.replace(f"method auto ran {estimator.name}", f"method auto ran {runs}", 1)
+        why = why.replace(f"method auto ran {estimator.name}", f"method auto ran {runs}", 1).replace(_DENSE_1SE, _WITH_PROXY)
         if isinstance(estimator, LassoSurrogate):
             # the ridge correction (its default) ignores cv_rule; "min" is for correction="lasso", where
             # the denser penalty lost 0.05 of LDS at 8 exact coalitions and 0.02 at 16 (benchmarks/RESULTS.md)

@@ -114,7 +114,10 @@ class Capabilities:
         two_fidelity: it also fits from a second, cheaper game (a proxy of the utility evaluated
             on many more coalitions) together with the exact one: it has ``proxy_budget``,
             ``proxy_plan(n)`` and ``fit_two_fidelity(masks, utilities, proxy_masks,
-            proxy_utilities)`` (:mod:`.proxy`); its ``fit`` alone is its exact-only form.
+            proxy_utilities)`` (:mod:`.proxy`); its ``fit`` alone is its exact-only form, and its
+            ``validate(n_players, *, proxy=False)`` checks the budget for a run that plays the
+            proxy game (``proxy=True``: the floor may be lower, e.g. the surrogate's 8 against 16)
+            or fits the exact rows alone.
         exact: its values are computed from every coalition, with no sampling error (they are the
             game's Shapley values): the reference other methods are compared with.
     """

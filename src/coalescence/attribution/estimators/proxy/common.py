@@ -11,7 +11,10 @@ import numpy as np
 from ....errors import ConfigError, EstimatorError
 from ..base import check_pool, gather, pool_lookup
 
-__all__ = ("PROXY_BUDGET_MULTIPLE", "PROXY_PER_PLAYER", "default_proxy_budget", "proxy_correlation", "proxy_pools", "proxy_seed")
+__all__ = (
+    "PROXY_BUDGET_MULTIPLE", "PROXY_PER_PLAYER", "default_proxy_budget", "proxy_budget_notes", "proxy_correlation", "proxy_pools",
+    "proxy_seed",
+)
 
 PROXY_BUDGET_MULTIPLE = 16
 """Default proxy budget: at least this many proxy coalitions per exact one, and at least
@@ -19,10 +22,17 @@ PROXY_BUDGET_MULTIPLE = 16
 estimators": the control-variate LASSO's LDS on the long games grows with the proxy coalitions up to
 about 1,024 for 67-73 players, whatever the exact budget; proxy-shapley's error on 10-12 players is
 the same from 4 per exact coalition on). A proxy row computes about 1/100 of an exact row's tokens
-on those games (19 tail tokens against 1,943)."""
+on those games (19 tail tokens against 1,943) and takes about 1/30 of its time on the CPU (its
+queries read the whole shared KV, rotated to the row's positions: 64 ms against ~2 s)."""
 
-PROXY_PER_PLAYER = 16
-"""Default proxy budget's floor per player (see :data:`PROXY_BUDGET_MULTIPLE`)."""
+PROXY_PER_PLAYER = 4
+"""Default proxy budget's floor per player (see :data:`PROXY_BUDGET_MULTIPLE`), measured with the
+compacted proxy game (``benchmarks/RESULTS.md``, "The race at 8 exact coalitions"): at 8 exact
+coalitions the surrogate's median LDS on the long games (67-73 players) is flat from about 256
+proxy coalitions on (0.79-0.81 / 0.91-0.93 / 0.92-0.93 at 256-1,024 over draws of the recorded
+pools: what is left is the proxy game's own bias, which more proxy rows do not remove), while a proxy
+row of ~2,000 shared tokens costs about 1/30 of an exact one on the CPU (16 per player, the first
+game's default, was 1,136 rows: twice the exact rows' time)."""
 
 def proxy_seed(seed: int) -> int:
     """The seed of a proxy plan, derived from the exact plan's: a pure function of ``seed``,
@@ -53,6 +63,22 @@ def _proxy_budget(budget: int, proxy_budget: int | None, n_players: int) -> int:
         return default_proxy_budget(budget, n_players)
     k = proxy_budget
     return min(k, 1 << n_players) if n_players < 62 else k
+
+
+def proxy_budget_notes(proxy_budget: int | None, n_players: int) -> tuple[str, ...]:
+    """A note where a given ``proxy_budget`` is above the game's 2^n coalitions (it is capped
+    there: every coalition is played once), else ``()``.
+
+    Args:
+        proxy_budget: the proxy budget asked for, or None (the default, capped by its rule).
+        n_players: number of players n >= 1.
+    """
+    if proxy_budget is None or n_players >= 62 or proxy_budget <= (1 << n_players):
+        return ()
+    return (
+        f"the proxy budget {proxy_budget} is above the {1 << n_players} coalitions of {n_players} players: "
+        f"the proxy game was played on at most those {1 << n_players}",
+    )
 
 
 def _check_proxy_budget(value: object) -> None:
@@ -89,8 +115,8 @@ def _exact_and_proxy(
 def proxy_pools(
     estimator: Any, masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """Both pools checked (:func:`.base.check_pool`), the estimator's ``validate(n)`` run, and the
-    player counts compared.
+    """Both pools checked (:func:`.base.check_pool`), the estimator's ``validate(n, proxy=True)``
+    run (the proxy game is played), and the player counts compared.
 
     Returns:
         ``(masks, utilities, proxy_masks, proxy_utilities, n_players)``, the arrays as
@@ -104,7 +130,7 @@ def proxy_pools(
     masks, utilities = check_pool(masks, utilities)
     proxy_masks, proxy_utilities = check_pool(proxy_masks, proxy_utilities)
     n = masks.shape[1]
-    estimator.validate(n)
+    estimator.validate(n, proxy=True)
     if proxy_masks.shape[1] != n:
         raise EstimatorError(f"the proxy pool has {proxy_masks.shape[1]} players, the exact pool {n}; pass pools of one game")
     return masks, utilities, proxy_masks, proxy_utilities, n

@@ -8,9 +8,9 @@ fit
     v(S) ~= a + b c(S) + sum_{i in S} w_i          (a penalty on w only; a, b unpenalised)
 
 and report ``phi = b phi(c) + w``, with ``phi(c)`` the linear surrogate's coefficients of the proxy
-game fitted on ``proxy_budget`` keep-half proxy coalitions: by least squares (``proxy_fit="auto"``,
-the default, from :data:`LEAST_SQUARES_ROWS_PER_TERM` proxy coalitions per coefficient: the LDS
-judges sums over keep-half coalitions, whose best linear predictor this is), by the LASSO (below
+game fitted on ``proxy_budget`` proxy coalitions (half keep-half, half near the full coalition: below): by least squares (``proxy_fit="auto"``,
+the default, from :data:`LEAST_SQUARES_ROWS_PER_TERM` proxy coalitions per coefficient: the best
+linear predictor of c over the plan's mix of keep-half and near-full coalitions), by the LASSO (below
 that, or ``proxy_fit="lasso"``), or as the regression-adjusted Shapley estimate
 (``proxy_fit="shapley"``). The penalty leaves a and b free by partialling them out (Frisch & Waugh
 1933; Lovell 1963): for a fixed w the best (a, b) are the least-squares fit of ``v - X w`` on
@@ -34,9 +34,32 @@ L1 correction, 0.763 / 0.828 / 0.920 for the proxy's least squares alone.
 
 The surrogate's LDS (``diagnostics["lds"]``) is the Spearman correlation of ``sum_{i in S}
 phi_i`` with v(S) on the held-out exact coalitions (the attribution's own LDS; ``holdout=0``
-gives NaN). Where the exact coalitions to fit are fewer than 4 (a game of one or two players) the
-values are :meth:`~.lasso.LassoSurrogate.fit`'s on the exact rows alone, with a note, and
-``diagnostics["proxy_used"]`` is 0.
+gives NaN; so does a share that would hold out fewer than 3 coalitions, all of which are then
+fitted). With two players or more at least 4 exact coalitions are fitted (the budget's floor is
+``min(8, 2^n)``); a game of one player has the value ``v({1}) - v(empty)``, and
+``diagnostics["proxy_used"]`` 0.
+
+**The proxy plan's near-full share** (``near_full_share``, :data:`NEAR_FULL_SHARE` = 1/2 by
+default). ``phi(c)`` by the LASSO or least squares is fitted on the proxy surrogate's keep-half plan
+with its last half replaced by distinct coalitions that keep each player with probability
+:data:`NEAR_FULL_KEEP` (0.8; drawn from their own stream of the proxy seed), so the values are the
+best linear fit of the game over that mixture of coalitions (half keep-half, half at 0.8), not over
+keep-half ones alone. A keep-half surrogate (ours or ContextCite's) ranks players by their effect
+among half the others; which players' removal from the whole conversation lowers the answer most
+(the top-k removal measures) is a near-full question, and some sentences differ there
+(long_design's last sentence adds 0.17 nats at keep-half and its removal from the full
+conversation raises the answer's log p; on long_glossary removing the top three players of the
+exact game's own least squares over 447 keep-half coalitions drops the answer 19.35 nats, those of
+its fit over 224 near-full ones 21.05). Replaying real runs (8 exact coalitions, 268-292 proxy
+ones, 20 seeds; ``benchmarks/RESULTS.md``, "Twenty draws: a near-full
+half") the median top-3 removal drop was 22.22 / 19.35 / 15.98 nats on long_design / long_glossary
+/ long_unicode with keep-half rows only, 22.22 / 19.35 / 16.15 with a quarter near full and 22.22 /
+19.93 / 16.15 with a half (ContextCite@64 on the same draws: 22.25 / 19.70 / 16.15), the LDS level
+(0.809 / 0.922 / 0.919 -> 0.815 / 0.917 / 0.916). In the race (one run, 10 draws) ``auto --budget 8``
+took 0.24 / 0.25 / 0.27 of ContextCite@64's wall time with a median LDS of 0.818 / 0.917 / 0.918
+(its 0.808 / 0.846 / 0.904) and drop@3 of 22.22 / 19.93 / 16.15 nats (its 22.25 / 19.62 / 15.98).
+``proxy_fit="shapley"`` (KernelSHAP's plan covers
+every size) and a plan of every coalition take no share.
 """
 
 from __future__ import annotations
@@ -44,22 +67,26 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from ....errors import ConfigError, EstimatorError
 from ..banzhaf import uniform_plan
-from ..base import Capabilities, Estimate, library_seed
-from ..lasso import LassoSurrogate, _to_logit, choose_alpha
+from ..base import Capabilities, Estimate, check_n_players, gather, library_seed, pool_lookup, row_keys
+from ..lasso import MIN_BUDGET, LassoSurrogate, _to_logit, choose_alpha
 from ..msr import RegressionMSR
-from .common import _check_proxy_budget, _exact_and_proxy, _proxy_budget, proxy_correlation, proxy_pools, proxy_seed
+from .common import (
+    _check_proxy_budget, _exact_and_proxy, _proxy_budget, default_proxy_budget, proxy_budget_notes, proxy_correlation, proxy_pools,
+    proxy_seed,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = (
-    "CORRECTIONS", "LEAST_SQUARES_ROWS_PER_TERM", "PROXY_FITS", "RIDGE_PENALTY", "ControlVariateLasso",
+    "CORRECTIONS", "LEAST_SQUARES_ROWS_PER_TERM", "NEAR_FULL_KEEP", "NEAR_FULL_SHARE", "PROXY_FITS", "RIDGE_PENALTY",
+    "TWO_FIDELITY_MIN_BUDGET", "ControlVariateLasso",
     "fit_lasso_with_covariate", "fit_ridge_with_covariate", "ridge_penalties",
 )
 
@@ -77,6 +104,21 @@ ridge correction")."""
 LEAST_SQUARES_ROWS_PER_TERM = 8
 """``proxy_fit="auto"`` fits ``phi(c)`` by least squares when the proxy plan has at least this many
 coalitions per coefficient (n + 1), by the LASSO otherwise."""
+
+TWO_FIDELITY_MIN_BUDGET = 8
+"""The surrogate's budget floor (exact coalitions) when the proxy game is played with it, against
+:data:`.lasso.MIN_BUDGET` (16) for the exact rows alone: with the proxy as the control variate the 8
+exact coalitions fit only ``a``, ``b`` and a ridged correction, and the compacted proxy game carries
+the ranking (median LDS over 10 draws at 8 exact and 512 proxy coalitions above ContextCite's at 64
+ablations on the three long games: ``benchmarks/RESULTS.md``, "The compacted proxy game")."""
+
+NEAR_FULL_SHARE = 0.5
+"""Share of the proxy plan (LASSO or least-squares ``phi(c)``) drawn near the full coalition (module docs)."""
+
+NEAR_FULL_KEEP = 0.8
+"""Each player's probability of being kept in the proxy plan's near-full coalitions (module docs)."""
+
+_NEAR_FULL_STREAM = 0x6E656172  # "near": the near-full coalitions' stream of the proxy seed
 
 _CV_FOLDS = 5
 _N_ALPHAS = 100
@@ -213,32 +255,38 @@ class ControlVariateLasso(LassoSurrogate):
     Without a proxy (:meth:`fit`) it is :class:`~.lasso.LassoSurrogate`, unchanged.
 
     Args:
-        budget, seed, utility, holdout: as :class:`~.lasso.LassoSurrogate` (the exact game's plan).
+        budget, seed, utility, holdout: as :class:`~.lasso.LassoSurrogate` (the exact game's plan);
+            where ``holdout`` would hold out fewer than 3 exact coalitions (no rank correlation: at
+            8-12 with the default 0.2) every one is fitted, and a note says there is no LDS.
         alpha, cv_rule: the LASSO correction's penalty (``correction="lasso"`` only), as
             :class:`~.lasso.LassoSurrogate`'s.
-        proxy_budget: distinct proxy coalitions of :meth:`proxy_plan` (keep-half, seeded by
-            :func:`proxy_seed`), or None for :func:`default_proxy_budget`; capped at 2^n.
+        proxy_budget: distinct proxy coalitions of :meth:`proxy_plan` (keep-half, the last
+            ``near_full_share`` of them near-full; seeded by :func:`proxy_seed`), or None for
+            :func:`default_proxy_budget`; capped at 2^n.
         proxy_fit: how ``phi(c)`` is fitted on the proxy pool: ``"auto"`` (default:
             ``"least-squares"`` from :data:`LEAST_SQUARES_ROWS_PER_TERM` proxy coalitions per
             coefficient, ``"lasso"`` below), ``"least-squares"`` (the proxy's best linear predictor
-            over keep-half coalitions), ``"lasso"`` (the LASSO surrogate of c, least-error penalty)
+            over the plan's keep-half and near-full coalitions), ``"lasso"`` (the LASSO surrogate of c, least-error penalty)
             or ``"shapley"`` (RegressionMSR of c on KernelSHAP's plan).
         correction: how the per-player correction w is fitted on the exact rows: ``"ridge"``
             (default; :func:`ridge_penalties`, shrunk toward the scaled proxy) or ``"lasso"`` (the
             L1 penalty, cross-validated by ``cv_rule``).
+        near_full_share: the share of the proxy plan drawn near the full coalition (module docs;
+            :data:`NEAR_FULL_SHARE` by default, 0 for keep-half rows only), in [0, 1).
 
     Attributes:
         name: ``"lasso"``.
 
     Raises:
         ConfigError: as :class:`~.lasso.LassoSurrogate`, or a bad ``proxy_budget``
-            (``field="proxy_budget"``), ``proxy_fit`` (``field="proxy_fit"``) or ``correction``
-            (``field="correction"``).
+            (``field="proxy_budget"``), ``proxy_fit`` (``field="proxy_fit"``), ``correction``
+            (``field="correction"``) or ``near_full_share`` (``field="near_full_share"``).
     """
 
     proxy_budget: int | None = None
     proxy_fit: str = "auto"
     correction: str = "ridge"
+    near_full_share: float = NEAR_FULL_SHARE
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=True, reports_stderr=False, two_fidelity=True)
 
     def __post_init__(self) -> None:
@@ -248,6 +296,55 @@ class ControlVariateLasso(LassoSurrogate):
             raise ConfigError(f"must be one of {', '.join(PROXY_FITS)}, got {self.proxy_fit!r}", field="proxy_fit")
         if self.correction not in CORRECTIONS:
             raise ConfigError(f"must be one of {', '.join(CORRECTIONS)}, got {self.correction!r}", field="correction")
+        share = self.near_full_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= float(share) < 1.0:
+            raise ConfigError(f"must be a number in [0, 1), got {share!r}", field="near_full_share")
+
+    def min_budget(self, n_players: int, *, proxy: bool = False) -> int:
+        """``min(8, 2^n)`` with the proxy game played (``proxy=True``: :data:`TWO_FIDELITY_MIN_BUDGET`),
+        else the LASSO surrogate's ``min(16, 2^n)``."""
+        return min(TWO_FIDELITY_MIN_BUDGET if proxy else MIN_BUDGET, 1 << n_players)
+
+    def validate(self, n_players: int, *, proxy: bool = False) -> None:
+        """Refuse an empty game, or a budget below :meth:`min_budget` of a run that plays the proxy
+        game (``proxy=True``) or fits the exact rows alone (the default).
+
+        Raises:
+            EstimatorError: ``n_players == 0``.
+            ConfigError: the budget is below the minimum (``field="budget"``; without the proxy
+                game the message says what the floor is with it), or, with ``proxy=True``, the
+                proxy budget below its fit's (``field="proxy_budget"``).
+        """
+        n = check_n_players(n_players)
+        minimum = self.min_budget(n, proxy=proxy)
+        if self.budget < minimum:
+            how = (
+                "with the proxy game as its control variate" if proxy
+                else f"on exact rows alone ({self.min_budget(n, proxy=True)} where the proxy game is played with it)"
+            )
+            raise ConfigError(
+                f"{self.budget} is below the minimum of {minimum} for {self.what} with {n} players {how}; raise the budget",
+                field="budget",
+            )
+        if proxy:
+            fit = self._proxy_estimator(n)
+            if fit.budget < fit.min_budget(n):
+                raise ConfigError(
+                    f"{fit.budget} proxy coalitions are below the minimum of {fit.min_budget(n)} for the proxy game's "
+                    f"{fit.name} with {n} players; raise the proxy budget or leave it out (default "
+                    f"{default_proxy_budget(self.budget, n)})",
+                    field="proxy_budget",
+                )
+
+    def plan(self, n_players: int) -> Iterator[np.ndarray]:
+        """The exact game's planned coalitions (:meth:`.lasso.LassoSurrogate.plan`'s), at a budget
+        down to the two-fidelity floor (a run on exact rows alone checks :meth:`validate` first).
+
+        Raises:
+            EstimatorError, ConfigError: as ``validate(n_players, proxy=True)``.
+        """
+        self.validate(n_players, proxy=True)
+        return iter(self._plan_rows(int(n_players)))
 
     def _proxy_estimator(self, n_players: int) -> LassoSurrogate | RegressionMSR:
         k = _proxy_budget(self.budget, self.proxy_budget, n_players)
@@ -261,13 +358,46 @@ class ControlVariateLasso(LassoSurrogate):
         return RegressionMSR(budget=k, seed=proxy_seed(self.seed))
 
     def proxy_plan(self, n_players: int) -> Iterator[np.ndarray]:
-        """The proxy game's coalitions: the plan of the proxy fit (module docs) at the proxy budget.
+        """The proxy game's coalitions ``[k, n_players]`` bool, one by one: the plan of the proxy
+        fit at the proxy budget, its last ``near_full_share`` near the full coalition (module docs).
 
         Raises:
-            EstimatorError, ConfigError: as :meth:`validate`.
+            EstimatorError, ConfigError: as ``validate(n_players, proxy=True)``.
         """
-        self.validate(n_players)
-        return self._proxy_estimator(int(n_players)).plan(n_players)
+        self.validate(n_players, proxy=True)
+        n = int(n_players)
+        return iter(self._proxy_rows(self._proxy_estimator(n), n))
+
+    def _proxy_rows(self, fit: LassoSurrogate | RegressionMSR, n: int) -> np.ndarray:
+        """``[k, n]`` bool the proxy plan's distinct coalitions: the proxy fit's plan, its last
+        ``near_full_share`` replaced by near-full coalitions (module docs) where the fit is a
+        linear surrogate's on a sampled plan."""
+        rows = np.array(list(fit.plan(n)), dtype=bool).reshape(-1, n)
+        near = int(round(self.near_full_share * rows.shape[0]))
+        if isinstance(fit, RegressionMSR) or near == 0 or n < 2 or (n < 62 and rows.shape[0] >= (1 << n)):
+            return rows
+        kept = rows[: rows.shape[0] - near]  # the empty and full coalitions come first
+        seen = set(row_keys(kept))
+        rng = np.random.default_rng([proxy_seed(self.seed), _NEAR_FULL_STREAM])
+        extra: list[np.ndarray] = []
+        for _ in range(64):  # a few draws' worth; a small game may hold fewer distinct ones
+            block = rng.random((4 * near, n)) < NEAR_FULL_KEEP
+            for key, row in zip(row_keys(block), block, strict=True):
+                if len(extra) < near and key not in seen and 0 < row.sum() < n:
+                    seen.add(key)
+                    extra.append(row)
+            if len(extra) == near:
+                break
+        return np.concatenate([kept, np.array(extra, dtype=bool).reshape(-1, n)])
+
+    def _proxy_values(self, n: int, proxy_masks: np.ndarray, proxy_utilities: np.ndarray) -> tuple[np.ndarray, int]:
+        """``(phi(c) [n] float64, proxy coalitions fitted)``: the proxy fit on :meth:`_proxy_rows`."""
+        fit = self._proxy_estimator(n)
+        if isinstance(fit, RegressionMSR) or n < 2:
+            return fit.fit(proxy_masks, proxy_utilities).values, len(list(fit.plan(n)))
+        rows = self._proxy_rows(fit, n)
+        c = gather(pool_lookup(proxy_masks, proxy_utilities), tuple(row_keys(rows)), f"{self.name} (the proxy game's plan)")
+        return fit._fit_surrogate(rows, c)[0], rows.shape[0]
 
     def fit_two_fidelity(
         self, masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
@@ -286,12 +416,11 @@ class ControlVariateLasso(LassoSurrogate):
             ``b phi(c) + w`` (nats, or logits), ``stderr=None``, ``n_evaluations`` = exact
             distinct coalitions, ``diagnostics`` as :meth:`fit`'s plus ``b``, ``intercept``,
             ``proxy_pearson``, ``proxy_spearman``, ``proxy_evaluations``, ``exact_evaluations`` and
-            ``proxy_used`` (0.0 where the proxy rows were computed but not used: one player, or
-            fewer than 4 exact coalitions to fit, where the values are :meth:`fit`'s with a note).
+            ``proxy_used`` (0.0 where the proxy rows were computed but not used: a game of one player).
 
         Raises:
             EstimatorError: a pool misses planned coalitions (which pool, with the count).
-            ConfigError: the budget is below the minimum.
+            ConfigError: the budget is below the two-fidelity minimum (:data:`TWO_FIDELITY_MIN_BUDGET`).
             MaskError: a pool's masks are not 2-D bool.
         """
         from scipy.stats import spearmanr
@@ -301,14 +430,14 @@ class ControlVariateLasso(LassoSurrogate):
         u, c = _exact_and_proxy(self.name, plan.keys, masks, utilities, proxy_masks, proxy_utilities)
         if self.utility == "logit":
             u, c, proxy_utilities = _to_logit(u), _to_logit(c), _to_logit(proxy_utilities)
-        proxy = self._proxy_estimator(n)
-        phi_c = proxy.fit(proxy_masks, proxy_utilities).values  # [n]
+        phi_c, k_proxy = self._proxy_values(n, proxy_masks, proxy_utilities)  # [n]
         pearson, spearman = proxy_correlation(u, c)
         v_empty, v_full = float(u[plan.empty_row]), float(u[plan.full_row])
         diagnostics: dict[str, float] = {
             "proxy_pearson": pearson, "proxy_spearman": spearman,
-            "proxy_evaluations": float(len(list(proxy.plan(n)))), "exact_evaluations": float(len(plan.keys)),
+            "proxy_evaluations": float(k_proxy), "exact_evaluations": float(len(plan.keys)),
         }
+        unheld = ""
         if n == 1:
             values, b = np.array([v_full - v_empty]), 0.0
             diagnostics.update(lds=math.nan, b=0.0, proxy_used=0.0)
@@ -318,15 +447,14 @@ class ControlVariateLasso(LassoSurrogate):
             rng = np.random.default_rng([self.seed, 1])  # LassoSurrogate's held-out split
             order = rng.permutation(m)
             n_held = max(1, round(self.holdout * m)) if self.holdout > 0 else 0
-            held, train = order[:n_held], order[n_held:]
-            if train.size < 4:  # a game of a few coalitions: no room for the control variate's coefficients
-                estimate = self.fit(masks, utilities)
-                why = (
-                    f"exact rows only: {train.size} exact coalitions to fit are too few for the proxy game's control variate; "
-                    f"the {int(diagnostics['proxy_evaluations'])} proxy coalitions were not used"
+            if 0 < n_held < 3:  # too few to rank (no LDS): every exact coalition is fitted instead
+                unheld = (
+                    f"no held-out LDS: {n_held} of {m} exact coalitions would be held out, fewer than the 3 a rank "
+                    "correlation needs; all were fitted (evaluate the explanation on fresh coalitions: coalescence evaluate)"
                 )
-                unused = {**estimate.diagnostics, **diagnostics, "proxy_used": 0.0}
-                return replace(estimate, diagnostics=unused, notes=(*estimate.notes, why))
+                n_held = 0
+            held, train = order[:n_held], order[n_held:]
+            assert train.size >= 4  # the floor min(8, 2^n) with n >= 2, and no held-out share under 3
             if self.correction == "ridge":
                 w, a, b = fit_ridge_with_covariate(x[train], u[train], c[train], ridge_penalties(phi_c))
                 alpha = RIDGE_PENALTY
@@ -344,6 +472,7 @@ class ControlVariateLasso(LassoSurrogate):
                 lds=lds, alpha=alpha, b=b, intercept=a, proxy_used=1.0, nonzero=float(np.count_nonzero(w)),
                 n_train=float(train.size), n_heldout=float(held.size),
             )
+        notes = (unheld,) if unheld else ()
         note = (
             f"two-fidelity {self.name}: {len(plan.keys)} exact and {int(diagnostics['proxy_evaluations'])} proxy coalitions; "
             f"the proxy game entered as a control variate with coefficient b = {b:.3g} (its correlation with the exact "
@@ -352,6 +481,6 @@ class ControlVariateLasso(LassoSurrogate):
         logger.debug("%s", note)
         return Estimate.from_values(
             method=self.name, values=values, stderr=None, v_empty=v_empty, v_full=v_full,
-            n_evaluations=len(plan.keys), diagnostics=diagnostics, notes=(note,),
+            n_evaluations=len(plan.keys), diagnostics=diagnostics, notes=(note, *notes, *proxy_budget_notes(self.proxy_budget, n)),
         )
 

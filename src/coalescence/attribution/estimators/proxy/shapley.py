@@ -98,7 +98,10 @@ from ....errors import ConfigError, EstimatorError
 from ..base import Capabilities, Estimate, budget_near_all
 from ..kernel import _build_plan, jackknife_t_stderr, size_probabilities
 from ..msr import RegressionMSR, _proxies
-from .common import _check_proxy_budget, _exact_and_proxy, _proxy_budget, proxy_correlation, proxy_pools, proxy_seed
+from .common import (
+    _check_proxy_budget, _exact_and_proxy, _proxy_budget, default_proxy_budget, proxy_budget_notes, proxy_correlation, proxy_pools,
+    proxy_seed,
+)
 
 __all__ = (
     "CONTROLS", "LINEAR_ROWS_PER_TERM", "RIDGE_SCALE", "WEIGHTINGS", "CrossFit", "TwoFidelityShapley",
@@ -390,8 +393,9 @@ class TwoFidelityShapley(RegressionMSR):
     def _proxy_estimator(self, n_players: int) -> RegressionMSR:
         return RegressionMSR(budget=_proxy_budget(self.budget, self.proxy_budget, n_players), seed=proxy_seed(self.seed))
 
-    def validate(self, n_players: int) -> None:
-        """As :meth:`.msr.RegressionMSR.validate`, and the proxy budget against the same minimum.
+    def validate(self, n_players: int, *, proxy: bool = False) -> None:
+        """As :meth:`.msr.RegressionMSR.validate`, and, where the proxy game is played
+        (``proxy=True``), the proxy budget against the same minimum.
 
         Raises:
             EstimatorError: ``n_players == 0``.
@@ -399,13 +403,15 @@ class TwoFidelityShapley(RegressionMSR):
                 is below the minimum.
         """
         RegressionMSR.validate(self, n_players)
+        if not proxy:
+            return
         proxy = self._proxy_estimator(int(n_players))
         minimum = proxy.min_budget(int(n_players))
         if proxy.budget < minimum:
             raise ConfigError(
                 f"{proxy.budget} proxy coalitions are below the minimum of {minimum} for the proxy game's "
                 f"regression-msr with {n_players} players; raise the proxy budget or leave it out (default "
-                f"{self.budget} x 16)",
+                f"{default_proxy_budget(self.budget, int(n_players))})",
                 field="proxy_budget",
             )
 
@@ -423,9 +429,9 @@ class TwoFidelityShapley(RegressionMSR):
         """The proxy game's coalitions: KernelSHAP's plan at the proxy budget, seeded by :func:`proxy_seed`.
 
         Raises:
-            EstimatorError, ConfigError: as :meth:`validate`.
+            EstimatorError, ConfigError: as ``validate(n_players, proxy=True)``.
         """
-        self.validate(n_players)
+        self.validate(n_players, proxy=True)
         return self._proxy_estimator(int(n_players)).plan(n_players)
 
     def _shrink(
@@ -544,6 +550,6 @@ class TwoFidelityShapley(RegressionMSR):
         )
         return Estimate.from_values(
             method=self.name, values=values, stderr=stderr, v_empty=v_empty, v_full=v_full,
-            n_evaluations=len(plan.keys), diagnostics=diagnostics, notes=(note,),
+            n_evaluations=len(plan.keys), diagnostics=diagnostics, notes=(note, *proxy_budget_notes(self.proxy_budget, n)),
         )
 
