@@ -558,8 +558,10 @@ def test_path_under_a_file_is_refused_before_the_run(
 @pytest.mark.parametrize("method", ["kernelshap", "regression-msr", "banzhaf", "lasso"])
 def test_sampling_methods_respect_the_budget(method: str, tmp_path: Path, tiny_model_dir: Path) -> None:
     budget = 16 if method == "lasso" else 12
+    # lasso with the proxy game named (auto would play it only where it measures that it pays)
+    named = ["--proxy-game", "after-last-player"] if method == "lasso" else []
     code, stdout, stderr, doc, run_dir = explain(
-        tmp_path, tiny_model_dir, method, "--method", method, "--budget", str(budget), "--seed", "1"
+        tmp_path, tiny_model_dir, method, "--method", method, "--budget", str(budget), "--seed", "1", *named
     )
     assert code == 0, stderr
     assert doc["method"] == method
@@ -583,9 +585,12 @@ def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen:
     # below 5 evaluations per player (90) and regression-msr from there (its docstring's rule); the
     # transformers backend plays the proxy game, so each runs in its two-fidelity form (proxy-shapley
     # is regression-msr with the proxy as a control variate; auto runs its shrunk form), the
-    # surrogate down to 8 exact coalitions (16 on exact rows alone)
+    # surrogate down to 8 exact coalitions (16 on exact rows alone); the proxy game is named, so it
+    # is played whatever its rows cost (--proxy-game auto plays it where it measures that it pays)
     conversation = {"messages": [CONVERSATION["messages"][0], {"role": "user", "content": SEVENTEEN}, CONVERSATION["messages"][2]]}
-    code, stdout, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "auto", "--budget", str(budget), conversation=conversation)
+    code, stdout, stderr, doc, run_dir = explain(
+        tmp_path, tiny_model_dir, "auto", "--budget", str(budget), "--proxy-game", "after-last-player", conversation=conversation
+    )
     assert code == 0, stderr
     assert len(doc["players"]) == 18
     assert doc["method"] == f"auto:{method}"

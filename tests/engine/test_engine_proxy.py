@@ -22,11 +22,12 @@ from helpers.presence import own_id_weights
 from helpers.snapshots import snapshot_of
 
 from coalescence.archive import RunArchive, read_rows
-from coalescence.attribution.estimators import ExactShapley
+from coalescence.attribution.estimators import ExactShapley, LeaveOneOut
 from coalescence.attribution.estimators.base import Capabilities
 from coalescence.backends.hf import HFBackend
 from coalescence.backends.testing import FakeBackend, presence_game
 from coalescence.engine import Engine
+from coalescence.masking.codec import PackedMask
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
 from coalescence.scheduler.buckets import LengthBuckets
 from coalescence.snapshot import ConversationSnapshot
@@ -58,9 +59,17 @@ def own_token_weights(tokenizer, snap, scale: float) -> dict[int, float]:
     return weights
 
 
+def planned(n: int) -> list[np.ndarray]:
+    """The test estimator's exact plan: every coalition but one (player 0 alone: a plan of every
+    coalition leaves a control variate nothing to do, and the engine plays no proxy game there)."""
+    rows = [np.array([(k >> i) & 1 for i in range(n)], dtype=bool) for k in range(1 << n)]
+    return [r for k, r in enumerate(rows) if k != 1]
+
+
 @dataclass(frozen=True)
 class Recording:
-    """A two-fidelity estimator for the test: exact Shapley on the exact pool, recording the pools."""
+    """A two-fidelity estimator for the test: leave-one-out values of the exact pool (every
+    coalition but one), recording the pools."""
 
     proxy_rows: tuple[tuple[bool, ...], ...]
     capabilities: ClassVar[Capabilities] = Capabilities(needs_budget=False, reports_stderr=False, two_fidelity=True)
@@ -71,18 +80,18 @@ class Recording:
         ExactShapley().validate(n_players)
 
     def plan(self, n_players: int):
-        return ExactShapley().plan(n_players)
+        return iter(planned(n_players))
 
     def proxy_plan(self, n_players: int):
         return (np.array(r, dtype=bool) for r in self.proxy_rows)
 
     def fit(self, masks, utilities):
         self.seen.append(("exact-only", masks, utilities))
-        return ExactShapley().fit(masks, utilities)
+        return LeaveOneOut().fit(masks, utilities)
 
     def fit_two_fidelity(self, masks, utilities, proxy_masks, proxy_utilities):
         self.seen.append(("two", masks, utilities, proxy_masks, proxy_utilities))
-        return ExactShapley().fit(masks, utilities)
+        return LeaveOneOut().fit(masks, utilities)
 
 
 @pytest.mark.anyio
@@ -102,7 +111,8 @@ async def test_proxy_rows_are_their_own_game_in_keys_archive_and_resume(chatml_t
 
     kind, masks, utilities, pmasks, putils = est.seen[-1]
     assert kind == "two"
-    assert masks.shape == (2**n, n)
+    m = 2**n - 1  # the plan's coalitions: every one but player 0 alone
+    assert masks.shape == (m, n)
     # the proxy game is played on every exact coalition too (the control variate needs c(S) there)
     assert {tuple(r) for r in pmasks} == {tuple(r) for r in masks} | set(extra)
     target = engine.target_tokens(snap, DropPolicy()).ids
@@ -112,18 +122,21 @@ async def test_proxy_rows_are_their_own_game_in_keys_archive_and_resume(chatml_t
     for row, v in zip(masks, utilities, strict=True):
         rendered = tuple(engine.renderer.coalition_prompt(snap, DropPolicy(), row))
         assert v == pytest.approx(sum(exact_game(rendered, target)), abs=1e-5)
-    # the values are the exact game's
-    np.testing.assert_allclose(explanation.values, ExactShapley().fit(masks, utilities).values, atol=1e-9)
-    assert explanation.n_evaluations == 2**n  # exact evaluations; proxy rows are counted apart
+    # the values are the exact game's (leave-one-out: v(N) - v(N without i), by the rule)
+    v_of = {tuple(r): v for r, v in zip(masks, utilities, strict=True)}
+    full = v_of[(True,) * n]
+    loo = [full - v_of[tuple(j != i for j in range(n))] for i in range(n)]
+    np.testing.assert_allclose(explanation.values, loo, atol=1e-9)
+    assert explanation.n_evaluations == m  # exact evaluations; proxy rows are counted apart
     proxy = explanation.proxy
-    assert proxy["game"] == GAME and proxy["coalitions"] == 2**n == proxy["evaluations"] == proxy["shared"]
+    assert proxy["game"] == GAME and proxy["coalitions"] == m == proxy["evaluations"] == proxy["shared"]
     v, c = utilities, np.array([dict(zip(map(tuple, pmasks), putils, strict=True))[tuple(r)] for r in masks])
     assert proxy["pearson"] == pytest.approx(np.corrcoef(v, c)[0, 1], abs=1e-9)
     assert explanation.to_dict()["proxy"]["game"] == GAME
 
     rows = read_rows(tmp_path / "run")
     games = rows["game"].to_pylist()
-    assert games.count("exact") == 2**n and games.count(GAME) == 2**n
+    assert games.count("exact") == m and games.count(GAME) == m
     keys = rows["coalition_key"].to_pylist()
     assert len(set(keys)) == len(keys)  # a proxy row never shares a key with an exact one
     # proxy rows compute their tail only and reuse the shared prefix
@@ -133,8 +146,8 @@ async def test_proxy_rows_are_their_own_game_in_keys_archive_and_resume(chatml_t
     from coalescence.archive.reader import archive_info, format_archive_info
 
     info = archive_info(tmp_path / "run")
-    assert info["games"] == {"exact": 2**n, GAME: 2**n}
-    assert f"games           {2**n} exact, {2**n} {GAME}" in format_archive_info(info)
+    assert info["games"] == {"exact": m, GAME: m}
+    assert f"games           {m} exact, {m} {GAME}" in format_archive_info(info)
 
     # resume: both fidelities come back from the archive with no model call
     calls = len(backend.calls)
@@ -265,3 +278,76 @@ async def test_proxy_rows_of_a_long_conversation_go_out_in_few_full_batches(chat
     alone = [backend.score_proxy([r])[0].utility for r in requests]
     np.testing.assert_allclose(utilities, alone, rtol=0, atol=1e-5)
 
+
+
+@pytest.mark.anyio
+async def test_no_proxy_rows_where_the_exact_plan_holds_every_coalition(chatml_tokenizer, tmp_path, anyio_backend):
+    """A plan of all 2^n coalitions has the exact values: the proxy game is not played (no proxy
+    row computed or archived), and the note says why."""
+
+    @dataclass(frozen=True)
+    class Covering(Recording):
+        def plan(self, n_players: int):
+            return ExactShapley().plan(n_players)
+
+    snap = snapshot()
+    n = snap.n_players
+    backend = FakeBackend(chatml_tokenizer)
+    archive = RunArchive.create(tmp_path / "run", {"test": True})
+    engine = Engine(backend, archive=archive, batch_size=4, proxy_game="after-last-player")
+    est = Covering(proxy_rows=((True,) * n,), seen=[])
+    explanation = await engine.explain(snap, est, DropPolicy())
+    engine.close()
+    assert est.seen[-1][0] == "exact-only" and explanation.proxy is None
+    assert read_rows(tmp_path / "run")["game"].to_pylist() == ["exact"] * 2**n
+    assert any(f"the budget covers all {2**n} coalitions" in note for note in explanation.notes)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("proxy_row_delay", "budget", "limit", "played"),
+    [
+        (0.02, 16, 3.0, False),  # a proxy row as dear as an exact one: 100 rows = 6.25x the 16 exact rows' time
+        (0.0, 16, 3.0, True),  # a proxy row of no cost: played
+        (0.02, 16, None, True),  # no limit (a tail rule named explicitly): played whatever it costs
+        (0.02, 8, 3.0, True),  # below the exact-only floor (16): played all the same, with a note
+    ],
+    ids=["dear", "cheap", "no-limit", "below-the-exact-floor"],
+)
+async def test_the_proxy_game_is_played_only_where_its_measured_cost_pays(
+    chatml_tokenizer, tmp_path, proxy_row_delay, budget, limit, played, anyio_backend
+):
+    """The proxy's rows cost (measured: exact rows sleep 20 ms each, proxy rows ``proxy_row_delay``)
+    at most ``limit`` times the exact rows' time, or the rest of its plan is not evaluated and the
+    values are the exact rows' fit (docs: engine/two_fidelity.py)."""
+    from coalescence.attribution.estimators.proxy import ControlVariateLasso
+    from coalescence.engine.two_fidelity import PROBE_ROWS
+
+    snap = snapshot_of(LONG, "When was the tower completed?")
+    backend = FakeBackend(chatml_tokenizer, row_delay=0.02, proxy_row_delay=proxy_row_delay)
+    archive = RunArchive.create(tmp_path / "run", {"test": True})
+    engine = Engine(backend, archive=archive, batch_size=4, proxy_game="after-last-player", proxy_cost_limit=limit)
+    est = ControlVariateLasso(budget=budget, seed=0, holdout=0.0, proxy_budget=100)
+    explanation = await engine.explain(snap, est, DropPolicy())
+    engine.close()
+    games = read_rows(tmp_path / "run")["game"].to_pylist()
+    m = games.count("exact")
+    assert m == explanation.n_evaluations == budget
+    if played:
+        assert explanation.proxy is not None and explanation.proxy["game"] == GAME
+        assert games.count(GAME) == explanation.proxy["coalitions"] >= 100
+        said = [n for n in explanation.notes if "the proxy game was played although" in n]
+        assert bool(said) == (budget == 8 and limit is not None)
+    else:
+        assert explanation.proxy is None
+        # the proxy on the exact coalitions and a probe of its plan, no more
+        assert m < games.count(GAME) <= m + PROBE_ROWS
+        (note,) = [n for n in explanation.notes if n.startswith("the proxy game was not played")]
+        share = float(note.split("a proxy row took ")[1].split(" of")[0])
+        assert 0.5 < share < 2.0 and "above the 3x where it pays" in note
+        # the values are the exact rows' own fit
+        rows = read_rows(tmp_path / "run")
+        exact = [i for i, g in enumerate(games) if g == "exact"]
+        masks = np.array([PackedMask(rows["mask"][i].as_py(), snap.n_players).to_bools() for i in exact])
+        utilities = np.array([rows["utility"][i].as_py() for i in exact])
+        np.testing.assert_allclose(explanation.values, est.fit(masks, utilities).values, atol=1e-12)

@@ -245,9 +245,12 @@ class ExplainRun:
             self.backend = load_model(
                 s.backend_settings(), loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
             )
+        from ..engine.two_fidelity import PROXY_COST_MULTIPLE
+
         try:
             self.engine = Engine(
-                self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=s.proxy_tail
+                self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=s.proxy_tail,
+                proxy_cost_limit=PROXY_COST_MULTIPLE if s.proxy_game == "auto" else None,  # auto: where it pays, measured
             )
             self._snapshots()
         except BaseException:

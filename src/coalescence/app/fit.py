@@ -72,6 +72,7 @@ class ArchiveFit:
         rows = rows if rows is not None else read_rows(self.run_dir, skip_corrupt=skip_corrupt)
         fill_store(self.store, rows)
         fill_measurements(self.measurements, rows)
+        self.evaluated = _evaluated(rows, self.run["run_id"])
 
     def resolved(self, snap: Any) -> Any:
         """The utility fixed for ``snap``'s answer from the recorded token offsets.
@@ -156,11 +157,10 @@ class ArchiveFit:
         now = self.run.get("template_now")
         if self.run.get("template_renders_date") is True and isinstance(now, str):
             notes += (f"the template renders a date: pinned to {now[:10]}",)
-        executed = (self.run.get("statistics") or {}).get("executed")
+        exact, proxy = self.evaluated
         run_note = f"replayed from run {self.run['run_id']} of the archive: no model call"
-        if isinstance(executed, int) and not isinstance(executed, bool):
-            both = " (its exact and proxy rows together)" if recorded_proxy(self.run) is not None else ""
-            run_note += f"; the run evaluated {executed} coalitions with the model{both}"
+        if exact or proxy:  # every session of the run together (a resumed run's too)
+            run_note += f"; the run evaluated {exact} exact coalitions" + (f" and {proxy} proxy rows" if proxy else "") + " with the model"
         return (*notes, run_note)
 
     def explain(
@@ -211,18 +211,29 @@ class ArchiveFit:
             estimator.validate(n_players, proxy=True)
 
     def fit_two_fidelity(
-        self, snap: Any, estimator: Any, masks: np.ndarray, utilities: np.ndarray, resolved: Any
+        self, snap: Any, estimator: Any, masks: np.ndarray, utilities: np.ndarray, resolved: Any, *, select: np.ndarray | None = None
     ) -> tuple[Any, dict[str, Any] | None]:
         """The estimate from the archive, and its proxy record: a two-fidelity estimator refits both
         games when the run played the proxy game and the archive holds every proxy row its plan
-        needs; otherwise the exact pool alone (with a note when proxy rows are missing)."""
+        needs; otherwise the exact pool alone (with a note when proxy rows are missing, e.g. where
+        the run measured that the proxy did not pay: :mod:`coalescence.engine.two_fidelity`).
+        ``select``: the players of the game (a hierarchy's fine level, the others held present),
+        ``masks`` being of every player of ``snap``."""
         from ..engine import pool_from_store, proxy_agreement, proxy_game_name
 
+        def own(rows: np.ndarray) -> np.ndarray:
+            return rows if select is None else rows[:, select]
+
+        n = snap.n_players if select is None else int(select.size)
         recorded = recorded_proxy(self.run)
         if not estimator.capabilities.two_fidelity or recorded is None:
-            return estimator.fit(masks, utilities), None
+            return estimator.fit(own(masks), utilities), None
+        if n < 62 and len(masks) >= (1 << n):  # as the run: every coalition exact, no proxy game played
+            estimate = estimator.fit(own(masks), utilities)
+            note = f"the proxy game was not played: the budget covers all {1 << n} coalitions, which were evaluated exactly"
+            return replace(estimate, notes=(*estimate.notes, note)), None
         game = proxy_game_name(recorded[0])
-        rows = itertools.chain(estimator.proxy_plan(snap.n_players), masks)
+        rows = itertools.chain(_lifted(estimator.proxy_plan(n), snap.n_players, select), masks)
         pmasks, putilities, missing = pool_from_store(
             self.store, snap, self.policy, self.run["model"], rows, utility=resolved, measurements=self.measurements, game=game
         )
@@ -230,12 +241,13 @@ class ArchiveFit:
             from ..engine.proxy import validate_exact_only
 
             why = f"the archive lacks {missing} of the {game} coalitions this plan uses"
-            validate_exact_only(estimator, snap.n_players, why)
-            estimate = estimator.fit(masks, utilities)
+            validate_exact_only(estimator, n, why)
+            estimate = estimator.fit(own(masks), utilities)
             note = f"exact rows only: {why}"
             return replace(estimate, notes=(*estimate.notes, note)), None
-        estimate = estimator.fit_two_fidelity(masks, utilities, pmasks, putilities)
-        return estimate, {"game": game, "coalitions": len(pmasks), "evaluations": 0} | proxy_agreement(masks, utilities, pmasks, putilities)
+        estimate = estimator.fit_two_fidelity(own(masks), utilities, own(pmasks), putilities)
+        agreement = proxy_agreement(own(masks), utilities, own(pmasks), putilities)
+        return estimate, {"game": game, "coalitions": len(pmasks), "evaluations": 0} | agreement
 
     def _explanation(
         self, snap: Any, estimate: Any, resolved: Any, t0: float, notes: tuple[str, ...], tokens: Any, *, proxy: dict[str, Any] | None = None
@@ -272,7 +284,6 @@ class ArchiveFit:
         Returns:
             A :class:`~coalescence.app.hierarchy.HierarchicalExplanation`.
         """
-        from ..attribution.estimators import make_estimator
         from .hierarchy import HierarchicalExplanation, fine_snapshot
         from ..snapshot import ConversationSnapshot
 
@@ -290,17 +301,10 @@ class ArchiveFit:
         result = HierarchicalExplanation(coarse=coarse, fine=None, fine_snapshot=fine, refined=refined, top_k=int(top_k))
         if sel.size:
             t0 = time.perf_counter()
-            estimator = make_estimator(method, budget=budget_for(int(sel.size)), seed=seed)
-            estimator.validate(int(sel.size))
-
-            def lifted(plan: Any) -> Any:
-                for row in plan:
-                    full = np.ones(fine.n_players, dtype=bool)
-                    full[sel] = row
-                    yield full
-
+            estimator = self.estimator(method, budget_for(int(sel.size)), seed)
+            self.validate(estimator, int(sel.size))
             resolved = self.resolved(fine)
-            masks, utilities = self.pool(fine, lifted(estimator.plan(int(sel.size))), resolved, method)
+            masks, utilities = self.pool(fine, _lifted(estimator.plan(int(sel.size)), fine.n_players, sel), resolved, method)
             empty = np.ones(fine.n_players, dtype=bool)
             empty[sel] = False
             tokens = self.answer_tokens(fine, resolved, np.ones(fine.n_players, dtype=bool), empty)
@@ -314,11 +318,35 @@ class ArchiveFit:
                 f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; "
                 f"{'the other one is' if others == 1 else f'the other {others} are'} held present"
             )
-            fine_explanation = self._explanation(
-                view, estimator.fit(masks[:, sel], utilities), resolved, t0, (*coarse.notes, note), tokens
-            )
+            estimate, proxy = self.fit_two_fidelity(fine, estimator, masks, utilities, resolved, select=sel)
+            fine_explanation = self._explanation(view, estimate, resolved, t0, (*self.notes(fine, resolved), note), tokens, proxy=proxy)
             result = replace(result, fine=fine_explanation)
         return result
+
+
+def _evaluated(rows: Any, run_id: str) -> tuple[int, int]:
+    """``(exact, proxy)``: the archive's rows that run ``run_id`` evaluated with the model (not
+    served from its store), over all of its sessions, by game."""
+    import pyarrow.compute as pc
+
+    if not rows.num_rows or "run_id" not in rows.column_names:
+        return 0, 0
+    mine = rows.filter(pc.and_(pc.equal(rows["run_id"], run_id), pc.invert(rows["cache_hit"])))
+    games = mine["game"].to_pylist() if "game" in mine.column_names else [None] * mine.num_rows
+    proxy = sum(1 for g in games if g not in (None, "exact"))
+    return mine.num_rows - proxy, proxy
+
+
+def _lifted(plan: Any, n_players: int, select: np.ndarray | None) -> Any:
+    """The rows of ``plan`` over every one of ``n_players`` players, those outside ``select`` present
+    (``select`` None: the rows as they are)."""
+    for row in plan:
+        if select is None:
+            yield row
+            continue
+        full = np.ones(n_players, dtype=bool)
+        full[select] = row
+        yield full
 
 
 def select_run(manifest: Mapping[str, Any], run_id: str | None) -> dict[str, Any]:

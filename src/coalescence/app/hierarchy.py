@@ -204,20 +204,11 @@ async def explain_hierarchical(
     sel = np.array([k for k, parent in enumerate(parents) if parent in chosen], dtype=np.intp)
     if sel.size == 0:
         return HierarchicalExplanation(coarse=coarse_explanation, fine=None, fine_snapshot=fine, refined=refined, top_k=top_k)
+    from ..engine.two_fidelity import play
+
     t0 = time.perf_counter()
-    estimator = estimator_for(int(sel.size))
-    estimator.validate(int(sel.size))
-    def lifted() -> Any:
-        for row in estimator.plan(int(sel.size)):
-            full = np.ones(fine.n_players, dtype=bool)
-            full[sel] = row
-            yield full
-
-    from ..engine import counting_evaluations
-
-    with counting_evaluations() as executed:
-        masks, utilities = await engine.evaluate(fine, policy, lifted())
-    estimate = estimator.fit(masks[:, sel], utilities)
+    played = await play(engine, fine, estimator_for(int(sel.size)), policy, select=sel)
+    estimate = played.estimate
     view_players: list[Player] = [replace(fine.players[int(k)], index=j) for j, k in enumerate(sel)]
     view = ConversationSnapshot(conversation=fine.conversation, unit=fine.unit, players=tuple(view_players))
     fine_explanation = Explanation(
@@ -232,10 +223,12 @@ async def explain_hierarchical(
         utility_detail=dict(coarse_explanation.utility_detail),
         utility_description=coarse_explanation.utility_description,
         target_token_count=coarse_explanation.target_token_count,
-        n_evaluations=executed[0],
+        n_evaluations=played.executed,
         wall_seconds=time.perf_counter() - t0,
         answer_tokens=engine.answer_tokens(fine, policy, empty=_lifted_empty(fine.n_players, sel)),
-        notes=coarse_explanation.notes
+        proxy=played.proxy,
+        notes=engine.conversation_notes(fine, policy)
+        + tuple(estimate.notes)
         + (
             f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; "
             f"{_others(fine.n_players - int(sel.size))} held present (coalitions of snapshot "

@@ -131,6 +131,10 @@ class FakeBackend(BackendBase):
         fail_calls: call numbers (1-based, ``score`` and ``generate_batch`` together) that fail
             with :class:`BatchFailed`, whatever their rows.
         delay: seconds every call sleeps before computing (>= 0).
+        row_delay: seconds a call sleeps per exact row it scores (>= 0: a backend whose time
+            grows with its rows).
+        proxy_row_delay: seconds a call sleeps per proxy row it scores (>= 0; default
+            ``row_delay``).
         shutdown_with_engine: whether the engine shuts this backend down when it closes.
 
     Attributes:
@@ -142,7 +146,7 @@ class FakeBackend(BackendBase):
     and failed calls count nothing.
 
     Raises:
-        ConfigError: ``max_context`` or ``max_batch_size`` < 1, a negative ``delay``, no replies.
+        ConfigError: ``max_context`` or ``max_batch_size`` < 1, a negative ``delay``, ``row_delay`` or ``proxy_row_delay``, no replies.
     """
 
     def __init__(
@@ -162,13 +166,17 @@ class FakeBackend(BackendBase):
         poison: Callable[[tuple[int, ...]], bool] | None = None,
         fail_calls: Collection[int] = (),
         delay: float = 0.0,
+        row_delay: float = 0.0,
+        proxy_row_delay: float | None = None,
         shutdown_with_engine: bool = False,
     ) -> None:
         for name, value in (("max_context", max_context), ("max_batch_size", max_batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"must be an int >= 1, got {value!r}", field=name)
-        if not (isinstance(delay, int | float) and delay >= 0):
-            raise ConfigError(f"must be a number of seconds >= 0, got {delay!r}", field="delay")
+        proxy_row_delay = row_delay if proxy_row_delay is None else proxy_row_delay
+        for name, value in (("delay", delay), ("row_delay", row_delay), ("proxy_row_delay", proxy_row_delay)):
+            if isinstance(value, bool) or not (isinstance(value, int | float) and value >= 0):
+                raise ConfigError(f"must be a number of seconds >= 0, got {value!r}", field=name)
         if isinstance(replies, str) or not replies:
             raise ConfigError(f"must be a sequence of at least one text, got {replies!r}", field="replies")
         self.tokenizer = tokenizer
@@ -190,6 +198,7 @@ class FakeBackend(BackendBase):
         self.poison = poison
         self.fail_calls = frozenset(int(n) for n in fail_calls)
         self.delay = float(delay)
+        self.row_delay, self.proxy_row_delay = float(row_delay), float(proxy_row_delay)
         self.calls: list[int] = []
         self._lock = threading.Lock()
         self._open = threading.Event()  # set: calls run; clear: calls wait at their start
@@ -229,7 +238,7 @@ class FakeBackend(BackendBase):
                 value that is not finite; a row longer than ``max_context`` is refused before.
             EngineClosed: after :meth:`shutdown`.
         """
-        return self._play(batch, lambda r: (r.prompt_ids, r.n_tokens, 0), self.game)
+        return self._play(batch, lambda r: (r.prompt_ids, r.n_tokens, 0), self.game, self.row_delay)
 
     def _score_proxy_batch(self, batch: Sequence[ProxyScoreRequest]) -> list[ScoreResult]:
         """The proxy game's log-probabilities of each row's target: ``proxy_game`` of the prompt
@@ -240,7 +249,7 @@ class FakeBackend(BackendBase):
         Raises:
             BatchFailed, EngineClosed: as :meth:`_score_batch`.
         """
-        return self._play(batch, lambda r: (_visible(r), r.n_tokens - r.tail_start, r.tail_start), self.proxy_game)
+        return self._play(batch, lambda r: (_visible(r), r.n_tokens - r.tail_start, r.tail_start), self.proxy_game, self.proxy_row_delay)
 
     def _generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """The replies (module docs), one result per request, in order.
@@ -271,10 +280,14 @@ class FakeBackend(BackendBase):
     def _call(self, prompts: list[tuple[int, ...]]) -> _InCall:
         return _InCall(self, prompts)
 
-    def _play(self, rows: Sequence[Any], view: Callable[[Any], tuple[tuple[int, ...], int, int]], game: Game) -> list[ScoreResult]:
+    def _play(
+        self, rows: Sequence[Any], view: Callable[[Any], tuple[tuple[int, ...], int, int]], game: Game, row_delay: float
+    ) -> list[ScoreResult]:
         """One call of ``game`` on each row: ``view(row)`` gives the prompt the game sees, the
-        positions the row computes and those it reuses."""
+        positions the row computes and those it reuses; the call sleeps ``row_delay`` per row."""
         with self._call([r.prompt_ids for r in rows]):
+            if row_delay:
+                time.sleep(row_delay * len(rows))
             results = []
             for r in rows:
                 prompt, computed, reused = view(r)

@@ -48,7 +48,7 @@ from .hydrate import fill_measurements, fill_store
 from .keys import game_utility, key_for, model_identity
 from .lanes import LanePipelines, default_buckets
 from .notes import template_notes, utility_detail
-from .proxy import proxy_agreement, proxy_game_name, proxy_refusal, validate_exact_only
+from .proxy import proxy_game_name, proxy_refusal
 from .rounds import sample_until
 from .targets import check_room, generated_target
 
@@ -94,6 +94,11 @@ class Engine:
         proxy_game: the tail rule of the shared-KV proxy game that two-fidelity estimators use
             (:data:`~coalescence.masking.proxy.TAIL_RULES`), or ``None`` (the default): exact rows
             only. The proxy is played only where it is defined and measured (:meth:`proxy_refusal`).
+        proxy_cost_limit: where given, the proxy game is played only where its rows cost at most
+            this many times the exact rows' time, measured on the run's own rows
+            (:mod:`.two_fidelity`; the app's default, ``--proxy-game auto``, gives
+            :data:`.two_fidelity.PROXY_COST_MULTIPLE`); ``None`` (the default): played whatever
+            it costs.
 
     Every model evaluation's measurement (per-token log-probabilities, or generated texts) is
     kept by its evaluation key (:attr:`measurements`, filled from an attached archive too), so a
@@ -120,8 +125,12 @@ class Engine:
         utility: UtilitySpec | None = None,
         now: datetime | None = None,
         proxy_game: str | None = None,
+        proxy_cost_limit: float | None = None,
     ) -> None:
         check_backend(backend)
+        if proxy_cost_limit is not None and not (isinstance(proxy_cost_limit, int | float) and proxy_cost_limit > 0):
+            raise ConfigError(f"must be a number > 0 or None, got {proxy_cost_limit!r}", field="proxy_cost_limit")
+        self.proxy_cost_limit = proxy_cost_limit
         if proxy_game is not None and proxy_game not in TAIL_RULES:
             raise ConfigError(f"unknown tail rule {proxy_game!r}; choose one of {', '.join(TAIL_RULES)}", field="proxy_game")
         self.proxy_game = proxy_game
@@ -435,7 +444,8 @@ class Engine:
     async def explain(
         self, snapshot: ConversationSnapshot, estimator: Estimator, policy: AbsencePolicy
     ) -> Explanation:
-        """Plan, evaluate and fit: the attribution of ``snapshot``'s players.
+        """Plan, evaluate and fit: the attribution of ``snapshot``'s players (with the proxy game
+        beside the exact plan where it is played and pays for itself: :func:`.two_fidelity.play`).
 
         Raises:
             EstimatorError, ConfigError: the estimator cannot run on this many players or budget
@@ -443,37 +453,11 @@ class Engine:
             InputError: the conversation does not fit the model.
             BatchFailed: a model call failed.
         """
+        from .two_fidelity import play
+
         t0 = time.perf_counter()
-        n = snapshot.n_players
-        two = estimator.capabilities.two_fidelity
-        if two:  # the floor with the proxy game; the exact-only one below where it is not played
-            estimator.validate(n, proxy=True)
-        else:
-            estimator.validate(n)
-        self.resolved_utility(snapshot, policy)
-        refused = self.proxy_refusal(snapshot, policy) if two else None
-        if refused is not None:  # exact rows alone: the floor without the proxy game, and why
-            validate_exact_only(estimator, n, refused)
-        with counting_evaluations() as executed:
-            masks, utilities = await self.evaluate(snapshot, policy, estimator.plan(n))
-            if not two or refused is not None:
-                estimate = estimator.fit(masks, utilities)
-                proxy = None
-                if two and self.proxy_game is not None:  # asked for, not playable here: say why
-                    estimate = replace(estimate, notes=(*estimate.notes, f"exact rows only: {refused}"))
-            else:
-                game = proxy_game_name(self.proxy_game or "")
-                # the proxy game on its own plan and on every exact coalition (the control variate
-                # needs c(S) where v(S) is known); its rows are counted apart from the exact ones
-                with counting_evaluations() as proxied:
-                    pmasks, putilities = await self.evaluate(
-                        snapshot, policy, itertools.chain(estimator.proxy_plan(n), masks), game=game
-                    )
-                estimate = estimator.fit_two_fidelity(masks, utilities, pmasks, putilities)
-                proxy = {"game": game, "coalitions": len(pmasks), "evaluations": proxied[0]} | proxy_agreement(
-                    masks, utilities, pmasks, putilities
-                )
-        return self._explanation(snapshot, policy, estimate, t0, executed[0], proxy=proxy)
+        played = await play(self, snapshot, estimator, policy)
+        return self._explanation(snapshot, policy, played.estimate, t0, played.executed, proxy=played.proxy)
 
     async def explain_until(
         self,
@@ -564,13 +548,15 @@ class Engine:
             target_token_count=len(self.target_tokens(snapshot, policy).ids),
             n_evaluations=executed,
             wall_seconds=time.perf_counter() - t0,
-            notes=self._notes(snapshot, policy) + tuple(estimate.notes),
+            notes=self.conversation_notes(snapshot, policy) + tuple(estimate.notes),
             stopping=stopping,
             answer_tokens=self.answer_tokens(snapshot, policy),
             proxy=proxy,
         )
 
-    def _notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
+    def conversation_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
+        """The notes of every explanation of ``snapshot`` under ``policy`` that are not its
+        estimator's: the utility's, the template's and the backend's."""
         extra = tuple(self.backend.run_notes(snapshot.snapshot_id))
         return self.resolved_utility(snapshot, policy).notes() + template_notes(self.renderer, self.target_tokens(snapshot, policy), snapshot, policy) + extra
 

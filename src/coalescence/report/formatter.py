@@ -86,6 +86,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
         lines.append("  ".join(cells).rstrip())
     span = est.v_full - est.v_empty
     rel = abs(est.efficiency_gap) / abs(span) if span else float("nan")
+    proxied = int((explanation.proxy or {}).get("evaluations") or 0)  # the proxy game's rows computed in this session
     rate = explanation.n_evaluations / explanation.wall_seconds if explanation.n_evaluations and explanation.wall_seconds > 0 else float("nan")
     target = " ".join(explanation.snapshot.target.split())
     if len(target) > 100:
@@ -106,9 +107,13 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
         )
         + f"   efficiency gap = {est.efficiency_gap:.3g}"
         + (f" ({rel:.2g} of |v(full) - v(empty)|)" if math.isfinite(rel) else " (v(full) = v(empty))"),
-        f"model evaluations = {explanation.n_evaluations} (coalitions used: {est.n_evaluations})   "
-        f"wall time = {explanation.wall_seconds:.1f} s"
-        + (f"   ({rate:.2g} evaluations/s)" if math.isfinite(rate) else "   (no model evaluations in this session)"),
+        f"model evaluations = {explanation.n_evaluations}"
+        + (f" exact + {proxied} proxy rows" if proxied else "")
+        + f" (coalitions used: {est.n_evaluations})   wall time = {explanation.wall_seconds:.1f} s"
+        + (
+            f"   ({rate:.2g} evaluations/s)" if math.isfinite(rate)
+            else "" if proxied else "   (no model evaluations in this session)"
+        ),
     ]
     proxy = explanation.proxy  # a two-fidelity fit's proxy game
     if proxy is not None:

@@ -585,3 +585,58 @@ def test_bad_input_names_the_field():
     assert err.value.field == "budget"
     with pytest.raises(EstimatorError, match="all 256 coalitions"):
         guide_probabilities(MASKS[:200], C[:200])
+
+
+def _keep_half(n: int, m: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random((m, n)) < 0.5
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_fit_with_nothing_held_out_reports_its_cross_validated_lds(seed):
+    """auto --budget 16 on 52 players fits every exact coalition (no held-out LDS): the run still
+    reports a faithfulness number, ``lds_cv``, the Spearman correlation of out-of-fold additive
+    predictions with v(S). An additive game with a proxy equal to it is predicted exactly out of
+    fold (rank correlation 1 by the rule); a game of pure noise is not (|rho| well below 1)."""
+    from coalescence.attribution.estimators import make_estimator
+
+    n = 52
+    two, _ = make_estimator("auto", budget=16, seed=seed).two_fidelity(n)
+    masks = np.array(list(two.plan(n)))
+    pmasks = np.array(list(two.proxy_plan(n)) + list(masks))
+    beta = np.linspace(2.0, 0.05, n)  # distinct weights: no ties among the sums
+    additive = lambda rows: rows.astype(float) @ beta - 3.0  # noqa: E731
+    est = two.fit_two_fidelity(masks, additive(masks), pmasks, additive(pmasks))
+    assert np.isnan(est.diagnostics["lds"]) and est.diagnostics["lds_cv"] == pytest.approx(1.0, abs=1e-9)
+
+    noise = np.random.default_rng(100 + seed)
+    u, c = noise.normal(size=len(masks)), noise.normal(size=len(pmasks))
+    est = two.fit_two_fidelity(masks, u, pmasks, c)
+    assert abs(est.diagnostics["lds_cv"]) < 0.9
+
+
+def test_the_lasso_surrogate_without_a_held_out_share_reports_its_cross_validated_lds():
+    """LassoSurrogate(holdout=0) (ContextCite's setting, and auto's on exact rows): lds is NaN
+    (nothing held out) and lds_cv scores the fit out of fold: an additive game is ranked exactly."""
+    from coalescence.attribution.estimators.lasso import LassoSurrogate
+
+    n, est = 12, LassoSurrogate(budget=64, seed=1, holdout=0.0, alpha=1e-4)
+    masks = np.array(list(est.plan(n)))
+    u = masks.astype(float) @ np.linspace(1.0, 0.1, n)
+    d = est.fit(masks, u).diagnostics
+    assert np.isnan(d["lds"]) and d["lds_cv"] > 0.999
+
+
+def test_no_convergence_warning_reaches_the_user(recwarn):
+    """The LASSO's cross-validation paths on few rows may stop at max_iter at their smallest
+    penalties: no ConvergenceWarning reaches stderr (the chosen penalty is refitted)."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    from coalescence.attribution.estimators.lasso import LassoSurrogate
+
+    n = 52
+    rng = np.random.default_rng(0)
+    est = LassoSurrogate(budget=24, seed=0, holdout=0.0)
+    masks = np.array(list(est.plan(n)))
+    u = masks.astype(float) @ rng.normal(size=n) + rng.normal(size=len(masks))
+    est.fit(masks, u)
+    assert not [w for w in recwarn if issubclass(w.category, ConvergenceWarning) and "path" not in str(w.filename)]

@@ -34,8 +34,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import contextlib
 import logging
 import math
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,7 +47,10 @@ from ...errors import ConfigError, EstimatorError
 from .banzhaf import uniform_plan
 from .base import Capabilities, Estimate, SampledEstimator, check_pool, gather, library_seed, pool_lookup
 
-__all__ = ("CV_RULES", "HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate", "choose_alpha")
+__all__ = (
+    "CV_RULES", "HOLDOUT_FRACTION", "MIN_BUDGET", "UTILITIES", "LassoSurrogate", "choose_alpha", "cross_validated_lds",
+    "quiet_convergence",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -204,9 +210,11 @@ class LassoSurrogate(SampledEstimator):
         )
 
     def _fit_surrogate(
-        self, rows: np.ndarray, u: np.ndarray
+        self, rows: np.ndarray, u: np.ndarray, *, cv_lds: bool = True
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Seeded holdout split, LASSO fit on the training rows, LDS on the held-out rows."""
+        """Seeded holdout split, LASSO fit on the training rows, LDS on the held-out rows (where
+        fewer than 3 are held out and ``cv_lds``, ``lds_cv``: :func:`cross_validated_lds` at the
+        chosen penalty)."""
         from scipy.stats import spearmanr
         from sklearn.linear_model import Lasso, LassoCV
         from sklearn.model_selection import KFold
@@ -219,7 +227,8 @@ class LassoSurrogate(SampledEstimator):
         held, train = order[:n_held], order[n_held:]
         if self.alpha is None:
             folds = KFold(n_splits=min(_CV_FOLDS, train.size), shuffle=True, random_state=library_seed(self.seed))
-            model = LassoCV(cv=folds, max_iter=10_000).fit(x[train], u[train])
+            with quiet_convergence():  # the path's smallest penalties may stop short; the chosen one is refitted
+                model = LassoCV(cv=folds, max_iter=10_000).fit(x[train], u[train])
             alpha = float(model.alpha_)
             if self.cv_rule == "dense-1se":
                 alpha = choose_alpha(model.alphas_, model.mse_path_, self.cv_rule)
@@ -240,4 +249,51 @@ class LassoSurrogate(SampledEstimator):
             "n_train": float(train.size),
             "n_heldout": float(held.size),
         }
+        if held.size < 3 and cv_lds:  # no held-out coalitions to score: the fit's cross-validated LDS instead
+            fold_fit = lambda t: Lasso(alpha=alpha, max_iter=10_000).fit(x[t], u[t]).coef_  # noqa: E731
+            diagnostics["lds_cv"] = cross_validated_lds(x, u, fold_fit, seed=self.seed)
         return np.asarray(model.coef_, dtype=np.float64), diagnostics
+
+
+@contextlib.contextmanager
+def quiet_convergence() -> Iterator[None]:
+    """scikit-learn's ``ConvergenceWarning`` silenced inside the block: a cross-validation path's
+    smallest penalties may stop at ``max_iter`` on few rows (4 warnings on stderr at ``auto
+    --budget 16`` on 52 players), which only moves their own cross-validated errors; the penalty
+    chosen is refitted outside it."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        yield
+
+
+def cross_validated_lds(x: np.ndarray, u: np.ndarray, fit: Callable[[np.ndarray], np.ndarray], *, seed: int) -> float:
+    """A surrogate's LDS on coalitions it did not see, where none were held out: the coalitions in
+    ``min(5, m)`` shuffled folds (``KFold`` seeded by :func:`.base.library_seed` of ``seed``), each
+    fold's coalitions S predicted by ``sum_{i in S} phi_i`` with ``phi = fit(train_rows)`` fitted on
+    the other folds, and Spearman's correlation of those pooled out-of-fold predictions with v(S)
+    (K-fold cross-validation of the LDS: Park et al., 2023, TRAK; here over the run's own plan).
+
+    Args:
+        x: ``[m, n]`` float64 0/1 coalitions; ``u``: ``[m]`` float64 their values v(S).
+        fit: row indices of the training folds -> ``[n]`` float64 attributions.
+        seed: the folds' seed.
+
+    Returns:
+        The correlation, or NaN under 6 coalitions (a fold of one, a training set of four) or
+        where either side is constant.
+    """
+    from scipy.stats import spearmanr
+    from sklearn.model_selection import KFold
+
+    m = x.shape[0]
+    if m < 6:
+        return math.nan
+    predicted = np.empty(m)
+    with quiet_convergence():
+        for train, test in KFold(n_splits=min(_CV_FOLDS, m), shuffle=True, random_state=library_seed(seed)).split(x):
+            predicted[test] = x[test] @ np.asarray(fit(train), dtype=np.float64)
+    if np.ptp(predicted) == 0 or np.ptp(u) == 0:
+        return math.nan
+    return float(spearmanr(predicted, u).statistic)

@@ -75,7 +75,7 @@ import numpy as np
 from ....errors import ConfigError, EstimatorError
 from ..banzhaf import uniform_plan
 from ..base import Capabilities, Estimate, check_n_players, gather, library_seed, pool_lookup, row_keys
-from ..lasso import MIN_BUDGET, LassoSurrogate, _to_logit, choose_alpha
+from ..lasso import MIN_BUDGET, LassoSurrogate, _to_logit, choose_alpha, cross_validated_lds, quiet_convergence
 from ..msr import RegressionMSR
 from .common import (
     _check_proxy_budget, _exact_and_proxy, _proxy_budget, default_proxy_budget, proxy_budget_notes, proxy_correlation, proxy_pools,
@@ -183,7 +183,8 @@ def fit_lasso_with_covariate(
         mse = np.empty((_N_ALPHAS, folds.get_n_splits()))
         for k, (train, test) in enumerate(folds.split(x)):
             b_tr = basis[train]
-            _, coefs, _ = lasso_path(_residualize(b_tr, x[train]), _residualize(b_tr, y[train]), alphas=alphas, max_iter=10_000)
+            with quiet_convergence():  # the path's smallest penalties may stop short; the chosen one is refitted
+                _, coefs, _ = lasso_path(_residualize(b_tr, x[train]), _residualize(b_tr, y[train]), alphas=alphas, max_iter=10_000)
             # coefs [n, n_alphas]; (a, b) of each candidate by least squares on the training rows
             ab = np.linalg.lstsq(b_tr, y[train][:, None] - x[train] @ coefs, rcond=None)[0]  # [q, n_alphas]
             predicted = basis[test] @ ab + x[test] @ coefs  # [m_test, n_alphas]
@@ -242,7 +243,7 @@ class _LeastSquaresSurrogate(LassoSurrogate):
     under ``proxy_fit="least-squares"``), on the LASSO surrogate's plan; every row is fitted
     (``holdout`` is ignored) and ``lds`` is NaN."""
 
-    def _fit_surrogate(self, rows: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+    def _fit_surrogate(self, rows: np.ndarray, u: np.ndarray, *, cv_lds: bool = True) -> tuple[np.ndarray, dict[str, float]]:
         x = np.column_stack([np.ones(rows.shape[0]), rows.astype(np.float64)])
         coef = np.linalg.lstsq(x, u, rcond=None)[0]
         return coef[1:], {"lds": math.nan, "intercept": float(coef[0]), "n_train": float(rows.shape[0]), "n_heldout": 0.0}
@@ -397,7 +398,24 @@ class ControlVariateLasso(LassoSurrogate):
             return fit.fit(proxy_masks, proxy_utilities).values, len(list(fit.plan(n)))
         rows = self._proxy_rows(fit, n)
         c = gather(pool_lookup(proxy_masks, proxy_utilities), tuple(row_keys(rows)), f"{self.name} (the proxy game's plan)")
-        return fit._fit_surrogate(rows, c)[0], rows.shape[0]
+        return fit._fit_surrogate(rows, c, cv_lds=False)[0], rows.shape[0]
+
+    def _cross_validated_lds(self, x: np.ndarray, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray, alpha: float) -> float:
+        """The LDS of the fit on coalitions it did not see: each of ``min(5, m)`` shuffled folds of
+        the exact coalitions (seeded by ``seed``) predicted by ``sum_{i in S} phi_i`` of the fit on
+        the other folds (the same correction, its penalty fixed at ``alpha``), and Spearman's
+        correlation of the pooled out-of-fold predictions with v(S) (:func:`cross_validated_lds`)."""
+
+        def fitted(train: np.ndarray) -> np.ndarray:
+            if self.correction == "ridge":
+                w, _, b = fit_ridge_with_covariate(x[train], u[train], c[train], ridge_penalties(phi_c))
+            else:
+                w, _, b, _ = fit_lasso_with_covariate(
+                    x[train], u[train], c[train], alpha=alpha if math.isfinite(alpha) else None, seed=self.seed
+                )
+            return b * phi_c + w
+
+        return cross_validated_lds(x, u, fitted, seed=self.seed)
 
     def fit_two_fidelity(
         self, masks: np.ndarray, utilities: np.ndarray, proxy_masks: np.ndarray, proxy_utilities: np.ndarray
@@ -450,7 +468,8 @@ class ControlVariateLasso(LassoSurrogate):
             if 0 < n_held < 3:  # too few to rank (no LDS): every exact coalition is fitted instead
                 unheld = (
                     f"no held-out LDS: {n_held} of {m} exact coalitions would be held out, fewer than the 3 a rank "
-                    "correlation needs; all were fitted (evaluate the explanation on fresh coalitions: coalescence evaluate)"
+                    "correlation needs; all were fitted, and lds_cv is the fit's cross-validated LDS (evaluate the "
+                    "explanation on fresh coalitions: coalescence evaluate)"
                 )
                 n_held = 0
             held, train = order[:n_held], order[n_held:]
@@ -472,6 +491,8 @@ class ControlVariateLasso(LassoSurrogate):
                 lds=lds, alpha=alpha, b=b, intercept=a, proxy_used=1.0, nonzero=float(np.count_nonzero(w)),
                 n_train=float(train.size), n_heldout=float(held.size),
             )
+            if held.size < 3:  # no held-out coalitions to score: the fit's cross-validated LDS instead
+                diagnostics["lds_cv"] = self._cross_validated_lds(x, u, c, phi_c, alpha)
         notes = (unheld,) if unheld else ()
         note = (
             f"two-fidelity {self.name}: {len(plan.keys)} exact and {int(diagnostics['proxy_evaluations'])} proxy coalitions; "
