@@ -241,6 +241,20 @@ def test_bad_setting_is_refused(
     assert says in line
 
 
+@pytest.mark.parametrize(("workers", "says"), [("1000000000", "the most a run starts is 1024"), ("5", "this machine's 4 CPUs")])
+def test_more_workers_than_a_run_can_host_are_refused_before_anything_starts(
+    workers: str, says: str, tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import sys
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # a local cluster: no Ray session of another test counts
+    path = write_input(tmp_path, CONVERSATION)
+    line = assert_refused(["explain", str(path), "--model", str(tmp_path / "never-loaded"), "--workers", workers], "--workers", tmp_path, cwd, capsys)
+    assert says in line
+
+
 def test_too_many_players_for_exact_is_refused(
     tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
 ) -> None:

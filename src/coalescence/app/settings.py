@@ -59,7 +59,8 @@ class RunSettings(
 
     Args:
         model: alias, local directory, ``.gguf`` file or hub id.
-        backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`).
+        backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`); ``None``
+            (default): ``hf``, or ``vllm-server`` with a ``vllm_url`` (which no other backend takes).
         unit: player unit (default: ``document`` for an input with declared players, else ``turn``).
         roles: the roles whose messages are players (default: every role).
         method: the estimator (:data:`~coalescence.attribution.estimators.ESTIMATORS`); ``None``
