@@ -269,6 +269,30 @@ def test_an_explainer_refuses_more_workers_than_this_machine_hosts(tiny_model_di
     assert BackendSettings(workers=2).workers == 2  # the default count of a joined cluster is always allowed
 
 
+def test_a_proxy_game_with_a_method_that_does_not_play_it_is_refused_as_the_proxy_budget_is(chat, tiny_model_dir):
+    """An explicit tail rule with a method that fits the exact game alone was dropped silently; the
+    default (auto) and none stay accepted with every method."""
+    for method, options in (("exact", {}), ("loo", {}), ("kernelshap", {"budget": 64})):
+        with pytest.raises(ConfigError) as info:
+            coalescence.explain(chat, model=str(tiny_model_dir / "never-loaded"), method=method, proxy_game="last-turn", **options)
+        assert info.value.field == "proxy_game" and f"method {method}" in info.value.message
+        assert "two-fidelity methods (lasso, proxy-shapley, proxy-shapley-shrunk, auto)" in info.value.message
+    from coalescence.app.settings import RunSettings
+
+    for game in ("auto", "none"):
+        assert RunSettings(method="exact", proxy_game=game).proxy_game == game
+    assert RunSettings(method="lasso", budget=16, proxy_game="last-turn").proxy_tail == "last-turn"
+
+
+def test_a_misspelt_proxy_game_gets_the_nearest_name(chat, tiny_model_dir):
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, model=str(tiny_model_dir / "never-loaded"), method="lasso", budget=16, proxy_game="last_turn")
+    assert info.value.field == "proxy_game" and "did you mean last-turn?" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, model=str(tiny_model_dir / "never-loaded"), proxy_game="zzz")
+    assert "did you mean" not in info.value.message  # nothing close: no guess
+
+
 def test_an_explainer_runs_are_recorded_as_the_commands_with_its_backend_settings(chat, tiny_model_dir, tmp_path):
     """An Explainer's settings are the command's ``BackendSettings``; its runs record them as the
     command records its options, and explain() refuses them as the Explainer's."""

@@ -220,6 +220,10 @@ BAD_SETTINGS = [
         "minimum of 8 for the LASSO surrogate with 4 players with the proxy game as its control variate",
         id="budget-below-the-two-fidelity-floor",
     ),
+    pytest.param(["--method", "exact", "--proxy-game", "last-turn"], "--proxy-game", "two-fidelity methods (lasso", id="proxy-game-with-exact"),
+    pytest.param(
+        ["--method", "kernelshap", "--budget", "64", "--proxy-game", "answer"], "--proxy-game", "method kernelshap", id="proxy-game-with-kernelshap"
+    ),
     pytest.param(["--placeholder", "[gone]"], "--placeholder", "--absence-policy placeholder", id="placeholder-with-drop"),
     pytest.param(["--method", "loo", "--budget", "50"], "--budget", "permutation", id="budget-with-loo"),
 ]
@@ -908,7 +912,13 @@ def test_help_sections_hold_the_options_of_their_kind(command: str) -> None:
 
 @pytest.mark.parametrize(
     ("option", "typo", "meant"),
-    [("--method", "kernalshap", "kernelshap"), ("--utility", "logprb", "logprob"), ("--absence-policy", "plaecholder", "placeholder"), ("--unit", "sentense", "sentence")],
+    [
+        ("--method", "kernalshap", "kernelshap"),
+        ("--utility", "logprb", "logprob"),
+        ("--absence-policy", "plaecholder", "placeholder"),
+        ("--unit", "sentense", "sentence"),
+        ("--proxy-game", "last_turn", "last-turn"),
+    ],
 )
 def test_a_misspelt_name_gets_a_suggestion(tmp_path: Path, capsys, option: str, typo: str, meant: str) -> None:
     # --method is checked by the estimator registry, the others are argparse choices: one hint for all

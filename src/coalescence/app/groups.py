@@ -282,7 +282,7 @@ class EstimatorSettings(SettingsGroup):
         help="the shared-KV proxy game that two-fidelity methods (auto, lasso, proxy-shapley, proxy-shapley-shrunk) use to reduce their "
         "variance: the full conversation's KV once, each coalition's tail masked (docs/proxy.md); the values are "
         "always the exact game's. auto: where the backend scores it (transformers), the utility is teacher-forced "
-        "and the policy drops; none: exact rows only; or a tail rule (default: %(default)s)",
+        "and the policy drops; none: exact rows only; or a tail rule (refused with any other method) (default: %(default)s)",
     )
     proxy_budget: int | None = option(
         None,
