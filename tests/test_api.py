@@ -223,6 +223,10 @@ async def test_the_blocking_call_works_inside_a_running_event_loop(chat, tiny_mo
         ({"workers": 2, "gpus_per_worker": 1}, "gpus_per_worker"),
         ({"ray_address": " "}, "ray_address"),
         ({"dtype": "float8"}, "dtype"),
+        ({"workers": 10**9}, "workers"),  # would hang starting the workers
+        ({"workers": 10**9, "ray_address": "auto"}, "workers"),
+        ({"vllm_url": 8000}, "vllm_url"),
+        ({"backend": "hf", "vllm_url": "http://127.0.0.1:8000"}, "vllm_url"),
     ],
 )
 def test_an_explainer_refuses_bad_ray_settings_naming_the_field_before_loading(tiny_model_dir, monkeypatch, options, field):
@@ -236,6 +240,57 @@ def test_an_explainer_refuses_bad_ray_settings_naming_the_field_before_loading(t
     with pytest.raises(ConfigError) as info:
         coalescence.Explainer(str(tiny_model_dir), **options)
     assert info.value.field == field
+
+
+def test_an_explainer_refuses_more_workers_than_this_machine_hosts(tiny_model_dir, monkeypatch):
+    """Without ray_address the workers run on a local cluster: one per CPU (2 at least, the default)."""
+    import os
+    import sys
+
+    from coalescence.backends import registry
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(registry, "load_backend", no_load)
+    monkeypatch.setattr(registry, "load_tokenizer", no_load)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # no Ray session of another test counts
+    with pytest.raises(ConfigError) as info:
+        coalescence.Explainer(str(tiny_model_dir), workers=5)
+    assert info.value.field == "workers" and "4 CPUs" in info.value.message and "at most 4 workers" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        coalescence.Explainer(str(tiny_model_dir), workers=1025, ray_address="auto")
+    assert info.value.field == "workers" and "1024" in info.value.message
+    from coalescence.app.backend import BackendSettings
+
+    assert BackendSettings(workers=4).workers == 4 and BackendSettings(workers=5, ray_address="auto").workers == 5
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert BackendSettings(workers=2).workers == 2  # the default count of a joined cluster is always allowed
+
+
+def test_a_proxy_game_with_a_method_that_does_not_play_it_is_refused_as_the_proxy_budget_is(chat, tiny_model_dir):
+    """An explicit tail rule with a method that fits the exact game alone was dropped silently; the
+    default (auto) and none stay accepted with every method."""
+    for method, options in (("exact", {}), ("loo", {}), ("kernelshap", {"budget": 64})):
+        with pytest.raises(ConfigError) as info:
+            coalescence.explain(chat, model=str(tiny_model_dir / "never-loaded"), method=method, proxy_game="last-turn", **options)
+        assert info.value.field == "proxy_game" and f"method {method}" in info.value.message
+        assert "two-fidelity methods (lasso, proxy-shapley, proxy-shapley-shrunk, auto)" in info.value.message
+    from coalescence.app.settings import RunSettings
+
+    for game in ("auto", "none"):
+        assert RunSettings(method="exact", proxy_game=game).proxy_game == game
+    assert RunSettings(method="lasso", budget=16, proxy_game="last-turn").proxy_tail == "last-turn"
+
+
+def test_a_misspelt_proxy_game_gets_the_nearest_name(chat, tiny_model_dir):
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, model=str(tiny_model_dir / "never-loaded"), method="lasso", budget=16, proxy_game="last_turn")
+    assert info.value.field == "proxy_game" and "did you mean last-turn?" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        coalescence.explain(chat, model=str(tiny_model_dir / "never-loaded"), proxy_game="zzz")
+    assert "did you mean" not in info.value.message  # nothing close: no guess
 
 
 def test_an_explainer_runs_are_recorded_as_the_commands_with_its_backend_settings(chat, tiny_model_dir, tmp_path):

@@ -86,7 +86,8 @@ class Explainer:
 
     Args:
         model: alias (default ``smollm2-135m``), local model directory, ``.gguf`` file or hub id.
-        backend: the backend by name (``hf``, ``vllm``).
+        backend: the backend by name (``hf``, ``vllm``, ``vllm-server``); default: ``hf``, or
+            ``vllm-server`` with a ``vllm_url`` (which no other backend takes).
         device: torch device (``"cpu"``, ``"cuda"``).
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         batch_size: rows per model call; ``None``: the backend's own default (hf 16, vllm 512:
@@ -95,7 +96,9 @@ class Explainer:
             loading the weights here (``model`` names the same model: its tokenizer, chat
             template and context; teacher-forced utilities only, answers given).
         workers: model workers in Ray actors (needs ``ray``): on a local Ray cluster started here
-            (unless one is running in this process), or on the cluster at ``ray_address``.
+            (unless one is running in this process), or on the cluster at ``ray_address``; at
+            most 1024 (:data:`~coalescence.app.backend.MAX_WORKERS`), and on a local cluster at
+            most this machine's CPUs (at least 2).
         ray_address: join this Ray cluster (``auto``, ``HOST:PORT``) instead of starting one.
         gpus_per_worker: accelerators each Ray worker reserves (with ``device="cuda"``).
         threads_per_worker: torch threads of each Ray worker (default: its node's CPUs divided
@@ -114,7 +117,7 @@ class Explainer:
         self,
         model: str = DEFAULT_MODEL,
         *,
-        backend: str = "hf",
+        backend: str | None = None,
         device: str = "cpu",
         dtype: str = "float32",
         batch_size: int | None = None,

@@ -17,6 +17,10 @@ BAD_SERVER_SETTINGS = [
     ({"vllm_url": "notaurl"}, "must be http://HOST:PORT"),
     ({"vllm_url": "ftp://host:8000"}, "must be http://HOST:PORT"),
     ({"vllm_url": "http://"}, "must be http://HOST:PORT"),
+    ({"vllm_url": "http://host:port"}, "must be http://HOST:PORT"),
+    ({"vllm_url": 8000}, "must be a running vllm serve's URL, a string http://HOST:PORT (or https), got 8000 (int)"),
+    ({"backend": "hf", "vllm_url": "http://127.0.0.1:8000"}, "only the vllm-server backend takes a URL, and backend 'hf'"),
+    ({"backend": "vllm", "vllm_url": "http://127.0.0.1:8000"}, "drop backend (--backend"),
     ({"backend": "vllm-server"}, "give its http://HOST:PORT"),
     ({"vllm_url": "http://127.0.0.1:8000", "workers": 2}, "give one of them"),
     ({"vllm_url": "http://127.0.0.1:8000", "ray_address": "auto"}, "give one of them"),
@@ -36,6 +40,11 @@ def test_good_server_settings_pass_and_name_the_server_backend():
         settings = BackendSettings(vllm_url=url)
         assert settings.backend_name == "vllm-server" and not settings.distributed
     assert BackendSettings().backend_name == "hf"
+    # a URL alone picks the server backend, and the settings hold the name chosen
+    chosen = BackendSettings(vllm_url="http://127.0.0.1:8000")
+    assert chosen.backend == "vllm-server" and BackendSettings().backend == "hf"
+    assert BackendSettings(backend="vllm-server", vllm_url="http://127.0.0.1:8000") == chosen
+    assert RunSettings(vllm_url="http://127.0.0.1:8000").backend_settings().backend == "vllm-server"
 
 
 @pytest.mark.parametrize(
@@ -45,6 +54,7 @@ def test_good_server_settings_pass_and_name_the_server_backend():
         ["--vllm-url", "notaurl"],
         ["--backend", "vllm-server"],
         ["--vllm-url", "http://127.0.0.1:8000", "--workers", "2"],
+        ["--backend", "hf", "--vllm-url", "http://127.0.0.1:8000"],
     ],
 )
 def test_the_cli_refuses_them_in_one_line_before_loading(tmp_path, monkeypatch, options):

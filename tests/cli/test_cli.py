@@ -220,6 +220,10 @@ BAD_SETTINGS = [
         "minimum of 8 for the LASSO surrogate with 4 players with the proxy game as its control variate",
         id="budget-below-the-two-fidelity-floor",
     ),
+    pytest.param(["--method", "exact", "--proxy-game", "last-turn"], "--proxy-game", "two-fidelity methods (lasso", id="proxy-game-with-exact"),
+    pytest.param(
+        ["--method", "kernelshap", "--budget", "64", "--proxy-game", "answer"], "--proxy-game", "method kernelshap", id="proxy-game-with-kernelshap"
+    ),
     pytest.param(["--placeholder", "[gone]"], "--placeholder", "--absence-policy placeholder", id="placeholder-with-drop"),
     pytest.param(["--method", "loo", "--budget", "50"], "--budget", "permutation", id="budget-with-loo"),
 ]
@@ -238,6 +242,20 @@ def test_bad_setting_is_refused(
     path = write_input(tmp_path, CONVERSATION)
     argv = ["explain", str(path), "--model", str(tiny_model_dir), *options]  # a later --model wins
     line = assert_refused(argv, field, tmp_path, cwd, capsys)
+    assert says in line
+
+
+@pytest.mark.parametrize(("workers", "says"), [("1000000000", "the most a run starts is 1024"), ("5", "this machine's 4 CPUs")])
+def test_more_workers_than_a_run_can_host_are_refused_before_anything_starts(
+    workers: str, says: str, tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import sys
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # a local cluster: no Ray session of another test counts
+    path = write_input(tmp_path, CONVERSATION)
+    line = assert_refused(["explain", str(path), "--model", str(tmp_path / "never-loaded"), "--workers", workers], "--workers", tmp_path, cwd, capsys)
     assert says in line
 
 
@@ -899,7 +917,13 @@ def test_help_sections_hold_the_options_of_their_kind(command: str) -> None:
 
 @pytest.mark.parametrize(
     ("option", "typo", "meant"),
-    [("--method", "kernalshap", "kernelshap"), ("--utility", "logprb", "logprob"), ("--absence-policy", "plaecholder", "placeholder"), ("--unit", "sentense", "sentence")],
+    [
+        ("--method", "kernalshap", "kernelshap"),
+        ("--utility", "logprb", "logprob"),
+        ("--absence-policy", "plaecholder", "placeholder"),
+        ("--unit", "sentense", "sentence"),
+        ("--proxy-game", "last_turn", "last-turn"),
+    ],
 )
 def test_a_misspelt_name_gets_a_suggestion(tmp_path: Path, capsys, option: str, typo: str, meant: str) -> None:
     # --method is checked by the estimator registry, the others are argparse choices: one hint for all

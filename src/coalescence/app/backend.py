@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -21,13 +23,20 @@ if TYPE_CHECKING:
     from .groups import ModelSettings, RaySettings
 
 __all__ = (
+    "MAX_WORKERS",
     "BackendSettings",
     "check_ray_settings",
     "check_server_settings",
     "load_model",
+    "local_worker_limit",
     "quiet_loading_bars",
     "ray_backend",
 )
+
+MAX_WORKERS = 1024
+"""The most Ray workers a run starts (each holds a copy of the model): a larger count is refused
+as a slip, on a joined cluster too. A local cluster takes at most this machine's CPUs (at least 2,
+the default count), :func:`local_worker_limit`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,12 +48,15 @@ class BackendSettings:
         model: alias, local model directory, ``.gguf`` file or hub id (``None``: a replay or an
             evaluation with no model of its own).
         backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`: ``hf``,
-            ``vllm``).
+            ``vllm``, ``vllm-server``); ``None`` (default): ``vllm-server`` with a ``vllm_url``,
+            else ``hf`` (the settings hold the name chosen).
         device: torch device (``"cpu"``, ``"cuda"``).
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         batch_size: rows per model call; ``None``: the backend's own default.
         vllm_url: a running ``vllm serve`` (``http://HOST:PORT``) scoring instead of weights loaded here.
-        workers: model workers in Ray actors (``None``: in this process, unless ``ray_address``).
+        workers: model workers in Ray actors (``None``: in this process, unless ``ray_address``);
+            at most :data:`MAX_WORKERS`, and on a local cluster at most this machine's CPUs
+            (:func:`local_worker_limit`).
         ray_address: a Ray cluster to join (``auto``, ``HOST:PORT``) instead of starting one.
         gpus_per_worker: accelerators each Ray worker reserves (>= 0; needs ``device="cuda"``
             unless the backend is ``vllm``).
@@ -58,7 +70,7 @@ class BackendSettings:
     """
 
     model: str | None = None
-    backend: str = "hf"
+    backend: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
     batch_size: int | None = None
@@ -73,6 +85,8 @@ class BackendSettings:
 
         check_dtype(self.dtype)  # before anything loads torch
         check_server_settings(self)
+        if self.backend is None:  # a URL alone picks the server backend
+            object.__setattr__(self, "backend", "vllm-server" if self.vllm_url is not None else "hf")
         check_ray_settings(self)
 
     @classmethod
@@ -102,27 +116,44 @@ class BackendSettings:
     def backend_name(self) -> str:
         """The backend that scores, as a run records it: ``vllm-server`` with a ``vllm_url``,
         else ``backend``."""
-        return "vllm-server" if self.vllm_url is not None else str(self.backend)
+        return "vllm-server" if self.vllm_url is not None else str(self.backend or "hf")
 
 
 def check_server_settings(settings: BackendSettings) -> None:
     """Refuse a ``vllm_url`` that cannot work, before anything loads.
 
     Raises:
-        ConfigError: naming ``vllm_url``: given but empty or not ``http(s)://HOST[:PORT]``, missing
-            for the ``vllm-server`` backend, or given with Ray workers (``workers``,
-            ``ray_address``), which would load the weights in the workers instead.
+        ConfigError: naming ``vllm_url``: given but not a string, empty or not
+            ``http(s)://HOST[:PORT]``, missing for the ``vllm-server`` backend, given with another
+            backend named (``backend="hf"``: weights loaded here, a contradiction; naming both
+            fields), or given with Ray workers (``workers``, ``ray_address``), which would load the
+            weights in the workers instead.
     """
     url = settings.vllm_url
     if url is None:
         if settings.backend == "vllm-server":
             raise ConfigError("the vllm-server backend scores against a running vllm serve; give its http://HOST:PORT", field="vllm_url")
         return
-    if not isinstance(url, str) or not url.strip():
+    if not isinstance(url, str):
+        raise ConfigError(
+            f"must be a running vllm serve's URL, a string http://HOST:PORT (or https), got {url!r} ({type(url).__name__})",
+            field="vllm_url",
+        )
+    if not url.strip():
         raise ConfigError("is empty; give a running vllm serve's http://HOST:PORT", field="vllm_url")
     parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"must be http://HOST:PORT, got {url!r}", field="vllm_url")
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # a port that is not a number, or out of range
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise ConfigError(f"must be http://HOST:PORT (or https), got {url!r}", field="vllm_url")
+    if settings.backend is not None and settings.backend != "vllm-server":
+        raise ConfigError(
+            f"only the vllm-server backend takes a URL, and backend {settings.backend!r} loads the weights here; drop "
+            "backend (--backend; a vllm_url alone picks vllm-server) or drop vllm_url (--vllm-url)",
+            field="vllm_url",
+        )
     if settings.workers is not None or settings.ray_address is not None:
         raise ConfigError(
             "scores on a running vllm serve, while --workers/--ray-address load the model in Ray workers; give one of them",
@@ -135,15 +166,32 @@ def check_ray_settings(settings: BackendSettings) -> None:
     ``threads_per_worker``).
 
     Raises:
-        ConfigError: naming the field: a count that is not a positive integer, an empty address,
-            a negative or non-finite ``gpus_per_worker``, a worker setting without workers, or
-            GPUs reserved for workers that compute on the CPU.
+        ConfigError: naming the field: a count that is not a positive integer, more ``workers``
+            than :data:`MAX_WORKERS` or, without ``ray_address``, than this machine can host
+            (:func:`local_worker_limit`), an empty address, a negative or non-finite
+            ``gpus_per_worker``, a worker setting without workers, or GPUs reserved for workers
+            that compute on the CPU.
     """
     s = settings
     for name in ("workers", "threads_per_worker"):
         value = getattr(s, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
+    if s.workers is not None:
+        if s.workers > MAX_WORKERS:
+            raise ConfigError(
+                f"asks for {s.workers} Ray workers, each holding a copy of the model; the most a run starts is "
+                f"{MAX_WORKERS}; give fewer workers",
+                field="workers",
+            )
+        limit = local_worker_limit() if s.ray_address is None else None
+        if limit is not None and s.workers > limit:
+            raise ConfigError(
+                f"asks for {s.workers} Ray workers on a local cluster, which this machine's {limit} CPUs cannot host "
+                f"(one worker per CPU, each holding a copy of the model); give at most {limit} workers, or join a "
+                "larger cluster (ray_address, --ray-address)",
+                field="workers",
+            )
     if s.ray_address is not None and (not isinstance(s.ray_address, str) or not s.ray_address.strip()):
         raise ConfigError("is empty; give a Ray cluster address (auto, HOST:PORT)", field="ray_address")
     g = s.gpus_per_worker
@@ -159,6 +207,16 @@ def check_ray_settings(settings: BackendSettings) -> None:
             "which uses the GPUs it sees)",
             field="gpus_per_worker",
         )
+
+
+def local_worker_limit() -> int | None:
+    """The most Ray workers a local cluster started for a run hosts: one per CPU of this machine
+    (at least 2, the default count); ``None`` when Ray is already running in this process (a
+    cluster the caller joined, whose size the workers' placement decides)."""
+    ray = sys.modules.get("ray")  # never imported here: only a Ray already in use counts
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return None
+    return max(2, os.cpu_count() or 1)
 
 
 def ray_backend(settings: BackendSettings, source: ModelSource, **preloaded: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from ..backends.base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
 from ..utility import DEFAULT_UTILITY
+from .backend import MAX_WORKERS
 from .options import SettingsGroup, option, positive_float, positive_int
 from .options import seed as seed_type
 
@@ -151,11 +152,12 @@ class ModelSettings(SettingsGroup):
     model: str | None = option(
         "smollm2-135m", help="model alias (smollm2-135m), local model directory, .gguf file or hub id (default: %(default)s)"
     )
-    backend: str = option(
-        "hf",
+    backend: str | None = option(
+        None,
         choices=_backends,
         help="the model backend by name: hf (transformers, CPU or GPU), vllm (vLLM's engine in this process: pip install "
-        "'coalescence[vllm]'; float32 on the CPU) (default: %(default)s)",
+        "'coalescence[vllm]'; float32 on the CPU), vllm-server (a running `vllm serve`: give --vllm-url, which alone "
+        "picks it; with --vllm-url any other backend is refused) (default: hf; vllm-server with --vllm-url)",
     )
     vllm_url: str | None = option(
         None,
@@ -280,7 +282,7 @@ class EstimatorSettings(SettingsGroup):
         help="the shared-KV proxy game that two-fidelity methods (auto, lasso, proxy-shapley, proxy-shapley-shrunk) use to reduce their "
         "variance: the full conversation's KV once, each coalition's tail masked (docs/proxy.md); the values are "
         "always the exact game's. auto: where the backend scores it (transformers), the utility is teacher-forced "
-        "and the policy drops; none: exact rows only; or a tail rule (default: %(default)s)",
+        "and the policy drops; none: exact rows only; or a tail rule (refused with any other method) (default: %(default)s)",
     )
     proxy_budget: int | None = option(
         None,
@@ -349,7 +351,7 @@ class RaySettings(SettingsGroup):
         help="N model workers in Ray actors (pip install 'coalescence[ray]'; the driver plans, renders and archives, each "
         "worker holds one copy of the model and takes conversations whole): on a local Ray cluster started for the run, "
         "or on the --ray-address cluster (default: in this process; with --ray-address, one per GPU with "
-        "--gpus-per-worker, else 2)",
+        f"--gpus-per-worker, else 2); at most {MAX_WORKERS}, and on a local cluster at most this machine's CPUs (at least 2)",
     )
     ray_address: str | None = option(None, metavar="ADDR", help="join this Ray cluster (auto, HOST:PORT) instead of starting one")
     gpus_per_worker: float = option(

@@ -59,7 +59,8 @@ class RunSettings(
 
     Args:
         model: alias, local directory, ``.gguf`` file or hub id.
-        backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`).
+        backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`); ``None``
+            (default): ``hf``, or ``vllm-server`` with a ``vllm_url`` (which no other backend takes).
         unit: player unit (default: ``document`` for an input with declared players, else ``turn``).
         roles: the roles whose messages are players (default: every role).
         method: the estimator (:data:`~coalescence.attribution.estimators.ESTIMATORS`); ``None``
@@ -87,9 +88,13 @@ class RunSettings(
         out, html: files written after the run (the ``--out`` document, the HTML report).
         max_conversations_in_flight: a dataset's conversations evaluated at once, through one
             scheduler and collator (their coalitions fill the same batches); bounds memory.
+        proxy_game, proxy_budget: the shared-KV proxy game of the two-fidelity methods
+            (``auto``: where it applies; ``none``; or a tail rule) and its distinct coalitions; a
+            tail rule or a proxy budget with a method that fits the exact game alone is refused.
         workers: model workers on Ray (:mod:`coalescence.distributed`): a local Ray cluster with
             this many workers, or this many workers on the cluster at ``ray_address``; ``None``:
-            the model runs in this process (unless ``ray_address`` is given).
+            the model runs in this process (unless ``ray_address`` is given); at most
+            :data:`~coalescence.app.backend.MAX_WORKERS`, and locally this machine's CPUs.
         ray_address: join this Ray cluster (``auto``, ``HOST:PORT``) instead of starting one.
         gpus_per_worker: accelerators each Ray worker reserves (needs a ``cuda`` device).
         threads_per_worker: torch threads of each Ray worker (default: its node's CPUs divided
@@ -166,16 +171,27 @@ class RunSettings(
         self.utility_spec()
 
     def _check_proxy(self, capabilities: Any) -> None:
-        """Refuse a proxy setting that cannot apply (an unknown game, a proxy budget for a method
-        that fits the exact game alone, or with the proxy game off)."""
+        """Refuse a proxy setting that cannot apply (an unknown game, with the nearest name; a tail
+        rule or a proxy budget for a method that fits the exact game alone; a proxy budget with the
+        proxy game off). ``auto`` (the default) plays the game where it applies, and ``none`` turns it
+        off, so neither contradicts a method that does not play it."""
+        from ..attribution.estimators import methods_with
         from .groups import proxy_games
 
-        if self.proxy_game not in proxy_games():
-            raise ConfigError(f"unknown proxy game {self.proxy_game!r}; choose one of {', '.join(proxy_games())}", field="proxy_game")
+        if not isinstance(self.proxy_game, str) or self.proxy_game not in proxy_games():
+            raise ConfigError(
+                f"unknown proxy game {self.proxy_game!r}{did_you_mean(self.proxy_game, proxy_games())}; choose one of "
+                f"{', '.join(proxy_games())}",
+                field="proxy_game",
+            )
+        if self.proxy_game not in ("auto", "none") and not capabilities.two_fidelity:
+            raise ConfigError(
+                f"method {self.method_name} fits the exact game alone; a proxy game ({self.proxy_game}) applies to the "
+                f"two-fidelity methods ({', '.join(methods_with(two_fidelity=True))}). Drop it or choose one of those",
+                field="proxy_game",
+            )
         if self.proxy_budget is not None:
             if not capabilities.two_fidelity:
-                from ..attribution.estimators import methods_with
-
                 raise ConfigError(
                     f"method {self.method_name} fits the exact game alone; a proxy budget applies to the two-fidelity "
                     f"methods ({', '.join(methods_with(two_fidelity=True))})",
