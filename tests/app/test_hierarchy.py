@@ -164,3 +164,47 @@ def test_cli_hierarchy_fine_level_names_the_runs_utility(tmp_path, tiny_model_di
         assert doc[level]["utility"] == "mean_logprob" and doc[level]["value_unit"] == "nats per token"
     assert doc["fine"]["utility_detail"] == doc["coarse"]["utility_detail"]
     assert capsys.readouterr().out.count("value (nats per token)") == 2
+
+
+LONG_RAG = {
+    "documents": [
+        {"id": "a", "title": "Paris", "text": "Paris is the capital of France. It is big."},
+        {"id": "b", "title": "Rome", "text": "Rome is in Italy."},
+        {
+            "id": "c",
+            "title": "Tower",
+            "text": "The tower was completed in 1889. It is tall. It is old. It is made of iron. "
+            "It was built for a fair. Many visit it.",
+        },
+    ],
+    "question": "When was the tower completed?",
+    "answer": "In 1889.",
+}
+
+
+def test_the_fine_level_has_its_own_notes_and_plays_the_proxy_game(tmp_path, tiny_model_dir, capsys):
+    """A coarse level of 3 documents (8 coalitions, all within the budget: exact values, no proxy
+    game) and a fine level of their sentences (12 with the titles: 4,096 coalitions, 24 sampled): the fine
+    level says what it did, not what the coarse one did, plays the proxy game named for the run,
+    and its replay from the archive gives the same values."""
+    path = tmp_path / "rag.json"
+    path.write_text(json.dumps(LONG_RAG))
+    out = tmp_path / "out.json"
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--hierarchy", "document,sentence", "--top-k", "3",
+            "--method", "proxy-shapley", "--budget", "24", "--proxy-game", "after-last-player",
+            "--archive", str(tmp_path / "run"), "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    coarse, fine = doc["coarse"], doc["fine"]
+    assert len(coarse["players"]) == 3 and coarse["proxy"] is None
+    assert any("the budget covers all 8 coalitions" in n for n in coarse["notes"])
+    n = len(fine["players"])
+    assert n > 9  # the documents' sentences and titles
+    assert not any("covers all" in note or "every one of the" in note for note in fine["notes"])  # the coarse level's
+    assert any(note.startswith(f"fine level: {n} of {n} fine players refined; no other is held present") for note in fine["notes"])
+    assert fine["proxy"]["game"] == "kv-proxy-compact:after-last-player" and fine["n_evaluations"] <= 24
+    from coalescence.app.fit import fit_archive  # the report's refit of a run directory, both levels
+
+    again = fit_archive(tmp_path / "run", budget=24)["explanations"][0]
+    assert again["fine"]["proxy"]["game"] == fine["proxy"]["game"]
+    np.testing.assert_allclose([p["value"] for p in again["fine"]["players"]], [p["value"] for p in fine["players"]], atol=1e-9)

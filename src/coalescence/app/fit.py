@@ -284,7 +284,7 @@ class ArchiveFit:
         Returns:
             A :class:`~coalescence.app.hierarchy.HierarchicalExplanation`.
         """
-        from .hierarchy import HierarchicalExplanation, fine_snapshot
+        from .hierarchy import HierarchicalExplanation, _others, fine_snapshot
         from ..snapshot import ConversationSnapshot
 
         units = hierarchy.get("units") or []
@@ -316,7 +316,7 @@ class ArchiveFit:
             others = fine.n_players - int(sel.size)
             note = (
                 f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; "
-                f"{'the other one is' if others == 1 else f'the other {others} are'} held present"
+                f"{_others(others)} held present"
             )
             estimate, proxy = self.fit_two_fidelity(fine, estimator, masks, utilities, resolved, select=sel)
             fine_explanation = self._explanation(view, estimate, resolved, t0, (*self.notes(fine, resolved), note), tokens, proxy=proxy)

@@ -248,4 +248,4 @@ def _lifted_empty(n: int, sel: np.ndarray) -> np.ndarray:
 
 
 def _others(n: int) -> str:
-    return "the other one is" if n == 1 else f"the other {n} are"
+    return "no other is" if n == 0 else "the other one is" if n == 1 else f"the other {n} are"
