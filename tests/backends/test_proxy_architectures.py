@@ -56,7 +56,8 @@ REFUSED = {
     "phi": "partial rotary",
     "smollm3": "NoPE",
     "cohere": "interleaved",
-    "gpt_neox": "no single rotary",
+    "gpt_neox": "partial rotary",
+    "gemma3_text": "no single rotary",  # one rotary per layer type
     "starcoder2": "not among those",
     "gemma2": "sliding-window",
     "mistral-window": "sliding-window",

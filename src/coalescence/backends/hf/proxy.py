@@ -50,7 +50,7 @@ def _rope_dicts(config: Any) -> list[dict[str, Any]]:
 
 def proxy_capability(model: Any, sliding_window: int | None = None) -> tuple[Any | None, str | None]:
     """Whether the compacted proxy game can run on ``model``: ``(rotary, None)`` with its rotary
-    embedding module (``model.model.rotary_emb``, which the game re-rotates cached keys with), or
+    embedding module (the base model's ``rotary_emb``, which the game re-rotates cached keys with), or
     ``(None, reason)``, the reason a sentence fragment naming what is not modelled.
 
     Refused, in this order: no single rotary module with fixed frequencies (absolute positions,
@@ -64,10 +64,10 @@ def proxy_capability(model: Any, sliding_window: int | None = None) -> tuple[Any
     :data:`PROXY_ARCHITECTURES` (not checked against the exact game).
     """
     config = getattr(model, "config", None)
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rotary = getattr(getattr(model, "base_model", None), "rotary_emb", None)
     kind = getattr(config, "model_type", None) or type(model).__name__
     if config is None or rotary is None or not hasattr(rotary, "inv_freq"):
-        return None, f"{kind} has no single rotary position embedding (model.model.rotary_emb) to move its cached keys with"
+        return None, f"{kind} has no single rotary position embedding (rotary_emb) to move its cached keys with"
     factors = [getattr(config, "partial_rotary_factor", None)] + [d.get("partial_rotary_factor") for d in _rope_dicts(config)]
     partial = next((f for f in factors if f is not None and float(f) != 1.0), None)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
