@@ -214,3 +214,36 @@ def test_the_rest_are_refused_before_any_model_call_with_the_reason(game, kind):
     with pytest.raises(BackendError, match=REFUSED[kind]):
         backend.score_proxy([request])
     assert calls == []  # refused before any model call
+
+
+class CountingProxy(HFBackend):
+    """The transformers backend, counting the proxy calls it is given."""
+
+    proxy_calls = 0
+
+    def score_proxy(self, requests):
+        self.proxy_calls += 1
+        return super().score_proxy(requests)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["phi", "llama"])
+async def test_a_run_on_a_refused_architecture_fits_exact_rows_with_the_reason(game, kind, anyio_backend):
+    """Phi (partial rotary in ``rope_parameters``, which crashed mid-run before): the engine asks
+    ``supports_proxy`` before the run, sends no proxy row and notes why; Llama plays the proxy game."""
+    from coalescence.attribution.estimators.proxy.shapley import TwoFidelityShapley
+    from coalescence.engine import Engine
+    from coalescence.masking.policies import DropPolicy
+
+    tokenizer, _, snapshot, _ = game
+    backend = CountingProxy(tiny(kind, tokenizer), tokenizer, model_id=kind)
+    engine = Engine(backend, batch_size=8, proxy_game="after-last-player")
+    explanation = await engine.explain(snapshot, TwoFidelityShapley(budget=16, seed=0, proxy_budget=24), DropPolicy())
+    engine.close()
+    notes = [n for n in explanation.notes if n.startswith("exact rows only")]
+    if kind == "llama":
+        assert backend.proxy_calls > 0 and explanation.proxy is not None and notes == []
+    else:
+        assert backend.proxy_calls == 0 and explanation.proxy is None
+        assert notes == [f"exact rows only: backend CountingProxy cannot score the shared-KV proxy game: {backend.proxy_refusal_reason}"]
+        assert "phi has a partial rotary embedding (partial_rotary_factor 0.5" in notes[0]
