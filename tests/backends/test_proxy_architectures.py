@@ -13,7 +13,8 @@ keys are scaled up so its attention depends on the positions (the same rows at t
 conversation's positions differ by more than 1e-3 nats: the check can fail).
 
 Forcing the proxy on an architecture it refuses (partial rotary, NoPE layers, interleaved RoPE)
-fails the same check, so those are refused by capability, before any model call, with a reason.
+fails the same check, so those are refused by capability, before any model call, with a reason
+that the engine's note quotes (a run there fits its exact rows alone).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def proxy_capability(model: Any, sliding_window: int | None = None) -> tuple[Any
         return None, f"{kind} has no single rotary position embedding (rotary_emb) to move its cached keys with"
     factors = [getattr(config, "partial_rotary_factor", None)] + [d.get("partial_rotary_factor") for d in _rope_dicts(config)]
     partial = next((f for f in factors if f is not None and float(f) != 1.0), None)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // max(getattr(config, "num_attention_heads", 1) or 1, 1)
     if partial is None and 2 * rotary.inv_freq.numel() != head_dim:
         partial = 2 * rotary.inv_freq.numel() / head_dim
     if partial is not None:
@@ -90,7 +90,7 @@ def proxy_capability(model: Any, sliding_window: int | None = None) -> tuple[Any
     rope_type = getattr(rotary, "rope_type", "default")
     if rope_type not in COMPACT_ROPE_TYPES:
         return None, (
-            f"{kind}'s RoPE type {rope_type!r} changes its frequencies with the sequence length (the re-rotation "
+            f"{kind}'s RoPE type {rope_type!r} is not a fixed rotation per position offset (the re-rotation "
             f"models {', '.join(COMPACT_ROPE_TYPES)})"
         )
     if sliding_window is not None:
@@ -155,7 +155,7 @@ class ProxyScoring:
             # a row's re-rotated keys and the values beside them: 2 x layers x kv heads x positions x head dim
             config = self.model.config
             heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // max(getattr(config, "num_attention_heads", 1) or 1, 1)
             itemsize = torch.finfo(self.model.dtype).bits // 8 if self.model.dtype.is_floating_point else 4
             per_position = 2 * config.num_hidden_layers * heads * head_dim * itemsize
             limit = self.tree_mask_limit or 2**22
