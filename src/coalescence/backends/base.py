@@ -96,7 +96,9 @@ class ScoringBackend(Protocol):
             run started (Ray workers).
         supports_proxy: whether :meth:`score_proxy` scores the shared-KV proxy game; ``False``
             (the default of :class:`BackendBase`: it raises ``BackendError``) and a run there
-            uses exact rows only.
+            uses exact rows only. A backend that refuses it for its model may say why in an
+            attribute ``proxy_refusal_reason`` (a sentence fragment, quoted by the run's note;
+            the transformers backend does: partial rotary, NoPE layers, interleaved RoPE, ...).
     """
 
     model_id: str

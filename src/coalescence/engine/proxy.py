@@ -66,8 +66,8 @@ def proxy_refusal(
 
     Args:
         tail: the engine's tail rule (``None``: the proxy game is off).
-        backend: the scoring backend (its ``supports_proxy``), or None before one is loaded (not
-            asked then).
+        backend: the scoring backend (its ``supports_proxy``, and the reason it gives,
+            ``proxy_refusal_reason``, where it has one), or None before one is loaded (not asked then).
         teacher_forced: whether the resolved utility scores a fixed answer.
         policy_id: the absence policy's id.
         lay_out: makes the conversation's proxy layout; raises ConfigError, InputError or
@@ -76,7 +76,8 @@ def proxy_refusal(
     if tail is None:
         return "the proxy game is off (proxy_game none)"
     if backend is not None and not backend.supports_proxy:
-        return f"backend {type(backend).__name__} cannot score the shared-KV proxy game"
+        reason = getattr(backend, "proxy_refusal_reason", None)
+        return f"backend {type(backend).__name__} cannot score the shared-KV proxy game" + (f": {reason}" if reason else "")
     if not teacher_forced:
         return "the utility generates a new answer per coalition, which the proxy game does not score"
     if policy_id != "drop":

@@ -17,7 +17,7 @@ from ..prefix import PrefixCache
 from .generation import Generation, _eos_token_ids
 from .paths import PathChoice
 from .plain import PlainScoring
-from .proxy import ProxyScoring, rope_rotation
+from .proxy import ProxyScoring, proxy_capability
 from .tree import TreeScoring
 
 __all__ = ("HFBackend",)
@@ -77,10 +77,19 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
             again alone (default: 1e-5 for float32, 1e-2 for 16-bit dtypes).
 
     Attributes:
-        supports_proxy: True (the proxy game, :meth:`score_proxy`) unless the model has
-            sliding-window attention, which the proxy's block mask does not model, or a position
-            encoding the proxy cannot compact (not a full-width RoPE of a fixed-frequency kind:
-            :func:`.proxy.rope_rotation`).
+        supports_proxy: whether the model plays the compacted proxy game (:meth:`score_proxy`):
+            True only for the architectures whose compacted proxy rows are tested against the
+            exact game (:data:`.proxy.PROXY_ARCHITECTURES`: gemma, granite, llama, mistral, olmo,
+            olmo2, phi3, qwen2, qwen3) with a full-width RoPE of fixed frequencies in every layer
+            and no sliding window. Refused, before any model call: a partial rotary factor
+            (StableLM, Phi, GPT-NeoX), layers without RoPE (SmolLM3's NoPE layers), interleaved
+            RoPE (Cohere, GLM), a RoPE type whose frequencies change with the length (dynamic,
+            longrope), sliding-window attention (Mistral v0.1, Gemma 2 and 3), and every other
+            architecture (:func:`.proxy.proxy_capability`): on those a compacted row would be
+            silently wrong or fail mid-run.
+        proxy_refusal_reason: why ``supports_proxy`` is False, as a sentence fragment (e.g.
+            ``"stablelm has a partial rotary embedding (partial_rotary_factor 0.25: ...)"``), the
+            engine's note quotes it; None when the proxy game is played.
         eos_token_ids: the token ids every decode (:meth:`generate`, :meth:`generate_batch`)
             stops at: the model's generation-config ``eos_token_id`` (an int or a list), then the
             tokenizer's EOS (the chat template's end-of-turn) when it is not among them.
@@ -155,9 +164,10 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
         self.sliding_window: int | None = int(window) if sliding else None
         # prefix-split attention for the suffix forwards (CPU + sdpa only; see .attention)
         self.split_attention = bool(split_attention) and self.prefix_sharing and install(model)
-        # the proxy game's block mask models full causal attention, not a sliding window
-        self._rope = rope_rotation(model)
-        self.supports_proxy = self.sliding_window is None and self._rope is not None
+        # the proxy game: a tested architecture's full-width RoPE, full causal attention (its block
+        # mask does not model a sliding window); refused before any model call, with the reason
+        self._rope, self.proxy_refusal_reason = proxy_capability(model, self.sliding_window)
+        self.supports_proxy = self.proxy_refusal_reason is None
         self._last_prefix_forwards = 0
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         if greedy_tie_margin is None:
@@ -218,8 +228,8 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
 
     def _no_proxy_game(self) -> str:
         return (
-            f"the proxy game is not available for {self.model_id}: its sliding-window attention is not "
-            "modelled by the shared-KV mask; run the exact game only (--proxy-game none)"
+            f"the proxy game is not available for {self.model_id}: {self.proxy_refusal_reason}; run the exact "
+            "game only (--proxy-game none)"
         )
 
     def _proxy_calls(self, requests: Sequence[ProxyScoreRequest]) -> list[list[int]]:
@@ -243,9 +253,9 @@ class HFBackend(ProxyScoring, PathChoice, TreeScoring, PlainScoring, Generation,
         with the hidden ranges masked for the queries at positions ``>= tail_start``. A forward
         takes rows of one length, as many as keep their keys and values within 1 GiB and the mask's
         ``R x T x (s + T)`` within ``tree_mask_limit`` (2**22 when 0), at least one; the model's
-        attention (``sdpa``) runs it. Exact up to float rounding (fp32: 1e-4 nats). A model with
-        sliding-window attention, or a position encoding the proxy cannot compact, has no proxy
-        game (``supports_proxy`` False).
+        attention (``sdpa``) runs it. Exact up to float rounding (fp32: 1e-4 nats). Only a model
+        with ``supports_proxy`` True gets here (the others are refused by the envelope, with
+        ``proxy_refusal_reason``).
 
         Returns:
             One :class:`ScoreResult` per row, in order: ``tokens_computed`` the row's tail

@@ -16,26 +16,98 @@ from ..base import ProxyScoreRequest, ScoreResult
 from ..attention import PrefixSplit
 from .caches import cache_bytes, fork_cache, resumed_cache
 
-__all__ = ("ProxyScoring", "rope_rotation")
+__all__ = ("COMPACT_ROPE_TYPES", "PROXY_ARCHITECTURES", "ProxyScoring", "proxy_capability", "rope_rotation")
 
 COMPACT_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 """RoPE variants whose rotation by a position offset is a fixed per-frequency rotation (the
 compacted proxy game re-rotates cached keys by it); ``dynamic`` and ``longrope`` change their
 frequencies with the sequence length and are not re-rotated."""
 
+PROXY_ARCHITECTURES = ("gemma", "granite", "llama", "mistral", "olmo", "olmo2", "phi3", "qwen2", "qwen3")
+"""The architectures (``config.model_type``) with a proxy game: those whose compacted proxy rows
+``tests/backends/test_proxy_architectures.py`` checks against the exact game's rows, on a tiny
+model whose attention carries nothing between positions but in its last layer (there a correct
+compacted row is its exact row). Each is a full-width RoPE in transformers' half-split layout
+applied in every layer; a model of one of them is still refused where its configuration is not
+(a partial rotary factor, layers without RoPE, a RoPE type outside :data:`COMPACT_ROPE_TYPES`)."""
+
+INTERLEAVED_ROPE = ("cohere", "cohere2", "glm", "glm4", "chatglm", "deepseek_v2", "deepseek_v3")
+"""Architectures that rotate adjacent dimension pairs (interleaved RoPE), not the two halves of
+the head dimension that the compacted proxy game's re-rotation turns."""
+
+
+def _rope_dicts(config: Any) -> list[dict[str, Any]]:
+    """Every RoPE parameter dict of ``config``: ``rope_parameters`` (flat, or nested per layer type)
+    and ``rope_scaling`` (transformers 4.x's name)."""
+    out: list[dict[str, Any]] = []
+    for name in ("rope_parameters", "rope_scaling"):
+        value = getattr(config, name, None)
+        if isinstance(value, dict):
+            nested = [v for v in value.values() if isinstance(v, dict)]
+            out += nested or [value]
+    return out
+
+
+def proxy_capability(model: Any, sliding_window: int | None = None) -> tuple[Any | None, str | None]:
+    """Whether the compacted proxy game can run on ``model``: ``(rotary, None)`` with its rotary
+    embedding module (the base model's ``rotary_emb``, which the game re-rotates cached keys with), or
+    ``(None, reason)``, the reason a sentence fragment naming what is not modelled.
+
+    Refused, in this order: no single rotary module with fixed frequencies (absolute positions,
+    ALiBi, one rotary per layer type); a partial rotary factor below 1, read from
+    ``config.partial_rotary_factor``, ``config.rope_parameters`` and ``config.rope_scaling``, or a
+    rotary module narrower than the head (the re-rotation would turn the unrotated dimensions too);
+    layers without RoPE (``no_rope_layers``, as SmolLM3's NoPE layers: their cached keys carry no
+    position to move); interleaved RoPE (:data:`INTERLEAVED_ROPE` or ``rope_interleave``); a RoPE
+    type outside :data:`COMPACT_ROPE_TYPES`; a ``sliding_window`` (tokens, the backend's: the proxy's
+    block mask models full causal attention); and any architecture outside
+    :data:`PROXY_ARCHITECTURES` (not checked against the exact game).
+    """
+    config = getattr(model, "config", None)
+    rotary = getattr(getattr(model, "base_model", None), "rotary_emb", None)
+    kind = getattr(config, "model_type", None) or type(model).__name__
+    if config is None or rotary is None or not hasattr(rotary, "inv_freq"):
+        return None, f"{kind} has no single rotary position embedding (rotary_emb) to move its cached keys with"
+    factors = [getattr(config, "partial_rotary_factor", None)] + [d.get("partial_rotary_factor") for d in _rope_dicts(config)]
+    partial = next((f for f in factors if f is not None and float(f) != 1.0), None)
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // max(getattr(config, "num_attention_heads", 1) or 1, 1)
+    if partial is None and 2 * rotary.inv_freq.numel() != head_dim:
+        partial = 2 * rotary.inv_freq.numel() / head_dim
+    if partial is not None:
+        return None, (
+            f"{kind} has a partial rotary embedding (partial_rotary_factor {float(partial):g}: part of each head "
+            "unrotated), which the re-rotation of the cached keys does not model"
+        )
+    no_rope = getattr(config, "no_rope_layers", None)
+    if no_rope is not None and not all(no_rope):
+        nope = [i for i, use in enumerate(no_rope) if not use]
+        return None, (
+            f"{kind} has layers without a position encoding (NoPE layers {nope[:8]}{' ...' if len(nope) > 8 else ''}), "
+            "whose cached keys the re-rotation would move"
+        )
+    if kind in INTERLEAVED_ROPE or getattr(config, "rope_interleave", False):
+        return None, f"{kind} has an interleaved rotary embedding (adjacent dimensions paired), which the re-rotation does not model"
+    rope_type = getattr(rotary, "rope_type", "default")
+    if rope_type not in COMPACT_ROPE_TYPES:
+        return None, (
+            f"{kind}'s RoPE type {rope_type!r} is not a fixed rotation per position offset (the re-rotation "
+            f"models {', '.join(COMPACT_ROPE_TYPES)})"
+        )
+    if sliding_window is not None:
+        return None, f"{kind}'s sliding-window attention ({sliding_window} tokens) is not modelled by the proxy's block mask"
+    if kind not in PROXY_ARCHITECTURES:
+        return None, (
+            f"architecture {kind!r} is not among those whose compacted proxy rows are tested against the exact "
+            f"game ({', '.join(PROXY_ARCHITECTURES)})"
+        )
+    return rotary, None
+
 
 def rope_rotation(model: Any) -> Any | None:
     """The model's rotary embedding module when the compacted proxy game can re-rotate its cached
-    keys (a ``rotary_emb`` under ``model.model`` of a :data:`COMPACT_ROPE_TYPES` type, the whole head
-    dimension rotated), else None (the backend then has no proxy game: ``supports_proxy`` False)."""
-    config = getattr(model, "config", None)
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if config is None or rotary is None or not hasattr(rotary, "inv_freq"):
-        return None
-    if getattr(config, "partial_rotary_factor", 1.0) not in (None, 1, 1.0):
-        return None
-    rope_type = getattr(rotary, "rope_type", "default")
-    return rotary if rope_type in COMPACT_ROPE_TYPES else None
+    keys, else None (the backend then has no proxy game: ``supports_proxy`` False; the reason is
+    :func:`proxy_capability`'s)."""
+    return proxy_capability(model)[0]
 
 
 def _rotate_half(x: Any) -> Any:
@@ -83,7 +155,7 @@ class ProxyScoring:
             # a row's re-rotated keys and the values beside them: 2 x layers x kv heads x positions x head dim
             config = self.model.config
             heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // max(getattr(config, "num_attention_heads", 1) or 1, 1)
             itemsize = torch.finfo(self.model.dtype).bits // 8 if self.model.dtype.is_floating_point else 4
             per_position = 2 * config.num_hidden_layers * heads * head_dim * itemsize
             limit = self.tree_mask_limit or 2**22
