@@ -224,7 +224,9 @@ def explain(
             ``auto`` (chosen by players and budget; the explanation's notes say which ran and
             why), ``shapiq:<Approximator>``), or an estimator object such as
             ``KernelSHAP(budget=512, seed=3)``, whose budget, seed and interactions are the run's.
-            Default: ``exact``, or ``auto`` when a budget is given.
+            Default: ``default`` (exact Shapley values on at most 16 players, else ``auto`` at 8
+            exact coalitions with the proxy game, 64 without; the notes say which), or ``auto``
+            when a budget is given.
         budget: sampling methods: the most distinct model evaluations (default 32 x players).
         utility: what v(S) measures: a name (default ``logprob``: log p of the answer, nats) or a
             :class:`~coalescence.utility.UtilitySpec` (its span and generation settings included).

@@ -628,6 +628,39 @@ def test_a_budget_without_a_method_runs_auto_and_says_which(budget: int, chosen:
     np.testing.assert_allclose([p["value"] for p in replayed["players"]], [p["value"] for p in doc["players"]], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("proxy", ["auto", "none"])
+def test_no_method_and_no_budget_on_many_players_runs_the_default_plan(proxy: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """No --method, no --budget, 18 sentence players (more than exact's 16): the default plan,
+    auto at 8 exact coalitions with the proxy game (at 64 without it: --proxy-game none), says so,
+    and replays to the same values with no model."""
+    conversation = {"messages": [CONVERSATION["messages"][0], {"role": "user", "content": SEVENTEEN}, CONVERSATION["messages"][2]]}
+    code, stdout, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "default", "--proxy-game", proxy, conversation=conversation)
+    assert code == 0, stderr
+    assert len(doc["players"]) == 18 and doc["method"] == "auto:lasso"
+    exact = 8 if proxy == "auto" else 64
+    assert doc["n_evaluations"] == exact
+    assert (doc["proxy"] is not None) == (proxy == "auto")
+    said = f"no method or budget given: 18 players are more than the 16 exact Shapley values allow, so the default plan ran method auto at {exact} exact coalitions"
+    assert any(note.startswith(said) for note in doc["notes"]) and said in stdout
+    assert read_manifest(run_dir)["runs"][0]["run_config"]["method"] == "default"
+    code, out, err = run_cli(["replay", str(run_dir), "--method", "default", "--out", str(tmp_path / "replayed.json")])
+    assert code == 0, err
+    [replayed] = json.loads((tmp_path / "replayed.json").read_text())["explanations"]
+    assert replayed["method"] == "auto:lasso" and any(note.startswith(said) for note in replayed["notes"])
+    np.testing.assert_allclose([p["value"] for p in replayed["players"]], [p["value"] for p in doc["players"]], rtol=0, atol=1e-12)
+
+
+def test_no_method_and_no_budget_on_few_players_gives_what_exact_gives(exact_run, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """At most 16 players the default is exact Shapley values: the same document as --method exact
+    (values, method, notes), all 2^n coalitions."""
+    _, exact_doc, _ = exact_run
+    code, stdout, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "default")
+    assert code == 0, stderr
+    assert doc["method"] == "exact" and doc["n_evaluations"] == 2**N_PLAYERS and doc["proxy"] is None
+    assert doc["notes"] == exact_doc["notes"]
+    np.testing.assert_allclose([p["value"] for p in doc["players"]], [p["value"] for p in exact_doc["players"]], rtol=0, atol=1e-9)
+
+
 def test_target_stderr_stops_and_says_why(tmp_path: Path, tiny_model_dir: Path) -> None:
     code, stdout, stderr, doc, run_dir = explain(
         tmp_path, tiny_model_dir, "rounds", "--method", "kernelshap", "--budget", "12", "--target-stderr", "1e-9"

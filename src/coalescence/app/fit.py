@@ -173,14 +173,24 @@ class ArchiveFit:
             EstimatorError: the archive lacks coalitions of the plan.
         """
         t0 = time.perf_counter()
-        estimator = self.estimator(method, budget, seed, interactions=interactions, index=index)
+        estimator, chose = self.resolve(self.estimator(method, budget, seed, interactions=interactions, index=index), snap.n_players)
         self.validate(estimator, snap.n_players)
         resolved = self.resolved(snap)
         masks, utilities = self.pool(snap, estimator.plan(snap.n_players), resolved, method)
         n = snap.n_players
         tokens = self.answer_tokens(snap, resolved, np.ones(n, dtype=bool), np.zeros(n, dtype=bool))
         estimate, proxy = self.fit_two_fidelity(snap, estimator, masks, utilities, resolved)
+        if chose is not None:
+            estimate = replace(estimate, notes=(*estimate.notes, chose))
         return self._explanation(snap, estimate, resolved, t0, self.notes(snap, resolved), tokens, proxy=proxy)
+
+    def resolve(self, estimator: Any, n_players: int) -> tuple[Any, str | None]:
+        """The estimator the run used on a game of ``n_players``: the default method resolved as
+        the run resolved it (:meth:`~coalescence.attribution.estimators.default.DefaultMethod.resolve`,
+        with the proxy game where the run played it), with its note; any other as it is."""
+        if not hasattr(estimator, "resolve"):
+            return estimator, None
+        return estimator.resolve(n_players, proxy=recorded_proxy(self.run) is not None)
 
     def estimator(self, method: str, budget: int | None, seed: int, *, interactions: int | None = None, index: str | None = None) -> Any:
         """The estimator of ``method`` as the run made it (a two-fidelity method takes the run's
@@ -301,7 +311,7 @@ class ArchiveFit:
         result = HierarchicalExplanation(coarse=coarse, fine=None, fine_snapshot=fine, refined=refined, top_k=int(top_k))
         if sel.size:
             t0 = time.perf_counter()
-            estimator = self.estimator(method, budget_for(int(sel.size)), seed)
+            estimator, chose = self.resolve(self.estimator(method, budget_for(int(sel.size)), seed), int(sel.size))
             self.validate(estimator, int(sel.size))
             resolved = self.resolved(fine)
             masks, utilities = self.pool(fine, _lifted(estimator.plan(int(sel.size)), fine.n_players, sel), resolved, method)
@@ -319,6 +329,8 @@ class ArchiveFit:
                 f"{_others(others)} held present"
             )
             estimate, proxy = self.fit_two_fidelity(fine, estimator, masks, utilities, resolved, select=sel)
+            if chose is not None:
+                estimate = replace(estimate, notes=(*estimate.notes, chose))
             fine_explanation = self._explanation(view, estimate, resolved, t0, (*self.notes(fine, resolved), note), tokens, proxy=proxy)
             result = replace(result, fine=fine_explanation)
         return result

@@ -91,8 +91,9 @@ def methods_help() -> str:
     from ..attribution.estimators import METHODS
 
     return (
-        f"{', '.join(METHODS)} or shapiq:NAME. " + METHODS_HELP + " (default: exact; auto when --budget is given: "
-        "lasso's sparse surrogate for many players on a budget under 5 per player, else regression-msr)"
+        f"{', '.join(METHODS)} or shapiq:NAME. " + METHODS_HELP + " (default: default; auto when --budget is given: "
+        "lasso's sparse surrogate for many players on a budget under 5 per player, else regression-msr; exact with "
+        "--target-stderr or --interactions)"
     )
 
 
@@ -113,7 +114,9 @@ METHODS_HELP = (
     "proxy game, regression-msr); proxy-shapley-shrunk: proxy-shapley blended toward its control's own Shapley "
     "values with jackknife weights (lower error on few exact evaluations, biased toward the control, consistent; "
     "what auto runs with a proxy game); loo: leave-one-out; auto: chosen by players and "
-    "budget (the output says which ran and why); shapiq:NAME: "
+    "budget (the output says which ran and why); default: exact on at most 16 players, else auto at 8 exact "
+    "coalitions with the proxy game (64 without), measured to reach ContextCite@64's quality in about a quarter of its "
+    "time on long contexts (the output says so); shapiq:NAME: "
     "a shapiq approximator through this engine (e.g. shapiq:SVARM, shapiq:KernelSHAPIQ, "
     "shapiq:ProxySPEX; needs the shapiq extra; shapiq:RegressionMSR and the other approximators of "
     "shapiq 1.5+ run in the external shapiq that make install sets up, or COALESCENCE_SHAPIQ_PYTHON names)"

@@ -120,7 +120,8 @@ class ReplayRun:
                 self.fit_.validate(estimator, snap.n_players)
                 self.jobs.append((snap, estimator))
         self.missing = [
-            self.fit_.missing(snap, e.plan(snap.n_players)) if snap.snapshot_id in self.aligned else 1 for snap, e in self.jobs
+            self.fit_.missing(snap, self.fit_.resolve(e, snap.n_players)[0].plan(snap.n_players)) if snap.snapshot_id in self.aligned else 1
+            for snap, e in self.jobs
         ]
 
     @property

@@ -64,8 +64,11 @@ class RunSettings(
         unit: player unit (default: ``document`` for an input with declared players, else ``turn``).
         roles: the roles whose messages are players (default: every role).
         method: the estimator (:data:`~coalescence.attribution.estimators.ESTIMATORS`); ``None``
-            (default): ``exact``, or ``auto`` (chosen by players and budget,
-            :class:`~coalescence.attribution.estimators.auto.AutoMethod`) when a budget is given.
+            (default): ``default`` (exact Shapley values on at most 16 players, else ``auto`` at 8
+            exact coalitions with the proxy game, 64 without:
+            :class:`~coalescence.attribution.estimators.default.DefaultMethod`), ``auto`` (chosen by
+            players and budget, :class:`~coalescence.attribution.estimators.auto.AutoMethod`) when
+            a budget is given, ``exact`` with a target standard error or interactions.
         budget: sampling methods: the most distinct model evaluations (default 32 x players).
         seed: seed of the sampling plan (and of sampled regenerations).
         interactions: also compute interactions of sets of 2 .. this many players (``--method
@@ -111,8 +114,9 @@ class RunSettings(
         from .hierarchy import parse_hierarchy
 
         check_seed(self.seed)
-        if self.method is None:  # a budget asks for a sampling method: auto chooses it
-            object.__setattr__(self, "method", "exact" if self.budget is None else "auto")
+        if self.method is None:  # a budget asks for a sampling method: auto chooses it; none, the default plan
+            plain = self.budget is None and self.target_stderr is None and self.interactions is None and self.index is None
+            object.__setattr__(self, "method", "default" if plain else "exact" if self.budget is None else "auto")
         elif not isinstance(self.method, str):
             self._take_estimator_object()
 

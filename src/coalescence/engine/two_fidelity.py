@@ -76,7 +76,9 @@ async def play(
     *,
     select: np.ndarray | None = None,
 ) -> Played:
-    """Plan, evaluate and fit ``estimator`` on ``snapshot``'s game (module docs for the proxy game).
+    """Plan, evaluate and fit ``estimator`` on ``snapshot``'s game (module docs for the proxy game;
+    the default method, :class:`~coalescence.attribution.estimators.default.DefaultMethod`, is
+    resolved first, by the game's size and whether the proxy game is played, and its note added).
 
     Args:
         engine: the engine that evaluates (its store, archive and proxy game).
@@ -92,9 +94,22 @@ async def play(
         InputError: the conversation does not fit the model.
         BatchFailed: a model call failed.
     """
+    n = snapshot.n_players if select is None else int(select.size)
+    chose = None
+    if hasattr(estimator, "resolve"):  # the default method: its plan depends on whether the proxy game is played
+        two_asked = engine.proxy_game is not None and engine.proxy_refusal(snapshot, policy) is None
+        estimator, chose = estimator.resolve(n, proxy=two_asked)
+    played = await _play(engine, snapshot, estimator, policy, n, select)
+    if chose is None:
+        return played
+    return replace(played, estimate=replace(played.estimate, notes=(*played.estimate.notes, chose)))
+
+
+async def _play(
+    engine: Engine, snapshot: ConversationSnapshot, estimator: Any, policy: AbsencePolicy, n: int, select: np.ndarray | None
+) -> Played:
     from .core import counting_evaluations
 
-    n = snapshot.n_players if select is None else int(select.size)
     two = estimator.capabilities.two_fidelity
     if two:  # the floor with the proxy game; the exact-only one below where it is not played
         estimator.validate(n, proxy=True)

@@ -11,6 +11,7 @@ from ...errors import ConfigError
 from ...registry import Registry
 from .auto import AutoMethod
 from .banzhaf import Banzhaf
+from .default import DefaultMethod
 from .base import Estimator, check_interactions
 from .exact import ExactShapley
 from .kernel import KernelSHAP
@@ -68,6 +69,7 @@ for _name, _cls in (
     ("proxy-shapley", TwoFidelityShapley),
     ("proxy-shapley-shrunk", ShrunkTwoFidelityShapley),
     ("auto", AutoMethod),
+    ("default", DefaultMethod),
 ):
     register_estimator(_name, _cls)
 del _name, _cls
@@ -171,6 +173,8 @@ def make_estimator(
     if interactions is not None or index is not None:
         interactions, index = interaction_settings(method, interactions, index)
         extra = {"interactions": interactions, "index": index}
+    if cls is DefaultMethod:  # no budget: its plan is chosen by the game (its own docs)
+        return cls(seed=seed, proxy_budget=proxy_budget)
     if not cls.capabilities.needs_budget:
         return cls(**extra)
     if budget is None:
