@@ -4,7 +4,7 @@ proxy game) against ContextCite at 64 ablations, quality and wall time in one ru
 Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/proxy_race.py [--games long_design,long_glossary,long_unicode] \\
-        [--cc-budget 64] [--ours 8:0] [--draws 10] [--wall-draws 3] [--batch-size 16]
+        [--cc-budget 64] [--ours default,8:0] [--draws 10] [--wall-draws 3] [--batch-size 16]
 
 Needs the ``contextcite`` extra (``make contextcite``).
 
@@ -13,7 +13,9 @@ ContextCite's ``get_attributions`` at ``--cc-budget`` ablations (batch 4, as in 
 ``Explainer.explain(game, unit="sentence", budget=m, proxy_budget=K, seed=d)`` (``--method auto``:
 the control-variate surrogate with the shared-KV proxy game, positions compacted) for each ``m:K``
 of ``--ours`` (``K = 0``: the default proxy budget, :func:`~coalescence.attribution.estimators.proxy.default_proxy_budget`)
-and seeds ``d < --wall-draws``. With the proxy game played the surrogate takes 8 exact coalitions
+and seeds ``d < --wall-draws``; ``--ours default`` (the default) runs ``Explainer.explain(game,
+unit="sentence", seed=d)`` with no method and no budget: the default plan
+(:mod:`coalescence.attribution.estimators.default`). With the proxy game played the surrogate takes 8 exact coalitions
 (``TWO_FIDELITY_MIN_BUDGET``; 16 on exact rows alone).
 
 **Quality over independent draws** (``--draws``): the LDS, the Spearman correlation of ``sum_{i in
@@ -99,7 +101,10 @@ def race(name: str, cc_budget: int, ours: list[tuple[int, int]], draws: int, wal
         for d in range(draws):
             clear()
             t0 = time.perf_counter()
-            explanation = ex.explain(str(game.path), unit="sentence", budget=m, proxy_budget=k or None, seed=d, progress=False)
+            if m == 0:  # the default plan: no method, no budget
+                explanation = ex.explain(str(game.path), unit="sentence", seed=d, progress=False)
+            else:
+                explanation = ex.explain(str(game.path), unit="sentence", budget=m, proxy_budget=k or None, seed=d, progress=False)
             wall = time.perf_counter() - t0
             values = np.asarray(explanation.values, dtype=np.float64)
             method = explanation.estimate.method
@@ -145,7 +150,7 @@ def table(rows: list[dict]) -> str:
                 return f"{med:{fmt}} ({lo:{fmt}}-{hi:{fmt}})"
 
             lines.append(
-                f"| {game} | {key[0]} | {key[1]} | {key[2] or ('-' if key[0].startswith('contextcite') else 'default')} | {wall:.1f} | {wall / cc_wall:.2f} | "
+                f"| {game} | {key[0]}{' (default plan)' if key[1] == 0 else ''} | {key[1] or 'default'} | {key[2] or ('-' if key[0].startswith('contextcite') else 'default')} | {wall:.1f} | {wall / cc_wall:.2f} | "
                 f"{q([r['lds'] for r in judged], '.3f')} | {q([r['drop3'] for r in judged], '.2f')} | {len(judged)} |"
             )
     return "\n".join(lines)
@@ -155,12 +160,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--games", default=",".join(GAMES))
     ap.add_argument("--cc-budget", type=int, default=64)
-    ap.add_argument("--ours", default="8:0", help="exact budget:proxy budget pairs of coalescence's runs (0: the default proxy budget)")
+    ap.add_argument(
+        "--ours", default="default",
+        help="coalescence's runs: 'default' (no method, no budget: the default plan) or exact budget:proxy budget pairs "
+        "(proxy 0: the default proxy budget)",
+    )
     ap.add_argument("--draws", type=int, default=10)
     ap.add_argument("--wall-draws", type=int, default=3, help="how many of our draws count in the wall-time median")
     ap.add_argument("--batch-size", type=int, default=16)
     args = ap.parse_args()
-    ours = [tuple(int(x) for x in pair.split(":")) for pair in args.ours.split(",") if pair]
+    ours = [(0, 0) if pair == "default" else tuple(int(x) for x in pair.split(":")) for pair in args.ours.split(",") if pair]
     rows: list[dict] = []
     for name in [g for g in args.games.split(",") if g]:
         rows += race(name, args.cc_budget, ours, args.draws, args.wall_draws, args.batch_size)

@@ -154,12 +154,14 @@ async def _play(
         t1, before = time.perf_counter(), proxied[0]
         probe = await engine.evaluate(snapshot, policy, lifted(plan[:PROBE_ROWS]), game=game)
         probe_wall, probe_executed = time.perf_counter() - t1, proxied[0] - before
-        limit, costly = engine.proxy_cost_limit, None
-        if limit is not None:
-            exact_row = _row_seconds(engine, snapshot, policy, masks, "exact", exact_wall, executed[0])
-            proxy_row = _row_seconds(engine, snapshot, policy, probe[0], game, probe_wall, probe_executed)
-            costly = _costly(exact_row, proxy_row, proxy_rows=len(plan), exact_rows=len(masks), limit=limit)
-        floor = _below_exact_floor(estimator, n)
+        # measured whether or not it decides (a named tail rule is played whatever it costs, and says so)
+        limit = engine.proxy_cost_limit
+        exact_row = _row_seconds(engine, snapshot, policy, masks, "exact", exact_wall, executed[0])
+        proxy_row = _row_seconds(engine, snapshot, policy, probe[0], game, probe_wall, probe_executed)
+        costly = _costly(
+            exact_row, proxy_row, proxy_rows=len(plan), exact_rows=len(masks), limit=PROXY_COST_MULTIPLE if limit is None else limit
+        )
+        floor = "it was named for this run (a tail rule given)" if limit is None else _below_exact_floor(estimator, n)
         if costly is None or floor is not None:
             rest = await engine.evaluate(snapshot, policy, lifted(plan[PROBE_ROWS:]), game=game)
         else:
