@@ -32,7 +32,9 @@ import numpy as np
 
 from ..attribution.faithfulness import (
     CONFIDENCE,
+    MIN_COALITIONS,
     Drop,
+    HeldOut,
     Interval,
     held_out_coalitions,
     linear_datamodeling_score,
@@ -56,10 +58,18 @@ class Faithfulness:
         snapshot_id: its conversation snapshot.
         unit: the values' unit (``nats`` for ``logprob``).
         n_players: players of the game.
-        coalitions: held-out keep-half coalitions the LDS is computed over.
+        coalitions: held-out keep-half coalitions the LDS is computed over, distinct, each drawn
+            fresh: none of them in a plan the archive holds (:mod:`coalescence.app.heldout`).
+        asked: the coalitions asked for (``coalitions`` is fewer when capped: only that many
+            coalitions of the game lie outside the plans, and every one is taken).
+        plan_coalitions: coalitions of the game the archive holds as plan rows (excluded).
+        skipped_plan: draws skipped because a plan held them.
+        skipped_repeat: draws skipped because an earlier draw gave the same coalition.
         lds: Spearman's rank correlation of ``sum_{i in S} phi_i`` against ``v(S)``.
         v_full: ``v(N)``, every player present.
         drops: one per k of :data:`~coalescence.attribution.faithfulness.DROP_KS` below ``n_players``.
+        notes: how the explanation was fitted where it matters to its score (e.g. ``exact rows
+            only: ...`` for a two-fidelity method fitted without proxy rows).
     """
 
     method: str
@@ -67,9 +77,33 @@ class Faithfulness:
     unit: str
     n_players: int
     coalitions: int
+    asked: int
+    plan_coalitions: int
+    skipped_plan: int
+    skipped_repeat: int
     lds: Interval
     v_full: float
     drops: tuple[Drop, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def capped(self) -> bool:
+        """Whether fewer coalitions than asked lie outside the plans (all of them were taken)."""
+        return self.coalitions < self.asked
+
+    def held_out_line(self) -> str:
+        """One line: how many held-out coalitions were drawn fresh and what the draw skipped."""
+        plans = f"{self.plan_coalitions} coalition{'s' if self.plan_coalitions != 1 else ''} in the archive's plans"
+        if self.capped:
+            return (
+                f"held out: capped at the {self.coalitions} coalitions of the game outside the {plans} "
+                f"({self.asked} asked, {2**self.n_players} in all): every one of them"
+            )
+        return (
+            f"held out: {self.coalitions} distinct coalitions drawn fresh, none of the {plans}; "
+            f"skipped {self.skipped_plan} draw{'s' if self.skipped_plan != 1 else ''} a plan held "
+            f"and {self.skipped_repeat} repeat{'s' if self.skipped_repeat != 1 else ''}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,9 +112,18 @@ class Faithfulness:
             "value_unit": self.unit,  # as an explanation document names it ("unit" there is the players')
             "n_players": self.n_players,
             "coalitions": self.coalitions,
+            "held_out": {
+                "asked": self.asked,
+                "fresh": self.coalitions,
+                "capped": self.capped,
+                "plan_coalitions": self.plan_coalitions,
+                "skipped_in_plans": self.skipped_plan,
+                "skipped_repeats": self.skipped_repeat,
+            },
             "lds": self.lds.to_dict(),
             "v_full": self.v_full if math.isfinite(self.v_full) else None,
             "drops": [d.to_dict() for d in self.drops],
+            "notes": list(self.notes),
         }
 
 
@@ -114,6 +157,7 @@ class Evaluation:
             head = f"{r.method}" + (f" (snapshot {r.snapshot_id[:12]})" if several else "")
             lines.append(f"{head}: {r.n_players} players, v(full) {r.v_full:+.4f} {r.unit}")
             lines.append(f"  LDS (Spearman, {r.coalitions} keep-half coalitions): {r.lds.format()}   95% bootstrap interval")
+            lines.append(f"  {r.held_out_line()}")
             if r.drops:
                 lines.append(f"  {'k':>3}  {'drop top-k':>11}  {'drop random k (mean [95%])':>30}  {'top - random [95%]':>28}  removed")
                 for d in r.drops:
@@ -121,6 +165,7 @@ class Evaluation:
                     lines.append(
                         f"  {d.k:>3}  {d.top:>+11.4f}  {d.random.format('+.4f'):>30}  {d.difference.format('+.4f'):>28}  {removed}"
                     )
+            lines.extend(f"  note: {note}" for note in r.notes)
             lines.append("")
         lines.append(
             f"drops in {self.results[0].unit if self.results else 'nats'}; random k: mean of {self.random_draws} draws; seed {self.seed}; "
@@ -192,7 +237,9 @@ def evaluate_source(
     refuse_overwrite({"out": out_path}, sources={} if is_dir else {"RUN_OR_DOC": source}, run_dirs={"RUN_OR_DOC": source} if is_dir else None)
     if is_dir:
         try:
-            report = report_source(path, methods=s.methods, budget=s.budget, run_id=s.run_id, conversation=s.conversation)
+            report = report_source(
+                path, methods=s.methods, budget=s.budget, run_id=s.run_id, conversation=s.conversation, skip_corrupt=s.skip_corrupt
+            )
         except CoalescenceError as exc:  # the report names its argument SOURCE; here it is RUN_OR_DOC
             if exc.field != "SOURCE":
                 raise
@@ -256,9 +303,10 @@ class _Game:
     archive or evaluated (and archived) with the run's model."""
 
     def __init__(self, run_dir: Path, documents: Sequence[Mapping[str, Any]], settings: EvaluateSettings, *, backend: Any, source_dir: bool) -> None:
-        from ..archive.reader import read_manifest
+        from ..archive.reader import read_manifest, read_rows
         from ..utility import UtilitySpec
         from .fit import ArchiveFit
+        from .heldout import plan_coalitions
 
         self.run_dir, self.settings, self.backend = run_dir, settings, backend
         self.where = "RUN_OR_DOC" if source_dir else "archive"  # the argument that named the archive
@@ -275,8 +323,33 @@ class _Game:
             self.utility = UtilitySpec.from_dict(run.get("utility") or {})
         except (CoalescenceError, TypeError, ValueError) as exc:
             raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot evaluate", field="archive") from exc
-        self.fit = ArchiveFit(run_dir, run, self.records, utility=self.utility, skip_corrupt=settings.skip_corrupt)
+        table = read_rows(run_dir, skip_corrupt=settings.skip_corrupt)
+        self.fit = ArchiveFit(run_dir, run, self.records, utility=self.utility, rows=table)
         self.items = [self._item(d) for d in documents]
+        self.held: dict[str, tuple[HeldOut, int]] = {}  # by snapshot: the held-out draw, the plans' coalitions
+        for item in self.items:
+            snap = item.snapshot
+            if snap.snapshot_id not in self.held:
+                self.held[snap.snapshot_id] = self._held_out(snap, plan_coalitions(table, snap.snapshot_id, snap.n_players))
+
+    def _held_out(self, snap: Any, plans: set[bytes]) -> tuple[HeldOut, int]:
+        """The held-out coalitions of ``snap``'s game, none in ``plans`` (:mod:`coalescence.app.heldout`).
+
+        Raises:
+            InputError: fewer than :data:`~coalescence.attribution.faithfulness.MIN_COALITIONS` lie
+                outside the plans (an exact run's plan holds every coalition).
+        """
+        s = self.settings
+        held = held_out_coalitions(snap.n_players, s.coalitions, s.seed, exclude=plans)
+        if held.coalitions < MIN_COALITIONS:
+            raise InputError(
+                f"the archive's plans hold {len(plans)} of the {2**snap.n_players} coalitions of snapshot "
+                f"{snap.snapshot_id[:12]} ({snap.n_players} players), so {held.available} are left to hold out, fewer than "
+                f"the {MIN_COALITIONS} an LDS interval needs; evaluate the --out document in a new archive "
+                "(--archive NEW_DIR re-creates its game there), or the archive of a run that sampled fewer coalitions",
+                field=self.where,
+            )
+        return held, len(plans)
 
     def _run_of(self, manifest: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
         """The archive's run that evaluated ``doc``'s game: the chosen run, else the last run
@@ -329,6 +402,14 @@ class _Game:
             snap = ConversationSnapshot.from_dict(self.records[sid])
         except InputError as exc:
             raise ArchiveError(f"run {self.run['run_id']}: {exc.message}", field="archive") from exc
+        model = self.run.get("model") or {}
+        if doc.get("model_id") is not None and (doc.get("model_id"), doc.get("model_revision")) != (model.get("id"), model.get("revision")):
+            raise InputError(
+                f"the explanation's model {doc.get('model_id')} (revision {doc.get('model_revision')}) is not the archive's "
+                f"model {model.get('id')} (revision {model.get('revision')}, run {self.run['run_id']}); give the archive of "
+                "the explanation's own run, or a new directory to re-create its game there",
+                field=self.where,
+            )
         players = doc.get("players") or []
         if len(players) != snap.n_players:
             raise InputError(f"the explanation has {len(players)} players, its snapshot {snap.n_players}", field="RUN_OR_DOC")
@@ -336,9 +417,10 @@ class _Game:
         return _Item(document=doc, values=values, snapshot=snap)
 
     def rows(self, item: _Item) -> list[np.ndarray]:
+        """The coalitions ``item`` needs: its game's held-out ones, then its removals."""
         s = self.settings
-        n = item.snapshot.n_players
-        return [*held_out_coalitions(n, s.coalitions, s.seed), *removal_rows(item.values, draws=s.random_draws, seed=s.seed)]
+        held = self.held[item.snapshot.snapshot_id][0]
+        return [*held.masks, *removal_rows(item.values, draws=s.random_draws, seed=s.seed)]
 
     def measure(self, *, progress: Any = None, notify: Callable[[str], None] | None = None) -> tuple[list[Faithfulness], int, int]:
         """Evaluate what the archive lacks, then compute every explanation's statistics.
@@ -367,8 +449,8 @@ class _Game:
             masks, utilities = self.fit.pool(snap, rows, resolved, str(item.document.get("method")))
             value_of = {np.packbits(m).tobytes(): float(u) for m, u in zip(masks, utilities, strict=True)}
             s = self.settings
-            held = held_out_coalitions(snap.n_players, s.coalitions, s.seed)
-            v = [value_of[np.packbits(r).tobytes()] for r in held]
+            held, plans = self.held[snap.snapshot_id]
+            v = [value_of[np.packbits(r).tobytes()] for r in held.masks]
             labels = [p.label for p in snap.players]
             results.append(
                 Faithfulness(
@@ -376,20 +458,25 @@ class _Game:
                     snapshot_id=snap.snapshot_id,
                     unit=self.utility.unit,
                     n_players=snap.n_players,
-                    coalitions=s.coalitions,
-                    lds=linear_datamodeling_score(item.values, held, v, seed=s.seed),
+                    coalitions=held.coalitions,
+                    asked=held.asked,
+                    plan_coalitions=plans,
+                    skipped_plan=held.skipped_plan,
+                    skipped_repeat=held.skipped_repeat,
+                    lds=linear_datamodeling_score(item.values, held.masks, v, seed=s.seed),
                     v_full=value_of[np.packbits(np.ones(snap.n_players, dtype=bool)).tobytes()],
                     drops=removal_drops(item.values, labels, value_of, draws=s.random_draws, seed=s.seed),
+                    notes=tuple(str(n) for n in item.document.get("notes") or () if str(n).startswith("exact rows only")),
                 )
             )
         return results, executed, total - executed
 
     def _evaluate(self, games: list[tuple[Any, list[np.ndarray]]], progress: Any, notify: Callable[[str], None] | None = None) -> int:
         """Evaluate ``games``' coalitions with the run's model (archived); returns the model evaluations."""
-        from ..archive.writer import RunArchive
         from ..backends.registry import resolve_model
         from ..engine import Engine, counting_evaluations
         from .backend import load_model
+        from .heldout import EvaluationArchive
         from .lifecycle import run_blocking
         from .record import recorded_now
 
@@ -418,7 +505,7 @@ class _Game:
             raise
         description = {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics", "error")}
         description["snapshots"] = [self.records[i] for i in run["snapshot_ids"]]
-        archive = RunArchive.open(
+        archive = EvaluationArchive.open(
             self.run_dir, description, new_run=False, skip_corrupt=s.skip_corrupt, flush_rows=s.flush_rows, flush_seconds=s.flush_seconds
         )
         engine.attach_archive(archive)

@@ -215,12 +215,16 @@ class ArchiveFit:
     ) -> tuple[Any, dict[str, Any] | None]:
         """The estimate from the archive, and its proxy record: a two-fidelity estimator refits both
         games when the run played the proxy game and the archive holds every proxy row its plan
-        needs; otherwise the exact pool alone (with a note when proxy rows are missing)."""
+        needs; otherwise the exact pool alone (with a note, ``exact rows only: ...``, for a two-fidelity
+        estimator: the run played no proxy game, or the archive lacks proxy rows of the plan)."""
         from ..engine import pool_from_store, proxy_agreement, proxy_game_name
 
         recorded = recorded_proxy(self.run)
         if not estimator.capabilities.two_fidelity or recorded is None:
-            return estimator.fit(masks, utilities), None
+            estimate = estimator.fit(masks, utilities)
+            if estimator.capabilities.two_fidelity:  # fitted as the exact rows' method alone: say so, as explain does
+                estimate = replace(estimate, notes=(*estimate.notes, "exact rows only: the run played no proxy game, so the archive holds no proxy rows"))
+            return estimate, None
         game = proxy_game_name(recorded[0])
         rows = itertools.chain(estimator.proxy_plan(snap.n_players), masks)
         pmasks, putilities, missing = pool_from_store(
@@ -339,6 +343,7 @@ def fit_archive(
     seed: int | None = None,
     run_id: str | None = None,
     conversation: int | None = None,
+    skip_corrupt: bool = False,
 ) -> dict[str, Any]:
     """Fit estimators from the coalitions a run archive holds, with no model (the report's source).
 
@@ -354,12 +359,13 @@ def fit_archive(
         seed: plan seed (default: the run's).
         run_id: the run (default: the last).
         conversation: fit only this conversation of the run (0-based; default: every one).
+        skip_corrupt: leave out a part that fails verification (with a warning) instead of refusing.
 
     Returns:
         A replay-form document ``{"run_dir", "run_id", "explanations": [...]}``.
 
     Raises:
-        ArchiveError: a damaged or foreign archive, or a run that cannot be replayed.
+        ArchiveError: a damaged (unless ``skip_corrupt``) or foreign archive, or a run that cannot be replayed.
         ConfigError: an unknown method, or no method given for a run that records none.
         EstimatorError: the archive lacks coalitions a plan needs.
     """
@@ -378,7 +384,7 @@ def fit_archive(
     unknown = [m for m in methods if not is_method(m)]
     if unknown:
         raise ConfigError(f"unknown method {unknown[0]!r}{did_you_mean(unknown[0], ESTIMATORS)}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="method")
-    fit = ArchiveFit(run_dir, run, {s["snapshot_id"]: s for s in manifest["snapshots"]})
+    fit = ArchiveFit(run_dir, run, {s["snapshot_id"]: s for s in manifest["snapshots"]}, skip_corrupt=skip_corrupt)
     seed = seed if seed is not None else recorded_seed(run)
     hierarchy = config.get("hierarchy") if isinstance(config.get("hierarchy"), Mapping) else None
     ids = list(run["snapshot_ids"])
