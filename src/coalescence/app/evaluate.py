@@ -99,6 +99,8 @@ class Faithfulness:
                 f"held out: capped at the {self.coalitions} coalitions of the game outside the {plans} "
                 f"({self.asked} asked, {2**self.n_players} in all): every one of them"
             )
+        if self.coalitions == 2**self.n_players - self.plan_coalitions:
+            return f"held out: every one of the {self.coalitions} coalitions of the game outside the {plans}"
         return (
             f"held out: {self.coalitions} distinct coalitions drawn fresh, none of the {plans}; "
             f"skipped {self.skipped_plan} draw{'s' if self.skipped_plan != 1 else ''} a plan held "

@@ -113,8 +113,12 @@ correlation is +1 or -1, so a small m fills the 2.5% tails with such resamples (
 5% level (Spearman's critical value), so fewer rank too little to tell anything apart."""
 
 _CHUNK_CELLS = 1 << 20
-"""Booleans (rows x players) drawn or enumerated at once, and bootstrap cells ranked at once:
-memory stays bounded whatever the number of coalitions asked."""
+"""Booleans (rows x players) drawn or enumerated at once: memory stays bounded whatever the number
+of coalitions asked."""
+
+_BOOTSTRAP_CELLS = 1 << 18
+"""Bootstrap cells (resamples x coalitions) drawn and ranked at once (ranking holds several
+float64 copies of them): all :data:`RESAMPLES` at once up to 131 coalitions."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,7 +258,7 @@ def linear_datamodeling_score(values: Sequence[float], masks: np.ndarray, utilit
     """The LDS: Spearman's rank correlation of ``masks @ values`` against ``utilities``, with a
     percentile-bootstrap interval over the coalitions (:data:`RESAMPLES` resamples,
     ``numpy.random.default_rng([seed, 2])``, drawn and ranked in chunks of at most
-    :data:`_CHUNK_CELLS` cells, one chunk up to 524 coalitions).
+    :data:`_BOOTSTRAP_CELLS` cells: one chunk up to 131 coalitions).
 
     Args:
         values: ``[n_players]`` attributions (phi).
@@ -272,7 +276,7 @@ def linear_datamodeling_score(values: Sequence[float], masks: np.ndarray, utilit
         return Interval(estimate=None, low=None, high=None)
     rng = np.random.default_rng([seed, 2])
     m = len(y)
-    per = max(1, _CHUNK_CELLS // m)  # resamples ranked at once: memory bounded whatever m
+    per = max(1, _BOOTSTRAP_CELLS // m)  # resamples ranked at once: memory bounded whatever m
     samples = []
     for start in range(0, RESAMPLES, per):
         idx = rng.integers(0, m, size=(min(per, RESAMPLES - start), m))
