@@ -5,19 +5,26 @@ conversation snapshot, model, absence policy and utility, read from the run arch
 ``replay`` reads it), evaluates held-out coalitions of it exactly through the engine, and reports:
 
 the measures of :mod:`coalescence.attribution.faithfulness`: the **LDS** (Spearman's rank
-correlation of ``sum_{i in S} phi_i`` against ``v(S)`` over ``coalitions`` random keep-half
-coalitions) and the **top-k removal drops**, k = 1, 3, 5, against k random players (the mean over
-``random_draws`` draws), each with a percentile-bootstrap 95% interval.
+correlation of ``sum_{i in S} phi_i`` against ``v(S)`` over ``coalitions`` distinct random
+keep-half coalitions) and the **top-k removal drops**, k = 1, 3, 5, against k random players (the
+mean over ``random_draws`` draws), each with a percentile-bootstrap 95% interval.
 
-Every coalition is deterministic given ``seed`` (the held-out ones depend only on the player
-count, their number and the seed, so later evaluations of the same game reuse them) and is an
-ordinary exact coalition of the game: it is written into the run archive under its coalition key,
-where a later ``evaluate`` or a ``replay`` finds it with no model call. Replays fit on their
-estimator's plan only (:func:`~coalescence.engine.pool_from_store` looks up the plan's rows), so
-the added rows cannot change what they fit. A hierarchical explanation is evaluated at its coarse
-level. A document that names no run archive re-creates its game in a new one (``archive``): its
-conversation segmented again by its unit (the snapshot id must come back), its model, policy and
-utility; that run records ``command: evaluate`` and no method.
+The held-out coalitions are none of the plans the archive holds (:mod:`coalescence.app.heldout`:
+every exact row of the snapshot but those evaluate wrote is skipped by the draw), distinct, and
+capped at the coalitions that lie outside the plans; fewer than
+:data:`~coalescence.attribution.faithfulness.MIN_COALITIONS` of them is refused (an exact run's
+plan holds every coalition: its ``--out`` document is evaluated in a new archive instead). The
+result says how many were drawn fresh and what the draw skipped. Every coalition is deterministic
+given ``seed`` and the archive's plans (so later evaluations of the same game reuse them) and is an
+ordinary exact coalition of the game: it is written into the run archive under its coalition key
+(its row's ``run_id`` is ``evaluate:<run id>``), where a later ``evaluate`` or a ``replay`` finds it
+with no model call. Replays fit on their estimator's plan only
+(:func:`~coalescence.engine.pool_from_store` looks up the plan's rows), so the added rows cannot
+change what they fit. An explanation of another model than the archive's is refused. A
+hierarchical explanation is evaluated at its coarse level. A document that names no run archive
+re-creates its game in a new one (``archive``): its conversation segmented again by its unit (the
+snapshot id must come back), its model, policy and utility; that run records ``command: evaluate``
+and no method.
 """
 
 from __future__ import annotations
@@ -32,11 +39,9 @@ import numpy as np
 
 from ..attribution.faithfulness import (
     CONFIDENCE,
-    MIN_COALITIONS,
     Drop,
     HeldOut,
     Interval,
-    held_out_coalitions,
     linear_datamodeling_score,
     removal_drops,
     removal_rows,
@@ -219,8 +224,9 @@ def evaluate_source(
 
     Raises:
         InputError: not a run archive or an explanation document; a document whose archive does not
-            hold its conversation; a conversation number out of range.
-        ArchiveError: a damaged archive; an archive locked by a running command.
+            hold its conversation, or holds another model's game; a conversation number out of
+            range; fewer than ``MIN_COALITIONS`` coalitions of a game outside the archive's plans.
+        ArchiveError: a damaged archive (unless ``skip_corrupt``); an archive locked by a running command.
         ConfigError: an unknown method; a document that names no archive and no ``archive`` given.
         EstimatorError: the archive lacks coalitions a method's plan needs.
         BackendUnavailable, BatchFailed: the model cannot be loaded or a model call failed.
@@ -308,7 +314,7 @@ class _Game:
         from ..archive.reader import read_manifest, read_rows
         from ..utility import UtilitySpec
         from .fit import ArchiveFit
-        from .heldout import plan_coalitions
+        from .heldout import held_out_of, plan_coalitions
 
         self.run_dir, self.settings, self.backend = run_dir, settings, backend
         self.where = "RUN_OR_DOC" if source_dir else "archive"  # the argument that named the archive
@@ -332,26 +338,9 @@ class _Game:
         for item in self.items:
             snap = item.snapshot
             if snap.snapshot_id not in self.held:
-                self.held[snap.snapshot_id] = self._held_out(snap, plan_coalitions(table, snap.snapshot_id, snap.n_players))
-
-    def _held_out(self, snap: Any, plans: set[bytes]) -> tuple[HeldOut, int]:
-        """The held-out coalitions of ``snap``'s game, none in ``plans`` (:mod:`coalescence.app.heldout`).
-
-        Raises:
-            InputError: fewer than :data:`~coalescence.attribution.faithfulness.MIN_COALITIONS` lie
-                outside the plans (an exact run's plan holds every coalition).
-        """
-        s = self.settings
-        held = held_out_coalitions(snap.n_players, s.coalitions, s.seed, exclude=plans)
-        if held.coalitions < MIN_COALITIONS:
-            raise InputError(
-                f"the archive's plans hold {len(plans)} of the {2**snap.n_players} coalitions of snapshot "
-                f"{snap.snapshot_id[:12]} ({snap.n_players} players), so {held.available} are left to hold out, fewer than "
-                f"the {MIN_COALITIONS} an LDS interval needs; evaluate the --out document in a new archive "
-                "(--archive NEW_DIR re-creates its game there), or the archive of a run that sampled fewer coalitions",
-                field=self.where,
-            )
-        return held, len(plans)
+                plans = plan_coalitions(table, snap.snapshot_id, snap.n_players)
+                held = held_out_of(snap, plans, coalitions=settings.coalitions, seed=settings.seed, field=self.where)
+                self.held[snap.snapshot_id] = (held, len(plans))
 
     def _run_of(self, manifest: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
         """The archive's run that evaluated ``doc``'s game: the chosen run, else the last run

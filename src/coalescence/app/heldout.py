@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from ..archive.writer import RunArchive
+from ..attribution.faithfulness import MIN_COALITIONS, HeldOut, held_out_coalitions
+from ..errors import InputError
 
-__all__ = ("EVALUATE_ROWS", "EvaluationArchive", "plan_coalitions")
+__all__ = ("EVALUATE_ROWS", "EvaluationArchive", "held_out_of", "plan_coalitions")
 
 EVALUATE_ROWS = "evaluate:"
 """The prefix of the ``run_id`` of every row ``evaluate`` writes (``evaluate:<run id>``): held-out
@@ -74,3 +76,33 @@ def plan_coalitions(table: Any, snapshot_id: str, n_players: int) -> set[bytes]:
         bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[:n_players].astype(bool)
         out.add(np.packbits(bits).tobytes())
     return out
+
+
+def held_out_of(snap: Any, plans: set[bytes], *, coalitions: int, seed: int, field: str) -> HeldOut:
+    """The held-out coalitions of ``snap``'s game: ``coalitions`` drawn from ``seed``, none in ``plans``
+    (:func:`~coalescence.attribution.faithfulness.held_out_coalitions`).
+
+    Args:
+        snap: the game's :class:`~coalescence.snapshot.ConversationSnapshot`.
+        plans: the plans' coalitions (:func:`plan_coalitions`).
+        coalitions, seed: as ``evaluate``'s settings.
+        field: the argument that named the archive (named by a refusal).
+
+    Returns:
+        A :class:`~coalescence.attribution.faithfulness.HeldOut` of ``[m, n_players]`` bool masks,
+        ``m = min(coalitions, 2^n_players - len(plans))``.
+
+    Raises:
+        InputError: fewer than :data:`~coalescence.attribution.faithfulness.MIN_COALITIONS`
+            coalitions lie outside the plans (an exact run's plan holds every one).
+    """
+    held = held_out_coalitions(snap.n_players, coalitions, seed, exclude=plans)
+    if held.coalitions < MIN_COALITIONS:
+        raise InputError(
+            f"the archive's plans hold {len(plans)} of the {2**snap.n_players} coalitions of snapshot "
+            f"{snap.snapshot_id[:12]} ({snap.n_players} players), so {held.available} are left to hold out, fewer than "
+            f"the {MIN_COALITIONS} an LDS interval needs; evaluate the --out document in a new archive "
+            "(--archive NEW_DIR re-creates its game there), or the archive of a run that sampled fewer coalitions",
+            field=field,
+        )
+    return held
