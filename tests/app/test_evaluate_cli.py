@@ -102,3 +102,29 @@ def test_missing_coalitions_are_evaluated_with_the_runs_model_once(tmp_path, tin
     assert code == 0, err
     assert "coalitions: 0 evaluated with the model" in second and "loading" not in err
     assert first.rsplit("\n", 2)[0] == second.rsplit("\n", 2)[0]  # the same numbers, from the archive
+
+
+def test_a_damaged_archive_names_skip_corrupt_and_evaluate_honours_it(tmp_path, tiny_model_dir):
+    """evaluate said "rerun with --skip-corrupt", then refused the same way with it (replay honours
+    it): now the part that fails is left out, its coalitions evaluated again and it is quarantined."""
+    from helpers.compare_runs import MESSAGES
+
+    source = tmp_path / "chat.json"
+    source.write_text(json.dumps({"messages": MESSAGES}), encoding="utf-8")
+    code, _, err = cli(["explain", str(source), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "loo",
+                        "--archive", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
+    assert code == 0, err
+    code, first, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "12", "--no-progress"])
+    assert code == 0, err
+    evaluated = int(first.rsplit("coalitions: ", 1)[1].split(" evaluated")[0])
+    victim = sorted((tmp_path / "run" / "parts").glob("*.parquet"))[-1]  # the part evaluate wrote
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 3] ^= 0x04
+    victim.write_bytes(bytes(data))
+    code, out, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "12", "--no-progress"])
+    assert code == 2 and out == "" and err.count("\n") == 1 and victim.name in err and "--skip-corrupt" in err, err
+    code, again, err = cli(["evaluate", str(tmp_path / "run"), "--coalitions", "12", "--skip-corrupt", "--no-progress"])
+    assert code == 0, err
+    assert f"coalitions: {evaluated} evaluated with the model" in again  # the lost part's, again
+    assert again.split("\ndrops in")[0] == first.split("\ndrops in")[0]
+    assert [q["part"] for q in json.loads((tmp_path / "run" / "manifest.json").read_text())["quarantine"]] == [victim.name]
