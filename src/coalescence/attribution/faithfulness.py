@@ -313,7 +313,10 @@ def removal_drops(
         random = np.array([full - value_of[np.packbits(r).tobytes()] for r in random_removals(n, k, draws, seed)])
         mean = float(random.mean())
         rng = np.random.default_rng([seed, 3, k])
-        means = random[rng.integers(0, draws, size=(RESAMPLES, draws))].mean(axis=1)
+        per = max(1, _BOOTSTRAP_CELLS // draws)  # resamples at once: memory bounded whatever draws
+        means = np.concatenate(
+            [random[rng.integers(0, draws, size=(min(per, RESAMPLES - start), draws))].mean(axis=1) for start in range(0, RESAMPLES, per)]
+        )
         low, high = _percentile(means)
         out.append(
             Drop(
