@@ -215,15 +215,20 @@ class ArchiveFit:
     ) -> tuple[Any, dict[str, Any] | None]:
         """The estimate from the archive, and its proxy record: a two-fidelity estimator refits both
         games when the run played the proxy game and the archive holds every proxy row its plan
-        needs; otherwise the exact pool alone (with a note, ``exact rows only: ...``, for a two-fidelity
-        estimator: the run played no proxy game, or the archive lacks proxy rows of the plan)."""
+        needs; otherwise the exact pool alone, with a note (``exact rows only: ...``) where a
+        two-fidelity estimator is fitted on another method's run that played no proxy game, or the
+        archive lacks proxy rows of its plan."""
         from ..engine import pool_from_store, proxy_agreement, proxy_game_name
 
         recorded = recorded_proxy(self.run)
         if not estimator.capabilities.two_fidelity or recorded is None:
             estimate = estimator.fit(masks, utilities)
-            if estimator.capabilities.two_fidelity:  # fitted as the exact rows' method alone: say so, as explain does
-                estimate = replace(estimate, notes=(*estimate.notes, "exact rows only: the run played no proxy game, so the archive holds no proxy rows"))
+            # fitted on the exact rows alone: said where the proxy game was wanted (another method's
+            # run), as explain says it where asked for; a run of this method with the proxy game off
+            # asked for none (explain says nothing then either)
+            if estimator.capabilities.two_fidelity and recorded_run_config(self.run).get("method") != estimator.name:
+                note = "exact rows only: the run played no proxy game, so the archive holds no proxy rows"
+                estimate = replace(estimate, notes=(*estimate.notes, note))
             return estimate, None
         game = proxy_game_name(recorded[0])
         rows = itertools.chain(estimator.proxy_plan(snap.n_players), masks)
