@@ -304,3 +304,38 @@ def test_a_two_fidelity_method_fitted_on_exact_rows_alone_says_so(game_run, chat
     assert kernel.notes == ()
     assert "  note: exact rows only: the run played no proxy game" in evaluation.format()
     assert evaluation.to_dict()["results"][0]["notes"] == list(proxy.notes)
+
+
+def test_a_plan_evaluated_after_an_evaluation_is_still_held_apart(game_run, chatml_tokenizer, tmp_path):
+    """A lasso plan resumed into the archive after an evaluation finds the coalitions it shares with
+    the held-out ones there, under evaluate's rows; evaluating that lasso run holds its own plan out
+    all the same (regenerated from the run's method, budget and seed)."""
+    from coalescence.attribution.estimators import make_estimator
+
+    where, _ = game_run
+    run_dir = copy_run(where, tmp_path)
+    first = coalescence.evaluate(run_dir, coalitions=16, backend=make_backend(chatml_tokenizer))
+    source = {"messages": [{"role": "user", "content": " ".join(SENTENCES)}, {"role": "assistant", "content": "In 1889."}]}
+    explain_run(source, RunSettings(model="fake", unit="sentence", method="lasso", budget=24, archive=run_dir), backend=make_backend(chatml_tokenizer))
+    lasso = {tuple(bool(b) for b in row) for row in make_estimator("lasso", budget=24, seed=0).plan(6)}
+    assert first.results[0].coalitions == 16
+    evaluation = coalescence.evaluate(run_dir, method="lasso", budget=24, coalitions=10, backend=make_backend(chatml_tokenizer))
+    (r,) = evaluation.results
+    assert lasso & (archived(run_dir, 6) - archived_plans(run_dir, 6))  # coalitions of its plan under evaluate's rows
+    held, _, _ = held_by_rule(6, 10, 0, lasso | archived_plans(run_dir, 6))
+    assert not {tuple(bool(b) for b in row) for row in held} & lasso
+    phi = [p["value"] for p in fit_archive(run_dir, methods=["lasso"], budget=24)["explanations"][0]["players"]]
+    rho = spearmanr(held.astype(float) @ np.array(phi), [v(s) for s in held]).statistic
+    assert r.coalitions == 10 and r.lds.estimate == pytest.approx(rho, abs=1e-6)
+
+
+def archived_plans(run_dir: Path, n: int) -> set[tuple[bool, ...]]:
+    """The exact rows of the archive that evaluate did not write (their run_id is not evaluate:...)."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(run_dir / "parts", format="parquet").to_table(columns=["mask", "game", "run_id"]).to_pydict()
+    return {
+        tuple(bool(b) for b in np.unpackbits(np.frombuffer(m, dtype=np.uint8), bitorder="little")[:n])
+        for m, g, r in zip(table["mask"], table["game"], table["run_id"], strict=True)
+        if g in (None, "exact") and not str(r).startswith("evaluate:")
+    }

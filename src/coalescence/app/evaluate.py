@@ -314,7 +314,7 @@ class _Game:
         from ..archive.reader import read_manifest, read_rows
         from ..utility import UtilitySpec
         from .fit import ArchiveFit
-        from .heldout import held_out_of, plan_coalitions
+        from .heldout import fitted_plans, held_out_of, plan_coalitions
 
         self.run_dir, self.settings, self.backend = run_dir, settings, backend
         self.where = "RUN_OR_DOC" if source_dir else "archive"  # the argument that named the archive
@@ -339,6 +339,8 @@ class _Game:
             snap = item.snapshot
             if snap.snapshot_id not in self.held:
                 plans = plan_coalitions(table, snap.snapshot_id, snap.n_players)
+                if source_dir:  # the plans fitted here, whose rows may be an earlier evaluate's
+                    plans |= fitted_plans(self.fit, run, snap.n_players, methods=settings.methods, budget=settings.budget)
                 held = held_out_of(snap, plans, coalitions=settings.coalitions, seed=settings.seed, field=self.where)
                 self.held[snap.snapshot_id] = (held, len(plans))
 

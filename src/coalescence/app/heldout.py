@@ -16,11 +16,14 @@ makes it disjoint from every plan the archive holds when it is drawn, by constru
 evaluate's own rows are not plans, a later evaluation with the same seed draws the same
 coalitions and finds them in the archive.
 
-Two limits, both on the safe side or stated: rows written by an ``evaluate`` of an earlier
-version carry the run's own id, so they count as plan rows (the draw skips them: still disjoint,
-only not reused); and a plan evaluated after an ``evaluate`` finds the coalitions the two share
-in the archive, under evaluate's id, so they do not count as that plan's (evaluate a run before
-you replay other plans into it, or in a copy of the archive).
+A plan evaluated after an ``evaluate`` finds the coalitions the two share in the archive, under
+evaluate's id. For a run directory the plans fitted and evaluated are therefore also regenerated
+from the run's method, budget, seed and interactions, as :func:`~coalescence.app.fit.fit_archive`
+makes them (:func:`fitted_plans`), and skipped too: the explanation scored is never scored on its
+own plan's coalitions. An ``--out`` document records no budget or seed, so there the rows alone
+name the plans (evaluate a document before you replay other plans into its archive, or in a copy).
+Rows written by an ``evaluate`` of an earlier version carry the run's own id, so they count as plan
+rows (the draw skips them: still disjoint, only not reused).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ..archive.writer import RunArchive
 from ..attribution.faithfulness import MIN_COALITIONS, HeldOut, held_out_coalitions
 from ..errors import InputError
 
-__all__ = ("EVALUATE_ROWS", "EvaluationArchive", "held_out_of", "plan_coalitions")
+__all__ = ("EVALUATE_ROWS", "EvaluationArchive", "fitted_plans", "held_out_of", "plan_coalitions")
 
 EVALUATE_ROWS = "evaluate:"
 """The prefix of the ``run_id`` of every row ``evaluate`` writes (``evaluate:<run id>``): held-out
@@ -75,6 +78,40 @@ def plan_coalitions(table: Any, snapshot_id: str, n_players: int) -> set[bytes]:
             continue
         bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[:n_players].astype(bool)
         out.add(np.packbits(bits).tobytes())
+    return out
+
+
+def fitted_plans(fit: Any, run: Mapping[str, Any], n_players: int, *, methods: Any, budget: int | None) -> set[bytes]:
+    """The coalitions of the plans a run directory's explanations are fitted on, regenerated as
+    :func:`~coalescence.app.fit.fit_archive` makes them: each method (``methods``, default the
+    run's) at ``budget`` (default the run's for its method, else 32 x players), the run's seed and
+    interactions.
+
+    Args:
+        fit: the archive's :class:`~coalescence.app.fit.ArchiveFit`.
+        run: the run's manifest record.
+        n_players: players of the game.
+        methods: method names, or a comma-separated string, or ``None``.
+        budget: the sampling budget, or ``None``.
+
+    Returns:
+        Each coalition as ``np.packbits(row).tobytes()`` of its ``[n_players]`` bool row.
+
+    Raises:
+        ConfigError, EstimatorError: as the estimators' construction (already raised by the fit).
+    """
+    from .options import names
+    from .record import recorded_budget, recorded_interactions, recorded_run_config, recorded_seed
+
+    chosen = names(methods) if methods else (recorded_run_config(run).get("method"),)
+    out: set[bytes] = set()
+    for method in chosen:
+        if not isinstance(method, str):
+            continue
+        b = budget if budget is not None else recorded_budget(run, method)
+        order, index = recorded_interactions(run, method)
+        estimator = fit.estimator(method, b if b is not None else 32 * n_players, recorded_seed(run), interactions=order, index=index)
+        out.update(np.packbits(np.asarray(row, dtype=bool)).tobytes() for row in estimator.plan(n_players))
     return out
 
 
