@@ -16,10 +16,10 @@ percentile-bootstrap intervals (numerics only: the game's values are given, by t
 
 Every coalition and resample is deterministic given the seed (``numpy.random.default_rng`` of
 ``[seed, stream, ...]``, one stream per use), so that the held-out coalitions of a game depend only
-on its player count, their number, the seed and the coalitions excluded. No stream is 0: ``SeedSequence`` pads its entropy
-with zeros, so ``[seed, 0]`` is the stream of ``seed`` alone, the one the estimators' plans draw
-from (:func:`~.estimators.banzhaf.uniform_plan`): held out that way, the coalitions of a LASSO
-run's plan would come back as its "fresh" ones. A stream apart makes a meeting rare, not
+on its player count, their number, the seed and the coalitions excluded. No stream is 0:
+``SeedSequence`` pads its entropy with zeros, so ``[seed, 0]`` is the stream of ``seed`` alone,
+the one the estimators' plans draw from (:func:`~.estimators.banzhaf.uniform_plan`): held out that
+way, the coalitions of a LASSO run's plan would come back as its "fresh" ones. A stream apart makes a meeting rare, not
 impossible (on 6 players a 20-row plan holds a third of the 64 coalitions): the plans' coalitions
 are excluded from the draw by name (``exclude``), which makes them disjoint by construction.
 """
