@@ -1,6 +1,6 @@
 """Run the demo again and rewrite the example output in README.md and docs/ from it.
 
-Usage (from the repository root, after ``make install``; about 1.5 minutes on 2 CPU cores)::
+Usage (from the repository root, after ``make install``; about 3 minutes on 2 CPU cores)::
 
     HF_HUB_OFFLINE=1 .venv/bin/python docs/regenerate_examples.py
 
@@ -13,11 +13,15 @@ What it does:
    what the command printed (``explain.txt``);
 3. rewrites every block of README.md and docs/*.md between ``<!-- example: NAME -->`` and
    ``<!-- end example -->`` with the current code's output: ``explain`` (the demo's printout),
-   ``compare`` and ``evaluate`` (run on the recorded archive); the README's demo printout keeps
-   the first four rows of the ranked table and the last.
+   ``compare`` (run on the recorded archive) and ``evaluate``; the README's demo printout keeps
+   the first four rows of the ranked table and the last;
+4. for ``evaluate`` (whose held-out coalitions are none of an archive's plans, and the exact run's
+   plan is every coalition): evaluates the recorded ``--out`` document in a new archive,
+   ``docs/demo/eiffel-held-out/`` (its game re-created there, its held-out coalitions evaluated with
+   the model and recorded), then prints the block from a second evaluation, served from it.
 
 Paths of the temporary run are written as the README's demo names them (``runs/eiffel-<time>``,
-``runs/eiffel.json``, ``runs/eiffel.html``). The prose around the blocks (the values a paragraph
+``runs/eiffel.json``, ``runs/eiffel.html``, ``runs/eiffel-held-out``). The prose around the blocks (the values a paragraph
 quotes) is checked, not rewritten: ``tests/test_readme.py`` fails when a quoted number no longer
 matches the recorded run, naming it.
 """
@@ -38,7 +42,6 @@ DEMO = ROOT / "docs" / "demo"
 COALESCENCE = [sys.executable, "-m", "coalescence.cli"]
 DEMO_ARGS = ["examples/eiffel.json", "--model", "smollm2-135m", "--unit", "sentence", "--method", "exact"]
 COMPARE_ARGS = ["--method", "exact,kernelshap,lasso,loo", "--budget", "64"]
-EVALUATE_ARGS = ["--method", "exact,lasso", "--budget", "64"]
 BLOCK = re.compile(r"(<!-- example: (?P<name>[\w-]+) -->\n```\n)(?P<body>.*?)(```\n<!-- end example -->)", re.S)
 
 
@@ -60,10 +63,24 @@ def elide(printed: str, keep: int = 4) -> str:
 
 
 def compare_output(command: str = "compare", args: list[str] = COMPARE_ARGS) -> str:
-    """``coalescence compare`` (or ``evaluate``) on the recorded archive, its path written as the README's."""
+    """``coalescence compare`` on the recorded archive, its path written as the README's."""
     out = _run([command, str(DEMO / "eiffel-run"), *args, "--no-progress"])
     line = " ".join([f"coalescence {command} runs/eiffel-<time>", *args])
     return line + "\n" + out.replace(str(DEMO / "eiffel-run"), "runs/eiffel-<time>")
+
+
+def evaluate_output() -> str:
+    """``coalescence evaluate`` of the recorded document in a new archive, recorded in
+    docs/demo/eiffel-held-out/; the printout of a second evaluation (from that archive, no model
+    call), its paths written as the README's."""
+    held = DEMO / "eiffel-held-out"
+    if held.exists():
+        shutil.rmtree(held)
+    args = ["evaluate", str(DEMO / "eiffel.json"), "--archive", str(held), "--no-progress"]
+    _run(args)  # the game re-created in the new archive, its coalitions evaluated with the model
+    (held / ".lock").unlink(missing_ok=True)
+    out = _run(args)
+    return "coalescence evaluate runs/eiffel.json --archive runs/eiffel-held-out\n" + out.replace(str(held), "runs/eiffel-held-out")
 
 
 def record_demo() -> str:
@@ -107,7 +124,7 @@ def rewrite(blocks: dict[str, str]) -> list[str]:
 def main() -> None:
     blocks = {"explain": elide(record_demo())}
     blocks["compare"] = compare_output()
-    blocks["evaluate"] = compare_output("evaluate", EVALUATE_ARGS)  # the exact run holds every coalition: no model call
+    blocks["evaluate"] = evaluate_output()  # with the model once (about 1.5 minutes), then from its archive
     changed = rewrite(blocks)
     print(f"recorded the demo in {DEMO.relative_to(ROOT)}; rewrote: {', '.join(changed) or 'nothing (unchanged)'}")
     print("now run: .venv/bin/python -m pytest tests/test_readme.py")

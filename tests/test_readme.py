@@ -99,20 +99,27 @@ def test_the_readme_compare_example_is_what_compare_prints_now(capsys):
 
 
 def test_the_readme_evaluate_example_is_what_evaluate_prints_now(capsys):
+    """The demo's exact run holds every coalition in its plan, so its archive is refused (none is left
+    to hold out); its document evaluated in a new archive (recorded: docs/demo/eiffel-held-out)
+    prints the block, from that archive, with no model call."""
+    assert cli.main(["evaluate", str(DEMO / "eiffel-run"), "--no-progress"]) == 2
+    refused = capsys.readouterr().err
+    assert "the archive's plans hold 1024 of the 1024 coalitions" in refused, refused
     block = _block("evaluate")
     command, expected = block.split("\n", 1)
     args = command.split()[1:]
-    assert args[:2] == ["evaluate", "runs/eiffel-<time>"]
-    assert cli.main(["evaluate", str(DEMO / "eiffel-run"), *args[2:], "--no-progress"]) == 0
-    printed = capsys.readouterr().out.replace(str(DEMO / "eiffel-run"), "runs/eiffel-<time>")
+    assert args == ["evaluate", "runs/eiffel.json", "--archive", "runs/eiffel-held-out"]
+    held = DEMO / "eiffel-held-out"
+    assert cli.main(["evaluate", str(DEMO / "eiffel.json"), "--archive", str(held), "--no-progress"]) == 0
+    printed = capsys.readouterr().out.replace(str(held), "runs/eiffel-held-out")
     assert printed == expected
-    assert "0 evaluated with the model" in printed  # the exact run holds every coalition: the archive is not written
-    lds = dict(re.findall(r"^(\w+): .*\n  LDS \(Spearman, 32 keep-half coalitions\): ([+-]\d\.\d+)", printed, re.M))
+    assert "0 evaluated with the model" in printed  # every coalition recorded: the archive is not written
+    lds = re.search(r"^exact: .*\n  LDS \(Spearman, 32 keep-half coalitions\): ([+-]\d\.\d+)", printed, re.M)
     drop = re.search(r"^\s+1\s+([+-]\d+\.\d+)\s+([+-]\d+\.\d+) \[", printed, re.M)
-    assert drop is not None
+    assert lds is not None and drop is not None
     prose = README.split("<!-- example: evaluate -->", 1)[1].split("<!-- end example -->", 1)[1].split("\n\n", 2)[1]
     for quoted in (
-        f"({float(lds['lasso']):.2f} against\n{float(lds['exact']):.2f})",
+        f"LDS of {float(lds[1]):+.2f}",
         f"removing it alone costs {float(drop[1]):.1f} nats, against {float(drop[2]):.1f} for a random sentence",
     ):
         assert quoted in prose, quoted

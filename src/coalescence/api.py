@@ -340,12 +340,14 @@ def evaluate(
 ) -> Any:
     """How faithful an explanation is on fresh exact coalitions of its game, as ``coalescence
     evaluate`` (see :mod:`coalescence.app.evaluate`): its LDS (Spearman's rank correlation of
-    ``sum_{i in S} phi_i`` against ``v(S)`` over seeded random keep-half coalitions, with a bootstrap
-    95% interval) and its top-k removal drops (k = 1, 3, 5) against removing k random players.
+    ``sum_{i in S} phi_i`` against ``v(S)`` over seeded, distinct random keep-half coalitions, none
+    of them in a plan the archive holds, with a bootstrap 95% interval) and its top-k removal drops
+    (k = 1, 3, 5) against removing k random players.
 
     Args:
         source: a run archive directory, or an ``--out`` JSON document.
-        coalitions: held-out keep-half coalitions of the LDS (>= 2).
+        coalitions: held-out keep-half coalitions of the LDS (>= 10; capped at those of the game
+            outside the archive's plans).
         seed: the seed of the coalitions and of the bootstrap.
         method: run archive: the methods fitted and evaluated (default: the run's).
         model: the model evaluating the coalitions the archive lacks (default: the run's), by name.

@@ -5,19 +5,26 @@ conversation snapshot, model, absence policy and utility, read from the run arch
 ``replay`` reads it), evaluates held-out coalitions of it exactly through the engine, and reports:
 
 the measures of :mod:`coalescence.attribution.faithfulness`: the **LDS** (Spearman's rank
-correlation of ``sum_{i in S} phi_i`` against ``v(S)`` over ``coalitions`` random keep-half
-coalitions) and the **top-k removal drops**, k = 1, 3, 5, against k random players (the mean over
-``random_draws`` draws), each with a percentile-bootstrap 95% interval.
+correlation of ``sum_{i in S} phi_i`` against ``v(S)`` over ``coalitions`` distinct random
+keep-half coalitions) and the **top-k removal drops**, k = 1, 3, 5, against k random players (the
+mean over ``random_draws`` draws), each with a percentile-bootstrap 95% interval.
 
-Every coalition is deterministic given ``seed`` (the held-out ones depend only on the player
-count, their number and the seed, so later evaluations of the same game reuse them) and is an
-ordinary exact coalition of the game: it is written into the run archive under its coalition key,
-where a later ``evaluate`` or a ``replay`` finds it with no model call. Replays fit on their
-estimator's plan only (:func:`~coalescence.engine.pool_from_store` looks up the plan's rows), so
-the added rows cannot change what they fit. A hierarchical explanation is evaluated at its coarse
-level. A document that names no run archive re-creates its game in a new one (``archive``): its
-conversation segmented again by its unit (the snapshot id must come back), its model, policy and
-utility; that run records ``command: evaluate`` and no method.
+The held-out coalitions are none of the plans the archive holds (:mod:`coalescence.app.heldout`:
+every exact row of the snapshot but those evaluate wrote is skipped by the draw), distinct, and
+capped at the coalitions that lie outside the plans; fewer than
+:data:`~coalescence.attribution.faithfulness.MIN_COALITIONS` of them is refused (an exact run's
+plan holds every coalition: its ``--out`` document is evaluated in a new archive instead). The
+result says how many were drawn fresh and what the draw skipped. Every coalition is deterministic
+given ``seed`` and the archive's plans (so later evaluations of the same game reuse them) and is an
+ordinary exact coalition of the game: it is written into the run archive under its coalition key
+(its row's ``run_id`` is ``evaluate:<run id>``), where a later ``evaluate`` or a ``replay`` finds it
+with no model call. Replays fit on their estimator's plan only
+(:func:`~coalescence.engine.pool_from_store` looks up the plan's rows), so the added rows cannot
+change what they fit. An explanation of another model than the archive's is refused. A
+hierarchical explanation is evaluated at its coarse level. A document that names no run archive
+re-creates its game in a new one (``archive``): its conversation segmented again by its unit (the
+snapshot id must come back), its model, policy and utility; that run records ``command: evaluate``
+and no method.
 """
 
 from __future__ import annotations
@@ -33,8 +40,8 @@ import numpy as np
 from ..attribution.faithfulness import (
     CONFIDENCE,
     Drop,
+    HeldOut,
     Interval,
-    held_out_coalitions,
     linear_datamodeling_score,
     removal_drops,
     removal_rows,
@@ -56,10 +63,18 @@ class Faithfulness:
         snapshot_id: its conversation snapshot.
         unit: the values' unit (``nats`` for ``logprob``).
         n_players: players of the game.
-        coalitions: held-out keep-half coalitions the LDS is computed over.
+        coalitions: held-out keep-half coalitions the LDS is computed over, distinct, each drawn
+            fresh: none of them in a plan the archive holds (:mod:`coalescence.app.heldout`).
+        asked: the coalitions asked for (``coalitions`` is fewer when capped: only that many
+            coalitions of the game lie outside the plans, and every one is taken).
+        plan_coalitions: coalitions of the game the archive holds as plan rows (excluded).
+        skipped_plan: draws skipped because a plan held them.
+        skipped_repeat: draws skipped because an earlier draw gave the same coalition.
         lds: Spearman's rank correlation of ``sum_{i in S} phi_i`` against ``v(S)``.
         v_full: ``v(N)``, every player present.
         drops: one per k of :data:`~coalescence.attribution.faithfulness.DROP_KS` below ``n_players``.
+        notes: how the explanation was fitted where it matters to its score (e.g. ``exact rows
+            only: ...`` for a two-fidelity method fitted without proxy rows).
     """
 
     method: str
@@ -67,9 +82,35 @@ class Faithfulness:
     unit: str
     n_players: int
     coalitions: int
+    asked: int
+    plan_coalitions: int
+    skipped_plan: int
+    skipped_repeat: int
     lds: Interval
     v_full: float
     drops: tuple[Drop, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def capped(self) -> bool:
+        """Whether fewer coalitions than asked lie outside the plans (all of them were taken)."""
+        return self.coalitions < self.asked
+
+    def held_out_line(self) -> str:
+        """One line: how many held-out coalitions were drawn fresh and what the draw skipped."""
+        plans = f"{self.plan_coalitions} coalition{'s' if self.plan_coalitions != 1 else ''} in the archive's plans"
+        if self.capped:
+            return (
+                f"held out: capped at the {self.coalitions} coalitions of the game outside the {plans} "
+                f"({self.asked} asked, {2**self.n_players} in all): every one of them"
+            )
+        if self.coalitions == 2**self.n_players - self.plan_coalitions:
+            return f"held out: every one of the {self.coalitions} coalitions of the game outside the {plans}"
+        return (
+            f"held out: {self.coalitions} distinct coalitions drawn fresh, none of the {plans}; "
+            f"skipped {self.skipped_plan} draw{'s' if self.skipped_plan != 1 else ''} a plan held "
+            f"and {self.skipped_repeat} repeat{'s' if self.skipped_repeat != 1 else ''}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,9 +119,18 @@ class Faithfulness:
             "value_unit": self.unit,  # as an explanation document names it ("unit" there is the players')
             "n_players": self.n_players,
             "coalitions": self.coalitions,
+            "held_out": {
+                "asked": self.asked,
+                "fresh": self.coalitions,
+                "capped": self.capped,
+                "plan_coalitions": self.plan_coalitions,
+                "skipped_in_plans": self.skipped_plan,
+                "skipped_repeats": self.skipped_repeat,
+            },
             "lds": self.lds.to_dict(),
             "v_full": self.v_full if math.isfinite(self.v_full) else None,
             "drops": [d.to_dict() for d in self.drops],
+            "notes": list(self.notes),
         }
 
 
@@ -114,6 +164,7 @@ class Evaluation:
             head = f"{r.method}" + (f" (snapshot {r.snapshot_id[:12]})" if several else "")
             lines.append(f"{head}: {r.n_players} players, v(full) {r.v_full:+.4f} {r.unit}")
             lines.append(f"  LDS (Spearman, {r.coalitions} keep-half coalitions): {r.lds.format()}   95% bootstrap interval")
+            lines.append(f"  {r.held_out_line()}")
             if r.drops:
                 lines.append(f"  {'k':>3}  {'drop top-k':>11}  {'drop random k (mean [95%])':>30}  {'top - random [95%]':>28}  removed")
                 for d in r.drops:
@@ -121,6 +172,7 @@ class Evaluation:
                     lines.append(
                         f"  {d.k:>3}  {d.top:>+11.4f}  {d.random.format('+.4f'):>30}  {d.difference.format('+.4f'):>28}  {removed}"
                     )
+            lines.extend(f"  note: {note}" for note in r.notes)
             lines.append("")
         lines.append(
             f"drops in {self.results[0].unit if self.results else 'nats'}; random k: mean of {self.random_draws} draws; seed {self.seed}; "
@@ -172,8 +224,9 @@ def evaluate_source(
 
     Raises:
         InputError: not a run archive or an explanation document; a document whose archive does not
-            hold its conversation; a conversation number out of range.
-        ArchiveError: a damaged archive; an archive locked by a running command.
+            hold its conversation, or holds another model's game; a conversation number out of
+            range; fewer than ``MIN_COALITIONS`` coalitions of a game outside the archive's plans.
+        ArchiveError: a damaged archive (unless ``skip_corrupt``); an archive locked by a running command.
         ConfigError: an unknown method; a document that names no archive and no ``archive`` given.
         EstimatorError: the archive lacks coalitions a method's plan needs.
         BackendUnavailable, BatchFailed: the model cannot be loaded or a model call failed.
@@ -192,7 +245,9 @@ def evaluate_source(
     refuse_overwrite({"out": out_path}, sources={} if is_dir else {"RUN_OR_DOC": source}, run_dirs={"RUN_OR_DOC": source} if is_dir else None)
     if is_dir:
         try:
-            report = report_source(path, methods=s.methods, budget=s.budget, run_id=s.run_id, conversation=s.conversation)
+            report = report_source(
+                path, methods=s.methods, budget=s.budget, run_id=s.run_id, conversation=s.conversation, skip_corrupt=s.skip_corrupt
+            )
         except CoalescenceError as exc:  # the report names its argument SOURCE; here it is RUN_OR_DOC
             if exc.field != "SOURCE":
                 raise
@@ -256,9 +311,10 @@ class _Game:
     archive or evaluated (and archived) with the run's model."""
 
     def __init__(self, run_dir: Path, documents: Sequence[Mapping[str, Any]], settings: EvaluateSettings, *, backend: Any, source_dir: bool) -> None:
-        from ..archive.reader import read_manifest
+        from ..archive.reader import read_manifest, read_rows
         from ..utility import UtilitySpec
         from .fit import ArchiveFit
+        from .heldout import fitted_plans, held_out_of, plan_coalitions
 
         self.run_dir, self.settings, self.backend = run_dir, settings, backend
         self.where = "RUN_OR_DOC" if source_dir else "archive"  # the argument that named the archive
@@ -275,8 +331,18 @@ class _Game:
             self.utility = UtilitySpec.from_dict(run.get("utility") or {})
         except (CoalescenceError, TypeError, ValueError) as exc:
             raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot evaluate", field="archive") from exc
-        self.fit = ArchiveFit(run_dir, run, self.records, utility=self.utility, skip_corrupt=settings.skip_corrupt)
+        table = read_rows(run_dir, skip_corrupt=settings.skip_corrupt)
+        self.fit = ArchiveFit(run_dir, run, self.records, utility=self.utility, rows=table)
         self.items = [self._item(d) for d in documents]
+        self.held: dict[str, tuple[HeldOut, int]] = {}  # by snapshot: the held-out draw, the plans' coalitions
+        for item in self.items:
+            snap = item.snapshot
+            if snap.snapshot_id not in self.held:
+                plans = plan_coalitions(table, snap.snapshot_id, snap.n_players)
+                if source_dir:  # the plans fitted here, whose rows may be an earlier evaluate's
+                    plans |= fitted_plans(self.fit, run, snap.n_players, methods=settings.methods, budget=settings.budget)
+                held = held_out_of(snap, plans, coalitions=settings.coalitions, seed=settings.seed, field=self.where)
+                self.held[snap.snapshot_id] = (held, len(plans))
 
     def _run_of(self, manifest: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
         """The archive's run that evaluated ``doc``'s game: the chosen run, else the last run
@@ -329,6 +395,14 @@ class _Game:
             snap = ConversationSnapshot.from_dict(self.records[sid])
         except InputError as exc:
             raise ArchiveError(f"run {self.run['run_id']}: {exc.message}", field="archive") from exc
+        model = self.run.get("model") or {}
+        if doc.get("model_id") is not None and (doc.get("model_id"), doc.get("model_revision")) != (model.get("id"), model.get("revision")):
+            raise InputError(
+                f"the explanation's model {doc.get('model_id')} (revision {doc.get('model_revision')}) is not the archive's "
+                f"model {model.get('id')} (revision {model.get('revision')}, run {self.run['run_id']}); give the archive of "
+                "the explanation's own run, or a new directory to re-create its game there",
+                field=self.where,
+            )
         players = doc.get("players") or []
         if len(players) != snap.n_players:
             raise InputError(f"the explanation has {len(players)} players, its snapshot {snap.n_players}", field="RUN_OR_DOC")
@@ -336,9 +410,10 @@ class _Game:
         return _Item(document=doc, values=values, snapshot=snap)
 
     def rows(self, item: _Item) -> list[np.ndarray]:
+        """The coalitions ``item`` needs: its game's held-out ones, then its removals."""
         s = self.settings
-        n = item.snapshot.n_players
-        return [*held_out_coalitions(n, s.coalitions, s.seed), *removal_rows(item.values, draws=s.random_draws, seed=s.seed)]
+        held = self.held[item.snapshot.snapshot_id][0]
+        return [*held.masks, *removal_rows(item.values, draws=s.random_draws, seed=s.seed)]
 
     def measure(self, *, progress: Any = None, notify: Callable[[str], None] | None = None) -> tuple[list[Faithfulness], int, int]:
         """Evaluate what the archive lacks, then compute every explanation's statistics.
@@ -367,8 +442,8 @@ class _Game:
             masks, utilities = self.fit.pool(snap, rows, resolved, str(item.document.get("method")))
             value_of = {np.packbits(m).tobytes(): float(u) for m, u in zip(masks, utilities, strict=True)}
             s = self.settings
-            held = held_out_coalitions(snap.n_players, s.coalitions, s.seed)
-            v = [value_of[np.packbits(r).tobytes()] for r in held]
+            held, plans = self.held[snap.snapshot_id]
+            v = [value_of[np.packbits(r).tobytes()] for r in held.masks]
             labels = [p.label for p in snap.players]
             results.append(
                 Faithfulness(
@@ -376,20 +451,25 @@ class _Game:
                     snapshot_id=snap.snapshot_id,
                     unit=self.utility.unit,
                     n_players=snap.n_players,
-                    coalitions=s.coalitions,
-                    lds=linear_datamodeling_score(item.values, held, v, seed=s.seed),
+                    coalitions=held.coalitions,
+                    asked=held.asked,
+                    plan_coalitions=plans,
+                    skipped_plan=held.skipped_plan,
+                    skipped_repeat=held.skipped_repeat,
+                    lds=linear_datamodeling_score(item.values, held.masks, v, seed=s.seed),
                     v_full=value_of[np.packbits(np.ones(snap.n_players, dtype=bool)).tobytes()],
                     drops=removal_drops(item.values, labels, value_of, draws=s.random_draws, seed=s.seed),
+                    notes=tuple(str(n) for n in item.document.get("notes") or () if str(n).startswith("exact rows only")),
                 )
             )
         return results, executed, total - executed
 
     def _evaluate(self, games: list[tuple[Any, list[np.ndarray]]], progress: Any, notify: Callable[[str], None] | None = None) -> int:
         """Evaluate ``games``' coalitions with the run's model (archived); returns the model evaluations."""
-        from ..archive.writer import RunArchive
         from ..backends.registry import resolve_model
         from ..engine import Engine, counting_evaluations
         from .backend import load_model
+        from .heldout import EvaluationArchive
         from .lifecycle import run_blocking
         from .record import recorded_now
 
@@ -418,7 +498,7 @@ class _Game:
             raise
         description = {k: v for k, v in run.items() if k not in ("run_id", "started_at", "status", "resumed_at", "statistics", "error")}
         description["snapshots"] = [self.records[i] for i in run["snapshot_ids"]]
-        archive = RunArchive.open(
+        archive = EvaluationArchive.open(
             self.run_dir, description, new_run=False, skip_corrupt=s.skip_corrupt, flush_rows=s.flush_rows, flush_seconds=s.flush_seconds
         )
         engine.attach_archive(archive)

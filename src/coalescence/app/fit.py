@@ -225,10 +225,11 @@ class ArchiveFit:
     ) -> tuple[Any, dict[str, Any] | None]:
         """The estimate from the archive, and its proxy record: a two-fidelity estimator refits both
         games when the run played the proxy game and the archive holds every proxy row its plan
-        needs; otherwise the exact pool alone (with a note when proxy rows are missing, e.g. where
-        the run measured that the proxy did not pay: :mod:`coalescence.engine.two_fidelity`).
-        ``select``: the players of the game (a hierarchy's fine level, the others held present),
-        ``masks`` being of every player of ``snap``."""
+        needs; otherwise the exact pool alone, with a note (``exact rows only: ...``) where a
+        two-fidelity estimator is fitted on another method's run that played no proxy game, or the
+        archive lacks proxy rows of its plan (e.g. where the run measured that the proxy did not
+        pay: :mod:`coalescence.engine.two_fidelity`). ``select``: the players of the game (a
+        hierarchy's fine level, the others held present), ``masks`` being of every player of ``snap``."""
         from ..engine import pool_from_store, proxy_agreement, proxy_game_name
 
         def own(rows: np.ndarray) -> np.ndarray:
@@ -237,7 +238,15 @@ class ArchiveFit:
         n = snap.n_players if select is None else int(select.size)
         recorded = recorded_proxy(self.run)
         if not estimator.capabilities.two_fidelity or recorded is None:
-            return estimator.fit(own(masks), utilities), None
+            estimate = estimator.fit(own(masks), utilities)
+            # fitted on the exact rows alone: said where the proxy game was wanted (another method's
+            # run), as explain says it where asked for; a run of this method (or the default plan,
+            # resolved to it) with the proxy game off asked for none (explain says nothing then either)
+            own_method = recorded_run_config(self.run).get("method")
+            if estimator.capabilities.two_fidelity and own_method not in (estimator.name, "default"):
+                note = "exact rows only: the run played no proxy game, so the archive holds no proxy rows"
+                estimate = replace(estimate, notes=(*estimate.notes, note))
+            return estimate, None
         if n < 62 and len(masks) >= (1 << n):  # as the run: every coalition exact, no proxy game played
             estimate = estimator.fit(own(masks), utilities)
             note = f"the proxy game was not played: the budget covers all {1 << n} coalitions, which were evaluated exactly"
@@ -379,6 +388,7 @@ def fit_archive(
     seed: int | None = None,
     run_id: str | None = None,
     conversation: int | None = None,
+    skip_corrupt: bool = False,
 ) -> dict[str, Any]:
     """Fit estimators from the coalitions a run archive holds, with no model (the report's source).
 
@@ -394,12 +404,13 @@ def fit_archive(
         seed: plan seed (default: the run's).
         run_id: the run (default: the last).
         conversation: fit only this conversation of the run (0-based; default: every one).
+        skip_corrupt: leave out a part that fails verification (with a warning) instead of refusing.
 
     Returns:
         A replay-form document ``{"run_dir", "run_id", "explanations": [...]}``.
 
     Raises:
-        ArchiveError: a damaged or foreign archive, or a run that cannot be replayed.
+        ArchiveError: a damaged (unless ``skip_corrupt``) or foreign archive, or a run that cannot be replayed.
         ConfigError: an unknown method, or no method given for a run that records none.
         EstimatorError: the archive lacks coalitions a plan needs.
     """
@@ -418,7 +429,7 @@ def fit_archive(
     unknown = [m for m in methods if not is_method(m)]
     if unknown:
         raise ConfigError(f"unknown method {unknown[0]!r}{did_you_mean(unknown[0], ESTIMATORS)}; use a comma-separated subset of {','.join(ESTIMATORS)}", field="method")
-    fit = ArchiveFit(run_dir, run, {s["snapshot_id"]: s for s in manifest["snapshots"]})
+    fit = ArchiveFit(run_dir, run, {s["snapshot_id"]: s for s in manifest["snapshots"]}, skip_corrupt=skip_corrupt)
     seed = seed if seed is not None else recorded_seed(run)
     hierarchy = config.get("hierarchy") if isinstance(config.get("hierarchy"), Mapping) else None
     ids = list(run["snapshot_ids"])

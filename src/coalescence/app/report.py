@@ -31,6 +31,7 @@ def report_source(
     seed: int | None = None,
     run_id: str | None = None,
     conversation: int | None = None,
+    skip_corrupt: bool = False,
 ) -> ReportInput:
     """Read a report's input: an ``--out`` JSON document, or a run archive directory.
 
@@ -43,6 +44,8 @@ def report_source(
         seed: run archive only: the sampling plans' seed (default: the run's).
         run_id: run archive only: which run (default: the last one).
         conversation: run archive only: fit only this conversation (0-based; default: every one).
+        skip_corrupt: run archive only: leave out a part that fails verification (with a warning)
+            instead of refusing.
 
     Returns:
         The explanations to show.
@@ -60,7 +63,9 @@ def report_source(
     path = Path(source)
     if path.is_dir():
         try:
-            document = fit_archive(path, methods=methods, budget=budget, seed=seed, run_id=run_id, conversation=conversation)
+            document = fit_archive(
+                path, methods=methods, budget=budget, seed=seed, run_id=run_id, conversation=conversation, skip_corrupt=skip_corrupt
+            )
         except ArchiveError as exc:  # the archive modules name their argument RUN_DIR or archive; here it is SOURCE
             if exc.field not in ("RUN_DIR", "archive"):
                 raise

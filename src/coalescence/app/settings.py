@@ -501,7 +501,9 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
     :mod:`coalescence.app.evaluate`).
 
     Args:
-        coalitions: held-out keep-half coalitions the LDS is computed over (>= 2).
+        coalitions: held-out keep-half coalitions the LDS is computed over (>= 10,
+            :data:`~coalescence.attribution.faithfulness.MIN_COALITIONS`): distinct, none in a plan
+            the archive holds; capped at those that exist.
         seed: the seed of the held-out coalitions, the random removals and the bootstrap.
         random_draws: random k-subsets removed per k, against the top k (>= 2).
         methods: run archive: the estimators fitted (default: the run's method); the explanations
@@ -515,12 +517,17 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
         out: the JSON document written.
 
     Raises:
-        ConfigError: fewer than 2 coalitions or random draws, an unknown method.
+        ConfigError: fewer than 10 coalitions or 2 random draws, an unknown method.
     """
 
     title: ClassVar[str] = "evaluate"
 
-    coalitions: int = option(32, type=positive_int, help="held-out keep-half coalitions of the LDS (default: %(default)s)")
+    coalitions: int = option(
+        32,
+        type=positive_int,
+        help="held-out keep-half coalitions of the LDS: distinct, none in a plan the archive holds, at least 10; capped "
+        "at those that exist (default: %(default)s)",
+    )
     seed: int = option(0, type=seed_type, help="seed of the held-out coalitions, the random removals and the bootstrap (default: %(default)s)")
     random_draws: int = option(
         8, type=positive_int, metavar="N", help="random k-player removals per k, the baseline of the top-k drop (default: %(default)s)"
@@ -547,13 +554,18 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
     def __post_init__(self) -> None:
         from ..attribution.estimators import ESTIMATORS, is_method
         from ..attribution.estimators.base import check_seed
+        from ..attribution.faithfulness import MIN_COALITIONS
 
         self.backend_settings()  # the Ray settings are checked with the model's
         check_seed(self.seed)
-        for name in ("coalitions", "random_draws"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise ConfigError(f"must be an integer >= 2, got {value!r}", field=name)
+        if isinstance(self.coalitions, bool) or not isinstance(self.coalitions, int) or self.coalitions < MIN_COALITIONS:
+            raise ConfigError(
+                f"must be an integer >= {MIN_COALITIONS}, got {self.coalitions!r}: fewer held-out coalitions give no "
+                "meaningful LDS interval (a bootstrap resample of a few holds two distinct ones, where Spearman's correlation is +1 or -1)",
+                field="coalitions",
+            )
+        if isinstance(self.random_draws, bool) or not isinstance(self.random_draws, int) or self.random_draws < 2:
+            raise ConfigError(f"must be an integer >= 2, got {self.random_draws!r}", field="random_draws")
         if self.conversation is not None and (isinstance(self.conversation, bool) or not isinstance(self.conversation, int) or self.conversation < 0):
             raise ConfigError(f"numbers conversations from 0; got {self.conversation!r}", field="conversation")
         if self.methods is not None:

@@ -2,8 +2,9 @@
 percentile-bootstrap intervals (numerics only: the game's values are given, by the coalition).
 
 - **LDS**, the linear datamodeling score (Park et al., 2023, TRAK; Cohen-Wang et al., 2024,
-  ContextCite): Spearman's rank correlation, over random keep-half coalitions S (each player
-  present with probability 1/2, independently: :func:`held_out_coalitions`), of the additive
+  ContextCite): Spearman's rank correlation, over distinct random keep-half coalitions S (each
+  player present with probability 1/2, independently; none of them in the plans the explanation
+  could have been fitted on: :func:`held_out_coalitions`), of the additive
   prediction ``sum_{i in S} phi_i`` against the game's value ``v(S)``, with a percentile-bootstrap
   95% interval (the coalitions resampled with replacement): :func:`linear_datamodeling_score`.
 - **Top-k removal drops**, k = 1, 3, 5 (those below the player count: :data:`DROP_KS`):
@@ -15,16 +16,18 @@ percentile-bootstrap intervals (numerics only: the game's values are given, by t
 
 Every coalition and resample is deterministic given the seed (``numpy.random.default_rng`` of
 ``[seed, stream, ...]``, one stream per use), so that the held-out coalitions of a game depend only
-on its player count, their number and the seed. No stream is 0: ``SeedSequence`` pads its entropy
-with zeros, so ``[seed, 0]`` is the stream of ``seed`` alone, the one the estimators' plans draw
-from (:func:`~.estimators.banzhaf.uniform_plan`): held out that way, the coalitions of a LASSO
-run's plan would come back as its "fresh" ones.
+on its player count, their number, the seed and the coalitions excluded. No stream is 0:
+``SeedSequence`` pads its entropy with zeros, so ``[seed, 0]`` is the stream of ``seed`` alone,
+the one the estimators' plans draw from (:func:`~.estimators.banzhaf.uniform_plan`): held out that
+way, the coalitions of a LASSO run's plan would come back as its "fresh" ones. A stream apart makes a meeting rare, not
+impossible (on 6 players a 20-row plan holds a third of the 64 coalitions): the plans' coalitions
+are excluded from the draw by name (``exclude``), which makes them disjoint by construction.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +37,10 @@ __all__ = (
     "CONFIDENCE",
     "DROP_KS",
     "HELD_OUT_STREAM",
+    "MIN_COALITIONS",
     "RESAMPLES",
     "Drop",
+    "HeldOut",
     "Interval",
     "held_out_coalitions",
     "linear_datamodeling_score",
@@ -99,13 +104,116 @@ class Drop:
 HELD_OUT_STREAM = 0x68656C64
 """The held-out coalitions' random stream (``b"held"``; module docs: never 0)."""
 
+MIN_COALITIONS = 10
+"""The fewest held-out coalitions an LDS is computed over. Below it the interval means nothing: a
+bootstrap resample of m coalitions holds at most two distinct ones with probability about
+``C(m, 2) (2/m)^m`` (0.10 at m = 5, 4e-4 at m = 8, 5e-6 at m = 10), and on two points Spearman's
+correlation is +1 or -1, so a small m fills the 2.5% tails with such resamples (2 coalitions gave
+``+1.000 [+1.000, +1.000]``); and at m = 10 a correlation must pass 0.65 to differ from 0 at the
+5% level (Spearman's critical value), so fewer rank too little to tell anything apart."""
 
-def held_out_coalitions(n_players: int, count: int, seed: int) -> np.ndarray:
-    """``[count, n_players]`` bool: each player present with probability 1/2, independently
-    (``numpy.random.default_rng([seed, HELD_OUT_STREAM])``, a stream apart from every plan's);
-    repeats are possible and kept."""
+_CHUNK_CELLS = 1 << 20
+"""Booleans (rows x players) drawn or enumerated at once: memory stays bounded whatever the number
+of coalitions asked."""
+
+_BOOTSTRAP_CELLS = 1 << 18
+"""Bootstrap cells (resamples x coalitions) drawn and ranked at once (ranking holds several
+float64 copies of them): all :data:`RESAMPLES` at once up to 131 coalitions."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldOut:
+    """The held-out coalitions of a game (:func:`held_out_coalitions`).
+
+    Attributes:
+        masks: ``[coalitions, n_players]`` bool, distinct, none in ``exclude``.
+        asked: coalitions asked for.
+        available: coalitions of the game outside ``exclude`` (``2^n_players - len(exclude)``).
+        skipped_plan: draws of the stream skipped because ``exclude`` (the plans) held them.
+        skipped_repeat: draws skipped because an earlier draw gave the same coalition.
+    """
+
+    masks: np.ndarray  # [coalitions, n_players] bool
+    asked: int
+    available: int
+    skipped_plan: int
+    skipped_repeat: int
+
+    @property
+    def coalitions(self) -> int:
+        """The held-out coalitions: ``min(asked, available)``."""
+        return int(self.masks.shape[0])
+
+    @property
+    def capped(self) -> bool:
+        """Whether fewer than asked exist outside the plans (every one of them is then taken)."""
+        return self.coalitions < self.asked
+
+
+def held_out_coalitions(n_players: int, count: int, seed: int, *, exclude: Set[bytes] = frozenset()) -> HeldOut:
+    """``count`` distinct keep-half coalitions, none of them in ``exclude`` (the plans' coalitions).
+
+    The rule: row j of the stream is ``numpy.random.default_rng([seed, HELD_OUT_STREAM]).random((j + 1,
+    n_players))[j] < 0.5`` (each player present with probability 1/2, independently, on a stream apart
+    from every plan's); rows are read in order and a row is skipped when ``exclude`` holds it or an
+    earlier row gave it, until ``count`` are kept. Where no more than ``count`` coalitions of the game
+    lie outside ``exclude`` (``available <= count``), every one of them is taken, in the order of its
+    integer mask (bit i = player i), and the result is capped at them. The stream is read in chunks
+    of at most :data:`_CHUNK_CELLS` booleans (doubles are drawn one 64-bit word each, so chunking does
+    not change the rows) and the enumeration too, so memory is bounded by ``count`` rows.
+
+    Args:
+        n_players: players of the game (>= 1).
+        count: coalitions asked for (>= 1).
+        seed: the seed.
+        exclude: coalitions to leave out, each as ``np.packbits(row).tobytes()`` of an
+            ``[n_players]`` bool row.
+
+    Returns:
+        A :class:`HeldOut` of ``min(count, available)`` coalitions.
+
+    Raises:
+        ValueError: ``n_players`` or ``count`` below 1.
+    """
+    if n_players < 1 or count < 1:
+        raise ValueError(f"need n_players >= 1 and count >= 1, got {n_players} and {count}")
+    excluded = {k for k in exclude if len(k) == (n_players + 7) // 8}
+    available = 2**n_players - len(excluded)
+    if available <= count:
+        return HeldOut(masks=_every_coalition_but(n_players, excluded), asked=count, available=available, skipped_plan=0, skipped_repeat=0)
     rng = np.random.default_rng([seed, HELD_OUT_STREAM])
-    return rng.random((count, n_players)) < 0.5
+    masks = np.empty((count, n_players), dtype=bool)
+    seen: set[bytes] = set()
+    kept = plan = repeat = 0
+    chunk = max(1, _CHUNK_CELLS // n_players)
+    while kept < count:
+        rows = rng.random((min(chunk, 2 * (count - kept) + 16), n_players)) < 0.5
+        for row, key in zip(rows, (bytes(k) for k in np.packbits(rows, axis=1)), strict=True):
+            if key in excluded:
+                plan += 1
+            elif key in seen:
+                repeat += 1
+            else:
+                seen.add(key)
+                masks[kept] = row
+                kept += 1
+                if kept == count:
+                    break
+    return HeldOut(masks=masks, asked=count, available=available, skipped_plan=plan, skipped_repeat=repeat)
+
+
+def _every_coalition_but(n_players: int, excluded: Set[bytes]) -> np.ndarray:
+    """``[available, n_players]`` bool: every coalition not in ``excluded``, by increasing integer mask
+    (called only where their number is at most the count asked, so bounded by it)."""
+    bits = np.arange(n_players, dtype=np.uint64)
+    chunk = max(1, _CHUNK_CELLS // n_players)
+    out = []
+    for start in range(0, 2**n_players, chunk):
+        ints = np.arange(start, min(start + chunk, 2**n_players), dtype=np.uint64)
+        rows = ((ints[:, None] >> bits) & np.uint64(1)).astype(bool)
+        keep = [bytes(k) not in excluded for k in np.packbits(rows, axis=1)]
+        out.append(rows[np.array(keep, dtype=bool)])
+    return np.concatenate(out) if out else np.zeros((0, n_players), dtype=bool)
 
 
 def random_removals(n_players: int, k: int, draws: int, seed: int) -> np.ndarray:
@@ -149,7 +257,8 @@ def _percentile(samples: np.ndarray) -> tuple[float | None, float | None]:
 def linear_datamodeling_score(values: Sequence[float], masks: np.ndarray, utilities: Sequence[float], *, seed: int = 0) -> Interval:
     """The LDS: Spearman's rank correlation of ``masks @ values`` against ``utilities``, with a
     percentile-bootstrap interval over the coalitions (:data:`RESAMPLES` resamples,
-    ``numpy.random.default_rng([seed, 2])``).
+    ``numpy.random.default_rng([seed, 2])``, drawn and ranked in chunks of at most
+    :data:`_BOOTSTRAP_CELLS` cells: one chunk up to 131 coalitions).
 
     Args:
         values: ``[n_players]`` attributions (phi).
@@ -166,8 +275,13 @@ def linear_datamodeling_score(values: Sequence[float], masks: np.ndarray, utilit
     if not math.isfinite(estimate):
         return Interval(estimate=None, low=None, high=None)
     rng = np.random.default_rng([seed, 2])
-    idx = rng.integers(0, len(y), size=(RESAMPLES, len(y)))
-    low, high = _percentile(_spearman_rows(x[idx], y[idx]))
+    m = len(y)
+    per = max(1, _BOOTSTRAP_CELLS // m)  # resamples ranked at once: memory bounded whatever m
+    samples = []
+    for start in range(0, RESAMPLES, per):
+        idx = rng.integers(0, m, size=(min(per, RESAMPLES - start), m))
+        samples.append(_spearman_rows(x[idx], y[idx]))
+    low, high = _percentile(np.concatenate(samples))
     return Interval(estimate=estimate, low=low, high=high)
 
 
@@ -199,7 +313,10 @@ def removal_drops(
         random = np.array([full - value_of[np.packbits(r).tobytes()] for r in random_removals(n, k, draws, seed)])
         mean = float(random.mean())
         rng = np.random.default_rng([seed, 3, k])
-        means = random[rng.integers(0, draws, size=(RESAMPLES, draws))].mean(axis=1)
+        per = max(1, _BOOTSTRAP_CELLS // draws)  # resamples at once: memory bounded whatever draws
+        means = np.concatenate(
+            [random[rng.integers(0, draws, size=(min(per, RESAMPLES - start), draws))].mean(axis=1) for start in range(0, RESAMPLES, per)]
+        )
         low, high = _percentile(means)
         out.append(
             Drop(

@@ -154,14 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev = _subcommand(
         sub,
         "evaluate",
-        example="coalescence evaluate docs/demo/eiffel-run --coalitions 32",
+        example="coalescence evaluate docs/demo/eiffel.json --archive docs/demo/eiffel-held-out --coalitions 32",
         help="measure an explanation's faithfulness on fresh exact coalitions (LDS, top-k removal drops)",
         description="Re-create the game an explanation was fitted on (its conversation, model, absence policy and "
         "utility, from the run archive), evaluate held-out coalitions of it exactly, and print: the LDS (Spearman "
-        "rank correlation of the sum of the present players' values against v(S) over random keep-half coalitions) "
-        "and the drop v(full) - v(full without the top k players) for k = 1, 3, 5 against removing k random "
-        "players, each with a 95% bootstrap interval. The coalitions are written into the run archive: a later "
-        "evaluate or replay finds them with no model call, and replays fit only their own plan's coalitions.",
+        "rank correlation of the sum of the present players' values against v(S) over distinct random keep-half "
+        "coalitions, none of them one the archive holds as a row of a plan: it says how many it drew fresh and how "
+        "many draws a plan held) and the drop v(full) - v(full without the top k players) for k = 1, 3, 5 against "
+        "removing k random players, each with a 95% bootstrap interval. An exact run's plan is every coalition: "
+        "evaluate its --out document with --archive NEW_DIR (its game re-created there). The coalitions are written "
+        "into the run archive: a later evaluate or replay finds them with no model call, and replays fit only their "
+        "own plan's coalitions.",
     )
     ev.add_argument("source", metavar="RUN_OR_DOC", help="a run archive directory or an --out JSON document")
     add_options(ev, EvaluateSettings)
