@@ -126,6 +126,11 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, conversation, 
     manifest = read_manifest(run_dir)
     assert len(manifest["runs"]) == 1 and manifest["runs"][0]["status"] == "complete"
     assert manifest["rows"] == 2**N
+    # a replay's note counts the run's evaluations over both sessions (the manifest's statistics are the last one's)
+    replayed = tmp_path / "replayed.json"
+    assert main(["replay", str(run_dir), "--method", "exact", "--out", str(replayed)]) == 0
+    [again] = json.loads(replayed.read_text())["explanations"]
+    assert any(f"the run evaluated {2**N} exact coalitions with the model" in note for note in again["notes"])
 
 
 def test_a_part_left_unrenamed_is_discarded_and_recomputed(tmp_path, conversation, tiny_model_dir, reference, caplog):

@@ -640,6 +640,8 @@ def test_no_method_and_no_budget_on_many_players_runs_the_default_plan(proxy: st
     exact = 8 if proxy == "auto" else 64
     assert doc["n_evaluations"] == exact
     assert (doc["proxy"] is not None) == (proxy == "auto")
+    if proxy == "auto":  # the evaluations line counts the proxy rows apart
+        assert f"model evaluations = 8 exact + {doc['proxy']['evaluations']} proxy rows" in stdout
     said = f"no method or budget given: 18 players are more than the 16 exact Shapley values allow, so the default plan ran method auto at {exact} exact coalitions"
     assert any(note.startswith(said) for note in doc["notes"]) and said in stdout
     assert read_manifest(run_dir)["runs"][0]["run_config"]["method"] == "default"
