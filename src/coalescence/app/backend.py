@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from .groups import MAX_WORKERS
 
 if TYPE_CHECKING:
     from ..backends.registry import ModelSource
@@ -33,10 +34,6 @@ __all__ = (
     "ray_backend",
 )
 
-MAX_WORKERS = 1024
-"""The most Ray workers a run starts (each holds a copy of the model): a larger count is refused
-as a slip, on a joined cluster too. A local cluster takes at most this machine's CPUs (at least 2,
-the default count), :func:`local_worker_limit`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,6 @@ from typing import ClassVar
 
 from ..backends.base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
 from ..utility import DEFAULT_UTILITY
-from .backend import MAX_WORKERS
 from .options import SettingsGroup, option, positive_float, positive_int
 from .options import seed as seed_type
 
@@ -23,6 +22,7 @@ __all__ = (
     "INDEX_HELP",
     "INDICES",
     "INTERACTIONS_HELP",
+    "MAX_WORKERS",
     "METHODS_HELP",
     "SPAN_HELP",
     "SUBSTRING_HELP",
@@ -43,6 +43,12 @@ __all__ = (
     "proxy_games",
     "utility_kinds",
 )
+
+
+MAX_WORKERS = 1024
+"""The most Ray workers a run starts (each holds a copy of the model): a larger count is refused
+as a slip, on a joined cluster too. A local cluster takes at most this machine's CPUs (at least 2,
+the default count), :func:`~coalescence.app.backend.local_worker_limit`."""
 
 
 def _backends() -> tuple[str, ...]:

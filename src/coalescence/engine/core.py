@@ -16,9 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -48,6 +46,7 @@ from .hydrate import fill_measurements, fill_store
 from .keys import game_utility, key_for, model_identity
 from .lanes import LanePipelines, default_buckets
 from .notes import template_notes, utility_detail
+from .counting import counted, counting_evaluations
 from .proxy import proxy_game_name, proxy_refusal
 from .rounds import sample_until
 from .targets import check_room, generated_target
@@ -55,21 +54,6 @@ from .targets import check_room, generated_target
 __all__ = ("Engine", "counting_evaluations")
 
 logger = logging.getLogger(__name__)
-
-_EXECUTED: ContextVar[list[int] | None] = ContextVar("coalescence_executed", default=None)
-
-
-@contextmanager
-def counting_evaluations() -> Iterator[list[int]]:
-    """Count the model evaluations of the :meth:`Engine.evaluate` calls made in this task (and
-    not those of other conversations evaluated concurrently): ``box[0]`` after the block."""
-    box = [0]
-    token = _EXECUTED.set(box)
-    try:
-        yield box
-    finally:
-        _EXECUTED.reset(token)
-
 
 class Engine:
     """Evaluates coalitions of conversation snapshots on one backend, each distinct key once.
@@ -433,9 +417,7 @@ class Engine:
             self._lanes.release(lane)
             run_stats = scheduler.statistics()
             self._totals = self._totals.plus(run_stats)
-            box = _EXECUTED.get()
-            if box is not None:
-                box[0] += run_stats.executed
+            counted(run_stats.executed)
         masks = np.array(rows_seen, dtype=bool).reshape(len(distinct), snapshot.n_players)
         utilities = np.empty(len(results), dtype=np.float64)
         utilities[order] = [r.utility for r in results]  # back to first-seen order

@@ -34,12 +34,12 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..masking.codec import PackedMask
+from .counting import counting_evaluations
 from .proxy import proxy_agreement, proxy_game_name, validate_exact_only
 
 if TYPE_CHECKING:
-    from ..conversation import ConversationSnapshot
+    from ..snapshot import ConversationSnapshot
     from ..masking.policies import AbsencePolicy
-    from .core import Engine
 
 __all__ = ("PROBE_ROWS", "PROXY_COST_MULTIPLE", "Played", "play")
 
@@ -69,7 +69,7 @@ class Played:
 
 
 async def play(
-    engine: Engine,
+    engine: Any,
     snapshot: ConversationSnapshot,
     estimator: Any,
     policy: AbsencePolicy,
@@ -81,7 +81,8 @@ async def play(
     resolved first, by the game's size and whether the proxy game is played, and its note added).
 
     Args:
-        engine: the engine that evaluates (its store, archive and proxy game).
+        engine: the :class:`~coalescence.engine.Engine` that evaluates (its store, archive,
+            proxy game and cost limit; this module sits below it).
         snapshot: the conversation and its players.
         estimator: the estimator of the game.
         policy: the absence policy.
@@ -106,10 +107,8 @@ async def play(
 
 
 async def _play(
-    engine: Engine, snapshot: ConversationSnapshot, estimator: Any, policy: AbsencePolicy, n: int, select: np.ndarray | None
+    engine: Any, snapshot: ConversationSnapshot, estimator: Any, policy: AbsencePolicy, n: int, select: np.ndarray | None
 ) -> Played:
-    from .core import counting_evaluations
-
     two = estimator.capabilities.two_fidelity
     if two:  # the floor with the proxy game; the exact-only one below where it is not played
         estimator.validate(n, proxy=True)
@@ -184,7 +183,7 @@ async def _play(
 
 
 def _row_seconds(
-    engine: Engine, snapshot: ConversationSnapshot, policy: AbsencePolicy, masks: np.ndarray, game: str, wall: float, computed: int
+    engine: Any, snapshot: ConversationSnapshot, policy: AbsencePolicy, masks: np.ndarray, game: str, wall: float, computed: int
 ) -> float | None:
     """The mean model time of a row of ``masks`` (seconds): their archived times where the archive
     has them (the same in a resumed run), else this session's ``wall`` over the ``computed`` rows;
