@@ -276,7 +276,7 @@ def test_a_proxy_game_with_a_method_that_does_not_play_it_is_refused_as_the_prox
         with pytest.raises(ConfigError) as info:
             coalescence.explain(chat, model=str(tiny_model_dir / "never-loaded"), method=method, proxy_game="last-turn", **options)
         assert info.value.field == "proxy_game" and f"method {method}" in info.value.message
-        assert "two-fidelity methods (lasso, proxy-shapley, proxy-shapley-shrunk, auto)" in info.value.message
+        assert "two-fidelity methods (lasso, proxy-shapley, proxy-shapley-shrunk, auto, default)" in info.value.message
     from coalescence.app.settings import RunSettings
 
     for game in ("auto", "none"):

@@ -263,7 +263,7 @@ def test_exact_refuses_a_long_message_before_the_model_loads(tmp_path, capsys):
     path.write_text(json.dumps({"messages": [{"role": "user", "content": text}], "target": "ok"}))
     assert count_players(Conversation.from_dict(json.loads(path.read_text())), unit="sentence", at_most=16) == 17
     run_dir = tmp_path / "run"
-    argv = ["explain", str(path), "--unit", "sentence", "--model", str(tmp_path / "no-model"), "--archive", str(run_dir)]
+    argv = ["explain", str(path), "--unit", "sentence", "--method", "exact", "--model", str(tmp_path / "no-model"), "--archive", str(run_dir)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("coalescence: error: --method: unit sentence gives at least 17 players") and err.count("\n") == 1

@@ -68,9 +68,9 @@ def test_a_large_budget_gives_the_shapley_values_of_regression_msr() -> None:
     np.testing.assert_array_equal(np.array(list(direct.plan(n))), rows)  # the same plan: replays alike
 
 
-def test_a_budget_asks_for_auto_and_none_for_exact() -> None:
+def test_a_budget_asks_for_auto_and_none_for_the_default_plan() -> None:
     assert RunSettings(budget=64).method == "auto"
-    assert RunSettings().method == "exact"
+    assert RunSettings().method == "default"  # neither: the default plan (exact on at most 16 players)
     assert RunSettings(method="kernelshap", budget=64).method == "kernelshap"
     # auto's choice (and so whether it reports standard errors) is known once n is: the settings
     # take a target standard error, the run checks what auto chooses (tests/cli/test_cli.py)

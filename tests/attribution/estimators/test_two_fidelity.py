@@ -447,7 +447,7 @@ def test_8_exact_coalitions_recover_an_additive_game_through_its_proxy() -> None
 # --- registration ------------------------------------------------------------------------------
 
 def test_the_two_fidelity_methods_are_registered() -> None:
-    assert set(methods_with(two_fidelity=True)) == {"lasso", "proxy-shapley", "proxy-shapley-shrunk", "auto"}
+    assert set(methods_with(two_fidelity=True)) == {"lasso", "proxy-shapley", "proxy-shapley-shrunk", "auto", "default"}
     est = make_estimator("proxy-shapley", budget=40, seed=2)
     assert isinstance(est, TwoFidelityShapley)
     exact_only = est.fit(MASKS, V)  # no proxy: regression-msr on the same plan
