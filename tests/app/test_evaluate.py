@@ -244,18 +244,18 @@ def test_held_out_coalitions_are_none_of_any_plan_the_archive_holds(game_run, ch
 
 
 def test_more_coalitions_than_exist_are_capped_at_those_outside_the_plans(game_run, chatml_tokenizer, tmp_path):
-    """100,000 asked of a 6-player game whose archive holds a 20-row plan: every one of the other
-    coalitions (64 minus the plan's), each once, with a note; not 100,000 rows of repeats."""
+    """4,096 (the most) asked of a 6-player game whose archive holds a 20-row plan: every one of the other
+    coalitions (64 minus the plan's), each once, with a note; not 4,096 rows of repeats."""
     where, _ = game_run
     run_dir = copy_run(where, tmp_path)
     plans = archived(run_dir, 6)
-    evaluation = coalescence.evaluate(run_dir, coalitions=100_000, backend=make_backend(chatml_tokenizer))
+    evaluation = coalescence.evaluate(run_dir, coalitions=4096, backend=make_backend(chatml_tokenizer))
     (r,) = evaluation.results
-    assert r.coalitions == 64 - len(plans) and r.asked == 100_000 and r.capped
+    assert r.coalitions == 64 - len(plans) and r.asked == 4096 and r.capped
     every = {tuple(bool(int(c)) for c in f"{i:06b}") for i in range(64)}
     # the archive now holds the plan, the held-out coalitions (all the others) and the removals
     assert archived(run_dir, 6) == every
-    assert f"held out: capped at the {64 - len(plans)} coalitions of the game outside the {len(plans)} coalitions in the archive's plans (100000 asked, 64 in all)" in evaluation.format()
+    assert f"held out: capped at the {64 - len(plans)} coalitions of the game outside the {len(plans)} coalitions in the archive's plans (4096 asked, 64 in all)" in evaluation.format()
     assert evaluation.to_dict()["results"][0]["held_out"]["capped"] is True
 
 

@@ -82,6 +82,14 @@ def test_too_few_coalitions_names_the_option_and_the_minimum(compare_run, count)
     assert err.startswith(f"coalescence: error: --coalitions: must be an integer >= 10, got {count}: "), err
 
 
+def test_more_coalitions_than_the_most_are_refused_before_anything_runs(compare_run):
+    """10**8 held-out coalitions on a 21-player game started two million model evaluations: above
+    4,096 the count is refused, naming the option and the most."""
+    code, out, err = cli(["evaluate", str(compare_run / "run"), "--coalitions", "100000000", "--no-progress"])
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("coalescence: error: --coalitions: must be at most 4096, got 100000000: "), err
+
+
 def test_missing_coalitions_are_evaluated_with_the_runs_model_once(tmp_path, tiny_model_dir):
     """A leave-one-out run holds n + 1 coalitions: evaluate loads the run's model (no --model given)
     for the rest and archives them; the same command again makes no model evaluation."""

@@ -501,8 +501,8 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
     :mod:`coalescence.app.evaluate`).
 
     Args:
-        coalitions: held-out keep-half coalitions the LDS is computed over (>= 10,
-            :data:`~coalescence.attribution.faithfulness.MIN_COALITIONS`): distinct, none in a plan
+        coalitions: held-out keep-half coalitions the LDS is computed over (10 to 4,096,
+            :data:`~coalescence.attribution.faithfulness.MIN_COALITIONS` and ``MAX_COALITIONS``): distinct, none in a plan
             the archive holds; capped at those that exist.
         seed: the seed of the held-out coalitions, the random removals and the bootstrap.
         random_draws: random k-subsets removed per k, against the top k (>= 2).
@@ -525,7 +525,7 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
     coalitions: int = option(
         32,
         type=positive_int,
-        help="held-out keep-half coalitions of the LDS: distinct, none in a plan the archive holds, at least 10; capped "
+        help="held-out keep-half coalitions of the LDS: distinct, none in a plan the archive holds, 10 to 4096; capped "
         "at those that exist (default: %(default)s)",
     )
     seed: int = option(0, type=seed_type, help="seed of the held-out coalitions, the random removals and the bootstrap (default: %(default)s)")
@@ -554,7 +554,7 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
     def __post_init__(self) -> None:
         from ..attribution.estimators import ESTIMATORS, is_method
         from ..attribution.estimators.base import check_seed
-        from ..attribution.faithfulness import MIN_COALITIONS
+        from ..attribution.faithfulness import MAX_COALITIONS, MIN_COALITIONS
 
         self.backend_settings()  # the Ray settings are checked with the model's
         check_seed(self.seed)
@@ -562,6 +562,12 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
             raise ConfigError(
                 f"must be an integer >= {MIN_COALITIONS}, got {self.coalitions!r}: fewer held-out coalitions give no "
                 "meaningful LDS interval (a bootstrap resample of a few holds two distinct ones, where Spearman's correlation is +1 or -1)",
+                field="coalitions",
+            )
+        if self.coalitions > MAX_COALITIONS:
+            raise ConfigError(
+                f"must be at most {MAX_COALITIONS}, got {self.coalitions}: each held-out coalition is a model evaluation, "
+                f"and at {MAX_COALITIONS} the LDS interval is already about +-0.03 wide",
                 field="coalitions",
             )
         if isinstance(self.random_draws, bool) or not isinstance(self.random_draws, int) or self.random_draws < 2:

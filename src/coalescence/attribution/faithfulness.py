@@ -37,6 +37,7 @@ __all__ = (
     "CONFIDENCE",
     "DROP_KS",
     "HELD_OUT_STREAM",
+    "MAX_COALITIONS",
     "MIN_COALITIONS",
     "RESAMPLES",
     "Drop",
@@ -111,6 +112,12 @@ bootstrap resample of m coalitions holds at most two distinct ones with probabil
 correlation is +1 or -1, so a small m fills the 2.5% tails with such resamples (2 coalitions gave
 ``+1.000 [+1.000, +1.000]``); and at m = 10 a correlation must pass 0.65 to differ from 0 at the
 5% level (Spearman's critical value), so fewer rank too little to tell anything apart."""
+
+MAX_COALITIONS = 4096
+"""The most held-out coalitions an evaluation asks for: each is an exact model evaluation (a long
+context's costs seconds), and the LDS interval narrows as ``1/sqrt(m)``: about +-0.03 at 4,096 for a
+correlation near 0.8 (Fisher's z: +-1.96 (1 - rho^2) / sqrt(m)). More is refused, not capped
+silently (10**8 on a 21-player game started 2 million model evaluations)."""
 
 _CHUNK_CELLS = 1 << 20
 """Booleans (rows x players) drawn or enumerated at once: memory stays bounded whatever the number
