@@ -204,6 +204,8 @@ def test_document_with_no_archive_recreates_its_game_in_a_new_one(game_run, chat
     (r,) = fresh.results
     held, _, repeats = held_by_rule(6, 32, 2, set())  # a new archive holds no plan: only repeats are skipped
     assert (r.plan_coalitions, r.skipped_plan, r.skipped_repeat) == (0, 0, repeats)
+    # the document names no budget or seed: the held-out draw cannot avoid kernelshap's 20, and it says so
+    assert [n for n in r.notes if "names no plan of kernelshap" in n] and "names no plan" in fresh.format()
     phi = [p["value"] for p in doc["players"]]
     rho = spearmanr(held.astype(float) @ np.array(phi), [v(s) for s in held]).statistic
     assert r.lds.estimate == pytest.approx(rho, abs=1e-6)

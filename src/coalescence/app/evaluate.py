@@ -318,6 +318,7 @@ class _Game:
 
         self.run_dir, self.settings, self.backend = run_dir, settings, backend
         self.where = "RUN_OR_DOC" if source_dir else "archive"  # the argument that named the archive
+        self.source_dir = source_dir
         if not (run_dir / "manifest.json").is_file():
             if source_dir:
                 raise InputError(f"{str(run_dir)!r} is no run archive", field="RUN_OR_DOC")
@@ -332,7 +333,7 @@ class _Game:
         except (CoalescenceError, TypeError, ValueError) as exc:
             raise ArchiveError(f"run {run['run_id']} used utility {run.get('utility')}, which this version cannot evaluate", field="archive") from exc
         table = read_rows(run_dir, skip_corrupt=settings.skip_corrupt)
-        self.fit = ArchiveFit(run_dir, run, self.records, utility=self.utility, rows=table)
+        self.fit = ArchiveFit(run_dir, run, self.records, utility=self.utility, rows=table, skip_corrupt=settings.skip_corrupt)
         self.items = [self._item(d) for d in documents]
         self.held: dict[str, tuple[HeldOut, int]] = {}  # by snapshot: the held-out draw, the plans' coalitions
         for item in self.items:
@@ -434,6 +435,8 @@ class _Game:
             # the engine shares the fit's store: what it evaluates is served to the fit below
             executed = self._evaluate([(snap, list(rows.values())) for sid, (snap, rows) in needed.items() if missing[sid]], progress, notify)
 
+        from .heldout import unknown_plan
+
         results = []
         for item in self.items:
             snap = item.snapshot
@@ -459,7 +462,8 @@ class _Game:
                     lds=linear_datamodeling_score(item.values, held.masks, v, seed=s.seed),
                     v_full=value_of[np.packbits(np.ones(snap.n_players, dtype=bool)).tobytes()],
                     drops=removal_drops(item.values, labels, value_of, draws=s.random_draws, seed=s.seed),
-                    notes=tuple(str(n) for n in item.document.get("notes") or () if str(n).startswith("exact rows only")),
+                    notes=tuple(str(n) for n in item.document.get("notes") or () if str(n).startswith("exact rows only"))
+                    + unknown_plan(str(item.document.get("method")), plans, source_dir=self.source_dir),
                 )
             )
         return results, executed, total - executed

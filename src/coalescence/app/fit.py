@@ -69,6 +69,7 @@ class ArchiveFit:
         self.policy = get_policy(run["absence_policy"]["id"], **run["absence_policy"]["params"])
         self.store = ResultStore()
         self.measurements: dict[str, Any] = {}
+        self.skip_corrupt = skip_corrupt  # named again in the command a refusal suggests
         rows = rows if rows is not None else read_rows(self.run_dir, skip_corrupt=skip_corrupt)
         fill_store(self.store, rows)
         fill_measurements(self.measurements, rows)
@@ -115,7 +116,8 @@ class ArchiveFit:
             raise EstimatorError(
                 f"the archive lacks {missing} of the coalitions {method} plans for snapshot {snap.snapshot_id[:12]} "
                 f"under utility {self.utility.kind}; evaluate them with `coalescence replay {self.run_dir} "
-                f"--method {method} --model {self.run['model']['id']}` (same --budget and --seed)",
+                f"--method {method} --model {self.run['model']['id']}{' --skip-corrupt' if self.skip_corrupt else ''}` "
+                "(same --budget and --seed)",
                 field="method",
             )
         return masks, utilities

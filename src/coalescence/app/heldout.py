@@ -37,7 +37,7 @@ from ..archive.writer import RunArchive
 from ..attribution.faithfulness import MIN_COALITIONS, HeldOut, held_out_coalitions
 from ..errors import InputError
 
-__all__ = ("EVALUATE_ROWS", "EvaluationArchive", "fitted_plans", "held_out_of", "plan_coalitions")
+__all__ = ("EVALUATE_ROWS", "EvaluationArchive", "fitted_plans", "held_out_of", "plan_coalitions", "unknown_plan")
 
 EVALUATE_ROWS = "evaluate:"
 """The prefix of the ``run_id`` of every row ``evaluate`` writes (``evaluate:<run id>``): held-out
@@ -143,3 +143,23 @@ def held_out_of(snap: Any, plans: set[bytes], *, coalitions: int, seed: int, fie
             field=field,
         )
     return held
+
+
+def unknown_plan(method: str, plans: int, *, source_dir: bool) -> tuple[str, ...]:
+    """A note where a sampled explanation's ``--out`` document is evaluated in an archive that holds
+    none of its plan (a new one, ``plans`` 0): the document names no budget or seed, so its held-out
+    coalitions cannot be kept apart from those it was fitted on; else ``()``.
+
+    Args:
+        method: the explanation's method (an exact one has no plan to keep apart: all 2^n).
+        plans: the archive's plan coalitions of its game.
+        source_dir: whether a run directory was evaluated (its plans are regenerated).
+    """
+    from ..attribution.estimators.registry import is_exact
+
+    if source_dir or plans or is_exact(method):
+        return ()
+    return (
+        f"the document names no plan of {method} (its budget and seed) and this archive holds none of it, so some "
+        "held-out coalitions may be among those it was fitted on; evaluate its run archive for an LDS held out by construction",
+    )

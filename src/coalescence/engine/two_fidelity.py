@@ -217,7 +217,7 @@ def _below_exact_floor(estimator: Any, n: int) -> str | None:
     try:
         estimator.validate(n, proxy=False)
     except ConfigError as exc:
-        return f"{exc.message}; raise --budget to fit the exact rows alone"
+        return exc.message
     return None
 
 

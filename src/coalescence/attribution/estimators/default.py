@@ -99,10 +99,10 @@ class DefaultMethod:
             if proxy
             else f"{budget} exact coalitions (ContextCite's 64 ablations; the proxy game is not played here)"
         )
+        others = "--method auto --budget N" + (" or --proxy-game none" if proxy else "")
         note = (
             f"no method or budget given: {n} players are more than the {EXACT_MAX_PLAYERS} exact Shapley values allow, "
-            f"so the default plan ran method auto at {how}; --method exact, --method auto --budget N or --proxy-game none "
-            "choose another"
+            f"so the default plan ran method auto at {how}; {others} choose another"
         )
         return AutoMethod(budget=budget, seed=self.seed, proxy_budget=self.proxy_budget), note
 
