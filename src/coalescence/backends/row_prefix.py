@@ -1,0 +1,119 @@
+"""The compacted proxy game's prefix attention, row by row, on the one shared key cache.
+
+A proxy row (``backends/hf/proxy.py``) runs its tail's ``T`` queries against the ``P`` cached
+prefix keys with its absent players' keys hidden and every visible key moved to its compacted
+position: the cached key at j, rotated by RoPE at j, turned by ``-h(j)``, ``h(j)`` the row's hidden
+tokens before j. ``h`` is constant on each *span* of the row's visible keys between two hidden
+ranges, and RoPE's rotation is orthogonal, so on a span of offset h
+
+    ``<q, R(-h) k_j> = <R(h) q, k_j>``:
+
+the row's queries turned once by ``+h`` score the span's cached keys as they are. Two ways to run
+a row (:class:`RowPrefix`), both one flash-attention call per part on views or per-row buffers
+small enough to stay in cache, never a ``[R, H_kv, P, d]`` copy of the rotated keys:
+
+- ``spans`` (few spans, e.g. a leave-one-out row: two): per span, the queries turned by its
+  offset (``[1, H_kv, n_rep * T, d]``, small) attend the span's slice of the cached keys and
+  values (views, no copy, no mask); the parts merged by their log-sum-exp;
+- ``gather`` (many spans, e.g. a keep-half row): the row's visible keys and values gathered
+  (``[1, H_kv, V, d]``, V the visible count), the keys after the first hidden token turned by
+  ``-h`` in place, one call with no mask (hidden keys are not there to mask).
+
+Both equal the rotated-keys attention up to float rounding (``tests/backends/test_proxy.py``,
+``tests/backends/test_row_prefix.py``; ``benchmarks/proxy_rows.py --compare`` times them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ("SPAN_LIMIT", "RowPrefix", "row_prefix_attention")
+
+SPAN_LIMIT = 4
+"""Most spans a row runs as ``spans`` (one call each); a row with more is gathered. Leave-one-out
+rows have two; keep-half rows of 70 players ~20 (``benchmarks/RESULTS.md``, "Proxy rows without
+a rotated copy of the keys")."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPrefix:
+    """One proxy row's view of the cached prefix (built once per forward, read by every layer).
+
+    Attributes:
+        spans: ``spans`` mode: ``((a, z), ...)`` the row's visible prefix keys as spans of one
+            offset each, ``0 <= a < z <= P``; empty in ``gather`` mode.
+        turns: per span, ``(cos, sin)`` ``[d]`` float32 turning the queries by the span's offset
+            ``+h`` (RoPE's table, its attention scaling divided out), or None where ``h == 0``.
+        index: ``gather`` mode: ``[V]`` int64, the visible prefix positions in order; else None.
+        still: ``gather`` mode: how many leading visible positions have ``h == 0`` (not turned).
+        cos, sin: ``gather`` mode: ``[V - still, d]`` float32, turning the rest by ``-h``.
+    """
+
+    spans: tuple[tuple[int, int], ...] = ()
+    turns: tuple[Any, ...] = ()
+    index: Any = None
+    still: int = 0
+    cos: Any = None
+    sin: Any = None
+
+
+def _rotate_half(x: Any) -> Any:
+    import torch
+
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: float | None) -> tuple[Any, Any]:
+    """The prefix part of a proxy forward, row by row.
+
+    Args:
+        query: ``[R, H_kv, n_rep * T, d]``, row r's ``T`` queries with the query heads sharing a
+            key/value head stacked (as the rotated path lays them out).
+        key, value: ``[1, H_kv, P, d]``, the cached prefix (views are fine).
+        rows: one :class:`RowPrefix` per row.
+        scaling: the attention's softmax scale.
+
+    Returns:
+        ``(out [R, H_kv, n_rep * T, d]`` in the query's dtype, ``lse [R, H_kv, n_rep * T]``
+        float32``)``: each row's attention over its visible prefix keys and its log-sum-exp.
+    """
+    import torch
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    outs: list[Any] = []
+    lses: list[Any] = []
+    for i, row in enumerate(rows):
+        q = query[i : i + 1]  # [1, H_kv, M, d]
+        if row.index is None:
+            parts = []
+            for (a, z), turn in zip(row.spans, row.turns, strict=True):
+                qi = q
+                if turn is not None:
+                    qf = q.float()
+                    qi = (qf * turn[0]).addcmul_(_rotate_half(qf), turn[1]).to(q.dtype)
+                parts.append(flash(qi, key[:, :, a:z], value[:, :, a:z], 0.0, False, scale=scaling))
+            if len(parts) == 1:
+                o, lse = parts[0]
+            else:
+                stacked = torch.stack([p[1] for p in parts])  # [U, 1, H_kv, M]
+                lse = torch.logsumexp(stacked, dim=0)
+                w = torch.exp(stacked - lse)[..., None]
+                o = sum(p[0].float() * w[u] for u, p in enumerate(parts)).to(q.dtype)
+        else:
+            k = key.index_select(2, row.index)  # [1, H_kv, V, d]
+            v = value.index_select(2, row.index)
+            moved = k[:, :, row.still :]
+            if moved.shape[2]:
+                if moved.dtype == torch.float32:
+                    turned = _rotate_half(moved)
+                    moved.mul_(row.cos).addcmul_(turned, row.sin)
+                else:
+                    mf = moved.float()
+                    moved.copy_((mf * row.cos).addcmul_(_rotate_half(mf), row.sin))
+            o, lse = flash(q, k, v, 0.0, False, scale=scaling)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
