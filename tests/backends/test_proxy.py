@@ -264,7 +264,7 @@ def test_row_prefix_modes_equal_the_reference(game, mode, monkeypatch):
     run = row_prefix.row_prefix_attention
 
     def spy(query, key, value, rows, scaling):
-        seen.extend("gather" if r.index is not None else "spans" for r in rows)
+        seen.extend("gather" if r.gather else "spans" for r in rows)
         return run(query, key, value, rows, scaling)
 
     monkeypatch.setattr(row_prefix, "row_prefix_attention", spy)

@@ -16,8 +16,9 @@ small enough to stay in cache, never a ``[R, H_kv, P, d]`` copy of the rotated k
   offset (``[1, H_kv, n_rep * T, d]``, small) attend the span's slice of the cached keys and
   values (views, no copy, no mask); the parts merged by their log-sum-exp;
 - ``gather`` (many spans, e.g. a keep-half row): the row's visible keys and values gathered
-  (``[1, H_kv, V, d]``, V the visible count), the keys after the first hidden token turned by
-  ``-h`` in place, one call with no mask (hidden keys are not there to mask).
+  (``[1, H_kv, V, d]``, V the visible count: its spans' slices concatenated), the keys after the
+  first hidden token turned by ``-h`` in place, one call with no mask (hidden keys are not there
+  to mask).
 
 Both equal the rotated-keys attention up to float rounding (``tests/backends/test_proxy.py``,
 ``tests/backends/test_row_prefix.py``; ``benchmarks/proxy_rows.py --compare`` times them).
@@ -42,18 +43,20 @@ class RowPrefix:
     """One proxy row's view of the cached prefix (built once per forward, read by every layer).
 
     Attributes:
-        spans: ``spans`` mode: ``((a, z), ...)`` the row's visible prefix keys as spans of one
-            offset each, ``0 <= a < z <= P``; empty in ``gather`` mode.
-        turns: per span, ``(cos, sin)`` ``[d]`` float32 turning the queries by the span's offset
-            ``+h`` (RoPE's table, its attention scaling divided out), or None where ``h == 0``.
-        index: ``gather`` mode: ``[V]`` int64, the visible prefix positions in order; else None.
+        spans: ``((a, z), ...)`` the row's visible prefix keys as spans of one offset each, in
+            order, ``0 <= a < z <= P``.
+        turns: ``spans`` mode: per span, ``(cos, sin)`` ``[d]`` float32 turning the queries by the
+            span's offset ``+h`` (RoPE's table, its attention scaling divided out), or None where
+            ``h == 0``; empty in ``gather`` mode.
+        gather: the mode: True, ``gather``; False, ``spans``.
         still: ``gather`` mode: how many leading visible positions have ``h == 0`` (not turned).
-        cos, sin: ``gather`` mode: ``[V - still, d]`` float32, turning the rest by ``-h``.
+        cos, sin: ``gather`` mode: ``[V - still, d]`` float32, turning the rest by ``-h``, or None
+            where nothing is turned.
     """
 
     spans: tuple[tuple[int, int], ...] = ()
     turns: tuple[Any, ...] = ()
-    index: Any = None
+    gather: bool = False
     still: int = 0
     cos: Any = None
     sin: Any = None
@@ -87,7 +90,7 @@ def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPre
     lses: list[Any] = []
     for i, row in enumerate(rows):
         q = query[i : i + 1]  # [1, H_kv, M, d]
-        if row.index is None:
+        if not row.gather:
             parts = []
             for (a, z), turn in zip(row.spans, row.turns, strict=True):
                 qi = q
@@ -103,10 +106,10 @@ def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPre
                 w = torch.exp(stacked - lse)[..., None]
                 o = sum(p[0].float() * w[u] for u, p in enumerate(parts)).to(q.dtype)
         else:
-            k = key.index_select(2, row.index)  # [1, H_kv, V, d]
-            v = value.index_select(2, row.index)
+            k = torch.cat([key[:, :, a:z] for a, z in row.spans], dim=2)  # [1, H_kv, V, d]
+            v = torch.cat([value[:, :, a:z] for a, z in row.spans], dim=2)
             moved = k[:, :, row.still :]
-            if moved.shape[2]:
+            if row.cos is not None:
                 if moved.dtype == torch.float32:
                     turned = _rotate_half(moved)
                     moved.mul_(row.cos).addcmul_(turned, row.sin)

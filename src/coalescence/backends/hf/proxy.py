@@ -225,14 +225,13 @@ class ProxyScoring:
                 turns = tuple(None if int(h) == 0 else (cos[0, u], sin[0, u]) for u, h in enumerate(offsets))
                 plans.append(RowPrefix(spans=tuple(spans), turns=turns))
                 continue
-            index = torch.nonzero(visible)[:, 0]  # [V]
-            offsets = before[i, index]
+            offsets = before[i, visible]  # [V]
             still = int((offsets == 0).sum())  # h is non-decreasing: the unturned keys lead
-            if still == index.numel():
-                plans.append(RowPrefix(index=index.to(self.device), still=still))
+            if still == offsets.numel():
+                plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still))
                 continue
             cos, sin = self._compact_rotation(offsets[None, still:])  # [1, V - still, d]: turning by -h
-            plans.append(RowPrefix(index=index.to(self.device), still=still, cos=cos[0], sin=sin[0]))
+            plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still, cos=cos[0], sin=sin[0]))
         return plans
 
     def _proxy_forward_compact(
