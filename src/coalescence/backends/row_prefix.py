@@ -85,10 +85,43 @@ def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPre
     """
     import torch
 
+    threads = torch.get_num_threads()
+    if threads < 2 or len(rows) < 2 or not PARALLEL_ROWS:
+        return _rows(query, key, value, rows, scaling, 0)
+    groups = [range(len(rows) * g // threads, len(rows) * (g + 1) // threads) for g in range(threads)]
+    torch.set_num_threads(1)
+    try:
+        parts = list(_pool(threads).map(lambda g: _rows(query, key, value, [rows[i] for i in g], scaling, g.start), groups))
+    finally:
+        torch.set_num_threads(threads)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+PARALLEL_ROWS = True
+"""Run the rows in as many Python threads as PyTorch has intra-op threads, each op on one thread
+(rows' calls are small: one op's threads meeting at a barrier cost more than they share, most of
+all on a busy machine); PyTorch's thread count is set to 1 for the while and restored."""
+
+_POOLS: dict[int, Any] = {}
+
+
+def _pool(n: int) -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="row-prefix")
+    return _POOLS[n]
+
+
+def _rows(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: float | None, first: int) -> tuple[Any, Any]:
+    """:func:`row_prefix_attention` of ``rows``, row ``first`` of ``query`` the first."""
+    import torch
+
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     outs: list[Any] = []
     lses: list[Any] = []
-    for i, row in enumerate(rows):
+    for j, row in enumerate(rows):
+        i = first + j
         q = query[i : i + 1]  # [1, H_kv, M, d]
         if not row.gather:
             parts = []
