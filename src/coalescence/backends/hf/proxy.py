@@ -3,7 +3,10 @@
 prefix cache, and their tails run against it with the absent players' keys masked and every
 position compacted as the exact game lays it out: the cached keys re-rotated (RoPE) per row to
 their position once the hidden tokens are gone, the tail placed right after the visible context
-(:func:`rope_rotation`; a row's re-rotated keys are its own, so rows run as a batch)."""
+(:func:`rope_rotation`). On the CPU the rows run side by side and each row's prefix attention reads
+the one shared key cache (:mod:`coalescence.backends.row_prefix`: its queries turned per span of
+one offset, or its visible keys gathered and turned); elsewhere each row's re-rotated keys are its
+own, so rows run as a batch."""
 
 from __future__ import annotations
 
@@ -290,9 +293,11 @@ class ProxyScoring:
         """One forward of proxy rows of one length laid side by side in one row on ``cache`` (a fork:
         the forward extends it), positions compacted (:meth:`_proxy_forward_compact`'s semantics):
         the tails at their compacted positions, and each row's queries reading the shared prefix keys
-        rotated to its own positions inside the prefix-split attention, one layer at a time
-        (:class:`~coalescence.backends.attention.PrefixSplit` ``rotation``), so no row keeps a copy
-        of the cache."""
+        at its own positions inside the prefix-split attention, one layer at a time: row by row on
+        the shared keys (:class:`~coalescence.backends.attention.PrefixSplit` ``rows``,
+        :meth:`_row_prefixes`), or, where a row's queries before its tail see hidden keys or
+        :attr:`rotated_key_rows` says so, with the keys rotated per row for the layer (``rotation``);
+        no row keeps a copy of the cache."""
         torch = self._torch
         dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
         lows = torch.finfo(dtype).min
