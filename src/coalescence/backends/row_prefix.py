@@ -21,7 +21,8 @@ small enough to stay in cache, never a ``[R, H_kv, P, d]`` copy of the rotated k
   to mask).
 
 Both equal the rotated-keys attention up to float rounding (``tests/backends/test_proxy.py``,
-``tests/backends/test_row_prefix.py``; ``benchmarks/proxy_rows.py --compare`` times them).
+``test_row_prefix_modes_equal_the_reference``; ``benchmarks/proxy_rows.py --compare`` times them).
+The rows run in as many Python threads as PyTorch has intra-op threads (:data:`PARALLEL_ROWS`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ("SPAN_LIMIT", "RowPrefix", "row_prefix_attention")
+__all__ = ("PARALLEL_ROWS", "SPAN_LIMIT", "RowPrefix", "row_prefix_attention")
 
 SPAN_LIMIT = 4
 """Most spans a row runs as ``spans`` (one call each); a row with more is gathered. Leave-one-out
@@ -100,7 +101,8 @@ def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPre
 PARALLEL_ROWS = True
 """Run the rows in as many Python threads as PyTorch has intra-op threads, each op on one thread
 (rows' calls are small: one op's threads meeting at a barrier cost more than they share, most of
-all on a busy machine); PyTorch's thread count is set to 1 for the while and restored."""
+all on a busy machine); PyTorch's thread count is set to 1 for the while and restored (process-wide:
+torch work in another thread of the process meanwhile runs on one thread too)."""
 
 _POOLS: dict[int, Any] = {}
 
