@@ -13,6 +13,14 @@ pool (``benchmarks/proxy_batching.py``'s rows, tail rule ``after-last-player``) 
 clock starts, the sizes in turn ``--repeats`` times; printed: ms per row (best repeat) and the
 ratio to the first size. Also what ``benchmarks/RESULTS.md`` compares a change of the proxy
 forward with: run at each commit, alternately.
+
+``--compare`` instead times the two ways of running a row's prefix side by side in one process on
+the same rows, alternating for ``--repeats`` rounds at the first ``--batch-sizes`` size: each row's
+own rotated copy of the prefix keys per layer (``HFBackend.rotated_key_rows = True``, the method at
+679dc52, with its in-place rotation since) and the row-wise prefix on the shared keys
+(``backends/row_prefix.py``, the default). Printed per game: the median wall and CPU (process) ms
+per row of each, the median of the rounds' wall ratios, and the largest |difference| of a row's
+utility (nats); the load average before and after on stderr.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--compare", action="store_true", help="rotated-key rows against row-wise rows, alternating")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -46,6 +55,9 @@ def main() -> None:
 
     sizes = [int(x) for x in args.batch_sizes.split(",") if x]
     backend = load_backend(args.model, dtype="float32", device="cpu")
+    if args.compare:
+        compare(backend, args, sizes[0], proxy_rows)
+        return
     print("| game | n | shared KV | tail | rows | rows per call | ms / row | vs first |")
     print("|---|---|---|---|---|---|---|---|")
     for name in [g for g in args.games.split(",") if g]:
@@ -64,6 +76,47 @@ def main() -> None:
                 f"| {name} | {n} | {r0.shared_tokens} | {r0.n_tokens - 1 - r0.shared_tokens} | {len(requests)} | {size} | "
                 f"{1000 * best[size] / len(requests):.1f} | {best[size] / best[sizes[0]]:.2f} |"
             )
+
+
+def compare(backend, args, size: int, proxy_rows) -> None:
+    """The rotated-key rows and the row-wise rows on the same rows, alternating (module docs)."""
+    import statistics
+
+    import numpy as np
+
+    print(f"load average before: {os.getloadavg()}", file=sys.stderr)
+    print("| game | shared KV | tail | rows | rows per call | rotated keys ms / row (CPU) | row-wise ms / row (CPU) | speed-up (median of rounds) | max abs diff (nats) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in [g for g in args.games.split(",") if g]:
+        _, requests = proxy_rows(name, args.rows, backend)
+        backend.score_proxy(requests[:1])  # the shared KV into the prefix cache
+        wall: dict[bool, list[float]] = {True: [], False: []}
+        cpu: dict[bool, list[float]] = {True: [], False: []}
+        values: dict[bool, np.ndarray] = {}
+        for i in range(args.repeats):
+            for old in (True, False) if i % 2 == 0 else (False, True):
+                backend.rotated_key_rows = old
+                t0, c0 = time.perf_counter(), time.process_time()
+                got = []
+                for at in range(0, len(requests), size):
+                    got += backend.score_proxy(requests[at : at + size])
+                wall[old].append(time.perf_counter() - t0)
+                cpu[old].append(time.process_time() - c0)
+                values[old] = np.array([g.utility for g in got])
+        backend.rotated_key_rows = False
+        n = len(requests)
+        ratios = [a / b for a, b in zip(wall[True], wall[False])]
+        r0 = requests[0]
+
+        def ms(x: list[float]) -> str:
+            return f"{1000 * statistics.median(x) / n:.1f}"
+
+        print(
+            f"| {name} | {r0.shared_tokens} | {r0.n_tokens - 1 - r0.shared_tokens} | {n} | {size} | {ms(wall[True])} ({ms(cpu[True])}) | "
+            f"{ms(wall[False])} ({ms(cpu[False])}) | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+            f"{np.abs(values[True] - values[False]).max():.1e} |"
+        )
+    print(f"load average after: {os.getloadavg()}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -246,3 +246,30 @@ def reference_at_original_positions(model, r: ProxyScoreRequest) -> float:
     logp = torch.log_softmax(logits.double(), dim=-1)
     p = len(r.prompt_ids)
     return float(sum(logp[p - 1 + j, t].item() for j, t in enumerate(r.target_ids)))
+
+
+@pytest.mark.parametrize("mode", ["spans", "gather", "rotated-keys"])
+def test_row_prefix_modes_equal_the_reference(game, mode, monkeypatch):
+    """Each way of running a row's prefix on the CPU (``backends/row_prefix.py``: the queries turned
+    per span of one offset, the visible keys gathered and turned; or each row's rotated copy of the
+    keys) gives the reference's rows."""
+    from coalescence.backends import row_prefix
+    from coalescence.backends.hf import proxy
+
+    tokenizer, renderer, snapshot, target, model, ref = game
+    backend = HFBackend(model, tokenizer, model_id="tiny")
+    monkeypatch.setattr(proxy, "SPAN_LIMIT", 10**6 if mode == "spans" else 0)
+    monkeypatch.setattr(backend, "rotated_key_rows", mode == "rotated-keys")
+    seen: list[str] = []
+    run = row_prefix.row_prefix_attention
+
+    def spy(query, key, value, rows, scaling):
+        seen.extend("gather" if r.gather else "spans" for r in rows)
+        return run(query, key, value, rows, scaling)
+
+    monkeypatch.setattr(row_prefix, "row_prefix_attention", spy)
+    layout = proxy_layout(renderer, snapshot, target, tail="after-last-player")
+    requests = [layout.request(row) for row in coalitions(snapshot.n_players)]
+    for r, x in zip(requests, backend.score_proxy(requests), strict=True):
+        np.testing.assert_allclose(x.token_logprobs, reference(ref, r), atol=ATOL)
+    assert set(seen) == (set() if mode == "rotated-keys" else {mode})

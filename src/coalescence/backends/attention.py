@@ -78,6 +78,13 @@ class PrefixSplit:
     block r's queries see the prefix keys rotated by RoPE's ``(cos_r, sin_r)`` (the compacted proxy
     game: each row's cached keys moved to its own positions), computed per layer for its blocks and
     never kept; ``block`` and ``prefix_masked`` are then required."""
+    rows: Any = None
+    """A sequence of :class:`~coalescence.backends.row_prefix.RowPrefix`, one per block of ``block``
+    queries, or None: the same compacted prefix as ``rotation`` computed without a rotated copy of
+    the keys (each row's queries turned per span of one offset, or its visible keys gathered;
+    :func:`~coalescence.backends.row_prefix.row_prefix_attention`), the prefix columns of the mask
+    not read (every query of a row sees the same keys); ``block`` and ``prefix_masked`` required.
+    Takes precedence over ``rotation``."""
 
 
 def _sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, None]:
@@ -124,6 +131,7 @@ def prefix_split_attention(
         or (prefix_split.prefix_masked and (attention_mask is None or not attention_mask.dtype.is_floating_point))
         or (prefix_split.block and (prefix_split.causal or n != kv_len - P or n % prefix_split.block))
         or (prefix_split.rotation is not None and not (prefix_split.block and prefix_split.prefix_masked))
+        or (prefix_split.rows is not None and not (prefix_split.block and prefix_split.prefix_masked and len(prefix_split.rows) * prefix_split.block == n))
     )
     if plain:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
@@ -138,7 +146,18 @@ def prefix_split_attention(
     h_kv = key.shape[1]
     n_rep = h // h_kv
     # prefix part: every query sees every prefix key; heads sharing a key/value head stacked
-    if prefix_split.rotation is not None:  # per block: the prefix keys rotated to that row's positions
+    if prefix_split.rows is not None:  # per row, on the shared keys: queries turned per span, or visible keys gathered
+        if b != 1:
+            raise ValueError("a row-wise prefix split needs the rows side by side in one batch row")
+        from .row_prefix import row_prefix_attention
+
+        t = prefix_split.block
+        r = n // t
+        q = query.reshape(h_kv, n_rep, r, t, d).permute(2, 0, 1, 3, 4).reshape(r, h_kv, n_rep * t, d)
+        o1, lse1 = row_prefix_attention(q, key[:, :, :P], value[:, :, :P], prefix_split.rows, scaling)  # [R, H_kv, n_rep * T(, d)]
+        o1 = o1.reshape(r, h_kv, n_rep, t, d).permute(1, 2, 0, 3, 4).reshape(1, h, n, d)
+        lse1 = lse1.reshape(r, h_kv, n_rep, t).permute(1, 2, 0, 3).reshape(1, h, n)
+    elif prefix_split.rotation is not None:  # per block: the prefix keys rotated to that row's positions
         if b != 1:
             raise ValueError("a rotated prefix split needs the rows side by side in one batch row")
         cos, sin = prefix_split.rotation  # [R, P, d]

@@ -3,7 +3,10 @@
 prefix cache, and their tails run against it with the absent players' keys masked and every
 position compacted as the exact game lays it out: the cached keys re-rotated (RoPE) per row to
 their position once the hidden tokens are gone, the tail placed right after the visible context
-(:func:`rope_rotation`; a row's re-rotated keys are its own, so rows run as a batch)."""
+(:func:`rope_rotation`). On the CPU the rows run side by side and each row's prefix attention reads
+the one shared key cache (:mod:`coalescence.backends.row_prefix`: its queries turned per span of
+one offset, or its visible keys gathered and turned); elsewhere each row's re-rotated keys are its
+own, so rows run as a batch."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import numpy as np
 
 from ..base import ProxyScoreRequest, ScoreResult
 from ..attention import PrefixSplit
+from ..row_prefix import SPAN_LIMIT, RowPrefix
 from .caches import cache_bytes, fork_cache, resumed_cache
 
 __all__ = ("COMPACT_ROPE_TYPES", "PROXY_ARCHITECTURES", "ProxyScoring", "proxy_capability", "rope_rotation")
@@ -124,6 +128,13 @@ _ROW_BYTES = 1 << 30
 class ProxyScoring:
     """The proxy game's forwards of :class:`~coalescence.backends.hf.HFBackend` (a mixin of its state)."""
 
+    rotated_key_rows: bool = False
+    """Run every side-by-side proxy forward with each row's own rotated copy of the prefix keys
+    (``PrefixSplit.rotation``, the method until 2026-12-06) instead of the row-wise prefix on the
+    shared keys (``PrefixSplit.rows``); the latter is the default and equal up to float rounding.
+    For the benchmark that compares them (``benchmarks/proxy_rows.py --compare``). The rotated copy
+    also runs, whatever this says, where a row's queries before its tail see hidden prefix keys."""
+
     def _proxy_group(self, prefix: tuple[int, ...], rows: Sequence[ProxyScoreRequest]) -> tuple[list[ScoreResult], int]:
         """Proxy rows sharing the KV of ``prefix`` (see :meth:`score_proxy`); returns the results
         and the number of prefix forwards run (0 or 1)."""
@@ -196,6 +207,36 @@ class ProxyScoring:
         scale = float(getattr(self._rope, "attention_scaling", 1.0) or 1.0)
         return cos.float() / scale, sin.float() / scale
 
+    def _row_prefixes(self, rows: Sequence[ProxyScoreRequest], hidden: Any, before: Any) -> list[RowPrefix] | None:
+        """Each row's view of the shared prefix for :func:`~coalescence.backends.row_prefix.row_prefix_attention`
+        (``hidden`` ``[R, P]`` bool, ``before`` ``[R, P]`` int64: the hidden tokens before each
+        position), or None where a row's queries before its tail see hidden prefix keys (every
+        query of a row must see the same prefix keys; the rotated copy runs those)."""
+        torch = self._torch
+        shared = hidden.shape[1]
+        if any(r.tail_start > shared and bool(hidden[i].any()) for i, r in enumerate(rows)):
+            return None
+        plans: list[RowPrefix] = []
+        for i in range(len(rows)):
+            visible = ~hidden[i]
+            edges = torch.nonzero(visible[1:] != visible[:-1])[:, 0] + 1  # where visibility flips
+            bounds = [0, *edges.tolist(), shared]
+            spans = [(a, z) for a, z in zip(bounds[:-1], bounds[1:]) if bool(visible[a])]
+            if len(spans) <= SPAN_LIMIT:
+                offsets = torch.tensor([int(before[i, a]) for a, _ in spans], dtype=torch.long)
+                cos, sin = self._compact_rotation(-offsets[None])  # [1, U, d]: turning by +h
+                turns = tuple(None if int(h) == 0 else (cos[0, u], sin[0, u]) for u, h in enumerate(offsets))
+                plans.append(RowPrefix(spans=tuple(spans), turns=turns))
+                continue
+            offsets = before[i, visible]  # [V]
+            still = int((offsets == 0).sum())  # h is non-decreasing: the unturned keys lead
+            if still == offsets.numel():
+                plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still))
+                continue
+            cos, sin = self._compact_rotation(offsets[None, still:])  # [1, V - still, d]: turning by -h
+            plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still, cos=cos[0], sin=sin[0]))
+        return plans
+
     def _proxy_forward_compact(
         self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
     ) -> list[ScoreResult]:
@@ -252,9 +293,11 @@ class ProxyScoring:
         """One forward of proxy rows of one length laid side by side in one row on ``cache`` (a fork:
         the forward extends it), positions compacted (:meth:`_proxy_forward_compact`'s semantics):
         the tails at their compacted positions, and each row's queries reading the shared prefix keys
-        rotated to its own positions inside the prefix-split attention, one layer at a time
-        (:class:`~coalescence.backends.attention.PrefixSplit` ``rotation``), so no row keeps a copy
-        of the cache."""
+        at its own positions inside the prefix-split attention, one layer at a time: row by row on
+        the shared keys (:class:`~coalescence.backends.attention.PrefixSplit` ``rows``,
+        :meth:`_row_prefixes`), or, where a row's queries before its tail see hidden keys or
+        :attr:`rotated_key_rows` says so, with the keys rotated per row for the layer (``rotation``);
+        no row keeps a copy of the cache."""
         torch = self._torch
         dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
         lows = torch.finfo(dtype).min
@@ -281,7 +324,11 @@ class ProxyScoring:
             mask[at : at + t, shared + at : shared + at + t].masked_fill_(sees[:, shared:] & causal, 0.0)
             p = len(r.prompt_ids)
             keep += range(at + p - 1 - shared, at + p - 1 - shared + len(r.target_ids))
-        split = PrefixSplit(shared, False, prefix_masked=True, block=t, rotation=self._compact_rotation(before[:, :shared]))
+        plan = None if self.rotated_key_rows else self._row_prefixes(rows, hidden[:, :shared], before[:, :shared])
+        if plan is None:
+            split = PrefixSplit(shared, False, prefix_masked=True, block=t, rotation=self._compact_rotation(before[:, :shared]))
+        else:
+            split = PrefixSplit(shared, False, prefix_masked=True, block=t, rows=plan)
         kwargs: dict[str, Any] = {"logits_to_keep": torch.tensor(keep, device=self.device)} if self._keep_logits else {}
         out = self.model(
             input_ids=torch.tensor([tokens], dtype=torch.long, device=self.device),  # [1, N]

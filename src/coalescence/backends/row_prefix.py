@@ -1,0 +1,157 @@
+"""The compacted proxy game's prefix attention, row by row, on the one shared key cache.
+
+A proxy row (``backends/hf/proxy.py``) runs its tail's ``T`` queries against the ``P`` cached
+prefix keys with its absent players' keys hidden and every visible key moved to its compacted
+position: the cached key at j, rotated by RoPE at j, turned by ``-h(j)``, ``h(j)`` the row's hidden
+tokens before j. ``h`` is constant on each *span* of the row's visible keys between two hidden
+ranges, and RoPE's rotation is orthogonal, so on a span of offset h
+
+    ``<q, R(-h) k_j> = <R(h) q, k_j>``:
+
+the row's queries turned once by ``+h`` score the span's cached keys as they are. Two ways to run
+a row (:class:`RowPrefix`), both one flash-attention call per part on views or per-row buffers
+small enough to stay in cache, never a ``[R, H_kv, P, d]`` copy of the rotated keys:
+
+- ``spans`` (few spans, e.g. a leave-one-out row: two): per span, the queries turned by its
+  offset (``[1, H_kv, n_rep * T, d]``, small) attend the span's slice of the cached keys and
+  values (views, no copy, no mask); the parts merged by their log-sum-exp;
+- ``gather`` (many spans, e.g. a keep-half row): the row's visible keys and values gathered
+  (``[1, H_kv, V, d]``, V the visible count: its spans' slices concatenated), the keys after the
+  first hidden token turned by ``-h`` in place, one call with no mask (hidden keys are not there
+  to mask).
+
+Both equal the rotated-keys attention up to float rounding (``tests/backends/test_proxy.py``,
+``test_row_prefix_modes_equal_the_reference``; ``benchmarks/proxy_rows.py --compare`` times them).
+The rows run in as many Python threads as PyTorch has intra-op threads (:data:`PARALLEL_ROWS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ("PARALLEL_ROWS", "SPAN_LIMIT", "RowPrefix", "row_prefix_attention")
+
+SPAN_LIMIT = 4
+"""Most spans a row runs as ``spans`` (one call each); a row with more is gathered. Leave-one-out
+rows have two; keep-half rows of 70 players ~20 (``benchmarks/RESULTS.md``, "Proxy rows without
+a rotated copy of the keys")."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPrefix:
+    """One proxy row's view of the cached prefix (built once per forward, read by every layer).
+
+    Attributes:
+        spans: ``((a, z), ...)`` the row's visible prefix keys as spans of one offset each, in
+            order, ``0 <= a < z <= P``.
+        turns: ``spans`` mode: per span, ``(cos, sin)`` ``[d]`` float32 turning the queries by the
+            span's offset ``+h`` (RoPE's table, its attention scaling divided out), or None where
+            ``h == 0``; empty in ``gather`` mode.
+        gather: the mode: True, ``gather``; False, ``spans``.
+        still: ``gather`` mode: how many leading visible positions have ``h == 0`` (not turned).
+        cos, sin: ``gather`` mode: ``[V - still, d]`` float32, turning the rest by ``-h``, or None
+            where nothing is turned.
+    """
+
+    spans: tuple[tuple[int, int], ...] = ()
+    turns: tuple[Any, ...] = ()
+    gather: bool = False
+    still: int = 0
+    cos: Any = None
+    sin: Any = None
+
+
+def _rotate_half(x: Any) -> Any:
+    import torch
+
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: float | None) -> tuple[Any, Any]:
+    """The prefix part of a proxy forward, row by row.
+
+    Args:
+        query: ``[R, H_kv, n_rep * T, d]``, row r's ``T`` queries with the query heads sharing a
+            key/value head stacked (as the rotated path lays them out).
+        key, value: ``[1, H_kv, P, d]``, the cached prefix (views are fine).
+        rows: one :class:`RowPrefix` per row.
+        scaling: the attention's softmax scale.
+
+    Returns:
+        ``(out [R, H_kv, n_rep * T, d]`` in the query's dtype, ``lse [R, H_kv, n_rep * T]``
+        float32``)``: each row's attention over its visible prefix keys and its log-sum-exp.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads < 2 or len(rows) < 2 or not PARALLEL_ROWS:
+        return _rows(query, key, value, rows, scaling, 0)
+    groups = [range(len(rows) * g // threads, len(rows) * (g + 1) // threads) for g in range(threads)]
+    torch.set_num_threads(1)
+    try:
+        parts = list(_pool(threads).map(lambda g: _rows(query, key, value, [rows[i] for i in g], scaling, g.start), groups))
+    finally:
+        torch.set_num_threads(threads)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+PARALLEL_ROWS = True
+"""Run the rows in as many Python threads as PyTorch has intra-op threads, each op on one thread
+(rows' calls are small: one op's threads meeting at a barrier cost more than they share, most of
+all on a busy machine); PyTorch's thread count is set to 1 for the while and restored (process-wide:
+torch work in another thread of the process meanwhile runs on one thread too)."""
+
+_POOLS: dict[int, Any] = {}
+
+
+def _pool(n: int) -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    if n not in _POOLS:
+        _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="row-prefix")
+    return _POOLS[n]
+
+
+def _rows(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: float | None, first: int) -> tuple[Any, Any]:
+    """:func:`row_prefix_attention` of ``rows``, row ``first`` of ``query`` the first."""
+    import torch
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    outs: list[Any] = []
+    lses: list[Any] = []
+    for j, row in enumerate(rows):
+        i = first + j
+        q = query[i : i + 1]  # [1, H_kv, M, d]
+        if not row.gather:
+            parts = []
+            for (a, z), turn in zip(row.spans, row.turns, strict=True):
+                qi = q
+                if turn is not None:
+                    qf = q.float()
+                    qi = (qf * turn[0]).addcmul_(_rotate_half(qf), turn[1]).to(q.dtype)
+                parts.append(flash(qi, key[:, :, a:z], value[:, :, a:z], 0.0, False, scale=scaling))
+            if len(parts) == 1:
+                o, lse = parts[0]
+            else:
+                stacked = torch.stack([p[1] for p in parts])  # [U, 1, H_kv, M]
+                lse = torch.logsumexp(stacked, dim=0)
+                w = torch.exp(stacked - lse)[..., None]
+                o = sum(p[0].float() * w[u] for u, p in enumerate(parts)).to(q.dtype)
+        else:
+            k = torch.cat([key[:, :, a:z] for a, z in row.spans], dim=2)  # [1, H_kv, V, d]
+            v = torch.cat([value[:, :, a:z] for a, z in row.spans], dim=2)
+            moved = k[:, :, row.still :]
+            if row.cos is not None:
+                if moved.dtype == torch.float32:
+                    turned = _rotate_half(moved)
+                    moved.mul_(row.cos).addcmul_(turned, row.sin)
+                else:
+                    mf = moved.float()
+                    moved.copy_((mf * row.cos).addcmul_(_rotate_half(mf), row.sin))
+            o, lse = flash(q, k, v, 0.0, False, scale=scaling)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
