@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.models import build_model
+from helpers.proxy_reference import reference_at_original_positions
 from helpers.snapshots import LANDMARKS, conversation_of, render_for
 
 from coalescence.backends import attention
@@ -228,24 +229,6 @@ def test_a_hidden_span_that_ends_at_the_tail_scores_as_the_exact_game(game):
         contrast.append(abs(exact.utility - reference_at_original_positions(model, r)))
     # at the full conversation's positions (the first proxy game) the long spans would not score so
     assert max(contrast) > 1e-4, contrast  # 4.8e-4 and 1.4e-3 on these tiny models (nearly position-blind at random init)
-
-
-def reference_at_original_positions(model, r: ProxyScoreRequest) -> float:
-    """The first proxy game's value (every position as in the full conversation), for the contrast above."""
-    seq = list(r.prompt_ids) + list(r.target_ids[:-1])
-    n = len(seq)
-    visible = np.ones(n, dtype=bool)
-    for a, b in r.hidden:
-        visible[a:b] = False
-    allowed = np.tril(np.ones((n, n), dtype=bool))
-    allowed[r.tail_start :] &= visible[None, :]
-    mask = torch.zeros((1, 1, n, n))
-    mask[0, 0][~torch.from_numpy(allowed)] = torch.finfo(torch.float32).min
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([seq]), attention_mask=mask, position_ids=torch.arange(n)[None]).logits[0]
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    p = len(r.prompt_ids)
-    return float(sum(logp[p - 1 + j, t].item() for j, t in enumerate(r.target_ids)))
 
 
 @pytest.mark.parametrize("mode", ["spans", "gather", "rotated-keys"])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.proxy_reference import reference_at_original_positions
 from helpers.snapshots import LANDMARKS, conversation_of, render_for
 
 from coalescence.backends.base import ProxyScoreRequest
@@ -127,24 +128,6 @@ def exact_row(model, r: ProxyScoreRequest) -> np.ndarray:
     return np.array([logp[p - 1 + j, t].item() for j, t in enumerate(r.target_ids)])
 
 
-def at_original_positions(model, r: ProxyScoreRequest) -> float:
-    """The row with the hidden keys masked but every position the full conversation's (no compaction)."""
-    seq = list(r.prompt_ids) + list(r.target_ids[:-1])
-    n = len(seq)
-    visible = np.ones(n, dtype=bool)
-    for a, b in r.hidden:
-        visible[a:b] = False
-    allowed = np.tril(np.ones((n, n), dtype=bool))
-    allowed[r.tail_start :] &= visible[None, :]
-    mask = torch.zeros((1, 1, n, n))
-    mask[0, 0][~torch.from_numpy(allowed)] = torch.finfo(torch.float32).min
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([seq]), attention_mask=mask, position_ids=torch.arange(n)[None]).logits[0]
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    p = len(r.prompt_ids)
-    return float(sum(logp[p - 1 + j, t].item() for j, t in enumerate(r.target_ids)))
-
-
 def requests_of(renderer, snapshot, target, rule: str) -> list[ProxyScoreRequest]:
     n = snapshot.n_players
     rng = np.random.default_rng(11)
@@ -170,7 +153,7 @@ def test_compacted_proxy_rows_are_the_exact_rows_where_attention_moves_nothing(g
         for r, x in zip(requests, backend.score_proxy(requests), strict=True):
             expected = exact_row(model, r)
             np.testing.assert_allclose(x.token_logprobs, expected, atol=ATOL)
-            contrast.append(abs(at_original_positions(model, r) - expected.sum()))
+            contrast.append(abs(reference_at_original_positions(model, r) - expected.sum()))
     # the positions matter on this model: without the compaction the rows would be off
     assert max(contrast) > 1e-3, contrast
 
