@@ -51,6 +51,29 @@ GAMES = {
     ),
 }
 
+FRESH = {
+    # Games no session tuned on (issue 47's "long RAG games that you have not tuned on"), built
+    # 2026-12-06 after the default plan was fixed: ``--set fresh`` writes ``fresh_<name>.json``.
+    "general": (
+        "faq/general.rst.txt", 65, 330, False,
+        "Why is the language called Python?",
+        "Guido van Rossum named it after the BBC comedy series Monty Python's Flying Circus.",
+        "a BBC comedy series from the 1970s",
+    ),
+    "logging": (
+        "howto/logging.rst.txt", 11, 418, False,
+        "Which events does the logging module track by default?",
+        "Only events of level WARNING and above are tracked by default.",
+        "which means that only events of this level and above will be tracked",
+    ),
+    "classes": (
+        "tutorial/classes.rst.txt", 60, 290, False,
+        "When is the local namespace of a function created?",
+        "It is created when the function is called.",
+        "The local namespace for a function is created when the function is called",
+    ),
+}
+
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`([^`<]*?)\s*(?:<[^`>]*>)?`")
 _LINK = re.compile(r"`([^`<]+?)\s*<[^`>]*>`__?")
 _REF = re.compile(r"`([^`]+)`_")
@@ -128,9 +151,10 @@ def paragraphs(lines: list[str], glossary: bool) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sources", default=SOURCES, help="the reST sources (python3.11-doc's _sources)")
-    ap.add_argument("--out", default="benchmarks/data", help="directory for long_<name>.json")
+    ap.add_argument("--out", default="benchmarks/data", help="directory for <set>_<name>.json")
+    ap.add_argument("--set", choices=("long", "fresh"), default="long", help="the recorded long games or the fresh ones")
     args = ap.parse_args()
-    for name, (page, first, last, glossary, question, answer, gold) in GAMES.items():
+    for name, (page, first, last, glossary, question, answer, gold) in (GAMES if args.set == "long" else FRESH).items():
         lines = (Path(args.sources) / page).read_text(encoding="utf-8").splitlines()[first - 1 : last]
         context = " ".join(paragraphs(lines, glossary))
         assert gold in context, f"{name}: the gold text is not in the context"
@@ -154,7 +178,7 @@ def main() -> None:
             ],
             "players": [{"message": 1, "start": len(prefix), "end": len(content), "label": "ctx"}],
         }
-        path = Path(args.out) / f"long_{name}.json"
+        path = Path(args.out) / f"{args.set}_{name}.json"
         path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"{path}: {len(context):,} characters of context")
 

@@ -14,13 +14,15 @@ clock starts, the sizes in turn ``--repeats`` times; printed: ms per row (best r
 ratio to the first size. Also what ``benchmarks/RESULTS.md`` compares a change of the proxy
 forward with: run at each commit, alternately.
 
-``--compare`` instead times the two ways of running a row's prefix side by side in one process on
-the same rows, alternating for ``--repeats`` rounds at the first ``--batch-sizes`` size: each row's
-own rotated copy of the prefix keys per layer (``HFBackend.rotated_key_rows = True``, the method at
-679dc52, with its in-place rotation since) and the row-wise prefix on the shared keys
-(``backends/row_prefix.py``, the default). Printed per game: the median wall and CPU (process) ms
-per row of each, the median of the rounds' wall ratios, and the largest |difference| of a row's
-utility (nats); the load average before and after on stderr.
+``--compare`` instead times the ways of running a row's prefix (:data:`VARIANTS`) side by side in
+one process on the same rows, alternating (the order turned each round) for ``--repeats`` rounds
+at the first ``--batch-sizes`` size: each row's own rotated copy of the prefix keys per layer
+(``HFBackend.rotated_key_rows = True``, the method at 679dc52, with its in-place rotation since);
+the row-wise prefix on the shared keys (``backends/row_prefix.py``) with each gather row run on
+its own (``batched_gather = False``, 2026-12-06's first step); and with the forward's gather rows
+as one padded batch (the default). Printed per game: the median wall and CPU (process) ms per row
+of each, the median (and range) of the rounds' wall ratios to the first, and the largest
+|difference| of a row's utility from the first's (nats); the load average before and after on stderr.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--compare", action="store_true", help="rotated-key rows against row-wise rows, alternating")
+    ap.add_argument("--compare", action="store_true", help="the ways of running a row's prefix (VARIANTS) on the same rows, alternating")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -78,43 +80,65 @@ def main() -> None:
             )
 
 
+VARIANTS = {
+    "rotated keys": {"rotated_key_rows": True, "batched_gather": True},
+    "row-wise, gather row by row": {"rotated_key_rows": False, "batched_gather": False},
+    "row-wise, gather batched": {"rotated_key_rows": False, "batched_gather": True},
+}
+"""The ways of running a row's prefix that ``--compare`` times (``HFBackend`` attributes); the
+first is the baseline of the ratios (679dc52's method), the last the default."""
+
+
 def compare(backend, args, size: int, proxy_rows) -> None:
-    """The rotated-key rows and the row-wise rows on the same rows, alternating (module docs)."""
+    """The :data:`VARIANTS` on the same rows, alternating, the order turned each round (module docs)."""
     import statistics
 
     import numpy as np
 
+    names = list(VARIANTS)
     print(f"load average before: {os.getloadavg()}", file=sys.stderr)
-    print("| game | shared KV | tail | rows | rows per call | rotated keys ms / row (CPU) | row-wise ms / row (CPU) | speed-up (median of rounds) | max abs diff (nats) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| game | shared KV | tail | rows | rows per call | "
+        + " | ".join(f"{v} ms / row (CPU)" for v in names)
+        + " | " + " | ".join(f"{v}: speed-up (median of rounds, range)" for v in names[1:])
+        + " | max abs diff (nats) |"
+    )
+    print("|---" * (6 + 2 * len(names) - 1) + "|")
     for name in [g for g in args.games.split(",") if g]:
         _, requests = proxy_rows(name, args.rows, backend)
         backend.score_proxy(requests[:1])  # the shared KV into the prefix cache
-        wall: dict[bool, list[float]] = {True: [], False: []}
-        cpu: dict[bool, list[float]] = {True: [], False: []}
-        values: dict[bool, np.ndarray] = {}
+        wall: dict[str, list[float]] = {v: [] for v in names}
+        cpu: dict[str, list[float]] = {v: [] for v in names}
+        values: dict[str, np.ndarray] = {}
         for i in range(args.repeats):
-            for old in (True, False) if i % 2 == 0 else (False, True):
-                backend.rotated_key_rows = old
+            for v in names[i % len(names) :] + names[: i % len(names)]:
+                for attr, value in VARIANTS[v].items():
+                    setattr(backend, attr, value)
                 t0, c0 = time.perf_counter(), time.process_time()
                 got = []
                 for at in range(0, len(requests), size):
                     got += backend.score_proxy(requests[at : at + size])
-                wall[old].append(time.perf_counter() - t0)
-                cpu[old].append(time.process_time() - c0)
-                values[old] = np.array([g.utility for g in got])
-        backend.rotated_key_rows = False
+                wall[v].append(time.perf_counter() - t0)
+                cpu[v].append(time.process_time() - c0)
+                values[v] = np.array([g.utility for g in got])
+        for attr, value in VARIANTS[names[-1]].items():
+            setattr(backend, attr, value)
         n = len(requests)
-        ratios = [a / b for a, b in zip(wall[True], wall[False])]
         r0 = requests[0]
 
         def ms(x: list[float]) -> str:
             return f"{1000 * statistics.median(x) / n:.1f}"
 
+        def speedup(v: str) -> str:
+            ratios = [a / b for a, b in zip(wall[names[0]], wall[v])]
+            return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+        diff = max(float(np.abs(values[names[0]] - values[v]).max()) for v in names[1:])
         print(
-            f"| {name} | {r0.shared_tokens} | {r0.n_tokens - 1 - r0.shared_tokens} | {n} | {size} | {ms(wall[True])} ({ms(cpu[True])}) | "
-            f"{ms(wall[False])} ({ms(cpu[False])}) | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
-            f"{np.abs(values[True] - values[False]).max():.1e} |"
+            f"| {name} | {r0.shared_tokens} | {r0.n_tokens - 1 - r0.shared_tokens} | {n} | {size} | "
+            + " | ".join(f"{ms(wall[v])} ({ms(cpu[v])})" for v in names)
+            + " | " + " | ".join(speedup(v) for v in names[1:])
+            + f" | {diff:.1e} |"
         )
     print(f"load average after: {os.getloadavg()}", file=sys.stderr)
 
