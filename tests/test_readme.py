@@ -220,3 +220,20 @@ def test_every_relative_link_of_the_readme_and_docs_reaches_a_file_and_heading_t
             elif anchor and where.suffix == ".md" and anchor not in set(_slugs(where.read_text(encoding="utf-8"))):
                 broken.append(f"{page}: {target} (no such heading in {where.relative_to(ROOT)})")
     assert checked > 50 and broken == [], "\n".join(broken)
+
+
+def test_the_readme_commands_are_the_makefile_targets_and_its_demo_the_demo_recipe():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    quick = re.search(r"^```sh\n(make demo .*?)```$", README, re.M | re.S)
+    assert quick is not None and [line.split()[:2] for line in quick.group(1).splitlines()] == [["make", "demo"], ["make", "test"]]
+    assert re.search(r"^demo: install$", makefile, re.M) and re.search(r"^test: install vllm\n\t\$\(PY\) -m pytest$", makefile, re.M)
+    # the command the README says the demo runs is the recipe's, word for word (its archive's time stamp spelled <time>)
+    said = re.search(r"^The demo runs\n\n```sh\n(.*?)```$", README, re.M | re.S)
+    recipe = re.search(r"^demo: install\n((?:\t.*\n)+)", makefile, re.M)
+    assert said is not None and recipe is not None
+    readme_words = said.group(1).replace("\\\n", " ").split()
+    recipe_text = recipe.group(1).split("\n\t@echo", 1)[0].replace("\\\n", " ")
+    recipe_words = recipe_text.replace("$(VENV)/bin/", "").replace("$$(date -u +%Y%m%dT%H%M%SZ)", "<time>").split()
+    assert readme_words == recipe_words
+    echoed = re.search(r'@echo "(report: .*)"', makefile)
+    assert echoed is not None and echoed.group(1) in _block("explain", "README.md")
