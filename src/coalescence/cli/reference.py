@@ -69,7 +69,7 @@ def help_text(parser: argparse.ArgumentParser) -> str:
         The help text, usage to epilog, ending in a newline.
     """
     kind = parser.formatter_class
-    parser.formatter_class = functools.partial(kind, width=WIDTH)  # type: ignore[assignment]
+    parser.formatter_class = functools.partial(kind, width=WIDTH)
     try:
         return parser.format_help()
     finally:
