@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The external shapiq: shapiq 1.5 and later (RegressionMSR, ProxySHAP, LeverageSHAP, ...) need Python
 # >= 3.12, and this project's torch is a Python 3.11 build; those approximators run in a second venv's
-# Python (README "shapiq approximators"). The first Python >= 3.12 found: pyenv's, then on the PATH.
+# Python (docs/methods.md, "shapiq approximators and interactions"). The first Python >= 3.12 found: pyenv's, then on the PATH.
 SHAPIQ_PYTHON ?= $(shell for p in $$(ls -d $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3 2>/dev/null) python3.12 python3.13; do \
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; done)
 SHAPIQ_VENV ?= .venv-shapiq

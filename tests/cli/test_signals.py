@@ -560,7 +560,7 @@ def test_random_kills_and_signal_pairs_then_resume_equal_an_uninterrupted_run(tm
     "pair", [(signal.SIGINT, signal.SIGTERM), (signal.SIGINT, signal.SIGINT)], ids=["INT,TERM", "INT,INT"]
 )
 def test_two_quick_signals_exit_with_the_first_signals_code(pair, tmp_path, conversation, tiny_model_dir):
-    """Once the orderly stop has started, a second signal may shorten it (README: 5 s more) but never
+    """Once the orderly stop has started, a second signal may shorten it (docs/runs.md: 5 s more) but never
     changes the exit status: 130 for a first SIGINT, 143 for a first SIGTERM (128 + the first
     signal), never a death by the second signal's default action, and one stop line."""
     first, second = pair

@@ -1,6 +1,6 @@
 """A generated answer is scored as the token ids the model generated (issue 24, item 2).
 
-The rule (README, :mod:`coalescence.masking.render`): the prompt is the generation prompt (the
+The rule (docs/input.md, :mod:`coalescence.masking.render`): the prompt is the generation prompt (the
 chat template with ``add_generation_prompt=True``, exactly one BOS), the target is the generated
 ids (the stop token excluded) followed by the template's end-of-turn (written out per family
 below), and the text shown is the ids' decoding. References here: transformers' ``generate``

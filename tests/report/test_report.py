@@ -216,7 +216,7 @@ def test_standard_errors_are_shown_where_the_method_has_them(permutation: Run) -
 
 
 def test_zero_gets_the_neutral_colour(tmp_path: Path, tiny_model_dir: Path) -> None:
-    # --unit turn: an empty turn removes nothing, so its exact Shapley value is 0 (README)
+    # --unit turn: an empty turn removes nothing, so its exact Shapley value is 0 (docs/input.md)
     conversation = {
         "messages": [
             {"role": "system", "content": "You are a helpful assistant."},
@@ -296,7 +296,7 @@ def test_answer_tokens_add_up_to_the_utility(single: Run) -> None:
     doc = single.doc
     tokens = doc["answer_tokens"]
     assert len(tokens) == doc["target_token_count"]
-    # logprob is the sum of the answer tokens' log-probabilities (README): so are v(full), v(empty)
+    # logprob is the sum of the answer tokens' log-probabilities (docs/numbers.md): so are v(full), v(empty)
     assert sum(t["logprob_full"] for t in tokens) == pytest.approx(doc["v_full"], abs=1e-4)
     assert sum(t["logprob_empty"] for t in tokens) == pytest.approx(doc["v_empty"], abs=1e-4)
     for t in tokens:

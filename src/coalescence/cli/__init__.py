@@ -21,8 +21,9 @@
 Exit codes, the same for every command (every error is one line on stderr): see
 :mod:`coalescence.cli.exit_codes` (and the end of every ``--help``). The package: :mod:`.parser`
 (the arguments, generated from the settings), :mod:`.commands` (what each command calls and
-prints), :mod:`.messages` (errors as one line naming the option), and here ``main`` (signals, the
-exit code).
+prints), :mod:`.messages` (errors as one line naming the option), :mod:`.reference` (writes
+docs/cli.md, every command's ``--help``: ``python -m coalescence.cli.reference``), and here
+``main`` (signals, the exit code).
 """
 
 from __future__ import annotations
