@@ -118,7 +118,7 @@ class RagTemplate:
 
 
 DEFAULT_RAG_TEMPLATE = RagTemplate()
-"""The default RAG template (documented in the README)."""
+"""The default RAG template (documented in docs/input.md)."""
 
 
 def load_template(path: str | Path | None) -> RagTemplate:

@@ -39,7 +39,7 @@ REMEDIES = (
     ("merge_adjacent", "--merge-adjacent (adjacent messages of one role are joined)"),
     ("empty_turns", "--empty-turns empty (a message whose players are all absent stays, empty)"),
 )
-"""The remedies for templates that require alternating roles (see the README, "Chat templates")."""
+"""The remedies for templates that require alternating roles (see docs/rendering.md, "Chat templates")."""
 
 
 def remedies(snapshot: ConversationSnapshot, policy: AbsencePolicy, roles: Sequence[str], reason: str) -> str:

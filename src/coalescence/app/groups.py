@@ -202,7 +202,7 @@ class GameSettings(SettingsGroup):
     template: str | Path | None = option(
         None,
         metavar="JSON",
-        help='RAG prompt template, a JSON file {"system", "user", "document", "separator"} (default: the one in the README)',
+        help='RAG prompt template, a JSON file {"system", "user", "document", "separator"} (default: the one in docs/input.md)',
     )
     absence_policy: str = option(
         "drop",

@@ -240,7 +240,7 @@ class Explanation:
         return sorted(range(len(vals)), key=lambda i: (-vals[i], i))
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``--out`` JSON document (schema in the README, version :data:`EXPLANATION_SCHEMA`).
+        """The ``--out`` JSON document (schema in docs/output.md, version :data:`EXPLANATION_SCHEMA`).
 
         Non-finite numbers (e.g. a standard error from a single sample) become ``null``.
         """

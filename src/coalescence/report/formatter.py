@@ -153,7 +153,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
                 )
             lines.append(
                 f"  (sampled from {est.n_evaluations} coalitions: interactions need far more evaluations than values; "
-                "on real games they were off by 0.5-3x their size at 1024 (README: Which estimator). "
+                "on real games they were off by 0.5-3x their size at 1024 (docs/methods.md: Which estimator). "
                 "Use --method exact --interactions 2 where 2^n evaluations are affordable)"
             )
     lines += [f"note: {n}" for n in explanation.notes]
