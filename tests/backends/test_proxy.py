@@ -231,11 +231,11 @@ def test_a_hidden_span_that_ends_at_the_tail_scores_as_the_exact_game(game):
     assert max(contrast) > 1e-4, contrast  # 4.8e-4 and 1.4e-3 on these tiny models (nearly position-blind at random init)
 
 
-@pytest.mark.parametrize("mode", ["spans", "gather", "gather-each", "rotated-keys"])
+@pytest.mark.parametrize("mode", ["spans", "gather", "rotated-keys"])
 def test_row_prefix_modes_equal_the_reference(game, mode, monkeypatch):
     """Each way of running a row's prefix on the CPU (``backends/row_prefix.py``: the queries turned
-    per span of one offset, the visible keys gathered and turned, as one padded batch of the
-    forward's rows or row by row; or each row's rotated copy of the keys) gives the reference's rows."""
+    per span of one offset, the visible keys gathered and turned; or each row's rotated copy of the
+    keys) gives the reference's rows."""
     from coalescence.backends import row_prefix
     from coalescence.backends.hf import proxy
 
@@ -243,15 +243,11 @@ def test_row_prefix_modes_equal_the_reference(game, mode, monkeypatch):
     backend = HFBackend(model, tokenizer, model_id="tiny")
     monkeypatch.setattr(proxy, "SPAN_LIMIT", 10**6 if mode == "spans" else 0)
     monkeypatch.setattr(backend, "rotated_key_rows", mode == "rotated-keys")
-    monkeypatch.setattr(backend, "batched_gather", mode != "gather-each")
     seen: list[str] = []
-    batched: list[int] = []
     run = row_prefix.row_prefix_attention
 
     def spy(query, key, value, rows, scaling):
         seen.extend("gather" if r.gather else "spans" for r in rows)
-        batch = getattr(rows, "batch", None)
-        batched.append(0 if batch is None else len(batch.rows))
         return run(query, key, value, rows, scaling)
 
     monkeypatch.setattr(row_prefix, "row_prefix_attention", spy)
@@ -259,8 +255,4 @@ def test_row_prefix_modes_equal_the_reference(game, mode, monkeypatch):
     requests = [layout.request(row) for row in coalitions(snapshot.n_players)]
     for r, x in zip(requests, backend.score_proxy(requests), strict=True):
         np.testing.assert_allclose(x.token_logprobs, reference(ref, r), atol=ATOL)
-    assert set(seen) == (set() if mode == "rotated-keys" else {mode.removesuffix("-each")})
-    if mode == "gather":  # rows of unequal visible lengths padded into one batch per forward
-        assert batched and min(batched) >= 2, batched
-    else:
-        assert not any(batched), batched
+    assert set(seen) == (set() if mode == "rotated-keys" else {mode})

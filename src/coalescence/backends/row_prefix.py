@@ -16,12 +16,9 @@ small enough to stay in cache, never a ``[R, H_kv, P, d]`` copy of the rotated k
   offset (``[1, H_kv, n_rep * T, d]``, small) attend the span's slice of the cached keys and
   values (views, no copy, no mask); the parts merged by their log-sum-exp;
 - ``gather`` (many spans, e.g. a keep-half row): the row's visible keys and values gathered
-  (V of them, V the visible count), the keys after the first hidden token turned by ``-h``, one
-  call (hidden keys are not there to mask). The gather rows of a forward run together
-  (:class:`RowPlan`, :class:`GatherBatch`): one ``index_select`` of every row's visible keys and
-  values (``[G, H_kv, V_max, d]``, rows shorter than the longest padded and their pads masked),
-  one turn and one flash call for all of them per layer, instead of a handful of small calls per
-  row (the per-row calls' overhead was about half of the prefix attention's time).
+  (``[1, H_kv, V, d]``, V the visible count: its spans' slices concatenated), the keys after the
+  first hidden token turned by ``-h`` in place, one call with no mask (hidden keys are not there
+  to mask).
 
 Both equal the rotated-keys attention up to float rounding (``tests/backends/test_proxy.py``,
 ``test_row_prefix_modes_equal_the_reference``; ``benchmarks/proxy_rows.py --compare`` times them).
@@ -34,7 +31,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ("PARALLEL_ROWS", "SPAN_LIMIT", "GatherBatch", "RowPlan", "RowPrefix", "row_prefix_attention")
+__all__ = ("PARALLEL_ROWS", "SPAN_LIMIT", "RowPrefix", "row_prefix_attention")
 
 SPAN_LIMIT = 4
 """Most spans a row runs as ``spans`` (one call each); a row with more is gathered. Leave-one-out
@@ -66,98 +63,6 @@ class RowPrefix:
     sin: Any = None
 
 
-@dataclasses.dataclass(frozen=True)
-class GatherBatch:
-    """The ``gather`` rows of one forward as one batch (built once per forward by :class:`RowPlan`).
-
-    Attributes:
-        rows: ``[G]`` int64, the gather rows' indexes among the forward's rows, ascending.
-        index: ``[G * V_max]`` int64, row g's visible prefix positions then padding (position 0),
-            ``V_max`` the most visible positions of a row.
-        mask: ``[G, 1, 1, V_max]`` float32 additive mask (0 on visible keys, the dtype's lowest on a
-            row's padding), or None where every row has ``V_max`` visible keys.
-        cos, sin: ``[G, 1, V_max, d]`` float32, turning each gathered key by ``-h`` (1 and 0 where
-            ``h == 0`` and on padding), or None where no row turns a key.
-        width: ``V_max``.
-    """
-
-    rows: Any
-    index: Any
-    mask: Any
-    cos: Any
-    sin: Any
-    width: int
-
-    @classmethod
-    def of(cls, rows: Sequence[RowPrefix], head_dim: int) -> GatherBatch | None:
-        """The batch of the ``gather`` rows among ``rows`` (None where fewer than two)."""
-        import torch
-
-        picked = [i for i, r in enumerate(rows) if r.gather]
-        if len(picked) < 2:
-            return None
-        positions = [torch.cat([torch.arange(a, z) for a, z in rows[i].spans]) for i in picked]
-        width = max(len(p) for p in positions)
-        g = len(picked)
-        index = torch.zeros((g, width), dtype=torch.long)
-        mask = torch.zeros((g, 1, 1, width), dtype=torch.float32)
-        turned = any(rows[i].cos is not None for i in picked)
-        cos = torch.ones((g, 1, width, head_dim), dtype=torch.float32) if turned else None
-        sin = torch.zeros((g, 1, width, head_dim), dtype=torch.float32) if turned else None
-        for j, (i, p) in enumerate(zip(picked, positions, strict=True)):
-            index[j, : len(p)] = p
-            mask[j, ..., len(p) :] = torch.finfo(torch.float32).min
-            row = rows[i]
-            if row.cos is not None:
-                cos[j, 0, row.still : len(p)] = row.cos
-                sin[j, 0, row.still : len(p)] = row.sin
-        full = all(len(p) == width for p in positions)
-        return cls(
-            rows=torch.tensor(picked, dtype=torch.long), index=index.reshape(-1), mask=None if full else mask,
-            cos=cos, sin=sin, width=width,
-        )
-
-
-class RowPlan(Sequence[RowPrefix]):
-    """A forward's :class:`RowPrefix` rows (a sequence of them, in order) with their ``gather``
-    rows' :class:`GatherBatch`, built once per forward and read by every layer.
-
-    Args:
-        rows: one :class:`RowPrefix` per row.
-        head_dim: the attention heads' dimension ``d``.
-    """
-
-    def __init__(self, rows: Sequence[RowPrefix], head_dim: int) -> None:
-        self.rows = tuple(rows)
-        self.batch = GatherBatch.of(self.rows, head_dim)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self.rows[i]
-
-
-def _gathered(query: Any, key: Any, value: Any, batch: GatherBatch, scaling: float | None) -> tuple[Any, Any]:
-    """The prefix attention of ``batch``'s rows in one call: ``(out [G, H_kv, M, d], lse [G, H_kv, M])``."""
-    import torch
-
-    g = len(batch.rows)
-    h_kv, d = key.shape[1], key.shape[-1]
-
-    def take(x: Any) -> Any:  # [1, H_kv, P, d] -> [G, H_kv, V_max, d] (a strided view of one copy)
-        return x[0].transpose(0, 1).index_select(0, batch.index).view(g, batch.width, h_kv, d).transpose(1, 2)
-
-    k, v = take(key), take(value)
-    if batch.cos is not None:
-        kf = k.float()
-        k = (kf * batch.cos).addcmul_(_rotate_half(kf), batch.sin).to(key.dtype)
-    q = query.index_select(0, batch.rows)  # [G, H_kv, M, d]
-    mask = None if batch.mask is None else batch.mask.to(q.dtype).expand(g, 1, q.shape[2], batch.width)
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    return flash(q, k, v, 0.0, False, attn_mask=mask, scale=scaling)[:2]
-
-
 def _rotate_half(x: Any) -> Any:
     import torch
 
@@ -172,8 +77,7 @@ def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPre
         query: ``[R, H_kv, n_rep * T, d]``, row r's ``T`` queries with the query heads sharing a
             key/value head stacked (as the rotated path lays them out).
         key, value: ``[1, H_kv, P, d]``, the cached prefix (views are fine).
-        rows: one :class:`RowPrefix` per row, or a :class:`RowPlan` (its ``gather`` rows then run
-            as one batch: :class:`GatherBatch`).
+        rows: one :class:`RowPrefix` per row.
         scaling: the attention's softmax scale.
 
     Returns:
@@ -182,34 +86,13 @@ def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPre
     """
     import torch
 
-    batch = rows.batch if isinstance(rows, RowPlan) else None
-    if batch is None:
-        return _each(query, key, value, list(range(len(rows))), rows, scaling)
-    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    lse = torch.empty(query.shape[:3], dtype=torch.float32, device=query.device)
-    o, l = _gathered(query, key, value, batch, scaling)
-    out.index_copy_(0, batch.rows, o)
-    lse.index_copy_(0, batch.rows, l.float())
-    rest = sorted(set(range(len(rows))) - set(batch.rows.tolist()))
-    if rest:
-        o, l = _each(query, key, value, rest, rows, scaling)
-        at = torch.tensor(rest, dtype=torch.long)
-        out.index_copy_(0, at, o)
-        lse.index_copy_(0, at, l.float())
-    return out, lse
-
-
-def _each(query: Any, key: Any, value: Any, which: Sequence[int], rows: Sequence[RowPrefix], scaling: float | None) -> tuple[Any, Any]:
-    """Rows ``which`` one by one (in :data:`PARALLEL_ROWS` threads): ``(out, lse)`` stacked in that order."""
-    import torch
-
     threads = torch.get_num_threads()
-    if threads < 2 or len(which) < 2 or not PARALLEL_ROWS:
-        return _rows(query, key, value, which, rows, scaling)
-    groups = [which[len(which) * g // threads : len(which) * (g + 1) // threads] for g in range(threads)]
+    if threads < 2 or len(rows) < 2 or not PARALLEL_ROWS:
+        return _rows(query, key, value, rows, scaling, 0)
+    groups = [range(len(rows) * g // threads, len(rows) * (g + 1) // threads) for g in range(threads)]
     torch.set_num_threads(1)
     try:
-        parts = list(_pool(threads).map(lambda g: _rows(query, key, value, g, rows, scaling), [g for g in groups if g]))
+        parts = list(_pool(threads).map(lambda g: _rows(query, key, value, [rows[i] for i in g], scaling, g.start), groups))
     finally:
         torch.set_num_threads(threads)
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -232,15 +115,15 @@ def _pool(n: int) -> Any:
     return _POOLS[n]
 
 
-def _rows(query: Any, key: Any, value: Any, which: Sequence[int], rows: Sequence[RowPrefix], scaling: float | None) -> tuple[Any, Any]:
-    """:func:`row_prefix_attention` of rows ``which`` (indexes into ``rows`` and ``query``), in order."""
+def _rows(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: float | None, first: int) -> tuple[Any, Any]:
+    """:func:`row_prefix_attention` of ``rows``, row ``first`` of ``query`` the first."""
     import torch
 
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     outs: list[Any] = []
     lses: list[Any] = []
-    for i in which:
-        row = rows[i]
+    for j, row in enumerate(rows):
+        i = first + j
         q = query[i : i + 1]  # [1, H_kv, M, d]
         if not row.gather:
             parts = []

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..base import ProxyScoreRequest, ScoreResult
 from ..attention import PrefixSplit
-from ..row_prefix import SPAN_LIMIT, RowPlan, RowPrefix
+from ..row_prefix import SPAN_LIMIT, RowPrefix
 from .caches import cache_bytes, fork_cache, resumed_cache
 
 __all__ = ("COMPACT_ROPE_TYPES", "PROXY_ARCHITECTURES", "ProxyScoring", "proxy_capability", "rope_rotation")
@@ -207,11 +207,7 @@ class ProxyScoring:
         scale = float(getattr(self._rope, "attention_scaling", 1.0) or 1.0)
         return cos.float() / scale, sin.float() / scale
 
-    batched_gather: bool = True
-    """Run a forward's ``gather`` rows as one batch (:class:`~coalescence.backends.row_prefix.RowPlan`)
-    instead of one by one; equal up to float rounding (for ``benchmarks/proxy_rows.py --compare``)."""
-
-    def _row_prefixes(self, rows: Sequence[ProxyScoreRequest], hidden: Any, before: Any) -> Sequence[RowPrefix] | None:
+    def _row_prefixes(self, rows: Sequence[ProxyScoreRequest], hidden: Any, before: Any) -> list[RowPrefix] | None:
         """Each row's view of the shared prefix for :func:`~coalescence.backends.row_prefix.row_prefix_attention`
         (``hidden`` ``[R, P]`` bool, ``before`` ``[R, P]`` int64: the hidden tokens before each
         position), or None where a row's queries before its tail see hidden prefix keys (every
@@ -239,11 +235,7 @@ class ProxyScoring:
                 continue
             cos, sin = self._compact_rotation(offsets[None, still:])  # [1, V - still, d]: turning by -h
             plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still, cos=cos[0], sin=sin[0]))
-        return RowPlan(plans, self._head_dim()) if self.batched_gather else plans
-
-    def _head_dim(self) -> int:
-        config = self.model.config
-        return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return plans
 
     def _proxy_forward_compact(
         self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
