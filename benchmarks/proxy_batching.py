@@ -40,8 +40,10 @@ DATA = ROOT / "benchmarks" / "data"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def proxy_rows(name: str, rows: int, backend):
-    """The first ``rows`` recorded coalitions of long game ``name`` as proxy requests."""
+def proxy_rows(name: str, rows: int, backend, plan: str = "pool"):
+    """The first ``rows`` recorded coalitions of long game ``name`` as proxy requests, or
+    (``plan="default"``) the first ``rows`` of the proxy plan the default plan plays on it (seed 0:
+    :class:`~coalescence.attribution.estimators.default.DefaultMethod` with the proxy game)."""
     import pyarrow.parquet as pq
     from long_games import load_game
 
@@ -61,9 +63,15 @@ def proxy_rows(name: str, rows: int, backend):
     else:
         snapshot = ConversationSnapshot.build(load_game(name).conversation, unit="sentence")
         n = snapshot.n_players
-        t = pq.read_table(DATA / f"{name}_pool.parquet")
-        packed = np.frombuffer(b"".join(t["mask"].to_pylist()[:rows]), dtype=np.uint8).reshape(min(rows, t.num_rows), -1)
-        masks = np.unpackbits(packed, axis=1, count=n, bitorder="little").astype(bool)
+        if plan == "default":
+            from coalescence import make_estimator
+
+            estimator, _ = make_estimator("default", seed=0).resolve(n, proxy=True)
+            masks = np.array(list(estimator.proxy_plan(n)), dtype=bool)[:rows]
+        else:
+            t = pq.read_table(DATA / f"{name}_pool.parquet")
+            packed = np.frombuffer(b"".join(t["mask"].to_pylist()[:rows]), dtype=np.uint8).reshape(min(rows, t.num_rows), -1)
+            masks = np.unpackbits(packed, axis=1, count=n, bitorder="little").astype(bool)
     renderer = ChatRenderer(backend.tokenizer)
     policy = DropPolicy()
     layout = proxy_layout(renderer, snapshot, renderer.target_tokens(snapshot, policy), tail="after-last-player", policy=policy)

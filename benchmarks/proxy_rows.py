@@ -18,9 +18,10 @@ forward with: run at each commit, alternately.
 one process on the same rows, alternating (the order turned each round) for ``--repeats`` rounds
 at the first ``--batch-sizes`` size: each row's own rotated copy of the prefix keys per layer
 (``HFBackend.rotated_key_rows = True``, the method at 679dc52, with its in-place rotation since);
-the row-wise prefix on the shared keys (``backends/row_prefix.py``) with each gather row run on
-its own (``batched_gather = False``, 2026-12-06's first step); and with the forward's gather rows
-as one padded batch (the default). Printed per game: the median wall and CPU (process) ms per row
+and the row-wise prefix on the shared keys (``backends/row_prefix.py``, the default). (The
+forward's gather rows as one padded batch, one index_select, turn and flash call per layer, was
+tried on 2026-12-06 and measured slower at one thread: 115-135 against 98 CPU ms a row on the
+default plan's rows, its strided gather and the padded turn outside the cache.) Printed per game: the median wall and CPU (process) ms per row
 of each, the median (and range) of the rounds' wall ratios to the first, and the largest
 |difference| of a row's utility from the first's (nats); the load average before and after on stderr.
 """
@@ -45,6 +46,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument(
+        "--plan", choices=("pool", "default"), default="pool",
+        help="the rows: the game's recorded pool (leave-one-out first) or the proxy plan the default plan plays (seed 0)",
+    )
     ap.add_argument("--compare", action="store_true", help="the ways of running a row's prefix (VARIANTS) on the same rows, alternating")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -81,9 +86,8 @@ def main() -> None:
 
 
 VARIANTS = {
-    "rotated keys": {"rotated_key_rows": True, "batched_gather": True},
-    "row-wise, gather row by row": {"rotated_key_rows": False, "batched_gather": False},
-    "row-wise, gather batched": {"rotated_key_rows": False, "batched_gather": True},
+    "rotated keys": {"rotated_key_rows": True},
+    "row-wise": {"rotated_key_rows": False},
 }
 """The ways of running a row's prefix that ``--compare`` times (``HFBackend`` attributes); the
 first is the baseline of the ratios (679dc52's method), the last the default."""
@@ -105,7 +109,7 @@ def compare(backend, args, size: int, proxy_rows) -> None:
     )
     print("|---" * (6 + 2 * len(names) - 1) + "|")
     for name in [g for g in args.games.split(",") if g]:
-        _, requests = proxy_rows(name, args.rows, backend)
+        _, requests = proxy_rows(name, args.rows, backend, args.plan)
         backend.score_proxy(requests[:1])  # the shared KV into the prefix cache
         wall: dict[str, list[float]] = {v: [] for v in names}
         cpu: dict[str, list[float]] = {v: [] for v in names}

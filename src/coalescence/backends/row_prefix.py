@@ -63,6 +63,18 @@ class RowPrefix:
     sin: Any = None
 
 
+def _turn_in_place(x: Any, cos: Any, sin: Any) -> None:
+    """``x <- x * cos + rotate_half(x) * sin`` in place, ``x`` ``[..., V, d]`` float32, ``cos, sin``
+    ``[V, d]`` with equal halves (RoPE's tables repeat their frequencies: ``cat(freqs, freqs)``): on the
+    halves, ``x1 <- x1 c - x2 s`` and ``x2 <- x2 c + x1 s``, with no ``rotate_half`` copy of ``x``."""
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., :half], x[..., half:]
+    first = x1.clone()
+    x1.mul_(c).addcmul_(x2, s, value=-1.0)
+    x2.mul_(c).addcmul_(first, s)
+
+
 def _rotate_half(x: Any) -> Any:
     import torch
 
@@ -146,8 +158,7 @@ def _rows(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: 
             moved = k[:, :, row.still :]
             if row.cos is not None:
                 if moved.dtype == torch.float32:
-                    turned = _rotate_half(moved)
-                    moved.mul_(row.cos).addcmul_(turned, row.sin)
+                    _turn_in_place(moved, row.cos, row.sin)
                 else:
                     mf = moved.float()
                     moved.copy_((mf * row.cos).addcmul_(_rotate_half(mf), row.sin))

@@ -234,6 +234,9 @@ class ProxyScoring:
                 plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still))
                 continue
             cos, sin = self._compact_rotation(offsets[None, still:])  # [1, V - still, d]: turning by -h
+            half = cos.shape[-1] // 2
+            if not (torch.equal(cos[..., :half], cos[..., half:]) and torch.equal(sin[..., :half], sin[..., half:])):
+                return None  # the in-place turn needs RoPE's repeated halves (cat(freqs, freqs))
             plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still, cos=cos[0], sin=sin[0]))
         return plans
 
