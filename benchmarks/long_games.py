@@ -175,10 +175,10 @@ class Scorer:
 
     def __init__(self, game: Game, *, backend: str = "hf", batch_size: int = 16) -> None:
         from coalescence import Engine, get_policy, load_backend
-        from coalescence.masking.proxy import DEFAULT_TAIL
+        from coalescence.engine import ProxyGame
 
         self.backend = load_backend("smollm2-135m", backend=backend, max_batch_size=batch_size)
-        self.engine = Engine(self.backend, batch_size=batch_size, proxy_game=DEFAULT_TAIL if backend == "hf" else None)
+        self.engine = Engine(self.backend, batch_size=batch_size, proxy_game=ProxyGame() if backend == "hf" else None)
         self.snapshot = self.engine.prepare(game.conversation, unit="sentence")
         if self.snapshot.n_players != game.n:
             raise SystemExit(f"{game.name}: the engine sees {self.snapshot.n_players} players, not {game.n}")

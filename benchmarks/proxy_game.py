@@ -30,7 +30,7 @@ estimate blended toward its control with jackknife weights, ``proxy/blend.py``) 
 term's variance, the linear terms ridged), ``ridge=0, weighting="draws"`` (the estimator before
 that: least squares, each coalition weighted by its draws) and ``cross_fit=False`` (b fitted on
 the exact coalitions, then ``b phi(c) + regression-msr(v - b c)``). ``--guided 0.5,0.7`` adds
-rows of the proxy-guided plan (``proxy/guided.py``: the exact pairs drawn from a mixture of
+rows of the proxy-guided plan (``benchmarks/guided.py``: the exact pairs drawn from a mixture of
 KernelSHAP's distribution, share ``mix``, and one guided by the proxy's residual; the proxy on all
 2^n coalitions).
 
@@ -118,7 +118,7 @@ def proxy_pool(name: str, data: Path, rule: str | None) -> tuple[dict[bytes, flo
 def shapley_rows(name: str, masks, u, proxy: dict, budgets, multiples, seeds, guided=()) -> list[dict]:
     from coalescence.attribution.estimators import ExactShapley, RegressionMSR
     from coalescence.attribution.estimators.proxy import ShrunkTwoFidelityShapley, TwoFidelityShapley
-    from coalescence.attribution.estimators.proxy.guided import guided_plan, guided_shapley
+    from guided import guided_plan, guided_shapley
 
     n = masks.shape[1]
     c = np.array([proxy.get(k, np.nan) for k in pack(masks)])

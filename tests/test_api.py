@@ -281,7 +281,7 @@ def test_a_proxy_game_with_a_method_that_does_not_play_it_is_refused_as_the_prox
 
     for game in ("auto", "none"):
         assert RunSettings(method="exact", proxy_game=game).proxy_game == game
-    assert RunSettings(method="lasso", budget=16, proxy_game="last-turn").proxy_tail == "last-turn"
+    assert RunSettings(method="lasso", budget=16, proxy_game="last-turn").proxy.tail == "last-turn"
 
 
 def test_a_misspelt_proxy_game_gets_the_nearest_name(chat, tiny_model_dir):

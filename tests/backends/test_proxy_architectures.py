@@ -28,7 +28,7 @@ from helpers.snapshots import LANDMARKS, conversation_of, render_for
 from coalescence.backends.base import ProxyScoreRequest
 from coalescence.backends.hf import HFBackend
 from coalescence.backends.hf.proxy import PROXY_ARCHITECTURES
-from coalescence.engine.proxy import proxy_refusal
+from coalescence.engine.proxy import ProxyGame
 from coalescence.errors import BackendError
 from coalescence.masking.proxy import TAIL_RULES, proxy_layout
 
@@ -192,7 +192,7 @@ def test_the_rest_are_refused_before_any_model_call_with_the_reason(game, kind):
     backend = HFBackend(model, tokenizer, model_id=kind)
     assert backend.supports_proxy is False
     assert REFUSED[kind] in backend.proxy_refusal_reason
-    note = proxy_refusal("after-last-player", backend, teacher_forced=True, policy_id="drop", lay_out=None)
+    note = ProxyGame(tail="after-last-player").refusal(backend, teacher_forced=True, policy_id="drop")
     assert note == f"backend HFBackend cannot score the shared-KV proxy game: {backend.proxy_refusal_reason}"
     request = requests_of(renderer, snapshot, target, "after-last-player")[0]
     with pytest.raises(BackendError, match=REFUSED[kind]):
@@ -221,7 +221,7 @@ async def test_a_run_on_a_refused_architecture_fits_exact_rows_with_the_reason(g
 
     tokenizer, _, snapshot, _ = game
     backend = CountingProxy(tiny(kind, tokenizer), tokenizer, model_id=kind)
-    engine = Engine(backend, batch_size=8, proxy_game="after-last-player")
+    engine = Engine(backend, batch_size=8, proxy_game=ProxyGame(tail="after-last-player"))
     explanation = await engine.explain(snapshot, TwoFidelityShapley(budget=16, seed=0, proxy_budget=24), DropPolicy())
     engine.close()
     notes = [n for n in explanation.notes if n.startswith("exact rows only")]

@@ -26,7 +26,7 @@ from coalescence.attribution.estimators import ExactShapley, LeaveOneOut
 from coalescence.attribution.estimators.base import Capabilities
 from coalescence.backends.hf import HFBackend
 from coalescence.backends.testing import FakeBackend, presence_game
-from coalescence.engine import Engine
+from coalescence.engine import Engine, ProxyGame
 from coalescence.masking.codec import PackedMask
 from coalescence.masking.policies import DropPolicy, PlaceholderPolicy
 from coalescence.scheduler.buckets import LengthBuckets
@@ -105,7 +105,7 @@ async def test_proxy_rows_are_their_own_game_in_keys_archive_and_resume(chatml_t
     extra = tuple(tuple(bool((k >> i) & 1) for i in range(n)) for k in (3, 5, 6))  # also in the exact plan
     est = Recording(proxy_rows=extra, seen=[])
     archive = RunArchive.create(tmp_path / "run", {"test": True}, flush_rows=7)
-    engine = Engine(backend, archive=archive, batch_size=4, proxy_game="after-last-player")
+    engine = Engine(backend, archive=archive, batch_size=4, proxy_game=ProxyGame(tail="after-last-player"))
     explanation = await engine.explain(snap, est, DropPolicy())
     engine.close()
 
@@ -151,7 +151,7 @@ async def test_proxy_rows_are_their_own_game_in_keys_archive_and_resume(chatml_t
 
     # resume: both fidelities come back from the archive with no model call
     calls = len(backend.calls)
-    again = Engine(backend, archive=RunArchive.open(tmp_path / "run", {"test": True}), batch_size=4, proxy_game="after-last-player")
+    again = Engine(backend, archive=RunArchive.open(tmp_path / "run", {"test": True}), batch_size=4, proxy_game=ProxyGame(tail="after-last-player"))
     resumed = await again.explain(snap, Recording(proxy_rows=extra, seen=est.seen), DropPolicy())
     again.close()
     assert len(backend.calls) == calls and resumed.n_evaluations == 0 and resumed.proxy["evaluations"] == 0
@@ -166,7 +166,7 @@ async def test_no_proxy_game_where_it_is_not_defined_says_why(chatml_tokenizer, 
     policy = PlaceholderPolicy() if case == "placeholder" else DropPolicy()
     est = Recording(proxy_rows=(), seen=[])
     archive = RunArchive.create(tmp_path / "run", {"test": True})
-    engine = Engine(backend, archive=archive, proxy_game=None if case == "off" else "after-last-player")
+    engine = Engine(backend, archive=archive, proxy_game=None if case == "off" else ProxyGame(tail="after-last-player"))
     explanation = await engine.explain(snap, est, policy)
     engine.close()
     assert est.seen[-1][0] == "exact-only" and explanation.proxy is None
@@ -204,7 +204,7 @@ async def test_the_surrogate_runs_on_8_exact_coalitions_only_where_the_proxy_gam
     snap = snapshot_of(LONG, "When was the tower completed?")
     assert snap.n_players == 8  # 2^8 coalitions: the exact-only floor is 16
     backend = FakeBackend(chatml_tokenizer, supports_proxy=plays)
-    engine = Engine(backend, batch_size=8, proxy_game="after-last-player")
+    engine = Engine(backend, batch_size=8, proxy_game=ProxyGame(tail="after-last-player"))
     est = ControlVariateLasso(budget=8, seed=0, holdout=0.0, proxy_budget=40)
     if plays:
         explanation = await engine.explain(snap, est, DropPolicy())
@@ -225,7 +225,7 @@ def test_proxy_and_exact_keys_differ_and_exact_keys_are_unchanged(chatml_tokeniz
     from coalescence.masking.codec import PackedMask
 
     snap = snapshot()
-    engine = Engine(FakeBackend(chatml_tokenizer), proxy_game="after-last-player")
+    engine = Engine(FakeBackend(chatml_tokenizer), proxy_game=ProxyGame(tail="after-last-player"))
     policy = DropPolicy()
     for bits in itertools.product([False, True], repeat=snap.n_players):
         mask = PackedMask.from_bools(np.array(bits))
@@ -256,7 +256,7 @@ async def test_proxy_rows_of_a_long_conversation_go_out_in_few_full_batches(chat
     n = snap.n_players
     buckets = LengthBuckets(ceilings=(16, 64, 512), padded_token_budget=1024, max_tokens=512)
     backend = CountingHF(build_model(chatml_tokenizer, seed=3), chatml_tokenizer, model_id="tiny")
-    engine = Engine(backend, batch_size=8, buckets=buckets, proxy_game="after-last-player")
+    engine = Engine(backend, batch_size=8, buckets=buckets, proxy_game=ProxyGame(tail="after-last-player"))
     rng = np.random.default_rng(11)
     rows = [np.ones(n, dtype=bool)] + [rng.random(n) < 0.5 for _ in range(47)]
     masks, utilities = await engine.evaluate(snap, DropPolicy(), rows, game=GAME)
@@ -294,7 +294,7 @@ async def test_no_proxy_rows_where_the_exact_plan_holds_every_coalition(chatml_t
     n = snap.n_players
     backend = FakeBackend(chatml_tokenizer)
     archive = RunArchive.create(tmp_path / "run", {"test": True})
-    engine = Engine(backend, archive=archive, batch_size=4, proxy_game="after-last-player")
+    engine = Engine(backend, archive=archive, batch_size=4, proxy_game=ProxyGame(tail="after-last-player"))
     est = Covering(proxy_rows=((True,) * n,), seen=[])
     explanation = await engine.explain(snap, est, DropPolicy())
     engine.close()
@@ -326,7 +326,7 @@ async def test_the_proxy_game_is_played_only_where_its_measured_cost_pays(
     snap = snapshot_of(LONG, "When was the tower completed?")
     backend = FakeBackend(chatml_tokenizer, row_delay=0.02, proxy_row_delay=proxy_row_delay)
     archive = RunArchive.create(tmp_path / "run", {"test": True})
-    engine = Engine(backend, archive=archive, batch_size=4, proxy_game="after-last-player", proxy_cost_limit=limit)
+    engine = Engine(backend, archive=archive, batch_size=4, proxy_game=ProxyGame(tail="after-last-player", cost_limit=limit))
     est = ControlVariateLasso(budget=budget, seed=0, holdout=0.0, proxy_budget=100)
     explanation = await engine.explain(snap, est, DropPolicy())
     engine.close()

@@ -142,7 +142,7 @@ class ExplainRun:
         """Why this run plays no proxy game, as far as the settings, the inputs and a given backend
         tell before the weights load, or ``None`` where it may (the engine then decides per
         conversation: :meth:`~coalescence.engine.Engine.proxy_refusal`)."""
-        from ..engine.proxy import proxy_refusal
+        from ..engine.proxy import PROXY_OFF
 
         s = self.settings
         if not s.capabilities.two_fidelity:
@@ -151,9 +151,8 @@ class ExplainRun:
         if self.backend is None and (backend.distributed or backend.backend_name in ("vllm", "vllm-server")):
             where = "Ray workers" if backend.distributed else f"backend {backend.backend_name}"
             return f"{where} cannot score the shared-KV proxy game"
-        return proxy_refusal(
-            s.proxy_tail, self.backend, teacher_forced=self.utility.teacher_forced, policy_id=self.policy.id, lay_out=None
-        )
+        game = s.proxy
+        return PROXY_OFF if game is None else game.refusal(self.backend, teacher_forced=self.utility.teacher_forced, policy_id=self.policy.id)
 
     def validate_game(self, n_players: int, *, refused: str | None) -> None:
         """Refuse a game of ``n_players`` the run's estimator cannot play (before any model call):
@@ -202,8 +201,8 @@ class ExplainRun:
         }
         if s.interactions is not None:
             config["interactions"] = {"order": s.interactions, "index": interaction_settings(s.method_name, s.interactions, s.index)[1]}
-        if s.capabilities.two_fidelity and s.proxy_tail is not None:
-            config["proxy"] = {"tail": s.proxy_tail, "budget": s.proxy_budget}
+        if s.capabilities.two_fidelity and s.proxy is not None:
+            config["proxy"] = {"tail": s.proxy.tail, "budget": s.proxy_budget}
         if s.hierarchy is not None:
             config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
         return config
@@ -245,13 +244,8 @@ class ExplainRun:
             self.backend = load_model(
                 s.backend_settings(), loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
             )
-        from ..engine.two_fidelity import PROXY_COST_MULTIPLE
-
-        try:
-            self.engine = Engine(
-                self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=s.proxy_tail,
-                proxy_cost_limit=PROXY_COST_MULTIPLE if s.proxy_game == "auto" else None,  # auto: where it pays, measured
-            )
+        try:  # auto: the proxy game where it pays, measured
+            self.engine = Engine(self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=s.proxy)
             self._snapshots()
         except BaseException:
             if owned and self.backend.shutdown_with_engine:  # e.g. the Ray workers this run started
@@ -406,8 +400,8 @@ class ExplainRun:
         fit = {"method": s.method_name, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
         if s.interactions is not None:
             fit["interactions"] = [s.interactions, s.index]
-        if s.capabilities.two_fidelity and s.proxy_tail is not None:
-            fit["proxy"] = [s.proxy_tail, s.proxy_budget]
+        if s.capabilities.two_fidelity and s.proxy is not None:
+            fit["proxy"] = [s.proxy.tail, s.proxy_budget]
         return json.dumps({"snapshot_id": snap.snapshot_id, "fit": fit}, sort_keys=True)
 
     def _restored(self, snap: Any) -> Any:

@@ -65,9 +65,9 @@ def _policies() -> tuple[str, ...]:
 
 def proxy_games() -> tuple[str, ...]:
     """``--proxy-game``'s choices: ``auto``, ``none`` and the tail rules of the shared-KV proxy game."""
-    from ..masking.proxy import TAIL_RULES
+    from ..engine.proxy import proxy_game_choices
 
-    return ("auto", "none", *TAIL_RULES)
+    return proxy_game_choices()
 
 
 def utility_kinds() -> tuple[str, ...]:

@@ -172,7 +172,7 @@ class ReplayRun:
             InputError: a model other than the run's (its identity differs).
         """
         from ..backends.registry import resolve_model
-        from ..engine import Engine
+        from ..engine import Engine, ProxyGame
 
         s = self.settings
         if s.model is None:
@@ -184,7 +184,7 @@ class ReplayRun:
         recorded = recorded_proxy(self.run)  # a two-fidelity method plays the run's proxy game again
         engine = Engine(
             backend, store=self.fit_.store, progress=progress, utility=self.utility, now=now,
-            proxy_game=None if recorded is None else recorded[0],
+            proxy_game=None if recorded is None else ProxyGame(tail=recorded[0]),
         )  # fmt: skip
         engine.measurements.update(self.fit_.measurements)
         if engine.model != self.run["model"]:

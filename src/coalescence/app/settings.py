@@ -180,14 +180,9 @@ class RunSettings(
         proxy game off). ``auto`` (the default) plays the game where it applies, and ``none`` turns it
         off, so neither contradicts a method that does not play it."""
         from ..attribution.estimators import methods_with
-        from .groups import proxy_games
+        from ..engine.proxy import proxy_game_of
 
-        if not isinstance(self.proxy_game, str) or self.proxy_game not in proxy_games():
-            raise ConfigError(
-                f"unknown proxy game {self.proxy_game!r}{did_you_mean(self.proxy_game, proxy_games())}; choose one of "
-                f"{', '.join(proxy_games())}",
-                field="proxy_game",
-            )
+        proxy_game_of(self.proxy_game)  # an unknown game is refused, with the nearest name
         if self.proxy_game not in ("auto", "none") and not capabilities.two_fidelity:
             raise ConfigError(
                 f"method {self.method_name} fits the exact game alone; a proxy game ({self.proxy_game}) applies to the "
@@ -209,12 +204,12 @@ class RunSettings(
         return BackendSettings.of(model=self, ray=self)
 
     @property
-    def proxy_tail(self) -> str | None:
-        """The proxy game's tail rule the engine plays (``auto``: the measured default), or
-        ``None`` for exact rows only."""
-        from ..masking.proxy import DEFAULT_TAIL
+    def proxy(self) -> Any:
+        """The :class:`~coalescence.engine.proxy.ProxyGame` the engine plays (``auto``: the default
+        tail rule where it pays), or ``None`` for exact rows only (:func:`~coalescence.engine.proxy.proxy_game_of`)."""
+        from ..engine.proxy import proxy_game_of
 
-        return None if self.proxy_game == "none" else DEFAULT_TAIL if self.proxy_game == "auto" else self.proxy_game
+        return proxy_game_of(self.proxy_game)
 
     # -- objects given instead of names ------------------------------------------------------
     def _take_estimator_object(self) -> None:

@@ -33,7 +33,7 @@ from ..segmentation import segment_players
 from ..errors import ConfigError, EngineClosed, InputError, MaskError
 from ..masking.codec import PackedMask
 from ..masking.policies import AbsencePolicy
-from ..masking.proxy import TAIL_RULES, ProxyLayout, proxy_layout
+from ..masking.proxy import ProxyLayout
 from ..masking.render import ChatRenderer, TargetTokens
 from ..pipeline import BackendCall, CoalitionRequest, Measurement, ScoringPipeline
 from ..scheduler.buckets import LengthBuckets, share_order
@@ -47,7 +47,7 @@ from .keys import game_utility, key_for, model_identity
 from .lanes import LanePipelines, default_buckets
 from .notes import template_notes, utility_detail
 from .counting import counted, counting_evaluations
-from .proxy import proxy_game_name, proxy_refusal
+from .proxy import PROXY_OFF, ProxyGame
 from .rounds import sample_until
 from .targets import check_room, generated_target
 
@@ -75,14 +75,10 @@ class Engine:
         now: the instant chat templates that write the date render (default: pinned when the
             engine is made, see :class:`~coalescence.masking.render.ChatRenderer`); a resumed or
             replayed run passes the one its manifest records.
-        proxy_game: the tail rule of the shared-KV proxy game that two-fidelity estimators use
-            (:data:`~coalescence.masking.proxy.TAIL_RULES`), or ``None`` (the default): exact rows
-            only. The proxy is played only where it is defined and measured (:meth:`proxy_refusal`).
-        proxy_cost_limit: where given, the proxy game is played only where its rows cost at most
-            this many times the exact rows' time, measured on the run's own rows
-            (:mod:`.two_fidelity`; the app's default, ``--proxy-game auto``, gives
-            :data:`.two_fidelity.PROXY_COST_MULTIPLE`); ``None`` (the default): played whatever
-            it costs.
+        proxy_game: the shared-KV proxy game that two-fidelity estimators use
+            (:class:`~coalescence.engine.proxy.ProxyGame`: its tail rule, and the cost limit
+            where it is played only where it pays), or ``None`` (the default): exact rows only.
+            It is played only where it is defined and measured (:meth:`proxy_refusal`).
 
     Every model evaluation's measurement (per-token log-probabilities, or generated texts) is
     kept by its evaluation key (:attr:`measurements`, filled from an attached archive too), so a
@@ -92,8 +88,8 @@ class Engine:
     Raises:
         ConfigError: ``batch_size`` < 1 or above the backend's ``max_batch_size`` (which would
             split each call again), a backend that lacks a member of
-            :class:`~coalescence.backends.base.ScoringBackend` (naming them), or an unknown
-            ``proxy_game`` tail rule.
+            :class:`~coalescence.backends.base.ScoringBackend` (naming them), or a ``proxy_game``
+            that is not a :class:`~coalescence.engine.proxy.ProxyGame` (e.g. a tail rule's name).
         InputError: the backend's tokenizer has no chat template.
     """
 
@@ -108,15 +104,15 @@ class Engine:
         buckets: LengthBuckets | None = None,
         utility: UtilitySpec | None = None,
         now: datetime | None = None,
-        proxy_game: str | None = None,
-        proxy_cost_limit: float | None = None,
+        proxy_game: ProxyGame | None = None,
     ) -> None:
         check_backend(backend)
-        if proxy_cost_limit is not None and not (isinstance(proxy_cost_limit, int | float) and proxy_cost_limit > 0):
-            raise ConfigError(f"must be a number > 0 or None, got {proxy_cost_limit!r}", field="proxy_cost_limit")
-        self.proxy_cost_limit = proxy_cost_limit
-        if proxy_game is not None and proxy_game not in TAIL_RULES:
-            raise ConfigError(f"unknown tail rule {proxy_game!r}; choose one of {', '.join(TAIL_RULES)}", field="proxy_game")
+        if proxy_game is not None and not isinstance(proxy_game, ProxyGame):
+            raise ConfigError(
+                f"must be a ProxyGame or None, got {proxy_game!r}; e.g. ProxyGame(tail={proxy_game!r})"
+                if isinstance(proxy_game, str) else f"must be a ProxyGame or None, got {type(proxy_game).__name__}",
+                field="proxy_game",
+            )  # fmt: skip
         self.proxy_game = proxy_game
         self.backend = backend
         self.utility = utility if utility is not None else UtilitySpec()
@@ -249,9 +245,10 @@ class Engine:
     # -- the proxy game -------------------------------------------------------------------------
     def proxy_refusal(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> str | None:
         """Why this engine does not play the proxy game for ``snapshot`` under ``policy``, as a
-        sentence, or ``None`` when it does (where it is defined and measured: :func:`.proxy.proxy_refusal`)."""
-        return proxy_refusal(
-            self.proxy_game,
+        sentence, or ``None`` when it does (where it is defined and measured: :meth:`.ProxyGame.refusal`)."""
+        if self.proxy_game is None:
+            return PROXY_OFF
+        return self.proxy_game.refusal(
             self.backend,
             teacher_forced=self.resolved_utility(snapshot, policy).spec.teacher_forced,
             policy_id=policy.id,
@@ -260,12 +257,12 @@ class Engine:
 
     def proxy_layout(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> ProxyLayout:
         """The proxy game's layout of ``snapshot`` (cached): the full prompt, its players' token
-        ranges and the tail's start by this engine's tail rule."""
+        ranges and the tail's start by this engine's tail rule (:meth:`.ProxyGame.layout`)."""
         cache_key = (snapshot.snapshot_id, policy)
         layout = self._layouts.get(cache_key)
         if layout is None:
             assert self.proxy_game is not None
-            layout = proxy_layout(self.renderer, snapshot, self.target_tokens(snapshot, policy), tail=self.proxy_game, policy=policy)
+            layout = self.proxy_game.layout(self.renderer, snapshot, self.target_tokens(snapshot, policy), policy)
             self._layouts[cache_key] = layout
         return layout
 
@@ -345,8 +342,8 @@ class Engine:
             snapshot: the conversation and its players.
             policy: the absence policy.
             coalitions: 1-D bool rows ``[n_players]`` (True = present), possibly repeated.
-            game: ``"exact"`` (default), or the proxy game's name (:func:`proxy_game_name` of the
-                engine's tail rule): its rows are keyed, scored and archived as that game's.
+            game: ``"exact"`` (default), or the engine's proxy game's name
+                (:attr:`.ProxyGame.name`): its rows are keyed, scored and archived as that game's.
 
         Returns:
             ``masks`` ``[m, n_players]`` bool (distinct, first-seen order) and ``utilities``
@@ -362,7 +359,7 @@ class Engine:
         self.resolved_utility(snapshot, policy)
         if game != "exact":
             refused = self.proxy_refusal(snapshot, policy)
-            if refused is not None or game != proxy_game_name(self.proxy_game or ""):
+            if refused is not None or self.proxy_game is None or game != self.proxy_game.name:
                 raise ConfigError(f"cannot evaluate rows of {game}: {refused or 'not this engine’s proxy game'}", field="proxy_game")
         distinct: dict[bytes, np.ndarray] = {}
         requested = 0

@@ -7,8 +7,8 @@ control variate: its proxy rows are many (``K``, :func:`~.proxy_plan_size`) and 
 of a long shared context runs a short tail: ~1/30 of an exact row on the CPU for 1,900 shared
 tokens; on a short conversation about half). The proxy rows are worth their time where they cost at
 most :data:`PROXY_COST_MULTIPLE` times the exact rows' (``K r <= 3 m`` for ``m`` exact coalitions;
-the engine's ``proxy_cost_limit``, which ``--proxy-game auto``, the default, sets to it; a tail rule
-named explicitly plays the proxy game whatever it costs):
+the :class:`~coalescence.engine.proxy.ProxyGame`'s ``cost_limit``, which ``--proxy-game auto``, the
+default, sets to it; a tail rule named explicitly plays the proxy game whatever it costs):
 at 1/30 the long games' 268-292 proxy rows cost about the 8 exact rows' time and raise the LDS
 above 64 exact rows' (``benchmarks/RESULTS.md``); at one half, the 512 proxy rows of ``--budget 32``
 on a 10-player conversation cost 8 times the exact rows' time for no gain a fit of more exact rows
@@ -35,16 +35,13 @@ import numpy as np
 from ..errors import ConfigError
 from ..masking.codec import PackedMask
 from .counting import counting_evaluations
-from .proxy import proxy_agreement, proxy_game_name, validate_exact_only
+from .proxy import PROXY_COST_MULTIPLE, proxy_agreement, validate_exact_only
 
 if TYPE_CHECKING:
     from ..snapshot import ConversationSnapshot
     from ..masking.policies import AbsencePolicy
 
 __all__ = ("PROBE_ROWS", "PROXY_COST_MULTIPLE", "Played", "play")
-
-PROXY_COST_MULTIPLE = 3.0
-"""The proxy game is played where its rows cost at most this many times the exact rows' time (module docs)."""
 
 PROBE_ROWS = 16
 """Rows of the proxy plan whose mean time is a proxy row's cost (module docs)."""
@@ -98,7 +95,7 @@ async def play(
     n = snapshot.n_players if select is None else int(select.size)
     chose = None
     if hasattr(estimator, "resolve"):  # the default method: its plan depends on whether the proxy game is played
-        two_asked = engine.proxy_game is not None and engine.proxy_refusal(snapshot, policy) is None
+        two_asked = engine.proxy_refusal(snapshot, policy) is None
         estimator, chose = estimator.resolve(n, proxy=two_asked)
     played = await _play(engine, snapshot, estimator, policy, n, select)
     if chose is None:
@@ -144,7 +141,7 @@ async def _play(
         estimate = estimator.fit(own(masks), utilities)
         note = f"the proxy game was not played: the budget covers all {1 << n} coalitions, which were evaluated exactly"
         return Played(replace(estimate, notes=(*estimate.notes, note)), None, executed[0], 0)
-    game = proxy_game_name(engine.proxy_game or "")
+    game = engine.proxy_game.name
     plan = list(estimator.proxy_plan(n))
     with counting_evaluations() as proxied:
         # the proxy on every exact coalition (the control variate needs c(S) where v(S) is known;
@@ -154,7 +151,7 @@ async def _play(
         probe = await engine.evaluate(snapshot, policy, lifted(plan[:PROBE_ROWS]), game=game)
         probe_wall, probe_executed = time.perf_counter() - t1, proxied[0] - before
         # measured whether or not it decides (a named tail rule is played whatever it costs, and says so)
-        limit = engine.proxy_cost_limit
+        limit = engine.proxy_game.cost_limit
         exact_row = _row_seconds(engine, snapshot, policy, masks, "exact", exact_wall, executed[0])
         proxy_row = _row_seconds(engine, snapshot, policy, probe[0], game, probe_wall, probe_executed)
         costly = _costly(

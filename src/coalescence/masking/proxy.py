@@ -21,8 +21,9 @@ characters overlap the player's text: a token that also holds the whitespace bef
 when either is absent). Template text, and whitespace between players that no player token
 covers, belongs to no player and is never hidden.
 
-Tail rules (:data:`TAIL_RULES`; measured in ``benchmarks/proxy_tail.py``, the default
-:data:`DEFAULT_TAIL` chosen there):
+Tail rules (:data:`TAIL_RULES`, a :class:`~coalescence.registry.Registry` of named rules; a new one
+is added with :func:`register_tail_rule`; the built-in ones measured in ``benchmarks/proxy_tail.py``,
+the default :data:`DEFAULT_TAIL` chosen there):
 
 - ``"after-last-player"``: the tail starts at the first token after the last player token. Every
   player is in the shared KV; the text after the players (a question after a context, the
@@ -39,7 +40,7 @@ Tail rules (:data:`TAIL_RULES`; measured in ``benchmarks/proxy_tail.py``, the de
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -47,19 +48,102 @@ import numpy as np
 from ..backends.base import ProxyScoreRequest
 from ..conversation import Message
 from ..errors import ConfigError, MaskError, TemplateRefused
+from ..registry import Registry
 from ..snapshot import ConversationSnapshot
 from .policies import AbsencePolicy, merge_adjacent_messages
 from .render import ChatRenderer, TargetTokens
 
-__all__ = ("DEFAULT_TAIL", "TAIL_RULES", "ProxyLayout", "proxy_layout")
+__all__ = ("DEFAULT_TAIL", "TAIL_RULES", "ProxyLayout", "TailRule", "TailSite", "proxy_layout", "register_tail_rule")
 
-TAIL_RULES: tuple[str, ...] = ("after-last-player", "last-turn", "answer")
-"""Where a proxy row's tail begins (module docs)."""
+_Range = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TailSite:
+    """What a tail rule sees of one conversation's full prompt.
+
+    Attributes:
+        text: the scoring prompt's text (the exact game's full coalition).
+        offsets: ``[n_tokens]`` half-open character ranges ``(start, end)`` of each prompt token in ``text``.
+        player_ranges: per player, its sorted token ranges ``[a, b)`` (:attr:`ProxyLayout.player_ranges`).
+        messages: the full coalition's messages, as rendered.
+    """
+
+    text: str
+    offsets: tuple[_Range, ...]
+    player_ranges: tuple[tuple[_Range, ...], ...]
+    messages: tuple[Message, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        """The prompt's token count."""
+        return len(self.offsets)
+
+
+TailRule = Callable[[TailSite], int]
+"""A tail rule: the token index where a proxy row's tail starts in a :class:`TailSite` (clipped to
+``[1, n_tokens]`` by :func:`proxy_layout`); raises :class:`~coalescence.errors.TemplateRefused` (or
+:class:`~coalescence.errors.ConfigError`) where it cannot place the tail in this conversation."""
+
+
+def _check_rule(name: str, rule: object) -> None:
+    if not callable(rule):
+        raise ConfigError(f"a tail rule is a function of a TailSite returning a token index, got {type(rule).__name__}", field="proxy_game")
+
+
+TAIL_RULES: Registry[TailRule] = Registry("tail rule", field="proxy_game", check=_check_rule)
+"""The tail rules by name, in registration order (module docs): where a proxy row's tail begins."""
+
+
+def register_tail_rule(name: str, rule: TailRule, *, replace: bool = False) -> None:
+    """Register a tail rule under ``name`` (then a choice of ``--proxy-game`` and of
+    :class:`~coalescence.engine.proxy.ProxyGame`'s ``tail``).
+
+    Args:
+        name: the rule's name (a game's name carries it: ``kv-proxy-compact:<name>``).
+        rule: ``rule(site) -> int``, the first tail token of a :class:`TailSite`.
+        replace: replace a rule already registered under ``name``.
+
+    Raises:
+        ConfigError: an empty name, a ``rule`` that is not callable, or a name already bound to
+            another rule without ``replace`` (field ``proxy_game``).
+    """
+    TAIL_RULES.register(name, rule, replace=replace)
+
+
+def _after_last_player(site: TailSite) -> int:
+    """The first token after the last player token (every player in the shared KV)."""
+    return max((b for ranges in site.player_ranges for _, b in ranges), default=site.n_tokens)
+
+
+def _in_last_message(name: str, *, at_end: bool) -> TailRule:
+    """A rule cutting at the last prompt message's content: its first token (``at_end`` False), or the
+    first token after it."""
+
+    def rule(site: TailSite) -> int:
+        last = site.messages[-1].content if site.messages else ""
+        body = last.strip()
+        at = site.text.rfind(body) if body else -1
+        if at < 0:
+            raise TemplateRefused(
+                "the chat template does not render the last message's content verbatim, so the proxy "
+                f"game's tail rule {name!r} cannot locate it; use the tail rule 'after-last-player'",
+                field="chat template",
+            )
+        char = at + len(body) if at_end else at
+        # the first token not wholly before that character
+        return next((k for k, (s, e) in enumerate(site.offsets) if e > char and e > s), site.n_tokens)
+
+    rule.__qualname__ = rule.__name__ = f"tail_rule_{name.replace('-', '_')}"
+    return rule
+
+
+register_tail_rule("after-last-player", _after_last_player)
+register_tail_rule("last-turn", _in_last_message("last-turn", at_end=False))
+register_tail_rule("answer", _in_last_message("answer", at_end=True))
 
 DEFAULT_TAIL = "after-last-player"
 """The tail rule used unless told otherwise (benchmarks/RESULTS.md, "The proxy game's tail")."""
-
-_Range = tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +160,7 @@ class ProxyLayout:
             in both); ``()`` for a player with no text.
         tail_start: positions ``[0, tail_start)`` are the shared KV; ``1 <= tail_start <=
             len(prompt_ids)``.
-        tail: the rule that chose ``tail_start`` (one of :data:`TAIL_RULES`).
+        tail: the name of the rule that chose ``tail_start`` (one of :data:`TAIL_RULES`).
     """
 
     prompt_ids: tuple[int, ...]
@@ -162,7 +246,7 @@ def proxy_layout(
         renderer: the model's chat renderer.
         snapshot: the conversation and its players.
         target: the snapshot's target tokens (as the exact game scores them, under ``policy``).
-        tail: one of :data:`TAIL_RULES`.
+        tail: the name of a rule of :data:`TAIL_RULES`.
         policy: the absence policy whose full coalition the exact game scores (``None``: the
             snapshot's messages as they are, which is ``drop``'s and ``placeholder``'s full
             coalition unless they merge adjacent messages).
@@ -171,14 +255,14 @@ def proxy_layout(
         The :class:`ProxyLayout`.
 
     Raises:
-        ConfigError: an unknown ``tail`` (field ``proxy_game``), or a player owns the prompt's
-            first token (the proxy game needs it shared and visible; field ``proxy_game``).
+        ConfigError: an unknown ``tail`` (field ``proxy_game``, with a "did you mean"), or a player
+            owns the prompt's first token (the proxy game needs it shared and visible; field
+            ``proxy_game``).
         TemplateRefused: the template does not render a player's text (or, for the rules
             ``last-turn`` and ``answer``, the last message's content) verbatim, so it cannot be
             located.
     """
-    if tail not in TAIL_RULES:
-        raise ConfigError(f"unknown tail rule {tail!r}; use one of {', '.join(TAIL_RULES)}", field="proxy_game")
+    rule = TAIL_RULES.lookup(tail)
     original = list(snapshot.conversation.messages)
     ones = np.ones(snapshot.n_players, dtype=bool)
     messages = policy.render(snapshot, ones) if policy is not None else original
@@ -195,21 +279,8 @@ def proxy_layout(
             field="proxy_game",
         )
     n = len(prompt_ids)
-    if tail == "after-last-player":
-        start = max((b for ranges in player_ranges for _, b in ranges), default=n)
-    else:
-        last = messages[-1].content if messages else ""
-        body = last.strip()
-        at = text.rfind(body) if body else -1
-        if at < 0:
-            raise TemplateRefused(
-                "the chat template does not render the last message's content verbatim, so the proxy "
-                f"game's tail rule {tail!r} cannot locate it; use the tail rule 'after-last-player'",
-                field="chat template",
-            )
-        char = at if tail == "last-turn" else at + len(body)
-        # the first token not wholly before that character
-        start = next((k for k, (s, e) in enumerate(offsets) if e > char and e > s), n)
+    site = TailSite(text=text, offsets=tuple(offsets), player_ranges=player_ranges, messages=tuple(messages))
+    start = int(rule(site))
     return ProxyLayout(
         prompt_ids=tuple(prompt_ids),
         target_ids=tuple(target.ids),

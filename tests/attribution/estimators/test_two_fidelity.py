@@ -1,7 +1,7 @@
 """Two-fidelity estimators (issue 37): an exact game on few coalitions, a correlated proxy on many.
 
 The games are Harsanyi-dividend games, ``v(S) = v0 + sum_T d_T [T subset of S]`` over singletons,
-pairs and triples, whose Shapley values are written here in closed form (each dividend split
+pairs and triples (tests/helpers/dividend_games.py), whose Shapley values are written there in closed form (each dividend split
 equally among its members: ``phi_i = sum_{T containing i} d_T / |T|``; Harsanyi 1963), never by
 the package. The proxy is the game of other dividends plus a smooth nonlinear term (correlated,
 biased: its own Shapley values are not v's), or independent noise (useless).
@@ -9,72 +9,18 @@ biased: its own Shapley values are not v's), or independent noise (useless).
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
 from coalescence.attribution.estimators import ExactShapley, RegressionMSR, make_estimator, methods_with
 from coalescence.attribution.estimators.auto import AutoMethod
-from coalescence.attribution.estimators.proxy import (
-    ControlVariateLasso,
-    ShrunkTwoFidelityShapley,
-    fit_ridge_with_covariate,
-    ridge_penalties,
-    TwoFidelityShapley,
-    fit_lasso_with_covariate,
-)
+from coalescence.attribution.estimators.proxy import ControlVariateLasso, ShrunkTwoFidelityShapley, TwoFidelityShapley
+from coalescence.attribution.estimators.proxy.lasso import fit_lasso_with_covariate, fit_ridge_with_covariate, ridge_penalties
 from coalescence.attribution.estimators.proxy.shapley import fit_weights
-from coalescence.attribution.estimators.proxy.guided import guide_probabilities, guided_plan, guided_shapley
 from coalescence.errors import ConfigError, EstimatorError
 
-N = 8
-
-
-def every_coalition(n: int) -> np.ndarray:
-    """``[2^n, n]`` bool, row k has player i iff bit i of k (written here, not the package's)."""
-    return np.array([[(k >> i) & 1 for i in range(n)] for k in range(1 << n)], dtype=bool)
-
-
-def dividend_game(n: int, seed: int, scale: float = 1.0):
-    """``(dividends, v0)``: dividends on every singleton, 6 pairs and 3 triples."""
-    rng = np.random.default_rng(seed)
-    terms = {(i,): float(rng.normal(0.0, 1.0)) for i in range(n)}
-    pairs = list(itertools.combinations(range(n), 2))
-    for k in rng.choice(len(pairs), size=6, replace=False):
-        terms[pairs[k]] = float(rng.normal(0.0, 1.5 * scale))
-    triples = list(itertools.combinations(range(n), 3))
-    for k in rng.choice(len(triples), size=3, replace=False):
-        terms[triples[k]] = float(rng.normal(0.0, 2.0 * scale))
-    return terms, float(rng.normal())
-
-
-def play(terms: dict, v0: float, masks: np.ndarray) -> np.ndarray:
-    out = np.full(masks.shape[0], v0)
-    for players, d in terms.items():
-        out += d * masks[:, list(players)].all(axis=1)
-    return out
-
-
-def shapley_of(terms: dict, n: int) -> np.ndarray:
-    """Closed form: each dividend split equally among its players."""
-    phi = np.zeros(n)
-    for players, d in terms.items():
-        phi[list(players)] += d / len(players)
-    return phi
-
-
-MASKS = every_coalition(N)
-TERMS, V0 = dividend_game(N, seed=7)
-V = play(TERMS, V0, MASKS)
-PHI = shapley_of(TERMS, N)
-# the proxy: the dividends moved (0.25 sd) and scaled, plus a smooth nonlinear term of the coalition
-_rng = np.random.default_rng(11)
-_OTHER = {t: 0.8 * d + float(_rng.normal(0.0, 0.25)) for t, d in TERMS.items()}
-_THETA = _rng.normal(0.0, 0.4, size=N)
-C = play(_OTHER, 0.3, MASKS) + 0.6 * np.sin(MASKS @ _THETA)
-NOISE = np.random.default_rng(12).normal(0.0, float(V.std()), size=V.shape[0])
+from helpers.dividend_games import C, MASKS, N, NOISE, OTHER, PHI, THETA, V, dividend_game, every_coalition, play, shapley_of
 
 
 def two_fidelity(budget: int, seed: int, proxy: np.ndarray = C, **options):
@@ -84,7 +30,7 @@ def two_fidelity(budget: int, seed: int, proxy: np.ndarray = C, **options):
 def test_the_proxy_is_correlated_but_its_shapley_values_are_not_the_games() -> None:
     assert 0.85 < np.corrcoef(V, C)[0, 1] < 0.99
     np.testing.assert_allclose(PHI, _exact_shapley_of(V), atol=1e-12)  # the closed form, checked once
-    assert np.max(np.abs(shapley_of(_OTHER, N) - PHI)) > 0.2
+    assert np.max(np.abs(shapley_of(OTHER, N) - PHI)) > 0.2
 
 
 def test_the_whole_exact_pool_gives_the_exact_shapley_values() -> None:
@@ -475,8 +421,8 @@ def test_the_in_sample_form_is_b_phi_c_plus_regression_msr_of_the_residual_game(
     regression-msr of the game v - b c."""
     rows = _rows(40, 4)
     slope = np.polyfit(C[rows], V[rows], 1)[0]
-    expected = slope * shapley_of(_OTHER, N) + RegressionMSR(budget=40, seed=4).fit(MASKS, V - slope * C).values
-    expected += slope * (0.6 * _exact_shapley_of(np.sin(MASKS @ _THETA)))
+    expected = slope * shapley_of(OTHER, N) + RegressionMSR(budget=40, seed=4).fit(MASKS, V - slope * C).values
+    expected += slope * (0.6 * _exact_shapley_of(np.sin(MASKS @ THETA)))
     estimate = two_fidelity(40, 4, cross_fit=False, proxy_budget=1 << N)
     np.testing.assert_allclose(estimate.values, expected, atol=1e-9)
     assert estimate.diagnostics["b"] == pytest.approx(slope, rel=1e-9)
@@ -497,94 +443,6 @@ def _exact_shapley_of(values: np.ndarray) -> np.ndarray:
                 with_i[i] = True
                 out[i] += factorial(s) * factorial(N - s - 1) / factorial(N) * (values[index[tuple(with_i.tolist())]] - values[k])
     return out
-
-
-# --- the proxy-guided plan (proxy/guided.py): KernelSHAP's distribution by hand (n = 4), closed-form
-# Shapley values, and the module docs' rule (a defensive mixture: q >= mix * q_kernel, q(S) = q(N minus S))
-
-
-def kernel_by_hand(masks: np.ndarray) -> np.ndarray:
-    """n = 4: size k drawn with probability (1/(k (4 - k))) / (1/3 + 1/4 + 1/3) = 4/11, 3/11, 4/11,
-    then a uniform coalition of that size: 1/11 per singleton and triple, 1/22 per pair."""
-    size = masks.sum(axis=1)
-    return np.select([size == 1, size == 2, size == 3], [1 / 11, 1 / 22, 1 / 11], 0.0)
-
-
-def test_mix_one_is_kernelshaps_distribution_by_hand():
-    masks = every_coalition(4)
-    c = np.random.default_rng(0).normal(size=16)
-    np.testing.assert_allclose(guide_probabilities(masks, c, mix=1.0), kernel_by_hand(masks), rtol=1e-12, atol=0)
-
-
-def test_an_additive_proxy_guides_nowhere():
-    masks = every_coalition(4)
-    c = 0.7 + masks @ np.array([1.0, -2.0, 0.5, 3.0])  # no residual after the additive fit
-    np.testing.assert_allclose(guide_probabilities(masks, c, mix=0.3), kernel_by_hand(masks), rtol=1e-9, atol=1e-15)
-
-
-def test_the_guided_distribution_is_a_symmetric_defensive_mixture():
-    q = guide_probabilities(MASKS, C, mix=0.3)
-    kernel = guide_probabilities(MASKS, C, mix=1.0)
-    code = MASKS.astype(int) @ (1 << np.arange(N))
-    complement = np.argsort(code)[(1 << N) - 1 - code]  # the row of N minus S (rows in code order here)
-    assert q.sum() == pytest.approx(1.0, abs=1e-12)
-    np.testing.assert_allclose(q, q[complement], rtol=1e-12)
-    assert np.all(q >= 0.3 * kernel - 1e-15)
-    assert q[0] == 0 and q[-1] == 0  # empty and grand coalitions are never drawn
-    assert np.max(np.abs(q - kernel)) > 0.1 * kernel.max()  # it does guide
-
-
-def test_the_plan_draws_complement_pairs_within_the_budget():
-    plan = guided_plan(MASKS, C, budget=40, seed=3, mix=0.5)
-    assert plan.rows.shape[0] <= 40
-    assert not plan.rows[0].any() and plan.rows[1].all()
-    assert len({r.tobytes() for r in plan.rows}) == plan.rows.shape[0]
-    np.testing.assert_array_equal(plan.rows[plan.pairs[:, 0]], ~plan.rows[plan.pairs[:, 1]])
-    assert plan.pairs.shape[0] >= (plan.rows.shape[0] - 2) // 2
-
-
-def test_a_game_the_control_spans_is_recovered_exactly():
-    terms, v0 = dividend_game(N, seed=21)
-    c = play(terms, v0, MASKS)
-    beta = np.linspace(-1.0, 1.0, N)
-    v = 3.0 + 2.0 * c + MASKS @ beta  # a + b c + linear: the control's residual is zero
-    phi_c = shapley_of(terms, N)
-    for seed in range(3):
-        plan = guided_plan(MASKS, c, budget=40, seed=seed, mix=0.5)
-        rows = plan.rows.astype(int) @ (1 << np.arange(N))  # MASKS is in code order
-        est = guided_shapley(plan, v[rows], c[rows], phi_c, ridge=0.0)  # least squares: the fit is v itself
-        np.testing.assert_allclose(est.values, 2.0 * phi_c + beta, atol=1e-9)
-
-
-@pytest.mark.parametrize("proxy", ["correlated", "noise"])
-def test_unbiased_on_the_analytic_game_with_a_strongly_guided_plan(proxy):
-    # mix 0.3: q is far from KernelSHAP's; with KernelSHAP's importance weights instead of 1 / q the
-    # largest |z| is 6.7 with the noise proxy (its residual is large), 3.1 with the correlated one
-    c = C if proxy == "correlated" else NOISE
-    values, covered, seeds = [], 0, 200
-    phi_c = ExactShapley().fit(MASKS, c).values  # an input (the proxy has no closed form); the check is against PHI
-    for seed in range(seeds):
-        plan = guided_plan(MASKS, c, budget=48, seed=seed, mix=0.3)
-        rows = plan.rows.astype(int) @ (1 << np.arange(N))
-        est = guided_shapley(plan, V[rows], c[rows], phi_c)
-        assert est.values.sum() == pytest.approx(V[-1] - V[0], abs=1e-9)  # efficiency
-        values.append(est.values)
-        covered += int(np.sum(np.abs(est.values - PHI) <= 1.96 * est.stderr))
-    values = np.array(values)
-    z = (values.mean(axis=0) - PHI) / (values.std(axis=0, ddof=1) / np.sqrt(seeds))
-    assert np.max(np.abs(z)) < 3.5, z
-    assert covered / (seeds * N) > 0.85
-
-
-def test_bad_input_names_the_field():
-    with pytest.raises(ConfigError) as err:
-        guide_probabilities(MASKS, C, mix=0.0)
-    assert err.value.field == "mix"
-    with pytest.raises(ConfigError) as err:
-        guided_plan(MASKS, C, budget=1 << N, seed=0)
-    assert err.value.field == "budget"
-    with pytest.raises(EstimatorError, match="all 256 coalitions"):
-        guide_probabilities(MASKS[:200], C[:200])
 
 
 def _keep_half(n: int, m: int, seed: int) -> np.ndarray:

@@ -10,76 +10,28 @@ EXACT game; the proxy only reduces its error. Without a proxy, ``fit`` is the ex
 
 The control-variate surrogate is :mod:`.lasso`'s, the Shapley estimator :mod:`.shapley`'s (each
 module's docstring has its mathematics; :mod:`.blend` the Shapley estimate shrunk toward its
-control, ``proxy-shapley-shrunk``); :mod:`.common` what they share. :mod:`.guided` draws the
-exact coalitions from a proxy-guided distribution when the proxy is known on all 2^n coalitions
-first (on arrays only: the engine plays the exact plan first).
+control, ``proxy-shapley-shrunk``); :mod:`.common` what they share. This package exports what
+the engine, the registry and the CLI use (the three estimators and the proxy budget's defaults);
+the research helpers (the knob tables, the solvers, the cross-fit and blend records) are in their
+modules, and the proxy-guided plan, which the engine never plays, is research code in
+``benchmarks/guided.py``.
 
 Both estimators report in ``diagnostics``: ``b`` (the proxy's coefficient), ``proxy_pearson`` and
 ``proxy_spearman`` (the correlation of c and v on the exact coalitions), ``proxy_evaluations`` (the
 proxy plan's distinct coalitions) and ``exact_evaluations``.
 """
 
-from .common import (
-    PROXY_BUDGET_MULTIPLE,
-    PROXY_PER_PLAYER,
-    _check_proxy_budget,
-    default_proxy_budget,
-    proxy_budget_notes,
-    proxy_correlation,
-    proxy_pools,
-    proxy_seed,
-)
-from .blend import Blend, ShrunkTwoFidelityShapley, shrunk_shapley
-from .guided import GUIDE_MIX, GuidedPlan, guide_probabilities, guided_plan, guided_shapley
-from .lasso import (
-    CORRECTIONS,
-    PROXY_FITS,
-    RIDGE_PENALTY,
-    ControlVariateLasso,
-    fit_lasso_with_covariate,
-    fit_ridge_with_covariate,
-    ridge_penalties,
-)
-from .shapley import (
-    CONTROLS,
-    LINEAR_ROWS_PER_TERM,
-    RIDGE_SCALE,
-    WEIGHTINGS,
-    CrossFit,
-    TwoFidelityShapley,
-    cross_fitted_shapley,
-    default_ridge,
-)
+from .blend import ShrunkTwoFidelityShapley
+from .common import PROXY_BUDGET_MULTIPLE, PROXY_PER_PLAYER, _check_proxy_budget, default_proxy_budget, proxy_seed
+from .lasso import ControlVariateLasso
+from .shapley import TwoFidelityShapley
 
 __all__ = (
-    "Blend",
+    "ControlVariateLasso",
     "ShrunkTwoFidelityShapley",
-    "shrunk_shapley",
-    "CONTROLS",
-    "GUIDE_MIX",
-    "GuidedPlan",
-    "guide_probabilities",
-    "guided_plan",
-    "guided_shapley",
-    "CORRECTIONS",
-    "LINEAR_ROWS_PER_TERM",
-    "RIDGE_PENALTY",
-    "RIDGE_SCALE",
-    "WEIGHTINGS",
-    "default_ridge",
-    "fit_ridge_with_covariate",
-    "ridge_penalties",
-    "CrossFit",
-    "cross_fitted_shapley",
+    "TwoFidelityShapley",
     "PROXY_BUDGET_MULTIPLE",
     "PROXY_PER_PLAYER",
     "default_proxy_budget",
-    "proxy_budget_notes",
-    "PROXY_FITS",
-    "ControlVariateLasso",
-    "TwoFidelityShapley",
-    "fit_lasso_with_covariate",
-    "proxy_pools",
     "proxy_seed",
-    "proxy_correlation",
 )

@@ -50,7 +50,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .shapley import CrossFit, TwoFidelityShapley, _design, default_ridge, fit_weights
+from .shapley import CrossFit, Shrunk, TwoFidelityShapley, _design, default_ridge, fit_weights
 
 __all__ = ("Blend", "ShrunkTwoFidelityShapley", "shrunk_shapley")
 
@@ -181,9 +181,7 @@ class ShrunkTwoFidelityShapley(TwoFidelityShapley):
     name: str = field(default="proxy-shapley-shrunk", init=False)
     what: ClassVar[str] = "proxy-shapley-shrunk"
 
-    def _shrink(
-        self, fit: CrossFit, plan: object, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float], str] | None:
+    def _shrink(self, fit: CrossFit, plan: object, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray) -> Shrunk | None:
         blend = shrunk_shapley(
             fit, plan.rows, plan.pairs, plan.enumerated, u, c, phi_c, weighting=self.weighting  # type: ignore[attr-defined]
         )
@@ -195,4 +193,4 @@ class ShrunkTwoFidelityShapley(TwoFidelityShapley):
             "toward the control, consistent: the weights vanish as the exact budget grows)"
         )
         bias = blend.weights * np.maximum(np.abs(blend.disagreement), np.sqrt(blend.delta2))  # [n] nats
-        return blend.values, blend.replicates, bias, diagnostics, note
+        return Shrunk(values=blend.values, replicates=blend.replicates, bias=bias, diagnostics=diagnostics, note=note)

@@ -4,6 +4,8 @@ the proxy's correlation with the exact game (:mod:`.` for the mathematics)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,8 +14,8 @@ from ....errors import ConfigError, EstimatorError
 from ..base import check_pool, gather, pool_lookup
 
 __all__ = (
-    "PROXY_BUDGET_MULTIPLE", "PROXY_PER_PLAYER", "default_proxy_budget", "proxy_budget_notes", "proxy_correlation", "proxy_pools",
-    "proxy_seed",
+    "PROXY_BUDGET_MULTIPLE", "PROXY_PER_PLAYER", "TwoFidelityPools", "default_proxy_budget", "proxy_budget_notes", "proxy_correlation",
+    "proxy_pools", "proxy_seed", "two_fidelity_pools",
 )
 
 PROXY_BUDGET_MULTIPLE = 16
@@ -134,3 +136,70 @@ def proxy_pools(
     if proxy_masks.shape[1] != n:
         raise EstimatorError(f"the proxy pool has {proxy_masks.shape[1]} players, the exact pool {n}; pass pools of one game")
     return masks, utilities, proxy_masks, proxy_utilities, n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TwoFidelityPools:
+    """What every two-fidelity fit starts from (:func:`two_fidelity_pools`).
+
+    Attributes:
+        masks: ``[m_pool, n]`` bool and ``utilities`` ``[m_pool]`` float64: the exact pool, checked.
+        proxy_masks: ``[k, n]`` bool and ``proxy_utilities`` ``[k]`` float64: the proxy pool, checked
+            (and transformed, where the fit asked: e.g. to logits).
+        n: number of players.
+        plan: the estimator's exact plan of ``n`` players (its ``keys`` and ``rows``).
+        u: ``[m]`` float64 the exact utilities on ``plan.keys``, in plan order.
+        c: ``[m]`` float64 the proxy's utilities on the same coalitions.
+        pearson, spearman: the correlations of ``u`` and ``c`` (:func:`proxy_correlation`).
+    """
+
+    masks: np.ndarray
+    utilities: np.ndarray
+    proxy_masks: np.ndarray
+    proxy_utilities: np.ndarray
+    n: int
+    plan: Any
+    u: np.ndarray  # [m] float64
+    c: np.ndarray  # [m] float64
+    pearson: float
+    spearman: float
+
+    def diagnostics(self, proxy_evaluations: int) -> dict[str, float]:
+        """The diagnostics every two-fidelity estimate reports: ``proxy_pearson``, ``proxy_spearman``,
+        ``proxy_evaluations`` (the proxy plan's distinct coalitions) and ``exact_evaluations``."""
+        return {
+            "proxy_pearson": self.pearson, "proxy_spearman": self.spearman,
+            "proxy_evaluations": float(proxy_evaluations), "exact_evaluations": float(len(self.plan.keys)),
+        }
+
+
+def two_fidelity_pools(
+    estimator: Any,
+    masks: np.ndarray,
+    utilities: np.ndarray,
+    proxy_masks: np.ndarray,
+    proxy_utilities: np.ndarray,
+    *,
+    make_plan: Callable[[int], Any],
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> TwoFidelityPools:
+    """The shared start of a two-fidelity fit: both pools checked and the estimator validated
+    (:func:`proxy_pools`), its exact plan made (``make_plan(n)``), both games gathered on the plan's
+    coalitions, ``transform`` applied to them and to the proxy pool's utilities where given, and
+    their correlation measured.
+
+    Raises:
+        EstimatorError: a pool misses planned coalitions (which pool, with the count), or as
+            :func:`proxy_pools`.
+        ConfigError, MaskError: as :func:`proxy_pools`.
+    """
+    masks, utilities, proxy_masks, proxy_utilities, n = proxy_pools(estimator, masks, utilities, proxy_masks, proxy_utilities)
+    plan = make_plan(n)
+    u, c = _exact_and_proxy(estimator.name, plan.keys, masks, utilities, proxy_masks, proxy_utilities)
+    if transform is not None:
+        u, c, proxy_utilities = transform(u), transform(c), transform(proxy_utilities)
+    pearson, spearman = proxy_correlation(u, c)
+    return TwoFidelityPools(
+        masks=masks, utilities=utilities, proxy_masks=proxy_masks, proxy_utilities=proxy_utilities, n=n, plan=plan,
+        u=u, c=c, pearson=pearson, spearman=spearman,
+    )

@@ -78,8 +78,7 @@ from ..base import Capabilities, Estimate, check_n_players, gather, library_seed
 from ..lasso import MIN_BUDGET, LassoSurrogate, _to_logit, choose_alpha, cross_validated_lds, quiet_convergence
 from ..msr import RegressionMSR
 from .common import (
-    _check_proxy_budget, _exact_and_proxy, _proxy_budget, default_proxy_budget, proxy_budget_notes, proxy_correlation, proxy_pools,
-    proxy_seed,
+    _check_proxy_budget, _proxy_budget, default_proxy_budget, proxy_budget_notes, proxy_seed, two_fidelity_pools,
 )
 
 logger = logging.getLogger(__name__)
@@ -443,18 +442,14 @@ class ControlVariateLasso(LassoSurrogate):
         """
         from scipy.stats import spearmanr
 
-        masks, utilities, proxy_masks, proxy_utilities, n = proxy_pools(self, masks, utilities, proxy_masks, proxy_utilities)
-        plan = uniform_plan(n, self.budget, self.seed)
-        u, c = _exact_and_proxy(self.name, plan.keys, masks, utilities, proxy_masks, proxy_utilities)
-        if self.utility == "logit":
-            u, c, proxy_utilities = _to_logit(u), _to_logit(c), _to_logit(proxy_utilities)
-        phi_c, k_proxy = self._proxy_values(n, proxy_masks, proxy_utilities)  # [n]
-        pearson, spearman = proxy_correlation(u, c)
+        pools = two_fidelity_pools(
+            self, masks, utilities, proxy_masks, proxy_utilities, make_plan=lambda n: uniform_plan(n, self.budget, self.seed),
+            transform=_to_logit if self.utility == "logit" else None,
+        )
+        n, plan, u, c, pearson = pools.n, pools.plan, pools.u, pools.c, pools.pearson
+        phi_c, k_proxy = self._proxy_values(n, pools.proxy_masks, pools.proxy_utilities)  # [n]
         v_empty, v_full = float(u[plan.empty_row]), float(u[plan.full_row])
-        diagnostics: dict[str, float] = {
-            "proxy_pearson": pearson, "proxy_spearman": spearman,
-            "proxy_evaluations": float(k_proxy), "exact_evaluations": float(len(plan.keys)),
-        }
+        diagnostics: dict[str, float] = pools.diagnostics(k_proxy)
         unheld = ""
         if n == 1:
             values, b = np.array([v_full - v_empty]), 0.0

@@ -99,12 +99,11 @@ from ..base import Capabilities, Estimate, budget_near_all
 from ..kernel import _build_plan, jackknife_t_stderr, size_probabilities
 from ..msr import RegressionMSR, _proxies
 from .common import (
-    _check_proxy_budget, _exact_and_proxy, _proxy_budget, default_proxy_budget, proxy_budget_notes, proxy_correlation, proxy_pools,
-    proxy_seed,
+    _check_proxy_budget, _proxy_budget, default_proxy_budget, proxy_budget_notes, proxy_seed, two_fidelity_pools,
 )
 
 __all__ = (
-    "CONTROLS", "LINEAR_ROWS_PER_TERM", "RIDGE_SCALE", "WEIGHTINGS", "CrossFit", "TwoFidelityShapley",
+    "CONTROLS", "LINEAR_ROWS_PER_TERM", "RIDGE_SCALE", "WEIGHTINGS", "CrossFit", "Shrunk", "TwoFidelityShapley",
     "cross_fitted_shapley", "default_ridge", "fit_weights",
 )
 
@@ -340,6 +339,27 @@ def cross_fitted_shapley(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Shrunk:
+    """An estimate that replaces the cross-fitted one (:meth:`TwoFidelityShapley._shrink`; the
+    blend of :mod:`.blend`).
+
+    Attributes:
+        values: ``[n]`` float64 values in nats.
+        replicates: ``[D, n]`` float64 leave-one-draw-out replicates of ``values`` (nats), for the
+            jackknife's standard errors.
+        bias: ``[n]`` float64 a bound on each value's bias in nats, added to its standard error in quadrature.
+        diagnostics: added to the estimate's ``diagnostics``.
+        note: appended to the estimate's note.
+    """
+
+    values: np.ndarray  # [n] float64
+    replicates: np.ndarray  # [D, n] float64
+    bias: np.ndarray  # [n] float64
+    diagnostics: dict[str, float]
+    note: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TwoFidelityShapley(RegressionMSR):
     """Unbiased Shapley values of the exact game with a proxy game as a cross-fitted control variate
     (module docs); without a proxy (:meth:`fit`), :class:`~.msr.RegressionMSR` on the same plan.
@@ -434,13 +454,9 @@ class TwoFidelityShapley(RegressionMSR):
         self.validate(n_players, proxy=True)
         return self._proxy_estimator(int(n_players)).plan(n_players)
 
-    def _shrink(
-        self, fit: CrossFit, plan: object, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float], str] | None:
-        """``(values, replicates [D, n], bias [n], diagnostics, note)`` replacing the cross-fitted
-        estimate (``bias``: a bound on each value's bias in nats, added to its standard error in
-        quadrature), or None to keep it (this class: None; :class:`.blend.ShrunkTwoFidelityShapley`
-        blends)."""
+    def _shrink(self, fit: CrossFit, plan: object, u: np.ndarray, c: np.ndarray, phi_c: np.ndarray) -> Shrunk | None:
+        """A :class:`Shrunk` estimate replacing the cross-fitted one, or None to keep it (this
+        class: None; :class:`.blend.ShrunkTwoFidelityShapley` blends)."""
         return None
 
     def fit_two_fidelity(
@@ -473,16 +489,14 @@ class TwoFidelityShapley(RegressionMSR):
             ConfigError: the budget is below the minimum.
             MaskError: a pool's masks are not 2-D bool.
         """
-        masks, utilities, proxy_masks, proxy_utilities, n = proxy_pools(self, masks, utilities, proxy_masks, proxy_utilities)
-        plan = _build_plan(n, self.budget, self.seed)
-        u, c = _exact_and_proxy(self.name, plan.keys, masks, utilities, proxy_masks, proxy_utilities)
-        pearson, spearman = proxy_correlation(u, c)
+        pools = two_fidelity_pools(
+            self, masks, utilities, proxy_masks, proxy_utilities, make_plan=lambda n: _build_plan(n, self.budget, self.seed)
+        )
+        masks, utilities, proxy_masks, proxy_utilities = pools.masks, pools.utilities, pools.proxy_masks, pools.proxy_utilities
+        n, plan, u, c, pearson = pools.n, pools.plan, pools.u, pools.c, pools.pearson
         proxy = self._proxy_estimator(n)
         k_proxy = len(list(proxy.plan(n)))
-        common = {
-            "proxy_pearson": pearson, "proxy_spearman": spearman,
-            "proxy_evaluations": float(k_proxy), "exact_evaluations": float(len(plan.keys)),
-        }
+        common = pools.diagnostics(k_proxy)
         if plan.full or n == 1:
             exact = RegressionMSR.fit(self, masks, utilities)
             note = (
@@ -498,7 +512,7 @@ class TwoFidelityShapley(RegressionMSR):
         phi_c = proxy_estimate.values
         se_c = np.zeros(n) if proxy_estimate.stderr is None else np.asarray(proxy_estimate.stderr)
         v_empty, v_full = float(u[0]), float(u[1])
-        shrunk: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float], str] | None = None
+        shrunk: Shrunk | None = None
         if not self.cross_fit:  # b in-sample, regression-msr on the residual game v - b c (module docs)
             x = np.column_stack([np.ones(u.shape[0]), c])
             b = float(np.linalg.lstsq(x, u, rcond=None)[0][1]) if np.ptp(c) > 0 else 0.0
@@ -517,13 +531,13 @@ class TwoFidelityShapley(RegressionMSR):
             stderr = np.full(n, np.nan)
             se_exact = np.full(n, np.nan)
             replicates = (n_draws * values[None] - psi) / max(n_draws - 1, 1)  # [D, n] the mean without one draw
-            shrunk = self._shrink(fit, plan, u, c, phi_c)  # (values, replicates, bias, diagnostics, note) or None
+            shrunk = self._shrink(fit, plan, u, c, phi_c)
             if shrunk is not None:
-                values, replicates = shrunk[0], shrunk[1]
+                values, replicates = shrunk.values, shrunk.replicates
             if psi.shape[0] >= 2 and not budget_near_all(n, self.budget):
                 se_exact = jackknife_t_stderr(replicates, multiplicity, n_draws, max(float(np.max(np.abs(u))), 1e-300))
                 if shrunk is not None:
-                    se_exact = np.sqrt(se_exact**2 + shrunk[2] ** 2)
+                    se_exact = np.sqrt(se_exact**2 + shrunk.bias**2)
                 stderr = np.sqrt(se_exact**2 + (b * se_c) ** 2)
         unknown = int(np.count_nonzero(np.isnan(stderr)))
         diagnostics = {
@@ -538,7 +552,7 @@ class TwoFidelityShapley(RegressionMSR):
             "control_ridge": ridge,
             "proxy_used": float(kind in ("c+linear", "c") or not self.cross_fit),
             "cross_fit": float(self.cross_fit),
-            **(shrunk[3] if shrunk is not None else {}),
+            **(shrunk.diagnostics if shrunk is not None else {}),
         }
         note = (
             f"two-fidelity {self.name}: {len(plan.keys)} exact and {k_proxy} proxy coalitions; the proxy game entered as a "
@@ -546,7 +560,7 @@ class TwoFidelityShapley(RegressionMSR):
                else f"control variate fitted on the exact coalitions (b = {b:.3g}), regression-msr on v - b c")
             + " (its correlation with the exact game on the "
             f"exact coalitions: Pearson {pearson:.3f}); the values are of the exact game"
-            + (shrunk[4] if shrunk is not None else "")
+            + (shrunk.note if shrunk is not None else "")
         )
         return Estimate.from_values(
             method=self.name, values=values, stderr=stderr, v_empty=v_empty, v_full=v_full,

@@ -1,4 +1,8 @@
-"""Proxy-guided sampling of the exact coalitions for the cross-fitted two-fidelity Shapley estimate.
+"""Proxy-guided sampling of the exact coalitions for the cross-fitted two-fidelity Shapley estimate
+(research code, used by ``benchmarks/proxy_game.py --guided``; moved out of the package in issue 48:
+the engine never plays it; its tests are ``tests/benchmarks/test_guided.py``).
+
+Names in ``:mod:`` and ``:func:`` references below are of :mod:`coalescence.attribution.estimators.proxy`.
 
 :class:`.shapley.TwoFidelityShapley` draws its exact complement pairs from KernelSHAP's plan: a
 size k with probability ``pi(k)`` proportional to ``1 / (k (n - k))``, then a uniform coalition
@@ -52,11 +56,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ....errors import ConfigError, EstimatorError
-from ..base import Estimate
-from ..pool import check_pool
-from ..kernel import jackknife_t_stderr, size_probabilities
-from .shapley import _cross_fit, _exact_part_matrix, default_ridge
+from coalescence.attribution.estimators.base import Estimate
+from coalescence.attribution.estimators.kernel import jackknife_t_stderr, size_probabilities
+from coalescence.attribution.estimators.pool import check_pool
+from coalescence.attribution.estimators.proxy.shapley import _cross_fit, _exact_part_matrix, default_ridge
+from coalescence.errors import ConfigError, EstimatorError
 
 __all__ = ("GUIDE_MIX", "GuidedPlan", "guide_probabilities", "guided_plan", "guided_shapley")
 
