@@ -1,5 +1,11 @@
 """Ray model workers: one dataset run across several processes or machines (the only module that imports ray).
 
+Ray is an executor, orthogonal to the backend (as vLLM's ``Executor`` is to its model runner): each
+worker runs every model call of the backend it holds (:data:`MODEL_CALLS`: ``score``,
+``score_proxy``, ``generate_batch``, ``generate``), and :class:`RayBackend` reports that backend's
+capabilities (``supports_proxy`` and its ``proxy_refusal_reason``), so whatever the backend can do,
+the proxy game included, a run on workers does.
+
 The driver keeps everything but the model forward: planning, the dedup registry and hot store, the
 one archive writer, rendering and tokenisation (the tokenizer and configuration only; the driver
 loads no weights). Each worker is a Ray actor holding one backend from the backends registry (the
@@ -26,7 +32,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +48,16 @@ __all__ = (
 )
 
 logger = logging.getLogger(__name__)
+
+MODEL_CALLS: dict[str, Callable[..., Any]] = {
+    "score": lambda backend, requests: backend.score(requests),
+    "score_proxy": lambda backend, requests: backend.score_proxy(requests),
+    "generate_batch": lambda backend, requests: backend.generate_batch(requests),
+    "generate": lambda backend, prompt_ids, max_new_tokens: backend.generate(prompt_ids, max_new_tokens=max_new_tokens),
+}
+"""The model calls a worker runs on its backend for the driver, by name, with positional arguments:
+every model call of :class:`~coalescence.backends.base.ScoringBackend` (the proxy game's
+``score_proxy`` included), so whatever the backend can do, its workers can."""
 
 INSTALL_HINT = "pip install 'coalescence[ray]'"
 
@@ -99,6 +115,8 @@ class ModelWorker:
         out["max_context"] = int(b.max_context)
         out["max_batch_size"] = int(b.max_batch_size)
         out["pads_rows"] = bool(b.pads_rows)
+        out["supports_proxy"] = bool(b.supports_proxy)
+        out["proxy_refusal_reason"] = getattr(b, "proxy_refusal_reason", None)
         return out
 
     def set_threads(self, threads: int) -> int:
@@ -116,14 +134,12 @@ class ModelWorker:
         except Exception as exc:  # noqa: BLE001 - reported to the driver as a value
             return False, ("BatchFailed", f"the model call failed in a Ray worker: {type(exc).__name__}: {exc}", None)
 
-    def score(self, requests: Sequence[Any]) -> tuple[bool, Any]:
-        return self._call(self.backend.score, list(requests))
-
-    def generate_batch(self, requests: Sequence[Any]) -> tuple[bool, Any]:
-        return self._call(self.backend.generate_batch, list(requests))
-
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[bool, Any]:
-        return self._call(self.backend.generate, list(prompt_ids), max_new_tokens=max_new_tokens)
+    def run(self, method: str, *args: Any) -> tuple[bool, Any]:
+        """Run the backend's model call ``method`` (a name of :data:`MODEL_CALLS`) on ``args``:
+        ``(True, result)``, or ``(False, (error class name, message, field))``."""
+        if method not in MODEL_CALLS:
+            return False, ("BatchFailed", f"{method!r} is not a backend model call ({', '.join(MODEL_CALLS)})", None)
+        return self._call(MODEL_CALLS[method], self.backend, *args)
 
     def pid(self) -> int:
         return os.getpid()
@@ -165,6 +181,8 @@ class _Lane(BackendBase):
         self.fingerprint = owner.fingerprint
         self.max_batch_size = owner.max_batch_size
         self.pads_rows = owner.pads_rows
+        self.supports_proxy = owner.supports_proxy
+        self.proxy_refusal_reason = owner.proxy_refusal_reason
 
     def identity(self) -> dict[str, str]:
         """The workers' backend (:meth:`RayBackend.identity`)."""
@@ -172,6 +190,9 @@ class _Lane(BackendBase):
 
     def score(self, requests: Sequence[Any]) -> list[Any]:
         return self.owner.call(self.index, "score", list(requests))
+
+    def score_proxy(self, requests: Sequence[Any]) -> list[Any]:
+        return self.owner.call(self.index, "score_proxy", list(requests))
 
     def generate_batch(self, requests: Sequence[Any]) -> list[Any]:
         return self.owner.call(self.index, "generate_batch", list(requests))
@@ -225,6 +246,10 @@ class RayBackend(BackendBase):
         self.max_context = int(max_context)
         self.max_batch_size = int(max_batch_size or min(int(info.get("max_batch_size", DEFAULT_BATCH_SIZE)) for info in infos))
         self.pads_rows = any(bool(info.get("pads_rows", True)) for info in infos)
+        # the workers' backend's capabilities are the executor's: the proxy game where every worker plays it
+        self.supports_proxy = bool(infos) and all(bool(info.get("supports_proxy")) for info in infos)
+        refusals = [info.get("proxy_refusal_reason") for info in infos if not info.get("supports_proxy")]
+        self.proxy_refusal_reason = next((r for r in refusals if r), None)
         self.address = address
         self.workers = [
             _Worker(index=i, actor=a, pid=int(info["pid"]), node=str(info["node"])) for i, (a, info) in enumerate(zip(actors, infos, strict=True))
@@ -317,8 +342,8 @@ class RayBackend(BackendBase):
         )  # fmt: skip
 
     def call(self, index: int, method: str, *args: Any) -> Any:
-        """Run ``method`` on lane ``index``'s worker (worker thread); a lost worker's call runs again
-        on a live one.
+        """Run the backend's model call ``method`` (:data:`MODEL_CALLS`) on lane ``index``'s worker
+        (worker thread); a lost worker's call runs again on a live one.
 
         Raises:
             BatchFailed: the model call failed, or no worker is left.
@@ -337,7 +362,7 @@ class RayBackend(BackendBase):
                     self.rerun_calls += 1
             first = False
             try:
-                ok, payload = ray.get(getattr(worker.actor, method).remote(*args))
+                ok, payload = ray.get(worker.actor.run.remote(method, *args))
             except died as exc:
                 with self._lock:
                     self._lose(worker, exc)
@@ -349,6 +374,9 @@ class RayBackend(BackendBase):
     # -- the backend protocol -------------------------------------------------------------------
     def score(self, requests: Sequence[Any]) -> list[Any]:
         return self.call(self._any(), "score", list(requests))
+
+    def score_proxy(self, requests: Sequence[Any]) -> list[Any]:
+        return self.call(self._any(), "score_proxy", list(requests))
 
     def generate_batch(self, requests: Sequence[Any]) -> list[Any]:
         return self.call(self._any(), "generate_batch", list(requests))

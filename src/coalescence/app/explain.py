@@ -148,9 +148,9 @@ class ExplainRun:
         if not s.capabilities.two_fidelity:
             return f"method {s.method_name} fits the exact game alone"
         backend = s.backend_settings()
-        if self.backend is None and (backend.distributed or backend.backend_name in ("vllm", "vllm-server")):
-            where = "Ray workers" if backend.distributed else f"backend {backend.backend_name}"
-            return f"{where} cannot score the shared-KV proxy game"
+        # Ray workers run whatever their backend can (an executor): the backend's kind decides
+        if self.backend is None and backend.backend_name in ("vllm", "vllm-server"):
+            return f"backend {backend.backend_name} cannot score the shared-KV proxy game"
         return proxy_refusal(
             s.proxy_tail, self.backend, teacher_forced=self.utility.teacher_forced, policy_id=self.policy.id, lay_out=None
         )
