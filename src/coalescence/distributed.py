@@ -28,17 +28,22 @@ workers stops with one :class:`~coalescence.errors.ConfigError` line.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .backends.base import DEFAULT_BATCH_SIZE, BackendBase
 from .errors import BackendUnavailable, BatchFailed, CoalescenceError, ConfigError
+
+if TYPE_CHECKING:
+    from .backends.models import Preloaded
+    from .backends.settings import BackendSettings
 
 __all__ = (
     "import_ray",
@@ -72,14 +77,16 @@ def import_ray(field_name: str = "workers") -> Any:
 
 
 class ModelWorker:
-    """The Ray actor's class: one backend, loaded once, its calls answered in order.
+    """The Ray actor's class: one backend, loaded once from the run's
+    :class:`~coalescence.backends.settings.BackendSettings` (whole: a new option reaches the
+    workers with no change here), its calls answered in order.
 
     Errors raised on purpose by the backend come back as values (class name, message, field) and
     are raised again on the driver as the same :mod:`coalescence.errors` class; any other
     exception becomes a :class:`BatchFailed`. An exception from Ray itself means the worker is gone.
     """
 
-    def __init__(self, model: str, *, backend: str, device: str, dtype: str, max_batch_size: int | None) -> None:
+    def __init__(self, settings: BackendSettings) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._error: tuple[str, str, str | None] | None = None
         self.backend: Any = None
@@ -90,11 +97,11 @@ class ModelWorker:
             transformers.utils.logging.disable_progress_bar()
             from .backends.registry import load_backend
 
-            self.backend = load_backend(model, backend=backend, device=device, dtype=dtype, max_batch_size=max_batch_size)
+            self.backend = load_backend(str(settings.model), settings)  # this process loads: the Ray fields are not read
         except CoalescenceError as exc:
             self._error = (type(exc).__name__, exc.message, exc.field)
         except Exception as exc:  # noqa: BLE001 - reported to the driver as a value
-            self._error = ("BackendUnavailable", f"cannot load model {model!r} in a Ray worker: {type(exc).__name__}: {exc}", "model")
+            self._error = ("BackendUnavailable", f"cannot load model {settings.model!r} in a Ray worker: {type(exc).__name__}: {exc}", "model")
 
     def info(self) -> dict[str, Any]:
         """The worker's model identity, process, node and CPUs (or the loading error)."""
@@ -442,33 +449,20 @@ class RayBackend(BackendBase):
         self._ray.kill(self.workers[index].actor, no_restart=True)
 
 
-def start_ray_backend(
-    source: Any,
-    *,
-    workers: int | None,
-    ray_address: str | None,
-    gpus_per_worker: float = 0.0,
-    threads_per_worker: int | None = None,
-    backend: str = "hf",
-    device: str = "cpu",
-    dtype: str = "float32",
-    max_batch_size: int | None = None,
-    tokenizer: Any,
-    config: Any = None,
-    fingerprint: str | None = None,
-) -> RayBackend:
-    """Start (or join) a Ray cluster and ``workers`` model workers; the driver keeps the tokenizer.
+def start_ray_backend(source: Any, settings: BackendSettings, preloaded: Preloaded) -> RayBackend:
+    """Start (or join) a Ray cluster and ``settings.workers`` model workers, each loading the
+    backend kind ``settings`` names; the driver keeps the tokenizer.
 
     Args:
-        source: the resolved model (:class:`~coalescence.backends.registry.ModelSource`).
-        workers: model workers (default: 1 per GPU of a joined cluster, else 2).
-        ray_address: an existing cluster's address (``auto``, ``HOST:PORT``, ``ray://...``), or
-            ``None`` for a local cluster started for this run.
-        gpus_per_worker: accelerators each worker reserves.
-        threads_per_worker: ``torch.set_num_threads`` in each worker (default: the CPUs of its
-            node divided among the workers placed there).
-        backend, device, dtype, max_batch_size: the backend each worker loads (``max_batch_size`` None: its default).
-        tokenizer, config, fingerprint: what the driver already read of the model (no weights).
+        source: the resolved model (:class:`~coalescence.backends.models.ModelSource`).
+        settings: the backend settings, whole: the kind, device, dtype and batch each worker
+            loads, and the executor's own fields: ``workers`` (default: 1 per GPU of a joined
+            cluster, else 2), ``ray_address`` (an existing cluster, ``auto``, ``HOST:PORT``,
+            ``ray://...``; ``None``: a local cluster started for this run), ``gpus_per_worker``
+            and ``threads_per_worker`` (``torch.set_num_threads`` in each worker; default: the
+            CPUs of its node divided among the workers placed there).
+        preloaded: what the driver already read of the model (tokenizer, configuration,
+            fingerprint; no weights).
 
     Raises:
         ConfigError: no ray package (one line naming the extra).
@@ -477,6 +471,9 @@ def start_ray_backend(
     """
     from .backends.registry import model_context, model_fingerprint
 
+    workers, ray_address = settings.workers, settings.ray_address
+    gpus_per_worker, threads_per_worker = float(settings.gpus_per_worker), settings.threads_per_worker
+    tokenizer, config, fingerprint = preloaded.tokenizer, preloaded.config, preloaded.fingerprint
     ray = import_ray("ray_address" if ray_address else "workers")
     owns = False
     if not ray.is_initialized():
@@ -502,16 +499,12 @@ def start_ray_backend(
         workers = max(1, int(gpus // gpus_per_worker)) if gpus else 2
     if fingerprint is None:
         fingerprint = model_fingerprint(source)
-    identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
+    identity = {"id": source.model_id, "revision": source.revision, "dtype": settings.dtype, "sha256": fingerprint}
+    worker_settings = dataclasses.replace(settings, model=source.model_id)
     actor_class = ray.remote(ModelWorker)
     actors = [
-        actor_class.options(num_cpus=1, num_gpus=gpus_per_worker or 0, max_restarts=0, max_task_retries=0).remote(
-            source.model_id,
-            backend=backend,
-            device=device,
-            dtype=dtype,
-            max_batch_size=max_batch_size,
-        )
+        # each worker resolves the model by the name the driver resolved (a local model's real path)
+        actor_class.options(num_cpus=1, num_gpus=gpus_per_worker or 0, max_restarts=0, max_task_retries=0).remote(worker_settings)
         for _ in range(workers)
     ]
     ok = False
@@ -547,7 +540,7 @@ def start_ray_backend(
             tokenizer=tokenizer,
             identity=identity,
             max_context=max_context,
-            max_batch_size=max_batch_size,
+            max_batch_size=settings.batch_size,
             owns_ray=owns,
             address=ray_address,
         )
