@@ -58,7 +58,7 @@ __all__ = ("Evaluation", "Faithfulness", "evaluate_source")
 
 # the model options a re-created run takes from the command: every field of the backend settings
 # but the model (the document's unless given) and the Ray workers (the loaded backend is passed on)
-_MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(BackendSettings) if f.name not in {"model", *RaySettings.__dataclass_fields__})
+_MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(BackendSettings) if f.name not in {"model", *(g.name for g in dataclasses.fields(RaySettings))})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
