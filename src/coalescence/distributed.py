@@ -1,5 +1,11 @@
 """Ray model workers: one dataset run across several processes or machines (the only module that imports ray).
 
+Ray is an executor, orthogonal to the backend (as vLLM's ``Executor`` is to its model runner): each
+worker runs every model call of the backend it holds (:data:`MODEL_CALLS`: ``score``,
+``score_proxy``, ``generate_batch``, ``generate``), and :class:`RayBackend` reports that backend's
+capabilities (``supports_proxy`` and its ``proxy_refusal_reason``), so whatever the backend can do,
+the proxy game included, a run on workers does.
+
 The driver keeps everything but the model forward: planning, the dedup registry and hot store, the
 one archive writer, rendering and tokenisation (the tokenizer and configuration only; the driver
 loads no weights). Each worker is a Ray actor holding one backend from the backends registry (the
@@ -22,17 +28,22 @@ workers stops with one :class:`~coalescence.errors.ConfigError` line.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .backends.base import DEFAULT_BATCH_SIZE, BackendBase
 from .errors import BackendUnavailable, BatchFailed, CoalescenceError, ConfigError
+
+if TYPE_CHECKING:
+    from .backends.models import Preloaded
+    from .backends.settings import BackendSettings
 
 __all__ = (
     "import_ray",
@@ -42,6 +53,16 @@ __all__ = (
 )
 
 logger = logging.getLogger(__name__)
+
+MODEL_CALLS: dict[str, Callable[..., Any]] = {
+    "score": lambda backend, requests: backend.score(requests),
+    "score_proxy": lambda backend, requests: backend.score_proxy(requests),
+    "generate_batch": lambda backend, requests: backend.generate_batch(requests),
+    "generate": lambda backend, prompt_ids, max_new_tokens: backend.generate(prompt_ids, max_new_tokens=max_new_tokens),
+}
+"""The model calls a worker runs on its backend for the driver, by name, with positional arguments:
+every model call of :class:`~coalescence.backends.base.ScoringBackend` (the proxy game's
+``score_proxy`` included), so whatever the backend can do, its workers can."""
 
 INSTALL_HINT = "pip install 'coalescence[ray]'"
 
@@ -56,14 +77,16 @@ def import_ray(field_name: str = "workers") -> Any:
 
 
 class ModelWorker:
-    """The Ray actor's class: one backend, loaded once, its calls answered in order.
+    """The Ray actor's class: one backend, loaded once from the run's
+    :class:`~coalescence.backends.settings.BackendSettings` (whole: a new option reaches the
+    workers with no change here), its calls answered in order.
 
     Errors raised on purpose by the backend come back as values (class name, message, field) and
     are raised again on the driver as the same :mod:`coalescence.errors` class; any other
     exception becomes a :class:`BatchFailed`. An exception from Ray itself means the worker is gone.
     """
 
-    def __init__(self, model: str, *, backend: str, device: str, dtype: str, max_batch_size: int | None) -> None:
+    def __init__(self, settings: BackendSettings) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self._error: tuple[str, str, str | None] | None = None
         self.backend: Any = None
@@ -74,11 +97,11 @@ class ModelWorker:
             transformers.utils.logging.disable_progress_bar()
             from .backends.registry import load_backend
 
-            self.backend = load_backend(model, backend=backend, device=device, dtype=dtype, max_batch_size=max_batch_size)
+            self.backend = load_backend(str(settings.model), settings)  # this process loads: the Ray fields are not read
         except CoalescenceError as exc:
             self._error = (type(exc).__name__, exc.message, exc.field)
         except Exception as exc:  # noqa: BLE001 - reported to the driver as a value
-            self._error = ("BackendUnavailable", f"cannot load model {model!r} in a Ray worker: {type(exc).__name__}: {exc}", "model")
+            self._error = ("BackendUnavailable", f"cannot load model {settings.model!r} in a Ray worker: {type(exc).__name__}: {exc}", "model")
 
     def info(self) -> dict[str, Any]:
         """The worker's model identity, process, node and CPUs (or the loading error)."""
@@ -99,6 +122,8 @@ class ModelWorker:
         out["max_context"] = int(b.max_context)
         out["max_batch_size"] = int(b.max_batch_size)
         out["pads_rows"] = bool(b.pads_rows)
+        out["supports_proxy"] = bool(b.supports_proxy)
+        out["proxy_refusal_reason"] = getattr(b, "proxy_refusal_reason", None)
         return out
 
     def set_threads(self, threads: int) -> int:
@@ -116,14 +141,12 @@ class ModelWorker:
         except Exception as exc:  # noqa: BLE001 - reported to the driver as a value
             return False, ("BatchFailed", f"the model call failed in a Ray worker: {type(exc).__name__}: {exc}", None)
 
-    def score(self, requests: Sequence[Any]) -> tuple[bool, Any]:
-        return self._call(self.backend.score, list(requests))
-
-    def generate_batch(self, requests: Sequence[Any]) -> tuple[bool, Any]:
-        return self._call(self.backend.generate_batch, list(requests))
-
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> tuple[bool, Any]:
-        return self._call(self.backend.generate, list(prompt_ids), max_new_tokens=max_new_tokens)
+    def run(self, method: str, *args: Any) -> tuple[bool, Any]:
+        """Run the backend's model call ``method`` (a name of :data:`MODEL_CALLS`) on ``args``:
+        ``(True, result)``, or ``(False, (error class name, message, field))``."""
+        if method not in MODEL_CALLS:
+            return False, ("BatchFailed", f"{method!r} is not a backend model call ({', '.join(MODEL_CALLS)})", None)
+        return self._call(MODEL_CALLS[method], self.backend, *args)
 
     def pid(self) -> int:
         return os.getpid()
@@ -165,6 +188,8 @@ class _Lane(BackendBase):
         self.fingerprint = owner.fingerprint
         self.max_batch_size = owner.max_batch_size
         self.pads_rows = owner.pads_rows
+        self.supports_proxy = owner.supports_proxy
+        self.proxy_refusal_reason = owner.proxy_refusal_reason
 
     def identity(self) -> dict[str, str]:
         """The workers' backend (:meth:`RayBackend.identity`)."""
@@ -172,6 +197,9 @@ class _Lane(BackendBase):
 
     def score(self, requests: Sequence[Any]) -> list[Any]:
         return self.owner.call(self.index, "score", list(requests))
+
+    def score_proxy(self, requests: Sequence[Any]) -> list[Any]:
+        return self.owner.call(self.index, "score_proxy", list(requests))
 
     def generate_batch(self, requests: Sequence[Any]) -> list[Any]:
         return self.owner.call(self.index, "generate_batch", list(requests))
@@ -225,6 +253,10 @@ class RayBackend(BackendBase):
         self.max_context = int(max_context)
         self.max_batch_size = int(max_batch_size or min(int(info.get("max_batch_size", DEFAULT_BATCH_SIZE)) for info in infos))
         self.pads_rows = any(bool(info.get("pads_rows", True)) for info in infos)
+        # the workers' backend's capabilities are the executor's: the proxy game where every worker plays it
+        self.supports_proxy = bool(infos) and all(bool(info.get("supports_proxy")) for info in infos)
+        refusals = [info.get("proxy_refusal_reason") for info in infos if not info.get("supports_proxy")]
+        self.proxy_refusal_reason = next((r for r in refusals if r), None)
         self.address = address
         self.workers = [
             _Worker(index=i, actor=a, pid=int(info["pid"]), node=str(info["node"])) for i, (a, info) in enumerate(zip(actors, infos, strict=True))
@@ -317,8 +349,8 @@ class RayBackend(BackendBase):
         )  # fmt: skip
 
     def call(self, index: int, method: str, *args: Any) -> Any:
-        """Run ``method`` on lane ``index``'s worker (worker thread); a lost worker's call runs again
-        on a live one.
+        """Run the backend's model call ``method`` (:data:`MODEL_CALLS`) on lane ``index``'s worker
+        (worker thread); a lost worker's call runs again on a live one.
 
         Raises:
             BatchFailed: the model call failed, or no worker is left.
@@ -337,7 +369,7 @@ class RayBackend(BackendBase):
                     self.rerun_calls += 1
             first = False
             try:
-                ok, payload = ray.get(getattr(worker.actor, method).remote(*args))
+                ok, payload = ray.get(worker.actor.run.remote(method, *args))
             except died as exc:
                 with self._lock:
                     self._lose(worker, exc)
@@ -349,6 +381,9 @@ class RayBackend(BackendBase):
     # -- the backend protocol -------------------------------------------------------------------
     def score(self, requests: Sequence[Any]) -> list[Any]:
         return self.call(self._any(), "score", list(requests))
+
+    def score_proxy(self, requests: Sequence[Any]) -> list[Any]:
+        return self.call(self._any(), "score_proxy", list(requests))
 
     def generate_batch(self, requests: Sequence[Any]) -> list[Any]:
         return self.call(self._any(), "generate_batch", list(requests))
@@ -414,33 +449,20 @@ class RayBackend(BackendBase):
         self._ray.kill(self.workers[index].actor, no_restart=True)
 
 
-def start_ray_backend(
-    source: Any,
-    *,
-    workers: int | None,
-    ray_address: str | None,
-    gpus_per_worker: float = 0.0,
-    threads_per_worker: int | None = None,
-    backend: str = "hf",
-    device: str = "cpu",
-    dtype: str = "float32",
-    max_batch_size: int | None = None,
-    tokenizer: Any,
-    config: Any = None,
-    fingerprint: str | None = None,
-) -> RayBackend:
-    """Start (or join) a Ray cluster and ``workers`` model workers; the driver keeps the tokenizer.
+def start_ray_backend(source: Any, settings: BackendSettings, preloaded: Preloaded) -> RayBackend:
+    """Start (or join) a Ray cluster and ``settings.workers`` model workers, each loading the
+    backend kind ``settings`` names; the driver keeps the tokenizer.
 
     Args:
-        source: the resolved model (:class:`~coalescence.backends.registry.ModelSource`).
-        workers: model workers (default: 1 per GPU of a joined cluster, else 2).
-        ray_address: an existing cluster's address (``auto``, ``HOST:PORT``, ``ray://...``), or
-            ``None`` for a local cluster started for this run.
-        gpus_per_worker: accelerators each worker reserves.
-        threads_per_worker: ``torch.set_num_threads`` in each worker (default: the CPUs of its
-            node divided among the workers placed there).
-        backend, device, dtype, max_batch_size: the backend each worker loads (``max_batch_size`` None: its default).
-        tokenizer, config, fingerprint: what the driver already read of the model (no weights).
+        source: the resolved model (:class:`~coalescence.backends.models.ModelSource`).
+        settings: the backend settings, whole: the kind, device, dtype and batch each worker
+            loads, and the executor's own fields: ``workers`` (default: 1 per GPU of a joined
+            cluster, else 2), ``ray_address`` (an existing cluster, ``auto``, ``HOST:PORT``,
+            ``ray://...``; ``None``: a local cluster started for this run), ``gpus_per_worker``
+            and ``threads_per_worker`` (``torch.set_num_threads`` in each worker; default: the
+            CPUs of its node divided among the workers placed there).
+        preloaded: what the driver already read of the model (tokenizer, configuration,
+            fingerprint; no weights).
 
     Raises:
         ConfigError: no ray package (one line naming the extra).
@@ -449,6 +471,9 @@ def start_ray_backend(
     """
     from .backends.registry import model_context, model_fingerprint
 
+    workers, ray_address = settings.workers, settings.ray_address
+    gpus_per_worker, threads_per_worker = float(settings.gpus_per_worker), settings.threads_per_worker
+    tokenizer, config, fingerprint = preloaded.tokenizer, preloaded.config, preloaded.fingerprint
     ray = import_ray("ray_address" if ray_address else "workers")
     owns = False
     if not ray.is_initialized():
@@ -474,16 +499,12 @@ def start_ray_backend(
         workers = max(1, int(gpus // gpus_per_worker)) if gpus else 2
     if fingerprint is None:
         fingerprint = model_fingerprint(source)
-    identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
+    identity = {"id": source.model_id, "revision": source.revision, "dtype": settings.dtype, "sha256": fingerprint}
+    worker_settings = dataclasses.replace(settings, model=source.model_id)
     actor_class = ray.remote(ModelWorker)
     actors = [
-        actor_class.options(num_cpus=1, num_gpus=gpus_per_worker or 0, max_restarts=0, max_task_retries=0).remote(
-            source.model_id,
-            backend=backend,
-            device=device,
-            dtype=dtype,
-            max_batch_size=max_batch_size,
-        )
+        # each worker resolves the model by the name the driver resolved (a local model's real path)
+        actor_class.options(num_cpus=1, num_gpus=gpus_per_worker or 0, max_restarts=0, max_task_retries=0).remote(worker_settings)
         for _ in range(workers)
     ]
     ok = False
@@ -519,7 +540,7 @@ def start_ray_backend(
             tokenizer=tokenizer,
             identity=identity,
             max_context=max_context,
-            max_batch_size=max_batch_size,
+            max_batch_size=settings.batch_size,
             owns_ray=owns,
             address=ray_address,
         )

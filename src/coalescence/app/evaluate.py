@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,12 +47,18 @@ from ..attribution.faithfulness import (
     removal_drops,
     removal_rows,
 )
+from ..backends.settings import BackendSettings
 from ..errors import ArchiveError, CoalescenceError, ConfigError, InputError
+from .groups import RaySettings
 
 if TYPE_CHECKING:
     from .settings import EvaluateSettings
 
 __all__ = ("Evaluation", "Faithfulness", "evaluate_source")
+
+# the model options a re-created run takes from the command: every field of the backend settings
+# but the model (the document's unless given) and the Ray workers (the loaded backend is passed on)
+_MODEL_OPTIONS = tuple(f.name for f in dataclasses.fields(BackendSettings) if f.name not in {"model", *(g.name for g in dataclasses.fields(RaySettings))})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -554,7 +561,8 @@ class _Game:
         source = {"messages": list(doc.get("messages") or ()), "target": doc.get("target")}
         roles = tuple(dict.fromkeys(str(p.get("role")) for p in doc.get("players") or ()))
         model = s.model or str(doc.get("model_id"))
-        options = {k: getattr(s, k) for k in ("backend", "vllm_url", "device", "dtype", "batch_size", "flush_rows", "flush_seconds")}
+        # every model option the command has (a new one comes along unlisted), and the archive's
+        options = {k: getattr(s, k) for k in _MODEL_OPTIONS + ("flush_rows", "flush_seconds") if hasattr(s, k)}
         settings = RunSettings(
             model=model, unit=str(doc.get("unit")), roles=roles, absence_policy=policy, utility=utility, method="loo",
             archive=self.run_dir, **options,

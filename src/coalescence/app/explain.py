@@ -41,7 +41,7 @@ from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError
 from .backend import load_model
 from .lifecycle import run_blocking
 from .outputs import check_run_dir, html_path, on_line, output_path, refuse_overwrite
-from .preflight import check_input_game, check_server_can, pinned_now, preflight_run
+from .preflight import check_backend_can, check_input_game, pinned_now, preflight_run
 from .record import check_backend, check_same_date, run_record, same_measurement
 from .settings import RunResult, RunSettings, interaction_settings
 
@@ -106,8 +106,7 @@ class ExplainRun:
         for k, conversation in enumerate(self.conversations):
             if conversation.target is not None:  # a generated target is checked once it exists
                 on_line(k, self.is_batch, self.utility.locate, conversation.target)
-        if s.vllm_url:
-            check_server_can(self.conversations, self.utility, is_batch=self.is_batch)
+        check_backend_can(self.conversations, self.utility, s.backend_settings(), is_batch=self.is_batch)
         # an estimator's player limit (exact: 16) stops the count early: a long text is refused
         # after a few sentences, not after segmenting all of it
         at_most = self.player_limit()
@@ -148,9 +147,9 @@ class ExplainRun:
         if not s.capabilities.two_fidelity:
             return f"method {s.method_name} fits the exact game alone"
         backend = s.backend_settings()
-        if self.backend is None and (backend.distributed or backend.backend_name in ("vllm", "vllm-server")):
-            where = "Ray workers" if backend.distributed else f"backend {backend.backend_name}"
-            return f"{where} cannot score the shared-KV proxy game"
+        # as the backend kind declares (Ray workers run whatever their kind can: an executor)
+        if self.backend is None and not backend.capabilities.proxy_game:
+            return f"backend {backend.backend_name} cannot score the shared-KV proxy game"
         game = s.proxy
         return PROXY_OFF if game is None else game.refusal(self.backend, teacher_forced=self.utility.teacher_forced, policy_id=self.policy.id)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..backends.base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
+from ..backends.settings import MAX_WORKERS  # re-exported: the --workers help quotes it
 from ..utility import DEFAULT_UTILITY
 from .options import SettingsGroup, option, positive_float, positive_int
 from .options import seed as seed_type
@@ -45,14 +46,8 @@ __all__ = (
 )
 
 
-MAX_WORKERS = 1024
-"""The most Ray workers a run starts (each holds a copy of the model): a larger count is refused
-as a slip, on a joined cluster too. A local cluster takes at most this machine's CPUs (at least 2,
-the default count), :func:`~coalescence.app.backend.local_worker_limit`."""
-
-
 def _backends() -> tuple[str, ...]:
-    from ..backends.registry import BACKENDS
+    from ..backends.kinds import BACKENDS
 
     return BACKENDS.names()
 

@@ -1,5 +1,5 @@
 """An explain run's checks before its weights load (the ``check`` and ``preflight`` phases of
-:class:`~coalescence.app.explain.ExplainRun`): what a ``vllm serve`` cannot do, the date that
+:class:`~coalescence.app.explain.ExplainRun`): what the backend kind declares it cannot do, the date that
 templates render, and the preflight proper: the model's tokenizer, configuration and content
 fingerprint, its identity and backend against the archive's runs, and every coalition the plans
 need rendered with the chat template (each game through :func:`coalescence.preflight.check_game`).
@@ -22,9 +22,10 @@ from .record import check_backend, check_model_identity, recorded_now
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..backends.settings import BackendSettings
     from .settings import RunSettings
 
-__all__ = ("PROVISIONAL_ANSWER", "CheckedRun", "check_input_game", "check_server_can", "pinned_now", "preflight_run")
+__all__ = ("PROVISIONAL_ANSWER", "CheckedRun", "check_input_game", "check_backend_can", "pinned_now", "preflight_run")
 
 PROVISIONAL_ANSWER = "\u2063answer\u2063"
 """The stand-in answer a conversation without one is rendered with before it is generated."""
@@ -48,18 +49,23 @@ class CheckedRun(Protocol):
     def plan(self, n_players: int) -> Iterable[np.ndarray]: ...
 
 
-def check_server_can(conversations: Sequence[Any], utility: Any, *, is_batch: bool) -> None:
-    """Refuse what a ``vllm serve`` run cannot do (it scores teacher-forced answers only:
-    :class:`~coalescence.backends.vllm.VLLMServerBackend` does not generate), before anything
-    is loaded or written.
+def check_backend_can(conversations: Sequence[Any], utility: Any, settings: BackendSettings, *, is_batch: bool) -> None:
+    """Refuse what the run's backend kind cannot do, as it declares
+    (:class:`~coalescence.backends.kinds.Capabilities`), before anything is loaded or written: a
+    kind that does not ``generate`` (a server such as ``vllm serve`` scores teacher-forced answers
+    only: :class:`~coalescence.backends.vllm.VLLMServerBackend`) gets no utility that compares
+    generated answers and no conversation without an answer.
 
     Raises:
         ConfigError: a utility that generates answers (field ``utility``).
         InputError: a conversation without an answer (it would be generated; field ``target``).
     """
+    if settings.capabilities.generate:
+        return
+    where = f"on backend {settings.backend_name}"
     if not utility.teacher_forced:
         raise ConfigError(
-            f"{utility.kind} compares generated answers, and a run through --vllm-url only scores given ones; use "
+            f"{utility.kind} compares generated answers, and a run {where} only scores given ones; use "
             "a log-probability utility (logprob, mean_logprob, logit_prob, prob) or --backend vllm/hf to generate",
             field="utility",
         )
@@ -67,7 +73,7 @@ def check_server_can(conversations: Sequence[Any], utility: Any, *, is_batch: bo
         if conversation.target is None:
             raise InputError(
                 f"{f'input line {k + 1}: ' if is_batch else ''}the conversation has no answer to explain, and a run "
-                "through --vllm-url does not generate one; give the answer (a final assistant message or target), or "
+                f"{where} does not generate one; give the answer (a final assistant message or target), or "
                 "use --backend vllm or hf to generate it",
                 field="target",
             )
@@ -128,7 +134,7 @@ def preflight_run(run: CheckedRun) -> dict[str, Any]:
         max_context = model_context(config, tokenizer)
         fingerprint = model_fingerprint(source)
         # a server computes in its own dtype: its runs are keyed as dtype "server" (VLLMServerBackend.dtype)
-        dtype = "server" if s.vllm_url else s.dtype
+        dtype = "server" if s.backend_settings().capabilities.remote_dtype else s.dtype
         identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
         loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
     run.max_context = max_context

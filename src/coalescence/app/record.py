@@ -209,13 +209,12 @@ def run_record(run: Any) -> dict[str, Any]:
     }
     if s.template is not None:
         config["template"] = str(s.template)
-    if s.distributed:
-        config["ray"] = {
-            "workers": s.workers,
-            "ray_address": s.ray_address,
-            "gpus_per_worker": s.gpus_per_worker,
-            "threads_per_worker": s.threads_per_worker,
-        }
+    if s.distributed:  # every Ray setting, by the group's fields (a new one is recorded unlisted)
+        from dataclasses import fields
+
+        from .groups import RaySettings
+
+        config["ray"] = {f.name: getattr(s, f.name) for f in fields(RaySettings)}
     run = {
         "package_version": __version__,
         "snapshot_ids": [x.snapshot_id for x in recorded],

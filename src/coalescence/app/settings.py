@@ -201,7 +201,7 @@ class RunSettings(
 
     def backend_settings(self) -> BackendSettings:
         """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
-        return BackendSettings.of(model=self, ray=self)
+        return BackendSettings.of(self)
 
     @property
     def proxy(self) -> Any:
@@ -466,7 +466,7 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
 
     def backend_settings(self) -> BackendSettings:
         """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
-        return BackendSettings.of(model=self, ray=self)
+        return BackendSettings.of(self)
 
     def budget_for(self, n_players: int, method: str | None = None, run: Mapping[str, Any] | None = None) -> int:
         """The sampling budget for a game of ``n_players``: ``budget``; else the ``run``'s
@@ -581,7 +581,7 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
 
     def backend_settings(self) -> BackendSettings:
         """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
-        return BackendSettings.of(model=self, ray=self)
+        return BackendSettings.of(self)
 
 
 def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:
