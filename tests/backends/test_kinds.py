@@ -84,7 +84,7 @@ def test_what_the_kind_declares_is_asked_before_anything_loads(registered, tiny_
         code, _, err = run(["explain", str(chat), "--backend", "toy-server", "--vllm-url", url, "--model", str(tiny_model_dir),
                             "--archive", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "target: " in lines[0] and "a run on backend toy-server does not generate" in lines[0], err
+    assert code == 2 and len(lines) == 1 and "target: " in lines[0] and "a run through --vllm-url (backend toy-server) does not generate" in lines[0], err
     assert calls == [] and not (tmp_path / "run").exists()
     # a kind that loads its weights here takes no URL
     with pytest.raises(ConfigError) as info:
