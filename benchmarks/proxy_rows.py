@@ -18,7 +18,9 @@ forward with: run at each commit, alternately.
 one process on the same rows, alternating (the order turned each round) for ``--repeats`` rounds
 at the first ``--batch-sizes`` size: each row's own rotated copy of the prefix keys per layer
 (``HFBackend.rotated_key_rows = True``, the method at 679dc52, with its in-place rotation since);
-and the row-wise prefix on the shared keys (``backends/row_prefix.py``, the default). (The
+the row-wise prefix on the shared keys (``backends/row_prefix.py``) in one forward of the call's
+rows (its rows' calls in Python threads, ``PARALLEL_ROWS``); and the same rows split into one
+forward per thread, the forwards side by side (``parallel_forwards``, the default). (The
 forward's gather rows as one padded batch, one index_select, turn and flash call per layer, was
 tried on 2026-12-06 and measured slower at one thread: 115-135 against 98 CPU ms a row on the
 default plan's rows, its strided gather and the padded turn outside the cache.) Printed per game: the median wall and CPU (process) ms per row
@@ -86,8 +88,9 @@ def main() -> None:
 
 
 VARIANTS = {
-    "rotated keys": {"rotated_key_rows": True},
-    "row-wise": {"rotated_key_rows": False},
+    "rotated keys": {"rotated_key_rows": True, "parallel_forwards": False},
+    "row-wise, one forward": {"rotated_key_rows": False, "parallel_forwards": False},
+    "row-wise, forwards side by side": {"rotated_key_rows": False, "parallel_forwards": True},
 }
 """The ways of running a row's prefix that ``--compare`` times (``HFBackend`` attributes); the
 first is the baseline of the ratios (679dc52's method), the last the default."""

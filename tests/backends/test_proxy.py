@@ -256,3 +256,44 @@ def test_row_prefix_modes_equal_the_reference(game, mode, monkeypatch):
     for r, x in zip(requests, backend.score_proxy(requests), strict=True):
         np.testing.assert_allclose(x.token_logprobs, reference(ref, r), atol=ATOL)
     assert set(seen) == (set() if mode == "rotated-keys" else {mode})
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["forwards-side-by-side", "one-forward"])
+def test_proxy_forwards_side_by_side_equal_the_reference(game, parallel, monkeypatch):
+    """A call's rows split into one forward per thread, run at once in Python threads on one
+    PyTorch thread each (``parallel_forwards``), give the reference's rows in the call's order,
+    the shared prefix's computed tokens counted once; PyTorch's thread count is restored after."""
+    import threading
+
+    from coalescence.backends.hf.proxy import ProxyScoring
+
+    tokenizer, renderer, snapshot, target, model, ref = game
+    backend = HFBackend(model, tokenizer, model_id="tiny")
+    monkeypatch.setattr(backend, "parallel_forwards", parallel)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    ran_in: list[tuple[str, int, int]] = []
+    run = ProxyScoring._proxy_forward_split
+
+    def spy(self, rows, cache, shared, computed_prefix):
+        ran_in.append((threading.current_thread().name, len(rows), torch.get_num_threads()))
+        return run(self, rows, cache, shared, computed_prefix)
+
+    monkeypatch.setattr(ProxyScoring, "_proxy_forward_split", spy)
+    try:
+        layout = proxy_layout(renderer, snapshot, target, tail="after-last-player")
+        requests = [layout.request(row) for row in coalitions(snapshot.n_players)]
+        got = backend.score_proxy(requests)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads_before)
+    for r, x in zip(requests, got, strict=True):
+        np.testing.assert_allclose(x.token_logprobs, reference(ref, r), atol=ATOL)
+    if parallel:  # two forwards of about half the rows each, each on one thread, off the caller's thread
+        assert len(ran_in) == 2 and all(name.startswith("proxy-forward") and t == 1 for name, _, t in ran_in), ran_in
+        assert sorted(n for _, n, _ in ran_in) == [len(requests) // 2, len(requests) - len(requests) // 2]
+    else:
+        assert len(ran_in) == 1 and ran_in[0][1] == len(requests) and ran_in[0][2] == 2, ran_in
+    shared, t = requests[0].shared_tokens, requests[0].n_tokens - 1 - requests[0].shared_tokens
+    assert all(x.tokens_computed + x.tokens_reused == shared + t for x in got)
+    assert sum(x.tokens_computed for x in got) == len(got) * t + shared  # a fresh backend computes the prefix once

@@ -121,6 +121,17 @@ def _rotate_half(x: Any) -> Any:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
+_FORWARD_POOLS: dict[int, Any] = {}
+
+
+def _forward_pool(n: int) -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    if n not in _FORWARD_POOLS:
+        _FORWARD_POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="proxy-forward")
+    return _FORWARD_POOLS[n]
+
+
 _ROW_BYTES = 1 << 30
 """Most bytes of per-row re-rotated keys and values one proxy forward holds."""
 
@@ -181,7 +192,7 @@ class ProxyScoring:
                     while end < len(rows) and rows[end].n_tokens == rows[at].n_tokens and (end + 1 - at) * t * (shared + (end + 1 - at) * t) <= limit:
                         end += 1
                     computed_prefix = shared - resumed if at == 0 else 0
-                    results += self._proxy_forward_split(rows[at:end], fork_cache(cache), shared, computed_prefix)
+                    results += self._proxy_forwards_side_by_side(rows[at:end], cache, shared, computed_prefix)
                     at = end
                     continue
                 # rows of one length as a batch, within 1 GiB of per-row keys and values
@@ -196,6 +207,42 @@ class ProxyScoring:
                 results += self._proxy_forward_compact(chunk, cache, shared, computed_prefix)
                 at = end
         return results, ran
+
+    parallel_forwards: bool = True
+    """On the CPU, split a call's side-by-side proxy rows into as many forwards as PyTorch has
+    intra-op threads and run them at once in Python threads, each op on one thread (PyTorch's thread
+    count is set to 1 for the while and restored: process-wide). A row-wise proxy forward is many
+    small ops (per row and layer a handful of flash calls, gathers and turns on its visible prefix):
+    each on one thread of its own forward, no op's threads meet at a barrier, and each forward's
+    projections are still large enough to run near peak on one thread. Not for the rotated copy
+    (:attr:`rotated_key_rows`, whose large ops use the threads themselves).
+    ``benchmarks/proxy_rows.py --compare`` times it."""
+
+    def _proxy_forwards_side_by_side(
+        self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
+    ) -> list[ScoreResult]:
+        """:meth:`_proxy_forward_split` of ``rows``, in as many forwards side by side as PyTorch has
+        intra-op threads, each on one thread (:attr:`parallel_forwards`), each on its own fork of
+        ``cache``; one forward where the rows are the rotated copy's (:attr:`rotated_key_rows`) or
+        a forward would hold no row."""
+        torch = self._torch
+        threads = torch.get_num_threads()
+        parts = min(threads, len(rows)) if self.parallel_forwards and not self.rotated_key_rows else 1
+        if parts < 2:
+            return self._proxy_forward_split(rows, fork_cache(cache), shared, computed_prefix)
+        bounds = [len(rows) * i // parts for i in range(parts + 1)]
+
+        def run(i: int) -> list[ScoreResult]:
+            with torch.no_grad():  # grad mode is per thread
+                part = rows[bounds[i] : bounds[i + 1]]
+                return self._proxy_forward_split(part, fork_cache(cache), shared, computed_prefix if i == 0 else 0)
+
+        torch.set_num_threads(1)
+        try:
+            outs = list(_forward_pool(parts).map(run, range(parts)))
+        finally:
+            torch.set_num_threads(threads)
+        return [r for out in outs for r in out]
 
     def _compact_rotation(self, before: Any) -> tuple[Any, Any]:
         """``(cos, sin)``, each ``[b, P, d]`` float32 on the model's device: RoPE's rotation of each
