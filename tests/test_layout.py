@@ -10,8 +10,9 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src" / "coalescence"
-NOT_MIRRORS = {"helpers", "data", "integration", "__pycache__"}
-"""Folders of tests/ that mirror no part of src/: shared helpers, test data, the real-model tests."""
+NOT_MIRRORS = {"helpers", "data", "integration", "benchmarks", "__pycache__"}
+"""Folders of tests/ that mirror no part of src/: shared helpers, test data, the real-model tests,
+the tests of research code that lives in benchmarks/ (not in the package)."""
 
 
 def test_every_test_folder_mirrors_a_module_or_package_of_src() -> None:
