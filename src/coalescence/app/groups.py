@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..backends.base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
 from ..backends.settings import MAX_WORKERS  # re-exported: the --workers help quotes it
+from ..errors import ConfigError
+from ..normalised import given_or_default
 from ..utility import DEFAULT_UTILITY
-from .options import SettingsGroup, option, positive_float, positive_int
+from .options import SettingsGroup, names, option, positive_float, positive_int
 from .options import seed as seed_type
 
 __all__ = (
@@ -227,6 +229,20 @@ class GameSettings(SettingsGroup):
         "side by side (templates that require alternating roles)",
     )
 
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``roles`` as a tuple of names.
+
+        Raises:
+            ConfigError: no role named (``field="roles"``).
+        """
+        if given.get("roles") is not None:
+            roles = names(given["roles"])
+            if not roles:
+                raise ConfigError("give at least one role, e.g. user,system", field="roles")
+            given["roles"] = roles
+        return super().normalised(given)
+
 
 @dataclass(frozen=True, kw_only=True)
 class UtilitySettings(SettingsGroup):
@@ -295,6 +311,58 @@ class EstimatorSettings(SettingsGroup):
         "4 per player, at most 2^n; docs/proxy.md)",
     )
 
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """The seed checked; no method: the one the other settings ask for (``default``; ``auto``
+        with a budget; ``exact`` with a target standard error or interactions); an estimator
+        object's budget, seed and interactions taken as the run's (:meth:`_estimator_object_settings`).
+
+        Raises:
+            ConfigError: a bad seed or estimator object (naming it).
+        """
+        from ..attribution.estimators.base import check_seed
+
+        check_seed(given_or_default(cls, given, "seed"))
+        method = given.get("method")
+        if method is None:  # a budget asks for a sampling method: auto chooses it; none, the default plan
+            plain = all(given.get(name) is None for name in ("budget", "target_stderr", "interactions", "index"))
+            given["method"] = "default" if plain else "exact" if given.get("budget") is None else "auto"
+        elif not isinstance(method, str):
+            given |= cls._estimator_object_settings(given)
+        return super().normalised(given)
+
+    @classmethod
+    def _estimator_object_settings(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``method`` given as an estimator object (e.g. ``KernelSHAP(budget=512, seed=3)``): its
+        budget, seed and interactions, which become the run's (recorded in the manifest as a named
+        method's would be); the same settings given apart must agree with it.
+
+        Raises:
+            ConfigError: not an estimator object; a setting given apart that disagrees with it.
+        """
+        from ..attribution.estimators.base import Estimator
+
+        est = given["method"]
+        if not isinstance(est, Estimator) or not isinstance(getattr(est, "name", None), str):
+            raise ConfigError(
+                f"must be a method name or an estimator object (name, capabilities, validate, plan, fit), got {type(est).__name__}",
+                field="method",
+            )
+        taken: dict[str, Any] = {}
+        for name, default in (("budget", None), ("seed", 0), ("interactions", None), ("index", None)):
+            carried = getattr(est, name, None)
+            value = given_or_default(cls, given, name)
+            if value != default and value != carried:
+                what = type(est).__name__
+                raise ConfigError(
+                    f"{value!r} disagrees with the estimator object's own {name}={carried!r} (an object's {name} is its "
+                    f"constructor's, its default when not given): give it to the object, {what}(..., {name}={value!r}), "
+                    f"and leave {name} out",
+                    field=name,
+                )
+            taken[name] = carried if carried is not None or name != "seed" else value
+        return taken
+
 
 @dataclass(frozen=True, kw_only=True)
 class HierarchySettings(SettingsGroup):
@@ -309,6 +377,19 @@ class HierarchySettings(SettingsGroup):
         "at FINE with the rest held present (e.g. document,sentence)",
     )
     top_k: int | None = option(None, type=positive_int, help="--hierarchy: coarse players refined (default: 3)")
+
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``hierarchy`` given as ``"coarse,fine"``: a tuple of the two units.
+
+        Raises:
+            ConfigError: not two known units (``field="hierarchy"``).
+        """
+        from .hierarchy import parse_hierarchy
+
+        if isinstance(given.get("hierarchy"), str):
+            given["hierarchy"] = parse_hierarchy(given["hierarchy"])
+        return super().normalised(given)
 
 
 @dataclass(frozen=True, kw_only=True)

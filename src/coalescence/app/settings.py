@@ -55,7 +55,8 @@ class RunSettings(
 ):
     """Every setting of an explain run (the CLI's ``explain`` options, by their library names),
     composed of the settings groups of :mod:`coalescence.app.groups` (each field's help is its
-    ``--help`` text).
+    ``--help`` text; each group normalises its given values before construction: a method chosen
+    when none is given, an estimator object's budget and seed, roles and hierarchy as tuples).
 
     Args:
         model: alias, local directory, ``.gguf`` file or hub id.
@@ -110,23 +111,7 @@ class RunSettings(
 
     def __post_init__(self) -> None:
         from ..attribution.estimators import methods_with
-        from ..attribution.estimators.base import check_seed
-        from .hierarchy import parse_hierarchy
 
-        check_seed(self.seed)
-        if self.method is None:  # a budget asks for a sampling method: auto chooses it; none, the default plan
-            plain = self.budget is None and self.target_stderr is None and self.interactions is None and self.index is None
-            object.__setattr__(self, "method", "default" if plain else "exact" if self.budget is None else "auto")
-        elif not isinstance(self.method, str):
-            self._take_estimator_object()
-
-        if self.roles is not None:
-            roles = names(self.roles)
-            if not roles:
-                raise ConfigError("give at least one role, e.g. user,system", field="roles")
-            object.__setattr__(self, "roles", roles)
-        if isinstance(self.hierarchy, str):
-            object.__setattr__(self, "hierarchy", parse_hierarchy(self.hierarchy))
         if self.hierarchy is None and self.top_k is not None:
             raise ConfigError("applies to a hierarchy (coarse,fine units); add one or drop top_k", field="top_k")
         if self.hierarchy is not None and self.unit is not None:
@@ -212,31 +197,6 @@ class RunSettings(
         return proxy_game_of(self.proxy_game)
 
     # -- objects given instead of names ------------------------------------------------------
-    def _take_estimator_object(self) -> None:
-        """``method`` given as an estimator object (e.g. ``KernelSHAP(budget=512, seed=3)``): its
-        budget, seed and interactions become the run's (recorded in the manifest as a named
-        method's would be); the same settings given apart must agree with it."""
-        from ..attribution.estimators.base import Estimator
-
-        est = self.method
-        if not isinstance(est, Estimator) or not isinstance(getattr(est, "name", None), str):
-            raise ConfigError(
-                f"must be a method name or an estimator object (name, capabilities, validate, plan, fit), got {type(est).__name__}",
-                field="method",
-            )
-        for name, default in (("budget", None), ("seed", 0), ("interactions", None), ("index", None)):
-            carried = getattr(est, name, None)
-            given = getattr(self, name)
-            if given != default and given != carried:
-                what = type(est).__name__
-                raise ConfigError(
-                    f"{given!r} disagrees with the estimator object's own {name}={carried!r} (an object's {name} is its "
-                    f"constructor's, its default when not given): give it to the object, {what}(..., {name}={given!r}), "
-                    f"and leave {name} out",
-                    field=name,
-                )
-            object.__setattr__(self, name, carried if carried is not None or name != "seed" else given)
-
     def _take_policy_object(self) -> None:
         """``absence_policy`` given as an :class:`~coalescence.masking.policies.AbsencePolicy`
         object: the placeholder and drop rules are its own."""
@@ -438,6 +398,13 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
     )
     out: str | Path | None = option(None, metavar="JSON", help='write {"run_dir", "run_id", "explanations": [...]} as JSON here')
 
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``methods`` as a tuple of names (checked on construction)."""
+        if "methods" in given:
+            given["methods"] = names(given["methods"])
+        return super().normalised(given)
+
     def __post_init__(self) -> None:
         from ..attribution.estimators import ESTIMATORS, estimator_class, is_method
         from ..attribution.estimators.base import check_seed
@@ -446,7 +413,7 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         if self.seed is not None:
             check_seed(self.seed)
 
-        methods = names(self.methods)
+        methods = self.methods
         unknown = [m for m in methods if not is_method(m)]
         if not methods or unknown:
             raise ConfigError(
@@ -459,7 +426,6 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         if self.interactions is not None or self.index is not None:
             for m in methods:
                 interaction_settings(m, self.interactions, self.index)
-        object.__setattr__(self, "methods", methods)
         spanned = self.target_span is not None or self.target_substring is not None
         if self.whole_answer and spanned:
             raise ConfigError("scores every answer token, so it does not combine with a sub-span; drop one", field="whole_answer")
@@ -546,6 +512,13 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
     )
     out: str | Path | None = option(None, metavar="JSON", help="also write the evaluation as JSON here")
 
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``methods``, when given, as a tuple of names (checked on construction)."""
+        if given.get("methods") is not None:
+            given["methods"] = names(given["methods"])
+        return super().normalised(given)
+
     def __post_init__(self) -> None:
         from ..attribution.estimators import ESTIMATORS, is_method
         from ..attribution.estimators.base import check_seed
@@ -570,14 +543,13 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
         if self.conversation is not None and (isinstance(self.conversation, bool) or not isinstance(self.conversation, int) or self.conversation < 0):
             raise ConfigError(f"numbers conversations from 0; got {self.conversation!r}", field="conversation")
         if self.methods is not None:
-            methods = names(self.methods)
+            methods = self.methods
             unknown = [m for m in methods if not is_method(m)]
             if not methods or unknown:
                 raise ConfigError(
                     f"unknown method {unknown[0] if unknown else ''!r}{did_you_mean(unknown[0], ESTIMATORS) if unknown else ''}; use a comma-separated subset of {','.join(ESTIMATORS)}",
                     field="method",
                 )
-            object.__setattr__(self, "methods", methods)
 
     def backend_settings(self) -> BackendSettings:
         """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""

@@ -33,19 +33,20 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, EstimatorError
+from ..normalised import given_or_default
 from ..userinput import did_you_mean
 from ..attribution.estimators import is_exact
 from .lifecycle import run_blocking
 from .explain import ExplainRun, closing_run
 from .phases import PhasedRun
-from .options import Options, SettingsGroup, option
+from .options import Options, SettingsGroup, int_list, option
 from .groups import RaySettings, method_list_help
 from .settings import RunSettings
 
@@ -120,29 +121,6 @@ class Cell:
         return make_estimator(self.method, budget=self.budget, seed=self.seed if self.seed is not None else 0)
 
 
-def _int_list(value: Any, name: str, *, minimum: int, what: str) -> tuple[int, ...]:
-    items = value.split(",") if isinstance(value, str) else list(value)
-    out: list[int] = []
-    for item in items:
-        if isinstance(item, str):
-            item = item.strip()
-            if not item:
-                continue
-            try:
-                number = int(item)
-            except ValueError:
-                raise ConfigError(f"expected comma-separated {what}, got {item!r}", field=name) from None
-        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
-            number = int(item)
-        else:
-            raise ConfigError(f"expected comma-separated {what}, got {item!r}", field=name)
-        if number < minimum:
-            raise ConfigError(f"expected comma-separated {what}, got {number}", field=name)
-        if number not in out:
-            out.append(number)
-    return tuple(out)
-
-
 @dataclass(frozen=True, kw_only=True)
 class SweepSettings(SettingsGroup):
     """The settings of a sweep (the ``coalescence sweep`` options, by their library names).
@@ -181,13 +159,17 @@ class SweepSettings(SettingsGroup):
     )
     run: RunSettings = field(default_factory=RunSettings)
 
-    def __post_init__(self) -> None:
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``methods``, ``budgets``, ``seeds`` as tuples (repeats dropped, in order); a ``run``
+        without an archive keeps it in ``OUT/archive``. Raises ConfigError: a bad method, budget or seed."""
         from ..attribution.estimators import ESTIMATORS, estimator_class, is_method
 
-        raw = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
+        if "methods" not in given:
+            return super().normalised(given)  # refused by the constructor: a required setting
+        raw = given["methods"].split(",") if isinstance(given["methods"], str) else list(given["methods"])
         methods: list[str] = []
-        for m in raw:
-            name = m.strip() if isinstance(m, str) else m
+        for name in (m.strip() if isinstance(m, str) else m for m in raw):
             if name == "":
                 continue
             if not is_method(name):
@@ -201,14 +183,22 @@ class SweepSettings(SettingsGroup):
                 methods.append(name)
         if not methods:
             raise ConfigError(f"give at least one method, a comma-separated subset of {','.join(ESTIMATORS)}", field="methods")
-        object.__setattr__(self, "methods", tuple(methods))
-        object.__setattr__(self, "budgets", _int_list(self.budgets, "budgets", minimum=1, what="positive integers"))
-        object.__setattr__(self, "seeds", _int_list(self.seeds, "seeds", minimum=0, what="non-negative integers"))
-        sampling = [m for m in methods if estimator_class(m).capabilities.needs_budget]
+        given["methods"] = tuple(methods)
+        given["budgets"] = int_list(given.get("budgets", ()), "budgets", minimum=1, what="positive integers")
+        given["seeds"] = int_list(given_or_default(cls, given, "seeds"), "seeds", minimum=0, what="non-negative integers")
+        run, out = given_or_default(cls, given, "run"), given.get("out")
+        if isinstance(run, RunSettings) and (run.archive is None or run.archive is True) and isinstance(out, (str, Path)) and str(out).strip():
+            given["run"] = replace(run, archive=Path(out) / "archive")  # a sweep always keeps its archive, in OUT by default
+        return super().normalised(given)
+
+    def __post_init__(self) -> None:
+        from ..attribution.estimators import estimator_class
+
+        sampling = [m for m in self.methods if estimator_class(m).capabilities.needs_budget]
         if sampling and not self.budgets:
             raise ConfigError(f"methods {','.join(sampling)} sample within a budget; give budgets, e.g. 64,128", field="budgets")
         if self.budgets and not sampling:
-            raise ConfigError(f"applies to the sampling methods; {','.join(methods)} take none. Drop it", field="budgets")
+            raise ConfigError(f"applies to the sampling methods; {','.join(self.methods)} take none. Drop it", field="budgets")
         if sampling and not self.seeds:
             raise ConfigError("give at least one seed, e.g. 0,1,2", field="seeds")
         if not isinstance(self.out, (str, Path)) or not str(self.out).strip():
@@ -221,9 +211,7 @@ class SweepSettings(SettingsGroup):
         for name in ("proxy_game", "proxy_budget"):  # every cell is fitted from the one pool of exact rows
             if getattr(run, name) != getattr(default, name):
                 raise ConfigError("does not apply to a sweep (it fits every cell from the exact game's rows alone)", field=name)
-        if run.archive is None or run.archive is True:  # a sweep always keeps its archive, in OUT by default
-            object.__setattr__(self, "run", _replace(run, archive=Path(self.out) / "archive"))
-        elif run.archive is False:
+        if run.archive is False:
             raise ConfigError("a sweep keeps its coalitions in a run archive; give a directory or leave the default", field="archive")
 
     def cells(self) -> list[Cell]:
@@ -258,12 +246,6 @@ RUN_OPTIONS = Options(
 )
 """The explain run's options that ``coalescence sweep`` takes (:attr:`SweepSettings.run`): not the
 explain-only ones, nor Ray's."""
-
-
-def _replace(settings: RunSettings, **changes: Any) -> RunSettings:
-    from dataclasses import replace
-
-    return replace(settings, **changes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -388,10 +370,7 @@ class SweepPhases:
 
     def outputs(self, run: PhasedRun) -> tuple[Path | None, Path | None]:
         """The output directory: a directory (or nothing yet) in a writable place; no HTML.
-
-        Raises:
-            ConfigError: ``out`` is a file.
-        """
+        Raises ConfigError: ``out`` is a file."""
         from .outputs import output_path
 
         directory = Path(self.sweep.out)
