@@ -25,6 +25,7 @@ __all__ = (
     "Options",
     "SettingsGroup",
     "add_options",
+    "check_groups",
     "int_list",
     "names",
     "option",
@@ -104,6 +105,19 @@ def _groups(cls: type) -> list[type]:
 
     walk(cls)
     return out
+
+
+def check_groups(settings: Any) -> None:
+    """Each settings group of ``settings`` checks its own fields: its ``check_group`` method, where
+    it defines one, in ``--help`` order (a base group before the group that extends it).
+
+    Raises:
+        ConfigError: from a group's check, naming the field.
+    """
+    for group in _groups(type(settings)):
+        check = vars(group).get("check_group")
+        if check is not None:
+            check(settings)
 
 
 def option_fields(cls: type) -> Iterator[tuple[type, dataclasses.Field[Any], Option]]:
