@@ -91,7 +91,7 @@ def test_a_run_given_its_phases_fits_what_they_say(tmp_path, chatml_tokenizer):
     n = len(SENTENCES)
     full = np.ones(n, dtype=bool)
     expected = [v(full) - v(np.arange(n) != i) for i in range(n)]  # by the game's definition
-    assert values == pytest.approx(expected, abs=1e-9)
+    assert values == pytest.approx(expected, abs=1e-5)  # the fake scores in float32
     assert expected == pytest.approx([3.0 - 2.5, 1.0, 0.25, 1.5 - 2.5])  # the pair term goes with player 0 or 3
     config = coalescence.read_manifest(tmp_path / "run")["runs"][-1]["run_config"]
     assert config["command"] == "leave-one-out by hand" and config["players"] == n
