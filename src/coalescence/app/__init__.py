@@ -15,7 +15,7 @@ from .hierarchy import HierarchicalExplanation, explain_hierarchical
 from .replay import ReplayRun, replay_run
 from .report import report_source
 from .settings import ReplaySettings, RunResult, RunSettings
-from .sweeps import SweepRun, SweepSettings, sweep_run
+from .sweeps import SweepPhases, SweepSettings, sweep_run
 
 __all__ = (
     "ArchiveFit",
@@ -25,7 +25,7 @@ __all__ = (
     "ReplaySettings",
     "RunResult",
     "RunSettings",
-    "SweepRun",
+    "SweepPhases",
     "SweepSettings",
     "explain_hierarchical",
     "explain_run",

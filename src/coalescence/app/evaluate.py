@@ -541,6 +541,7 @@ class _Game:
         from ..masking.policies import get_policy
         from ..utility import UtilitySpec
         from .explain import ExplainRun
+        from .phases import ExplainPhases
         from .settings import RunSettings
 
         ids = list(dict.fromkeys(str(d.get("snapshot_id")) for d in documents))
@@ -567,11 +568,9 @@ class _Game:
             model=model, unit=str(doc.get("unit")), roles=roles, absence_policy=policy, utility=utility, method="loo",
             archive=self.run_dir, **options,
         )  # fmt: skip
-        class _Recreated(ExplainRun):
-            def run_config(self) -> dict[str, Any]:  # no method fitted here: the run holds the game's coalitions only
-                return {"command": "evaluate", "explanation": {"method": doc.get("method"), "snapshot_id": ids[0]}}
-
-        run = _Recreated(source, settings, backend=self.backend)
+        # no method fitted here: the run holds the game's coalitions only
+        recorded = {"command": "evaluate", "explanation": {"method": doc.get("method"), "snapshot_id": ids[0]}}
+        run = ExplainRun(source, settings, backend=self.backend, phases=ExplainPhases(config=recorded))
         if not run.conversations:
             raise InputError("the document holds no conversation", field="RUN_OR_DOC")
         run.preflight()

@@ -17,10 +17,11 @@ them:
 6. :meth:`~ExplainRun.close` the archive with the run's status, then :meth:`~ExplainRun.write`
    the ``--out`` and ``--html`` documents.
 
-A sweep (:class:`coalescence.app.sweeps.SweepRun`) is an explain run with other plans and fits: it
-overrides the hooks :meth:`~ExplainRun.player_limit`, :meth:`~ExplainRun.validate_game`,
-:meth:`~ExplainRun.plan`, :meth:`~ExplainRun.check_outputs`, :meth:`~ExplainRun.run_config` and
-the per-conversation steps of :meth:`~ExplainRun.evaluate`, and keeps every other phase.
+What the run fits is given to it, as its *phases* (:class:`~coalescence.app.phases.RunPhases`):
+the player limit, the games refused, the plan, the output paths, the manifest's record and one
+conversation's evaluation and fit. An explain run's are :class:`~coalescence.app.phases.ExplainPhases`
+(the default); a sweep's are :class:`~coalescence.app.sweeps.SweepPhases`, with every other phase
+the same.
 
 Errors name the settings by their names here (``budget``, ``archive``); the CLI maps them to its
 options (``--budget``).
@@ -37,13 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
+from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, ReportError
 from .backend import load_model
 from .lifecycle import run_blocking
-from .outputs import check_run_dir, html_path, on_line, output_path, refuse_overwrite
+from .outputs import check_run_dir, on_line
+from .phases import ExplainPhases, RunPhases
 from .preflight import check_backend_can, check_input_game, pinned_now, preflight_run
 from .record import check_backend, check_same_date, run_record, same_measurement
-from .settings import RunResult, RunSettings, interaction_settings
+from .settings import RunResult, RunSettings
 
 __all__ = (
     "ExplainRun",
@@ -63,14 +65,17 @@ class ExplainRun:
         settings: the run's settings.
         backend: a loaded backend to use (its tokenizer, context and fingerprint too) instead of
             loading ``settings.model``.
+        phases: what the run fits (:class:`~coalescence.app.phases.RunPhases`); an explain run's
+            (:class:`~coalescence.app.phases.ExplainPhases`) if ``None``.
 
     Raises:
         InputError, ConfigError: from :meth:`check`, which the constructor runs.
     """
 
-    def __init__(self, source: Any, settings: RunSettings, *, backend: Any = None) -> None:
+    def __init__(self, source: Any, settings: RunSettings, *, backend: Any = None, phases: RunPhases | None = None) -> None:
         self.source = source
         self.settings = settings
+        self.phases: RunPhases = phases if phases is not None else ExplainPhases()
         self.backend = backend
         self.engine: Any = None
         self.archive: Any = None
@@ -109,7 +114,7 @@ class ExplainRun:
         check_backend_can(self.conversations, self.utility, s.backend_settings(), is_batch=self.is_batch)
         # an estimator's player limit (exact: 16) stops the count early: a long text is refused
         # after a few sentences, not after segmenting all of it
-        at_most = self.player_limit()
+        at_most = self.phases.player_limit(self)
         self.units: list[str] = []
         for k, conversation in enumerate(self.conversations):
             unit = s.hierarchy[0] if s.hierarchy else s.unit or ("document" if conversation.declared else "turn")
@@ -123,7 +128,7 @@ class ExplainRun:
                     field="method",
                 )
             self.validate_game(n_players, refused=self.proxy_refusal())
-        self.check_outputs()
+        self.out_path, self.html_path = self.phases.outputs(self)
         if isinstance(s.archive, (str, Path)):
             self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
         self.now = self.pinned_now()
@@ -131,11 +136,6 @@ class ExplainRun:
     def pinned_now(self) -> datetime:
         """The instant dated chat templates render in this run (:func:`~coalescence.app.preflight.pinned_now`)."""
         return pinned_now(self.run_dir, new_run=self.settings.new_run)
-
-    # the parts a run of another kind (a sweep, :mod:`coalescence.app.sweeps`) changes -------------------
-    def player_limit(self) -> int | None:
-        """The most players an input may have (the method's limit, e.g. exact: 16), or ``None``."""
-        return self.settings.capabilities.max_players
 
     def proxy_refusal(self) -> str | None:
         """Why this run plays no proxy game, as far as the settings, the inputs and a given backend
@@ -154,57 +154,21 @@ class ExplainRun:
         return PROXY_OFF if game is None else game.refusal(self.backend, teacher_forced=self.utility.teacher_forced, policy_id=self.policy.id)
 
     def validate_game(self, n_players: int, *, refused: str | None) -> None:
-        """Refuse a game of ``n_players`` the run's estimator cannot play (before any model call):
-        a two-fidelity method at its floor with the proxy game (``refused`` None: it may be
-        played), else at its floor on exact rows alone, saying why the proxy game is not played.
+        """Refuse a game of ``n_players`` the run cannot play, before any model call (its phases'
+        ``validate_game``; ``refused``: why no proxy game is played, or ``None`` where it may be).
 
         Raises:
             EstimatorError, ConfigError: as the estimator's ``validate``.
         """
-        from ..engine.proxy import validate_exact_only
-
-        estimator = self.settings.estimator(n_players)
-        if not self.settings.capabilities.two_fidelity:
-            estimator.validate(n_players)
-        elif refused is None:
-            estimator.validate(n_players, proxy=True)
-        else:
-            validate_exact_only(estimator, n_players, refused)
-        if self.settings.target_stderr is not None:  # auto's choice is known once n is
-            from ..attribution.estimators.base import for_target_stderr
-
-            for_target_stderr(estimator, n_players)
+        self.phases.validate_game(self, n_players, refused=refused)
 
     def plan(self, n_players: int) -> Iterable[np.ndarray]:
         """Every coalition the run evaluates for a game of ``n_players`` (rendered by :meth:`preflight`)."""
-        return self.settings.estimator(n_players).plan(n_players)
-
-    def check_outputs(self) -> None:
-        """Check the output files' paths (``out``, ``html``) before any work."""
-        self.out_path = output_path(self.settings.out, "out")
-        self.html_path = html_path(self.settings.html, "html")
-        refuse_overwrite(
-            {"out": self.out_path, "html": self.html_path},
-            sources={"input": self.source} if isinstance(self.source, (str, Path)) else None,
-            run_dirs={"archive": self.settings.archive},
-        )
+        return self.phases.plan(self, n_players)
 
     def run_config(self) -> dict[str, Any]:
         """What the run fits, as the manifest's ``run_config`` records it."""
-        s = self.settings
-        config: dict[str, Any] = {
-            "command": "explain",
-            "method": s.method_name,
-            "budget": s.budget_for(self.snapshots[0].n_players),
-            "seed": s.seed,
-        }
-        if s.interactions is not None:
-            config["interactions"] = {"order": s.interactions, "index": interaction_settings(s.method_name, s.interactions, s.index)[1]}
-        if s.capabilities.two_fidelity and s.proxy is not None:
-            config["proxy"] = {"tail": s.proxy.tail, "budget": s.proxy_budget}
-        if s.hierarchy is not None:
-            config["hierarchy"] = {"units": list(s.hierarchy), "top_k": s.top_k_or_default}
-        return config
+        return self.phases.run_config(self)
 
     # -- 2. what the tokenizer and template reveal, no weights --------------------------------------
     def preflight(self) -> None:
@@ -352,7 +316,7 @@ class ExplainRun:
         results: list[Any] = [None] * len(self.snapshots)
         todo = []
         for k, snap in enumerate(self.snapshots):
-            restored = self._restored(snap)
+            restored = self.phases.restored(self, snap)
             if restored is not None:
                 results[k] = restored
             else:
@@ -362,8 +326,8 @@ class ExplainRun:
 
         async def worker() -> None:
             for k, snap in pending:  # shared: each worker takes the next conversation
-                results[k] = await self._explain_one(k, snap)
-                self._record(snap, results[k])
+                results[k] = await self.phases.explain_one(self, k, snap)
+                self.phases.record(self, snap, results[k])
 
         width = max(1, min(self.settings.max_conversations_in_flight, len(todo)))
         if width == 1:
@@ -376,51 +340,6 @@ class ExplainRun:
         except BaseExceptionGroup as group:  # one conversation's error stops the others: raise it as it is
             raise _first_error(group) from None
         return results
-
-    async def _explain_one(self, k: int, snap: Any) -> Any:
-        from .hierarchy import explain_hierarchical
-
-        s, engine, policy = self.settings, self.engine, self.policy
-        if s.target_stderr is not None:
-            return await engine.explain_until(
-                snap, s.estimator_for_budget(), policy, budget=s.budget_for(snap.n_players), target_stderr=s.target_stderr
-            )
-        if s.hierarchy is None:
-            return await engine.explain(snap, s.estimator(snap.n_players), policy)
-        fine, parents = self.fines[k]
-        return await explain_hierarchical(
-            engine, snap, fine, parents, estimator_for=s.estimator, policy=policy, top_k=s.top_k_or_default
-        )
-
-    def _result_key(self, snap: Any) -> str:
-        import json
-
-        s = self.settings
-        fit = {"method": s.method_name, "budget": s.budget_for(snap.n_players), "seed": s.seed, "target_stderr": s.target_stderr}
-        if s.interactions is not None:
-            fit["interactions"] = [s.interactions, s.index]
-        if s.capabilities.two_fidelity and s.proxy is not None:
-            fit["proxy"] = [s.proxy.tail, s.proxy_budget]
-        return json.dumps({"snapshot_id": snap.snapshot_id, "fit": fit}, sort_keys=True)
-
-    def _restored(self, snap: Any) -> Any:
-        """The explanation of ``snap`` an earlier session finished, or ``None``."""
-        from ..attribution.explanation import Explanation
-
-        if self.archive is None or self.settings.hierarchy is not None:
-            return None
-        document = self.archive.results.get(self._result_key(snap))
-        if document is None:
-            return None
-        try:
-            return Explanation.from_dict(document, snap, notes=("restored from the archive: finished in an earlier session of this run",))
-        except InputError:
-            return None  # not restorable: evaluated again (its coalitions are in the archive)
-
-    def _record(self, snap: Any, explanation: Any) -> None:
-        """Record a finished conversation's explanation for a resume (hierarchies are not)."""
-        if self.archive is not None and self.settings.hierarchy is None and len(self.snapshots) > 1:
-            self.archive.record_result(self._result_key(snap), explanation.to_dict())
 
     # -- 6. close and write ------------------------------------------------------------------------------
     def close(self, status: str) -> None:

@@ -4,19 +4,43 @@ one concern each: the model and where it runs, the players and absence, the util
 the hierarchy, the archive, the execution (Ray workers), the outputs. Each field carries its
 command-line option (:func:`~coalescence.app.options.option`); the CLI is generated from them, one
 ``--help`` section per group, and the choices and method lists are read from the registries when
-the parser is built.
+the parser is built (:mod:`coalescence.app.choices`).
+
+A group normalises its own given values before construction (its ``normalised`` classmethod:
+:class:`~coalescence.normalised.NormalisedSettings`) and checks its own fields (its ``check_group``,
+run by :func:`~coalescence.app.options.check_groups`); the rules between groups are one function,
+:func:`~coalescence.app.settings.check_across`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..backends.base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
 from ..backends.settings import MAX_WORKERS  # re-exported: the --workers help quotes it
+from ..errors import ConfigError
+from ..normalised import given_or_default
 from ..utility import DEFAULT_UTILITY
-from .options import SettingsGroup, option, positive_float, positive_int
+from .choices import (  # re-exported: the settings and the CLI quote them
+    INDEX_HELP,
+    INDICES,
+    INTERACTIONS_HELP,
+    METHODS_HELP,
+    SPAN_HELP,
+    SUBSTRING_HELP,
+    UTILITY_HELP,
+    backend_choices,
+    policy_choices,
+    roles_help,
+    unit_choices,
+    method_list_help,
+    methods_help,
+    proxy_games,
+    utility_kinds,
+)
+from .options import SettingsGroup, names, option, positive_float, positive_int
 from .options import seed as seed_type
 
 __all__ = (
@@ -46,107 +70,6 @@ __all__ = (
 )
 
 
-def _backends() -> tuple[str, ...]:
-    from ..backends.kinds import BACKENDS
-
-    return BACKENDS.names()
-
-
-def _policies() -> tuple[str, ...]:
-    from ..masking.policies import available_policies
-
-    return tuple(available_policies())
-
-
-def proxy_games() -> tuple[str, ...]:
-    """``--proxy-game``'s choices: ``auto``, ``none`` and the tail rules of the shared-KV proxy game."""
-    from ..engine.proxy import proxy_game_choices
-
-    return proxy_game_choices()
-
-
-def utility_kinds() -> tuple[str, ...]:
-    """The registered utility kinds (``--utility``'s choices, read when the parser is built)."""
-    from ..utility import UTILITIES
-
-    return tuple(UTILITIES)
-
-
-def _roles_help() -> str:
-    from ..conversation import ROLES
-
-    return (
-        f"comma-separated roles whose messages are players (default: all of {','.join(ROLES)}); "
-        "messages of other roles stay in every coalition"
-    )
-
-
-def _units() -> tuple[str, ...]:
-    from ..conversation import UNITS
-
-    return UNITS
-
-
-def methods_help() -> str:
-    """The methods by name, read from the registry when the parser is built."""
-    from ..attribution.estimators import METHODS
-
-    return (
-        f"{', '.join(METHODS)} or shapiq:NAME. " + METHODS_HELP + " (default: default; auto when --budget is given: "
-        "lasso's sparse surrogate for many players on a budget under 5 per player, else regression-msr; exact with "
-        "--target-stderr or --interactions)"
-    )
-
-
-def method_list_help() -> str:
-    from ..attribution.estimators import METHODS
-
-    return f"comma-separated methods ({','.join(METHODS)}). " + METHODS_HELP
-
-
-METHODS_HELP = (
-    "exact: exact Shapley values, all 2^n coalitions (n <= 16); permutation: antithetic "
-    "permutation sampling with standard errors; kernelshap: KernelSHAP (paired sampling, "
-    "efficiency imposed, standard errors); regression-msr: regression-adjusted KernelSHAP (Witter, "
-    "Liu & Musco 2025: KernelSHAP's coalitions and fit, its residuals corrected by stratified Monte "
-    "Carlo; the lowest error of the sampling methods on real games, standard errors); banzhaf: Banzhaf values (maximum sample reuse); "
-    "lasso: ContextCite-style sparse linear surrogate (with a proxy game, the proxy as an unpenalised control variate); "
-    "proxy-shapley: regression-msr with a proxy game as a cross-fitted control variate (unbiased; without a "
-    "proxy game, regression-msr); proxy-shapley-shrunk: proxy-shapley blended toward its control's own Shapley "
-    "values with jackknife weights (lower error on few exact evaluations, biased toward the control, consistent; "
-    "what auto runs with a proxy game); loo: leave-one-out; auto: chosen by players and "
-    "budget (the output says which ran and why); default: exact on at most 16 players, else auto at 8 exact "
-    "coalitions with the proxy game (64 without), measured to reach ContextCite@64's quality in about a quarter of its "
-    "time on long contexts (the output says so); shapiq:NAME: "
-    "a shapiq approximator through this engine (e.g. shapiq:SVARM, shapiq:KernelSHAPIQ, "
-    "shapiq:ProxySPEX; needs the shapiq extra; shapiq:RegressionMSR and the other approximators of "
-    "shapiq 1.5+ run in the external shapiq that make install sets up, or COALESCENCE_SHAPIQ_PYTHON names)"
-)
-"""What each estimator is, in one paragraph (the help of ``--method``)."""
-
-UTILITY_HELP = (
-    "what v(S) measures. Teacher forcing of the fixed answer: logprob (log p of the answer, nats), "
-    "mean_logprob (per token, nats), logit_prob (log-odds of p, as in ContextCite), prob (p). "
-    "Regenerate-and-compare (the model answers each coalition anew; similarity to the original "
-    "answer): exact_match, token_f1, rouge_l, embedding_cosine (needs the embedding extra)"
-)
-"""What each utility measures (the help of ``--utility``)."""
-
-INTERACTIONS_HELP = (
-    "also compute interactions of sets of 2..ORDER players (--method exact, or a shapiq "
-    "interaction approximator such as shapiq:KernelSHAPIQ, shapiq:SVARMIQ, shapiq:SHAPIQ); the "
-    "--out document gets an interactions list and the table the top ones"
-)
-INDICES = ("SII", "k-SII", "FSII", "STII")
-INDEX_HELP = "--interactions: the interaction index: SII, k-SII, FSII or STII (default: k-SII)"
-SPAN_HELP = (
-    "teacher-forced utilities: score only the answer tokens overlapping characters "
-    "START:END of the answer (0-based, END exclusive; a span that cuts a token includes the whole "
-    "token; the end-of-turn token is scored with the whole answer only) (default: the whole answer)"
-)
-SUBSTRING_HELP = "teacher-forced utilities: score only the answer tokens of the first occurrence of TEXT"
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings(SettingsGroup):
     """The model and where it runs (every run)."""
@@ -158,7 +81,7 @@ class ModelSettings(SettingsGroup):
     )
     backend: str | None = option(
         None,
-        choices=_backends,
+        choices=backend_choices,
         help="the model backend by name: hf (transformers, CPU or GPU), vllm (vLLM's engine in this process: pip install "
         "'coalescence[vllm]'; float32 on the CPU), vllm-server (a running `vllm serve`: give --vllm-url, which alone "
         "picks it; with --vllm-url any other backend is refused) (default: hf; vllm-server with --vllm-url)",
@@ -188,12 +111,12 @@ class GameSettings(SettingsGroup):
 
     unit: str | None = option(
         None,
-        choices=_units,
+        choices=unit_choices,
         help="player unit: turn, paragraph, sentence, word, tool (a tool call and its results), "
         "exchange (a user turn and the reply to it; the last user turn stays), document (the input's "
         "declared players or RAG documents) (default: document when the input declares players, else turn)",
     )
-    roles: tuple[str, ...] | str | None = option(None, help=_roles_help)
+    roles: tuple[str, ...] | str | None = option(None, help=roles_help)
     template: str | Path | None = option(
         None,
         metavar="JSON",
@@ -201,7 +124,7 @@ class GameSettings(SettingsGroup):
     )
     absence_policy: str = option(
         "drop",
-        choices=_policies,
+        choices=policy_choices,
         help="how an absent player disappears: drop its text (a turn removes its message) or "
         "replace it with --placeholder (default: %(default)s)",
     )
@@ -226,6 +149,65 @@ class GameSettings(SettingsGroup):
         "joined by a blank line, in every coalition: dropping a turn then never puts two user turns "
         "side by side (templates that require alternating roles)",
     )
+
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``roles`` as a tuple of names.
+
+        Raises:
+            ConfigError: no role named (``field="roles"``).
+        """
+        if given.get("roles") is not None:
+            roles = names(given["roles"])
+            if not roles:
+                raise ConfigError("give at least one role, e.g. user,system", field="roles")
+            given["roles"] = roles
+        return super().normalised(given)
+
+    def check_group(self) -> None:
+        """The absence policy: an object's rules are its own; the placeholder's and the drop
+        policy's options apply to their policy alone; the policy is made now (a bad rule refused).
+
+        Raises:
+            ConfigError: naming the option that does not apply.
+        """
+        if not isinstance(self.absence_policy, str):
+            self._take_policy_object()
+        elif self.absence_policy == "placeholder":
+            for name in ("system_absent", "empty_turns"):
+                if getattr(self, name) != "removed":
+                    raise ConfigError("applies to the drop policy (placeholder removes no message)", field=name)
+        elif self.placeholder != "[removed]":
+            raise ConfigError(
+                f"applies to the placeholder absence policy; absence policy {self.absence_policy} removes "
+                "the text. Add --absence-policy placeholder or drop --placeholder",
+                field="placeholder",
+            )
+        self.policy()  # a bad rule or placeholder is refused now
+
+    def _take_policy_object(self) -> None:
+        """``absence_policy`` given as an :class:`~coalescence.masking.policies.AbsencePolicy`
+        object: the placeholder and drop rules are its own."""
+        from ..masking.policies import AbsencePolicy
+
+        if not isinstance(self.absence_policy, AbsencePolicy):
+            raise ConfigError(f"must be a policy name or an AbsencePolicy object, got {type(self.absence_policy).__name__}", field="absence_policy")
+        for name, default in (("placeholder", "[removed]"), ("system_absent", "removed"), ("empty_turns", "removed"), ("merge_adjacent", False)):
+            if getattr(self, name) != default:
+                raise ConfigError("is set by the AbsencePolicy object given as absence_policy; drop it", field=name)
+
+    def policy(self) -> Any:
+        """The absence policy: the object given, or the one named (see
+        :func:`~coalescence.masking.policies.get_policy`)."""
+        from ..masking.policies import get_policy
+
+        if not isinstance(self.absence_policy, str):
+            return self.absence_policy
+        merge = {"merge_adjacent": True} if self.merge_adjacent else {}
+        if self.absence_policy == "placeholder":
+            return get_policy("placeholder", text=self.placeholder, **merge)
+        rules = {"system_absent": self.system_absent, "empty_turns": self.empty_turns}
+        return get_policy(self.absence_policy, **{k: v for k, v in rules.items() if v != "removed"}, **merge)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,6 +277,123 @@ class EstimatorSettings(SettingsGroup):
         "4 per player, at most 2^n; docs/proxy.md)",
     )
 
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """The seed checked; no method: the one the other settings ask for (``default``; ``auto``
+        with a budget; ``exact`` with a target standard error or interactions); an estimator
+        object's budget, seed and interactions taken as the run's (:meth:`_estimator_object_settings`).
+
+        Raises:
+            ConfigError: a bad seed or estimator object (naming it).
+        """
+        from ..attribution.estimators.base import check_seed
+
+        check_seed(given_or_default(cls, given, "seed"))
+        method = given.get("method")
+        if method is None:  # a budget asks for a sampling method: auto chooses it; none, the default plan
+            plain = all(given.get(name) is None for name in ("budget", "target_stderr", "interactions", "index"))
+            given["method"] = "default" if plain else "exact" if given.get("budget") is None else "auto"
+        elif not isinstance(method, str):
+            given |= cls._estimator_object_settings(given)
+        return super().normalised(given)
+
+    @classmethod
+    def _estimator_object_settings(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``method`` given as an estimator object (e.g. ``KernelSHAP(budget=512, seed=3)``): its
+        budget, seed and interactions, which become the run's (recorded in the manifest as a named
+        method's would be); the same settings given apart must agree with it.
+
+        Raises:
+            ConfigError: not an estimator object; a setting given apart that disagrees with it.
+        """
+        from ..attribution.estimators.base import Estimator
+
+        est = given["method"]
+        if not isinstance(est, Estimator) or not isinstance(getattr(est, "name", None), str):
+            raise ConfigError(
+                f"must be a method name or an estimator object (name, capabilities, validate, plan, fit), got {type(est).__name__}",
+                field="method",
+            )
+        taken: dict[str, Any] = {}
+        for name, default in (("budget", None), ("seed", 0), ("interactions", None), ("index", None)):
+            carried = getattr(est, name, None)
+            value = given_or_default(cls, given, name)
+            if value != default and value != carried:
+                what = type(est).__name__
+                raise ConfigError(
+                    f"{value!r} disagrees with the estimator object's own {name}={carried!r} (an object's {name} is its "
+                    f"constructor's, its default when not given): give it to the object, {what}(..., {name}={value!r}), "
+                    f"and leave {name} out",
+                    field=name,
+                )
+            taken[name] = carried if carried is not None or name != "seed" else value
+        return taken
+
+    def check_group(self) -> None:
+        """The method with its budget, interactions, target standard error and proxy game.
+
+        Raises:
+            ConfigError: a setting the method does not take (naming it), a target standard error
+                that is not positive.
+        """
+        from ..attribution.estimators import interaction_settings, methods_with
+
+        capabilities = self.capabilities
+        if (self.interactions is not None or self.index is not None) and isinstance(self.method, str):
+            interaction_settings(self.method, self.interactions, self.index)
+        if self.target_stderr is not None:
+            if not capabilities.reports_stderr and not capabilities.chooses:  # a choice is checked once n is known
+                raise ConfigError(
+                    f"method {self.method_name} reports no standard errors; use one of {', '.join(methods_with(reports_stderr=True))}",
+                    field="target_stderr",
+                )
+            if not self.target_stderr > 0:
+                raise ConfigError(f"must be > 0, got {self.target_stderr!r}", field="target_stderr")
+        if not capabilities.needs_budget and self.budget is not None:
+            raise ConfigError(
+                f"method {self.method_name} has a fixed number of evaluations; a budget applies to the sampling "
+                f"methods ({', '.join(methods_with(needs_budget=True))}, shapiq:NAME)",
+                field="budget",
+            )
+        self._check_proxy(capabilities)
+
+    def _check_proxy(self, capabilities: Any) -> None:
+        """Refuse a proxy setting that cannot apply (an unknown game, with the nearest name; a tail
+        rule or a proxy budget for a method that fits the exact game alone; a proxy budget with the
+        proxy game off). ``auto`` (the default) plays the game where it applies, and ``none`` turns it
+        off, so neither contradicts a method that does not play it."""
+        from ..attribution.estimators import methods_with
+        from ..engine.proxy import proxy_game_of
+
+        proxy_game_of(self.proxy_game)  # an unknown game is refused, with the nearest name
+        if self.proxy_game not in ("auto", "none") and not capabilities.two_fidelity:
+            raise ConfigError(
+                f"method {self.method_name} fits the exact game alone; a proxy game ({self.proxy_game}) applies to the "
+                f"two-fidelity methods ({', '.join(methods_with(two_fidelity=True))}). Drop it or choose one of those",
+                field="proxy_game",
+            )
+        if self.proxy_budget is not None:
+            if not capabilities.two_fidelity:
+                raise ConfigError(
+                    f"method {self.method_name} fits the exact game alone; a proxy budget applies to the two-fidelity "
+                    f"methods ({', '.join(methods_with(two_fidelity=True))})",
+                    field="proxy_budget",
+                )
+            if self.proxy_game == "none":
+                raise ConfigError("the proxy game is off (proxy_game none); drop one of them", field="proxy_budget")
+
+    @property
+    def method_name(self) -> str:
+        """The method's registered name (``method``'s, or the estimator object's ``name``)."""
+        return self.method if isinstance(self.method, str) else self.method.name
+
+    @property
+    def capabilities(self) -> Any:
+        """The method's :class:`~coalescence.attribution.estimators.base.Capabilities`."""
+        from ..attribution.estimators import estimator_class
+
+        return estimator_class(self.method).capabilities if isinstance(self.method, str) else self.method.capabilities
+
 
 @dataclass(frozen=True, kw_only=True)
 class HierarchySettings(SettingsGroup):
@@ -309,6 +408,24 @@ class HierarchySettings(SettingsGroup):
         "at FINE with the rest held present (e.g. document,sentence)",
     )
     top_k: int | None = option(None, type=positive_int, help="--hierarchy: coarse players refined (default: 3)")
+
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``hierarchy`` given as ``"coarse,fine"``: a tuple of the two units.
+
+        Raises:
+            ConfigError: not two known units (``field="hierarchy"``).
+        """
+        from .hierarchy import parse_hierarchy
+
+        if isinstance(given.get("hierarchy"), str):
+            given["hierarchy"] = parse_hierarchy(given["hierarchy"])
+        return super().normalised(given)
+
+    def check_group(self) -> None:
+        """``top_k`` applies to a hierarchy. Raises ConfigError (``field="top_k"``) without one."""
+        if self.hierarchy is None and self.top_k is not None:
+            raise ConfigError("applies to a hierarchy (coarse,fine units); add one or drop top_k", field="top_k")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,6 +457,11 @@ class RunArchiveSettings(ArchiveSettings):
         help="run archive directory: created if new, resumed if it holds this run (default: a new runs/<UTC time>-<snapshot id>)",
     )
     new_run: bool = option(False, switch=True, help="add a run with other settings to an existing --archive")
+
+    def check_group(self) -> None:
+        """A directory named is not empty. Raises ConfigError (``field="archive"``)."""
+        if isinstance(self.archive, str) and not self.archive.strip():
+            raise ConfigError("is empty; give a directory path for the run archive", field="archive")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -382,6 +504,12 @@ class ExecutionSettings(RaySettings):
         help="a dataset (.jsonl, .parquet): conversations evaluated at once through one scheduler, their "
         "coalitions filling the same batches (bounds memory) (default: %(default)s)",
     )
+
+    def check_group(self) -> None:
+        """A positive number of conversations in flight. Raises ConfigError naming it."""
+        n = self.max_conversations_in_flight
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"must be a positive integer, got {n!r}", field="max_conversations_in_flight")
 
 
 @dataclass(frozen=True, kw_only=True)

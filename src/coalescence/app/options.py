@@ -17,11 +17,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..errors import ConfigError
+from ..normalised import NormalisedSettings
+
 __all__ = (
     "Option",
     "Options",
     "SettingsGroup",
     "add_options",
+    "check_groups",
+    "int_list",
     "names",
     "option",
     "option_fields",
@@ -77,10 +82,11 @@ def option(default: Any = dataclasses.MISSING, **meta: Any) -> Any:
     return dataclasses.field(default=default, metadata={"option": Option(**meta)})
 
 
-class SettingsGroup:
+class SettingsGroup(NormalisedSettings):
     """A group of settings fields (a frozen dataclass subclassing this), shown as one section of
     ``--help`` titled :attr:`title`, described by :attr:`description`; a group extending another
-    with the same title adds its fields to that section."""
+    with the same title adds its fields to that section. Its given values are normalised before
+    construction (:class:`~coalescence.normalised.NormalisedSettings`)."""
 
     title: ClassVar[str] = ""
     description: ClassVar[str | None] = None
@@ -99,6 +105,19 @@ def _groups(cls: type) -> list[type]:
 
     walk(cls)
     return out
+
+
+def check_groups(settings: Any) -> None:
+    """Each settings group of ``settings`` checks its own fields: its ``check_group`` method, where
+    it defines one, in ``--help`` order (a base group before the group that extends it).
+
+    Raises:
+        ConfigError: from a group's check, naming the field.
+    """
+    for group in _groups(type(settings)):
+        check = vars(group).get("check_group")
+        if check is not None:
+            check(settings)
 
 
 def option_fields(cls: type) -> Iterator[tuple[type, dataclasses.Field[Any], Option]]:
@@ -203,6 +222,43 @@ def names(value: str | Iterable[str]) -> tuple[str, ...]:
     ``"exact, loo"`` and ``["exact", "loo"]`` both give ``("exact", "loo")``."""
     items = value.split(",") if isinstance(value, str) else value
     return tuple(item.strip() for item in items if item.strip())
+
+
+def int_list(value: Any, name: str, *, minimum: int, what: str) -> tuple[int, ...]:
+    """The integers in a comma-separated string or a sequence of integers, repeats dropped, in order:
+    ``"64, 128,64"`` gives ``(64, 128)``.
+
+    Args:
+        value: the string or sequence given.
+        name: the field named by an error.
+        minimum: the least integer allowed.
+        what: what the integers are, as an error says it (``"positive integers"``).
+
+    Raises:
+        ConfigError: an item that is not an integer (a bool is not), or below ``minimum``.
+    """
+    import numpy as np
+
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, str):
+            item = item.strip()
+            if not item:
+                continue
+            try:
+                number = int(item)
+            except ValueError:
+                raise ConfigError(f"expected comma-separated {what}, got {item!r}", field=name) from None
+        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            number = int(item)
+        else:
+            raise ConfigError(f"expected comma-separated {what}, got {item!r}", field=name)
+        if number < minimum:
+            raise ConfigError(f"expected comma-separated {what}, got {number}", field=name)
+        if number not in out:
+            out.append(number)
+    return tuple(out)
 
 
 # -- the options' text parsers (argparse ``type=``): a bad value is one line naming the option ----------------

@@ -36,7 +36,7 @@ from .groups import (
     utility_kinds,
     method_list_help,
 )
-from .options import names, option, positive_int
+from .options import check_groups, names, option, positive_int
 from .options import seed as seed_type
 from .record import recorded_budget, recorded_interactions, recorded_seed
 
@@ -45,6 +45,7 @@ __all__ = (
     "ReplaySettings",
     "RunResult",
     "RunSettings",
+    "check_across",
     "interaction_settings",
 )
 
@@ -55,7 +56,8 @@ class RunSettings(
 ):
     """Every setting of an explain run (the CLI's ``explain`` options, by their library names),
     composed of the settings groups of :mod:`coalescence.app.groups` (each field's help is its
-    ``--help`` text).
+    ``--help`` text; each group normalises its given values before construction: a method chosen
+    when none is given, an estimator object's budget and seed, roles and hierarchy as tuples).
 
     Args:
         model: alias, local directory, ``.gguf`` file or hub id.
@@ -104,100 +106,13 @@ class RunSettings(
             among the workers there).
 
     Raises:
-        ConfigError: a setting that cannot work, alone or with another (naming it); checked on
-            construction, before anything loads.
+        ConfigError: a setting that cannot work, alone (each group's ``check_group``) or with
+            another (:func:`check_across`), naming it; checked on construction, before anything loads.
     """
 
     def __post_init__(self) -> None:
-        from ..attribution.estimators import methods_with
-        from ..attribution.estimators.base import check_seed
-        from .hierarchy import parse_hierarchy
-
-        check_seed(self.seed)
-        if self.method is None:  # a budget asks for a sampling method: auto chooses it; none, the default plan
-            plain = self.budget is None and self.target_stderr is None and self.interactions is None and self.index is None
-            object.__setattr__(self, "method", "default" if plain else "exact" if self.budget is None else "auto")
-        elif not isinstance(self.method, str):
-            self._take_estimator_object()
-
-        if self.roles is not None:
-            roles = names(self.roles)
-            if not roles:
-                raise ConfigError("give at least one role, e.g. user,system", field="roles")
-            object.__setattr__(self, "roles", roles)
-        if isinstance(self.hierarchy, str):
-            object.__setattr__(self, "hierarchy", parse_hierarchy(self.hierarchy))
-        if self.hierarchy is None and self.top_k is not None:
-            raise ConfigError("applies to a hierarchy (coarse,fine units); add one or drop top_k", field="top_k")
-        if self.hierarchy is not None and self.unit is not None:
-            raise ConfigError("the hierarchy sets the units; drop the unit", field="unit")
-        capabilities = self.capabilities
-        if self.interactions is not None or self.index is not None:
-            if self.hierarchy is not None:
-                raise ConfigError("does not combine with a hierarchy; drop one", field="interactions")
-            if isinstance(self.method, str):
-                interaction_settings(self.method, self.interactions, self.index)
-        if self.target_stderr is not None:
-            if not capabilities.reports_stderr and not capabilities.chooses:  # a choice is checked once n is known
-                raise ConfigError(
-                    f"method {self.method_name} reports no standard errors; use one of {', '.join(methods_with(reports_stderr=True))}",
-                    field="target_stderr",
-                )
-            if not self.target_stderr > 0:
-                raise ConfigError(f"must be > 0, got {self.target_stderr!r}", field="target_stderr")
-            if self.hierarchy is not None:
-                raise ConfigError("does not combine with a hierarchy; drop one", field="target_stderr")
-        if not capabilities.needs_budget and self.budget is not None:
-            raise ConfigError(
-                f"method {self.method_name} has a fixed number of evaluations; a budget applies to the sampling "
-                f"methods ({', '.join(methods_with(needs_budget=True))}, shapiq:NAME)",
-                field="budget",
-            )
-        self._check_proxy(capabilities)
-        if not isinstance(self.absence_policy, str):
-            self._take_policy_object()
-        elif self.absence_policy == "placeholder":
-            for name in ("system_absent", "empty_turns"):
-                if getattr(self, name) != "removed":
-                    raise ConfigError("applies to the drop policy (placeholder removes no message)", field=name)
-        elif self.placeholder != "[removed]":
-            raise ConfigError(
-                f"applies to the placeholder absence policy; absence policy {self.absence_policy} removes "
-                "the text. Add --absence-policy placeholder or drop --placeholder",
-                field="placeholder",
-            )
-        if isinstance(self.max_conversations_in_flight, bool) or not isinstance(self.max_conversations_in_flight, int) or self.max_conversations_in_flight < 1:
-            raise ConfigError(f"must be a positive integer, got {self.max_conversations_in_flight!r}", field="max_conversations_in_flight")
-        if isinstance(self.archive, str) and not self.archive.strip():
-            raise ConfigError("is empty; give a directory path for the run archive", field="archive")
-        self.backend_settings()  # the Ray settings are checked with the model's
-        self.policy()  # a bad rule or placeholder is refused now
-        self.utility_spec()
-
-    def _check_proxy(self, capabilities: Any) -> None:
-        """Refuse a proxy setting that cannot apply (an unknown game, with the nearest name; a tail
-        rule or a proxy budget for a method that fits the exact game alone; a proxy budget with the
-        proxy game off). ``auto`` (the default) plays the game where it applies, and ``none`` turns it
-        off, so neither contradicts a method that does not play it."""
-        from ..attribution.estimators import methods_with
-        from ..engine.proxy import proxy_game_of
-
-        proxy_game_of(self.proxy_game)  # an unknown game is refused, with the nearest name
-        if self.proxy_game not in ("auto", "none") and not capabilities.two_fidelity:
-            raise ConfigError(
-                f"method {self.method_name} fits the exact game alone; a proxy game ({self.proxy_game}) applies to the "
-                f"two-fidelity methods ({', '.join(methods_with(two_fidelity=True))}). Drop it or choose one of those",
-                field="proxy_game",
-            )
-        if self.proxy_budget is not None:
-            if not capabilities.two_fidelity:
-                raise ConfigError(
-                    f"method {self.method_name} fits the exact game alone; a proxy budget applies to the two-fidelity "
-                    f"methods ({', '.join(methods_with(two_fidelity=True))})",
-                    field="proxy_budget",
-                )
-            if self.proxy_game == "none":
-                raise ConfigError("the proxy game is off (proxy_game none); drop one of them", field="proxy_budget")
+        check_groups(self)
+        check_across(self)
 
     def backend_settings(self) -> BackendSettings:
         """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
@@ -211,73 +126,11 @@ class RunSettings(
 
         return proxy_game_of(self.proxy_game)
 
-    # -- objects given instead of names ------------------------------------------------------
-    def _take_estimator_object(self) -> None:
-        """``method`` given as an estimator object (e.g. ``KernelSHAP(budget=512, seed=3)``): its
-        budget, seed and interactions become the run's (recorded in the manifest as a named
-        method's would be); the same settings given apart must agree with it."""
-        from ..attribution.estimators.base import Estimator
-
-        est = self.method
-        if not isinstance(est, Estimator) or not isinstance(getattr(est, "name", None), str):
-            raise ConfigError(
-                f"must be a method name or an estimator object (name, capabilities, validate, plan, fit), got {type(est).__name__}",
-                field="method",
-            )
-        for name, default in (("budget", None), ("seed", 0), ("interactions", None), ("index", None)):
-            carried = getattr(est, name, None)
-            given = getattr(self, name)
-            if given != default and given != carried:
-                what = type(est).__name__
-                raise ConfigError(
-                    f"{given!r} disagrees with the estimator object's own {name}={carried!r} (an object's {name} is its "
-                    f"constructor's, its default when not given): give it to the object, {what}(..., {name}={given!r}), "
-                    f"and leave {name} out",
-                    field=name,
-                )
-            object.__setattr__(self, name, carried if carried is not None or name != "seed" else given)
-
-    def _take_policy_object(self) -> None:
-        """``absence_policy`` given as an :class:`~coalescence.masking.policies.AbsencePolicy`
-        object: the placeholder and drop rules are its own."""
-        from ..masking.policies import AbsencePolicy
-
-        if not isinstance(self.absence_policy, AbsencePolicy):
-            raise ConfigError(f"must be a policy name or an AbsencePolicy object, got {type(self.absence_policy).__name__}", field="absence_policy")
-        for name, default in (("placeholder", "[removed]"), ("system_absent", "removed"), ("empty_turns", "removed"), ("merge_adjacent", False)):
-            if getattr(self, name) != default:
-                raise ConfigError("is set by the AbsencePolicy object given as absence_policy; drop it", field=name)
-
-    @property
-    def method_name(self) -> str:
-        """The method's registered name (``method``'s, or the estimator object's ``name``)."""
-        return self.method if isinstance(self.method, str) else self.method.name
-
-    @property
-    def capabilities(self) -> Any:
-        """The method's :class:`~coalescence.attribution.estimators.base.Capabilities`."""
-        from ..attribution.estimators import estimator_class
-
-        return estimator_class(self.method).capabilities if isinstance(self.method, str) else self.method.capabilities
-
     # -- what the settings make -------------------------------------------------------------
     @property
     def top_k_or_default(self) -> int:
         """The coarse players a hierarchy refines (3 by default)."""
         return self.top_k if self.top_k is not None else 3
-
-    def policy(self) -> Any:
-        """The absence policy: the object given, or the one named (see
-        :func:`~coalescence.masking.policies.get_policy`)."""
-        from ..masking.policies import get_policy
-
-        if not isinstance(self.absence_policy, str):
-            return self.absence_policy
-        merge = {"merge_adjacent": True} if self.merge_adjacent else {}
-        if self.absence_policy == "placeholder":
-            return get_policy("placeholder", text=self.placeholder, **merge)
-        rules = {"system_absent": self.system_absent, "empty_turns": self.empty_turns}
-        return get_policy(self.absence_policy, **{k: v for k, v in rules.items() if v != "removed"}, **merge)
 
     def utility_spec(self) -> Any:
         """The utility (:class:`~coalescence.utility.UtilitySpec`): the object given as ``utility``,
@@ -438,6 +291,13 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
     )
     out: str | Path | None = option(None, metavar="JSON", help='write {"run_dir", "run_id", "explanations": [...]} as JSON here')
 
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``methods`` as a tuple of names (checked on construction)."""
+        if "methods" in given:
+            given["methods"] = names(given["methods"])
+        return super().normalised(given)
+
     def __post_init__(self) -> None:
         from ..attribution.estimators import ESTIMATORS, estimator_class, is_method
         from ..attribution.estimators.base import check_seed
@@ -446,7 +306,7 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         if self.seed is not None:
             check_seed(self.seed)
 
-        methods = names(self.methods)
+        methods = self.methods
         unknown = [m for m in methods if not is_method(m)]
         if not methods or unknown:
             raise ConfigError(
@@ -459,7 +319,6 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         if self.interactions is not None or self.index is not None:
             for m in methods:
                 interaction_settings(m, self.interactions, self.index)
-        object.__setattr__(self, "methods", methods)
         spanned = self.target_span is not None or self.target_substring is not None
         if self.whole_answer and spanned:
             raise ConfigError("scores every answer token, so it does not combine with a sub-span; drop one", field="whole_answer")
@@ -546,6 +405,13 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
     )
     out: str | Path | None = option(None, metavar="JSON", help="also write the evaluation as JSON here")
 
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``methods``, when given, as a tuple of names (checked on construction)."""
+        if given.get("methods") is not None:
+            given["methods"] = names(given["methods"])
+        return super().normalised(given)
+
     def __post_init__(self) -> None:
         from ..attribution.estimators import ESTIMATORS, is_method
         from ..attribution.estimators.base import check_seed
@@ -570,18 +436,37 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
         if self.conversation is not None and (isinstance(self.conversation, bool) or not isinstance(self.conversation, int) or self.conversation < 0):
             raise ConfigError(f"numbers conversations from 0; got {self.conversation!r}", field="conversation")
         if self.methods is not None:
-            methods = names(self.methods)
+            methods = self.methods
             unknown = [m for m in methods if not is_method(m)]
             if not methods or unknown:
                 raise ConfigError(
                     f"unknown method {unknown[0] if unknown else ''!r}{did_you_mean(unknown[0], ESTIMATORS) if unknown else ''}; use a comma-separated subset of {','.join(ESTIMATORS)}",
                     field="method",
                 )
-            object.__setattr__(self, "methods", methods)
 
     def backend_settings(self) -> BackendSettings:
         """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
         return BackendSettings.of(self)
+
+
+def check_across(s: RunSettings) -> None:
+    """The rules between an explain run's settings groups (each group checks its own fields first:
+    its ``check_group``): a hierarchy sets the units and combines with neither interactions nor a
+    target standard error; the model with its Ray workers (:meth:`RunSettings.backend_settings`);
+    the utility with the seed of its samples (:meth:`RunSettings.utility_spec`).
+
+    Raises:
+        ConfigError: naming the setting to drop or change.
+    """
+    if s.hierarchy is not None:
+        if s.unit is not None:
+            raise ConfigError("the hierarchy sets the units; drop the unit", field="unit")
+        if s.interactions is not None or s.index is not None:
+            raise ConfigError("does not combine with a hierarchy; drop one", field="interactions")
+        if s.target_stderr is not None:
+            raise ConfigError("does not combine with a hierarchy; drop one", field="target_stderr")
+    s.backend_settings()  # the Ray settings are checked with the model's
+    s.utility_spec()
 
 
 def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:

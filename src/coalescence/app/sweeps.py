@@ -1,7 +1,8 @@
 """Benchmark sweeps: many estimators, budgets and seeds fitted from one coalition pool per conversation.
 
-A sweep (:class:`SweepRun`, the ``coalescence sweep`` command, :func:`coalescence.sweep`) is an
-explain run (:class:`~coalescence.app.explain.ExplainRun`) whose phases it reuses: the same input
+A sweep (:func:`sweep_run`, the ``coalescence sweep`` command, :func:`coalescence.sweep`) is
+an explain run (:class:`~coalescence.app.explain.ExplainRun`) given the sweep's phases
+(:class:`SweepPhases`: what it plans and fits), with every other phase the same: the same input
 checks, preflight (the tokenizer renders every coalition of every plan before any weights load),
 model loading, archive (created or resumed) and conversations in flight through one engine. What
 differs is what it fits:
@@ -32,22 +33,26 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import ConfigError, EstimatorError
+from ..normalised import given_or_default
 from ..userinput import did_you_mean
 from ..attribution.estimators import is_exact
 from .lifecycle import run_blocking
 from .explain import ExplainRun, closing_run
-from .options import Options, SettingsGroup, option
+from .phases import PhasedRun
+from .options import Options, SettingsGroup, int_list, option
 from .groups import RaySettings, method_list_help
 from .settings import RunSettings
 
-__all__ = ("EXPLAIN_ONLY", "RESULT_SCHEMA", "RUN_OPTIONS", "Cell", "SweepResult", "SweepRun", "SweepSettings", "agreement", "summarize", "sweep_run")
+__all__ = (
+    "EXPLAIN_ONLY", "RESULT_SCHEMA", "RUN_OPTIONS", "Cell", "SweepPhases", "SweepResult", "SweepSettings", "agreement", "summarize", "sweep_run",
+)  # fmt: skip
 
 RESULTS_NAME = "results.parquet"
 """The results table in the output directory."""
@@ -116,29 +121,6 @@ class Cell:
         return make_estimator(self.method, budget=self.budget, seed=self.seed if self.seed is not None else 0)
 
 
-def _int_list(value: Any, name: str, *, minimum: int, what: str) -> tuple[int, ...]:
-    items = value.split(",") if isinstance(value, str) else list(value)
-    out: list[int] = []
-    for item in items:
-        if isinstance(item, str):
-            item = item.strip()
-            if not item:
-                continue
-            try:
-                number = int(item)
-            except ValueError:
-                raise ConfigError(f"expected comma-separated {what}, got {item!r}", field=name) from None
-        elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
-            number = int(item)
-        else:
-            raise ConfigError(f"expected comma-separated {what}, got {item!r}", field=name)
-        if number < minimum:
-            raise ConfigError(f"expected comma-separated {what}, got {number}", field=name)
-        if number not in out:
-            out.append(number)
-    return tuple(out)
-
-
 @dataclass(frozen=True, kw_only=True)
 class SweepSettings(SettingsGroup):
     """The settings of a sweep (the ``coalescence sweep`` options, by their library names).
@@ -177,13 +159,17 @@ class SweepSettings(SettingsGroup):
     )
     run: RunSettings = field(default_factory=RunSettings)
 
-    def __post_init__(self) -> None:
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``methods``, ``budgets``, ``seeds`` as tuples (repeats dropped, in order); a ``run``
+        without an archive keeps it in ``OUT/archive``. Raises ConfigError: a bad method, budget or seed."""
         from ..attribution.estimators import ESTIMATORS, estimator_class, is_method
 
-        raw = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
+        if "methods" not in given:
+            return super().normalised(given)  # refused by the constructor: a required setting
+        raw = given["methods"].split(",") if isinstance(given["methods"], str) else list(given["methods"])
         methods: list[str] = []
-        for m in raw:
-            name = m.strip() if isinstance(m, str) else m
+        for name in (m.strip() if isinstance(m, str) else m for m in raw):
             if name == "":
                 continue
             if not is_method(name):
@@ -197,14 +183,22 @@ class SweepSettings(SettingsGroup):
                 methods.append(name)
         if not methods:
             raise ConfigError(f"give at least one method, a comma-separated subset of {','.join(ESTIMATORS)}", field="methods")
-        object.__setattr__(self, "methods", tuple(methods))
-        object.__setattr__(self, "budgets", _int_list(self.budgets, "budgets", minimum=1, what="positive integers"))
-        object.__setattr__(self, "seeds", _int_list(self.seeds, "seeds", minimum=0, what="non-negative integers"))
-        sampling = [m for m in methods if estimator_class(m).capabilities.needs_budget]
+        given["methods"] = tuple(methods)
+        given["budgets"] = int_list(given.get("budgets", ()), "budgets", minimum=1, what="positive integers")
+        given["seeds"] = int_list(given_or_default(cls, given, "seeds"), "seeds", minimum=0, what="non-negative integers")
+        run, out = given_or_default(cls, given, "run"), given.get("out")
+        if isinstance(run, RunSettings) and (run.archive is None or run.archive is True) and isinstance(out, (str, Path)) and str(out).strip():
+            given["run"] = replace(run, archive=Path(out) / "archive")  # a sweep always keeps its archive, in OUT by default
+        return super().normalised(given)
+
+    def __post_init__(self) -> None:
+        from ..attribution.estimators import estimator_class
+
+        sampling = [m for m in self.methods if estimator_class(m).capabilities.needs_budget]
         if sampling and not self.budgets:
             raise ConfigError(f"methods {','.join(sampling)} sample within a budget; give budgets, e.g. 64,128", field="budgets")
         if self.budgets and not sampling:
-            raise ConfigError(f"applies to the sampling methods; {','.join(methods)} take none. Drop it", field="budgets")
+            raise ConfigError(f"applies to the sampling methods; {','.join(self.methods)} take none. Drop it", field="budgets")
         if sampling and not self.seeds:
             raise ConfigError("give at least one seed, e.g. 0,1,2", field="seeds")
         if not isinstance(self.out, (str, Path)) or not str(self.out).strip():
@@ -217,9 +211,7 @@ class SweepSettings(SettingsGroup):
         for name in ("proxy_game", "proxy_budget"):  # every cell is fitted from the one pool of exact rows
             if getattr(run, name) != getattr(default, name):
                 raise ConfigError("does not apply to a sweep (it fits every cell from the exact game's rows alone)", field=name)
-        if run.archive is None or run.archive is True:  # a sweep always keeps its archive, in OUT by default
-            object.__setattr__(self, "run", _replace(run, archive=Path(self.out) / "archive"))
-        elif run.archive is False:
+        if run.archive is False:
             raise ConfigError("a sweep keeps its coalitions in a run archive; give a directory or leave the default", field="archive")
 
     def cells(self) -> list[Cell]:
@@ -254,12 +246,6 @@ RUN_OPTIONS = Options(
 )
 """The explain run's options that ``coalescence sweep`` takes (:attr:`SweepSettings.run`): not the
 explain-only ones, nor Ray's."""
-
-
-def _replace(settings: RunSettings, **changes: Any) -> RunSettings:
-    from dataclasses import replace
-
-    return replace(settings, **changes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -343,31 +329,25 @@ def agreement(values: Sequence[float], exact: Sequence[float]) -> dict[str, floa
     }
 
 
-class SweepRun(ExplainRun):
-    """A sweep, phase by phase: :class:`~coalescence.app.explain.ExplainRun`'s phases (check, preflight,
-    load, open_archive, evaluate, close), with the sweep's plans and fits; :meth:`write` the table.
+class SweepPhases:
+    """A sweep's phases (:class:`~coalescence.app.phases.RunPhases`), given to an
+    :class:`~coalescence.app.explain.ExplainRun` of the sweep's ``settings.run``: every cell's plan
+    evaluated once per conversation, every cell fitted on its own plan; :meth:`write` the table.
 
     Args:
-        source: a dataset path (``.jsonl``, ``.parquet``), one input file, an input dict or messages.
-        settings: the sweep's settings.
-        backend: a loaded backend to use instead of loading the model.
-
-    Raises:
-        InputError, ConfigError, ArchiveError: from the checks, before anything loads or is written.
+        settings: the sweep's settings (``model_evaluations``: coalitions the model evaluated so far).
     """
 
-    def __init__(self, source: Any, settings: SweepSettings, *, backend: Any = None) -> None:
+    def __init__(self, settings: SweepSettings) -> None:
         self.sweep = settings
         self.cells = settings.cells()
         self.model_evaluations = 0
-        super().__init__(source, settings.run, backend=backend)
 
-    # -- what differs from an explain run -------------------------------------------------------
-    def player_limit(self) -> int | None:
+    def player_limit(self, run: PhasedRun) -> int | None:
         """No limit: a method's limit (exact: 16) makes a recorded skip."""
         return None
 
-    def validate_game(self, n_players: int, *, refused: str | None) -> None:
+    def validate_game(self, run: PhasedRun, n_players: int, *, refused: str | None) -> None:
         """Nothing is refused: a cell whose estimator refuses the game is a recorded skip."""
 
     def estimators(self, n_players: int) -> list[tuple[Cell, Any, str | None]]:
@@ -384,47 +364,48 @@ class SweepRun(ExplainRun):
             out.append((cell, estimator, None))
         return out
 
-    def plan(self, n_players: int) -> Iterable[np.ndarray]:
+    def plan(self, run: PhasedRun, n_players: int) -> Iterable[np.ndarray]:
         """The union of the cells' plans (repeats folded by the engine)."""
         return itertools.chain.from_iterable(e.plan(n_players) for _, e, _ in self.estimators(n_players) if e is not None)
 
-    def check_outputs(self) -> None:
-        """The output directory: a directory (or nothing yet) in a writable place."""
+    def outputs(self, run: PhasedRun) -> tuple[Path | None, Path | None]:
+        """The output directory: a directory (or nothing yet) in a writable place; no HTML.
+        Raises ConfigError: ``out`` is a file."""
         from .outputs import output_path
 
         directory = Path(self.sweep.out)
         if directory.exists() and not directory.is_dir():
             raise ConfigError(f"{str(directory)!r} is a file; give a directory", field="out")
-        self.out_path = output_path(directory / RESULTS_NAME, "out")
-        self.html_path = None
+        return output_path(directory / RESULTS_NAME, "out"), None
 
-    def run_config(self) -> dict[str, Any]:
+    def run_config(self, run: PhasedRun) -> dict[str, Any]:
         """The manifest's ``run_config``: command ``sweep`` and the grid."""
         return {"command": "sweep", **self.sweep.describe()}
 
-    # -- per conversation -------------------------------------------------------------------------
     def _result_key(self, snap: Any) -> str:
         return json.dumps({"snapshot_id": snap.snapshot_id, "sweep": self.sweep.describe()}, sort_keys=True)
 
-    def _restored(self, snap: Any) -> Any:
-        if self.archive is None:
+    def restored(self, run: PhasedRun, snap: Any) -> Any:
+        """The cells' rows of ``snap`` an earlier session recorded, or ``None``."""
+        if run.archive is None:
             return None
-        document = self.archive.results.get(self._result_key(snap))
+        document = run.archive.results.get(self._result_key(snap))
         cells = document.get("cells") if isinstance(document, Mapping) else None
         if not isinstance(cells, list) or len(cells) != len(self.cells):
             return None
         return [dict(c) for c in cells]
 
-    def _record(self, snap: Any, rows: Any) -> None:
-        if self.archive is not None:
-            self.archive.record_result(self._result_key(snap), {"cells": rows})
+    def record(self, run: PhasedRun, snap: Any, result: Any) -> None:
+        """Record a finished conversation's rows (``result``) in the archive."""
+        if run.archive is not None:
+            run.archive.record_result(self._result_key(snap), {"cells": result})
 
-    async def _explain_one(self, k: int, snap: Any) -> list[dict[str, Any]]:
+    async def explain_one(self, run: PhasedRun, k: int, snap: Any) -> list[dict[str, Any]]:
         """Evaluate the union of the cells' plans once, then fit every cell on its own plan."""
         from ..engine import counting_evaluations
         from ..masking.codec import PackedMask
 
-        engine, policy, n = self.engine, self.policy, snap.n_players
+        engine, policy, archive, n = run.engine, run.policy, run.archive, snap.n_players
         jobs = []
         for cell, estimator, reason in self.estimators(n):
             plan: dict[bytes, np.ndarray] = {}
@@ -444,7 +425,7 @@ class SweepRun(ExplainRun):
 
         def model_seconds(words: bytes) -> float:
             if words not in seconds:
-                found = self.archive.model_seconds(engine.key(snap, policy, PackedMask(words, n))) if self.archive is not None else None
+                found = archive.model_seconds(engine.key(snap, policy, PackedMask(words, n))) if archive is not None else None
                 seconds[words] = found or 0.0
             return seconds[words]
 
@@ -485,8 +466,12 @@ class SweepRun(ExplainRun):
         columns = RESULT_SCHEMA.names
         return [{c: row.get(c) for c in columns} | {"conversation": k} for k, rows in enumerate(results) for row in rows]
 
-    def write(self, results: Sequence[Sequence[Mapping[str, Any]]]) -> SweepResult:  # type: ignore[override]
-        """Write ``OUT/results.parquet`` atomically (a temporary file, then a rename).
+    def write(self, run: PhasedRun, results: Sequence[Sequence[Mapping[str, Any]]]) -> SweepResult:
+        """Write ``OUT/results.parquet`` (``run.out_path``) atomically (a temporary file, then a rename).
+
+        Args:
+            run: the sweep's run, evaluated.
+            results: the rows of each conversation's cells, in input order (``run.evaluate``'s).
 
         Returns:
             The :class:`SweepResult`.
@@ -503,7 +488,7 @@ class SweepRun(ExplainRun):
 
         rows = self.table_rows(results)
         table = pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
-        path = self.out_path
+        path = run.out_path
         assert path is not None
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
@@ -516,10 +501,10 @@ class SweepRun(ExplainRun):
         return SweepResult(
             rows=tuple(rows),
             path=path,
-            run_dir=Path(self.run_dir) if self.run_dir is not None else Path(self.sweep.out) / "archive",
+            run_dir=Path(run.run_dir) if run.run_dir is not None else Path(self.sweep.out) / "archive",
             summary=summarize(rows),
             model_evaluations=self.model_evaluations,
-            restored_conversations=self.restored_conversations,
+            restored_conversations=run.restored_conversations,
             conversations=len(results),
         )
 
@@ -585,9 +570,10 @@ def sweep_run(source: Any, settings: SweepSettings, *, backend: Any = None, prog
         The :class:`SweepResult`.
     """
 
-    run = SweepRun(source, settings, backend=backend)
+    phases = SweepPhases(settings)
+    run = ExplainRun(source, settings.run, backend=backend, phases=phases)
     run.preflight()
     run.load(progress=progress)
     run.open_archive()
     results = closing_run(run, lambda: run_blocking(run.evaluate))
-    return run.write(results)
+    return phases.write(run, results)

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..normalised import NormalisedSettings
 from .kinds import BackendKind, Capabilities, backend_kind
 
 __all__ = (
@@ -33,7 +34,7 @@ the default count), :func:`local_worker_limit`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BackendSettings:
+class BackendSettings(NormalisedSettings):
     """How a run's model executes: one settings group, the same for every command and the Python
     API (built from a command's settings by :meth:`of`).
 
@@ -78,9 +79,14 @@ class BackendSettings:
 
         check_dtype(self.dtype)  # before anything loads torch
         check_server_settings(self)
-        if self.backend is None:  # a URL alone picks the server backend
-            object.__setattr__(self, "backend", self.backend_name)
         check_ray_settings(self)
+
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``backend`` named: a URL alone picks the server backend, else ``hf`` (:attr:`backend_name`)."""
+        if given.get("backend") is None:
+            given["backend"] = "vllm-server" if given.get("vllm_url") is not None else "hf"
+        return given
 
     @classmethod
     def of(cls, *groups: Any) -> BackendSettings:

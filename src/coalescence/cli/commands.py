@@ -77,11 +77,14 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from ..app.options import settings_from
-    from ..app.sweeps import RUN_OPTIONS, SweepRun, SweepSettings
+    from ..app.explain import ExplainRun
+    from ..app.sweeps import RUN_OPTIONS, SweepPhases, SweepSettings
 
-    run = SweepRun(args.input, settings_from(SweepSettings, args, run=RUN_OPTIONS.settings(args)))
+    settings = settings_from(SweepSettings, args, run=RUN_OPTIONS.settings(args))
+    phases = SweepPhases(settings)
+    run = ExplainRun(args.input, settings.run, phases=phases)
     results = _run_phases(run, args)
-    print(write_after_run(lambda: run.write(results), run.out_path).format())
+    print(write_after_run(lambda: phases.write(run, results), run.out_path).format())
     return 0
 
 
