@@ -254,6 +254,19 @@ class ProxyScoring:
         scale = float(getattr(self._rope, "attention_scaling", 1.0) or 1.0)
         return cos.float() / scale, sin.float() / scale
 
+    def _rope_halves_repeat(self) -> bool:
+        """Whether the model's RoPE tables repeat their frequencies over the head dimension's two
+        halves (``cat(freqs, freqs)``), which the gather rows' in-place turn relies on; checked once
+        per backend on the offsets 1-64."""
+        known = getattr(self, "_halves_repeat", None)
+        if known is None:
+            torch = self._torch
+            cos, sin = self._compact_rotation(torch.arange(1, 65)[None])  # [1, 64, d]
+            half = cos.shape[-1] // 2
+            known = bool(torch.equal(cos[..., :half], cos[..., half:]) and torch.equal(sin[..., :half], sin[..., half:]))
+            self._halves_repeat = known
+        return known
+
     def _row_prefixes(self, rows: Sequence[ProxyScoreRequest], hidden: Any, before: Any) -> list[RowPrefix] | None:
         """Each row's view of the shared prefix for :func:`~coalescence.backends.row_prefix.row_prefix_attention`
         (``hidden`` ``[R, P]`` bool, ``before`` ``[R, P]`` int64: the hidden tokens before each
@@ -280,10 +293,9 @@ class ProxyScoring:
             if still == offsets.numel():
                 plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still))
                 continue
-            cos, sin = self._compact_rotation(offsets[None, still:])  # [1, V - still, d]: turning by -h
-            half = cos.shape[-1] // 2
-            if not (torch.equal(cos[..., :half], cos[..., half:]) and torch.equal(sin[..., :half], sin[..., half:])):
+            if not self._rope_halves_repeat():
                 return None  # the in-place turn needs RoPE's repeated halves (cat(freqs, freqs))
+            cos, sin = self._compact_rotation(offsets[None, still:])  # [1, V - still, d]: turning by -h
             plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still, cos=cos[0], sin=sin[0]))
         return plans
 
