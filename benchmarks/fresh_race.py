@@ -81,11 +81,9 @@ def rank_of(values: np.ndarray, i: int) -> int:
 
 
 def race(name: str, cc_budget: int, draws: int, held_out: int, batch_size: int, score_only: bool) -> list[dict]:
-    import torch
-
     from coalescence import Explainer
-    from long_games import Pool, contextcite_citer, load_game
-    from proxy_race import top_removed
+    from long_games import Pool, load_game
+    from proxy_race import clear_prefix_cache, timed_contextcite, top_removed
 
     game = load_game(name)
     pool = Pool.open(game)
@@ -97,22 +95,10 @@ def race(name: str, cc_budget: int, draws: int, held_out: int, batch_size: int, 
         return []
     ex = Explainer(batch_size=batch_size)
     rows: list[dict] = []
-
-    def clear() -> None:
-        cache = getattr(ex.backend, "prefix_cache", None)
-        if cache is not None:
-            cache.clear()
-
-    clear()
-    t0 = time.perf_counter()
-    citer = contextcite_citer(game, ex.backend.model, ex.backend.tokenizer, cc_budget)
-    with torch.inference_mode():
-        cc_values = np.asarray(citer.get_attributions(verbose=False), dtype=np.float64)
-    cc_wall = time.perf_counter() - t0
-    print(f"  {name} contextcite@{cc_budget}: {cc_wall:.1f} s", file=sys.stderr, flush=True)
+    cc_values, cc_wall = timed_contextcite(ex, game, cc_budget)
     rows.append({"tool": f"contextcite@{cc_budget}", "draw": 0, "wall": cc_wall, "values": cc_values, "note": ""})
     for d in range(draws):
-        clear()
+        clear_prefix_cache(ex)
         t0 = time.perf_counter()
         explanation = ex.explain(str(game.path), unit="sentence", seed=d, progress=False)
         wall = time.perf_counter() - t0

@@ -68,11 +68,33 @@ def cc_recorded_values(game, budget: int, draw: int) -> np.ndarray:
     return np.asarray(weight, dtype=np.float64)
 
 
-def race(name: str, cc_budget: int, ours: list[tuple[int, int]], draws: int, wall_draws: int, batch_size: int) -> list[dict]:
+def clear_prefix_cache(ex) -> None:
+    """Empty the explainer's backend's prefix cache (before each timed run)."""
+    cache = getattr(ex.backend, "prefix_cache", None)
+    if cache is not None:
+        cache.clear()
+
+
+def timed_contextcite(ex, game, budget: int) -> tuple[np.ndarray, float]:
+    """ContextCite's attributions at ``budget`` ablations on ``ex``'s loaded model, the prefix cache
+    emptied first, and its wall time (s)."""
     import torch
 
+    from long_games import contextcite_citer
+
+    clear_prefix_cache(ex)
+    t0 = time.perf_counter()
+    citer = contextcite_citer(game, ex.backend.model, ex.backend.tokenizer, budget)
+    with torch.inference_mode():
+        values = np.asarray(citer.get_attributions(verbose=False), dtype=np.float64)
+    wall = time.perf_counter() - t0
+    print(f"  {game.name} contextcite@{budget}: {wall:.1f} s", file=sys.stderr, flush=True)
+    return values, wall
+
+
+def race(name: str, cc_budget: int, ours: list[tuple[int, int]], draws: int, wall_draws: int, batch_size: int) -> list[dict]:
     from coalescence import Explainer
-    from long_games import Pool, Scorer, contextcite_citer, held_out, load_game
+    from long_games import Pool, Scorer, held_out, load_game
 
     game = load_game(name)
     pool = Pool.open(game)
@@ -80,26 +102,14 @@ def race(name: str, cc_budget: int, ours: list[tuple[int, int]], draws: int, wal
     held_u = pool.lookup(held)[0]
     ex = Explainer(batch_size=batch_size)
     rows: list[dict] = []
-
-    def clear() -> None:
-        cache = getattr(ex.backend, "prefix_cache", None)
-        if cache is not None:
-            cache.clear()
-
-    clear()
-    t0 = time.perf_counter()
-    citer = contextcite_citer(game, ex.backend.model, ex.backend.tokenizer, cc_budget)
-    with torch.inference_mode():
-        cc_values = np.asarray(citer.get_attributions(verbose=False), dtype=np.float64)
-    cc_wall = time.perf_counter() - t0
-    print(f"  {name} contextcite@{cc_budget}: {cc_wall:.1f} s", file=sys.stderr, flush=True)
+    cc_values, cc_wall = timed_contextcite(ex, game, cc_budget)
     rows.append({"tool": f"contextcite@{cc_budget}", "m": cc_budget, "k": 0, "draw": -1, "wall": cc_wall, "values": cc_values})
     for d in range(draws):
         rows.append({"tool": f"contextcite@{cc_budget}", "m": cc_budget, "k": 0, "draw": d, "wall": None,
                      "values": cc_recorded_values(game, cc_budget, d)})
     for m, k in ours:
         for d in range(draws):
-            clear()
+            clear_prefix_cache(ex)
             t0 = time.perf_counter()
             if m == 0:  # the default plan: no method, no budget
                 explanation = ex.explain(str(game.path), unit="sentence", seed=d, progress=False)
