@@ -247,16 +247,28 @@ def test_row_prefix_modes_equal_the_reference(game, mode, monkeypatch):
     seen: list[str] = []
     run = row_prefix.row_prefix_attention
 
-    def spy(query, key, value, rows, scaling):
+    def spy(query, key, value, rows, scaling, *by_position):
         seen.extend("gather" if r.gather else "spans" for r in rows)
-        return run(query, key, value, rows, scaling)
+        return run(query, key, value, rows, scaling, *by_position)
 
     monkeypatch.setattr(row_prefix, "row_prefix_attention", spy)
+    from coalescence.backends import attention
+
+    apart_keys: list[int] = []  # the key lengths the row-wise attention saw: the forward's own only
+    rows_apart = attention._rows_apart
+
+    def spy_apart(module, query, key, *rest):
+        apart_keys.append(key.shape[-2] - query.shape[-2])
+        return rows_apart(module, query, key, *rest)
+
+    monkeypatch.setattr(attention, "_rows_apart", spy_apart)
     layout = proxy_layout(renderer, snapshot, target, tail="after-last-player")
     requests = [layout.request(row) for row in coalitions(snapshot.n_players)]
     for r, x in zip(requests, backend.score_proxy(requests), strict=True):
         np.testing.assert_allclose(x.token_logprobs, reference(ref, r), atol=ATOL)
     assert set(seen) == (set() if mode == "rotated-keys" else {mode})
+    # row by row, the prefix is held apart: no layer concatenates the cached keys behind the forward's
+    assert (not apart_keys) if mode == "rotated-keys" else (apart_keys and set(apart_keys) == {0})
 
 
 @pytest.mark.parametrize("parallel", [True, False], ids=["forwards-side-by-side", "one-forward"])
@@ -276,9 +288,9 @@ def test_proxy_forwards_side_by_side_equal_the_reference(game, parallel, monkeyp
     ran_in: list[tuple[str, int, int]] = []
     run = ProxyScoring._proxy_forward_split
 
-    def spy(self, rows, cache, shared, computed_prefix):
+    def spy(self, rows, cache, shared, computed_prefix, *apart):
         ran_in.append((threading.current_thread().name, len(rows), torch.get_num_threads()))
-        return run(self, rows, cache, shared, computed_prefix)
+        return run(self, rows, cache, shared, computed_prefix, *apart)
 
     monkeypatch.setattr(ProxyScoring, "_proxy_forward_split", spy)
     try:

@@ -85,6 +85,13 @@ class PrefixSplit:
     :func:`~coalescence.backends.row_prefix.row_prefix_attention`), the prefix columns of the mask
     not read (every query of a row sees the same keys); ``block`` and ``prefix_masked`` required.
     Takes precedence over ``rotation``."""
+    prefix: Any = None
+    """With ``rows``: the cached prefix held apart from the forward, or None (the prefix is then
+    the first ``prefix_len`` keys of the forward's cache, as in every other split). A sequence, per
+    layer (the attention module's ``layer_idx``), of :class:`~coalescence.backends.row_prefix.PrefixKV`.
+    The forward then runs with no cache at all: its keys and values are its own ``N`` only (no
+    per-layer concatenation of the ``P`` cached positions in front of them), and its
+    ``attention_mask`` is the local ``[1, 1, N, N]`` block-diagonal one."""
 
 
 def _sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, None]:
@@ -116,6 +123,8 @@ def prefix_split_attention(
     Returns:
         ``(output [B, N, H, d], None)``, as ``sdpa_attention_forward``.
     """
+    if prefix_split is not None and prefix_split.prefix is not None:
+        return _rows_apart(module, query, key, value, attention_mask, scaling, prefix_split)
     P = 0 if prefix_split is None else prefix_split.prefix_len
     kv_len = key.shape[-2]
     n = query.shape[-2]
@@ -136,8 +145,6 @@ def prefix_split_attention(
     if plain:
         return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
     import torch
-
-    from transformers.integrations.sdpa_attention import repeat_kv
 
     global split_calls
     split_calls += 1
@@ -182,27 +189,65 @@ def prefix_split_attention(
         o1 = o1.reshape(b, h, n, d)
         lse1 = lse1.reshape(b, h, n)
     # local part: this forward's keys, causal or through the mask's local columns
-    local_k = repeat_kv(key[:, :, P:], n_rep)  # [B, H, L, d]
-    local_v = repeat_kv(value[:, :, P:], n_rep)
-    if prefix_split.causal:
+    return _local_merged(query, key[:, :, P:], value[:, :, P:], attention_mask[..., P:] if attention_mask is not None else None, scaling, prefix_split, o1, lse1)
+
+
+def _local_merged(query: Any, key: Any, value: Any, local_mask: Any, scaling: float | None, split: PrefixSplit, o1: Any, lse1: Any) -> tuple[Any, None]:
+    """The local part (``query`` ``[B, H, N, d]`` on the forward's own ``key``, ``value``
+    ``[B, H_kv, L, d]``: causal, or through ``local_mask`` ``[1 or B, 1, N, L]``, block-diagonal with
+    ``split.block``) merged with the prefix part ``(o1 [B, H, N, d], lse1 [B, H, N])``; returns
+    ``(output [B, N, H, d], None)``."""
+    import torch
+
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    b, h, n, d = query.shape
+    n_rep = h // key.shape[1]
+    local_k = repeat_kv(key, n_rep)  # [B, H, L, d]
+    local_v = repeat_kv(value, n_rep)
+    if split.causal:
         o2, lse2 = flash(query, local_k, local_v, 0.0, True, scale=scaling)
-    elif prefix_split.block:  # block-diagonal: R blocks of T as a batch (B == 1 for side-by-side rows)
-        t = prefix_split.block
+    elif split.block:  # block-diagonal: R blocks of T as a batch (B == 1 for side-by-side rows)
+        t = split.block
         r = n // t
 
         def blocks(x: Any) -> Any:  # [B, H, R * T, d] -> [B * R, H, T, d]
             return x.reshape(b, h, r, t, d).transpose(1, 2).reshape(b * r, h, t, d)
 
-        local = attention_mask[..., P:].expand(b, 1, n, n).reshape(b, r, t, r, t)
+        local = local_mask.expand(b, 1, n, n).reshape(b, r, t, r, t)
         local = local.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2).reshape(b * r, 1, t, t)  # [B * R, 1, T, T]
         o2, lse2 = flash(blocks(query), blocks(local_k), blocks(local_v), 0.0, False, attn_mask=local.contiguous(), scale=scaling)
         o2 = o2.reshape(b, r, h, t, d).transpose(1, 2).reshape(b, h, n, d)
         lse2 = lse2.reshape(b, r, h, t).transpose(1, 2).reshape(b, h, n)
     else:
-        o2, lse2 = flash(query, local_k, local_v, 0.0, False, attn_mask=attention_mask[..., P:], scale=scaling)
+        o2, lse2 = flash(query, local_k, local_v, 0.0, False, attn_mask=local_mask, scale=scaling)
     lse = torch.logaddexp(lse1, lse2)  # [B, H, N] float32
     out = o1.float() * torch.exp(lse1 - lse)[..., None] + o2.float() * torch.exp(lse2 - lse)[..., None]
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _rows_apart(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None, split: PrefixSplit) -> tuple[Any, None]:
+    """:class:`PrefixSplit` ``rows`` with the prefix held apart (``split.prefix``): ``key``, ``value``
+    ``[1, H_kv, N, d]`` are the forward's own, ``attention_mask`` its local ``[1, 1, N, N]``; the
+    prefix is ``split.prefix[module.layer_idx]``."""
+    from .row_prefix import row_prefix_attention
+
+    global split_calls
+    split_calls += 1
+    _, h, n, d = query.shape
+    h_kv = key.shape[1]
+    n_rep = h // h_kv
+    t = split.block
+    r = n // t
+    if query.shape[0] != 1 or attention_mask is None or n % t or len(split.rows) != r or key.shape[-2] != n:
+        raise ValueError(f"a row-wise prefix held apart needs {len(split.rows)} rows of {t} side by side in one batch row, got {tuple(query.shape)}")
+    prefix = split.prefix[module.layer_idx]
+    q = query.reshape(h_kv, n_rep, r, t, d).permute(2, 0, 1, 3, 4).reshape(r, h_kv, n_rep * t, d)
+    o1, lse1 = row_prefix_attention(q, prefix.keys, prefix.values, split.rows, scaling, prefix.by_position)  # [R, H_kv, n_rep * T(, d)]
+    o1 = o1.reshape(r, h_kv, n_rep, t, d).permute(1, 2, 0, 3, 4).reshape(1, h, n, d)
+    lse1 = lse1.reshape(r, h_kv, n_rep, t).permute(1, 2, 0, 3).reshape(1, h, n)
+    return _local_merged(query, key, value, attention_mask, scaling, split, o1, lse1)
 
 
 def install(model: Any) -> bool:

@@ -16,7 +16,10 @@ small enough to stay in cache, never a ``[R, H_kv, P, d]`` copy of the rotated k
   offset (``[1, H_kv, n_rep * T, d]``, small) attend the span's slice of the cached keys and
   values (views, no copy, no mask); the parts merged by their log-sum-exp;
 - ``gather`` (many spans, e.g. a keep-half row): the row's visible keys and values gathered
-  (``[1, H_kv, V, d]``, V the visible count: its spans' slices concatenated), the keys after the
+  (``[1, H_kv, V, d]``, V the visible count: one ``index_select`` each, by the row's visible
+  positions, from the prefix laid out position-major once per layer, ``[P, H_kv, d]``, so each
+  visible position is one contiguous copy; flash attention reads the result as a strided view),
+  the keys after the
   first hidden token turned by ``-h`` in place, one call with no mask (hidden keys are not there
   to mask).
 
@@ -31,7 +34,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ("PARALLEL_ROWS", "SPAN_LIMIT", "RowPrefix", "row_prefix_attention")
+__all__ = ("PARALLEL_ROWS", "SPAN_LIMIT", "PrefixKV", "RowPrefix", "position_major", "row_prefix_attention")
 
 SPAN_LIMIT = 4
 """Most spans a row runs as ``spans`` (one call each); a row with more is gathered. Leave-one-out
@@ -50,6 +53,7 @@ class RowPrefix:
             span's offset ``+h`` (RoPE's table, its attention scaling divided out), or None where
             ``h == 0``; empty in ``gather`` mode.
         gather: the mode: True, ``gather``; False, ``spans``.
+        index: ``gather`` mode: ``[V]`` int64, the visible positions in order (the spans' positions).
         still: ``gather`` mode: how many leading visible positions have ``h == 0`` (not turned).
         cos, sin: ``gather`` mode: ``[V - still, d]`` float32, turning the rest by ``-h``, or None
             where nothing is turned.
@@ -58,14 +62,38 @@ class RowPrefix:
     spans: tuple[tuple[int, int], ...] = ()
     turns: tuple[Any, ...] = ()
     gather: bool = False
+    index: Any = None
     still: int = 0
     cos: Any = None
     sin: Any = None
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefixKV:
+    """One layer's cached prefix, held apart from a proxy forward
+    (:attr:`~coalescence.backends.attention.PrefixSplit.prefix`).
+
+    Attributes:
+        keys, values: ``[1, H_kv, P, d]``, the layer's cached prefix (views are fine).
+        by_position: ``(keys, values)`` position-major, ``[P, H_kv, d]`` each and contiguous, or
+            None: what ``gather`` rows copy their visible positions from (:func:`position_major`).
+    """
+
+    keys: Any
+    values: Any
+    by_position: Any = None
+
+
+def position_major(keys: Any, values: Any) -> tuple[Any, Any]:
+    """``(keys, values)`` ``[1, H_kv, P, d]`` laid out position-major, ``[P, H_kv, d]`` each and
+    contiguous: a row's gather (``index_select`` on dim 0) is then one contiguous copy per visible
+    position, where on ``[1, H_kv, P, d]`` it is a strided one per head."""
+    return keys[0].transpose(0, 1).contiguous(), values[0].transpose(0, 1).contiguous()
+
+
 def _turn_in_place(x: Any, cos: Any, sin: Any) -> None:
-    """``x <- x * cos + rotate_half(x) * sin`` in place, ``x`` ``[..., V, d]`` float32, ``cos, sin``
-    ``[V, d]`` with equal halves (RoPE's tables repeat their frequencies: ``cat(freqs, freqs)``): on the
+    """``x <- x * cos + rotate_half(x) * sin`` in place, ``x`` float32 (``[..., V, d]``, or ``[V, H, d]``
+    with ``cos, sin`` ``[V, 1, d]``), ``cos, sin`` broadcasting to ``x``, ``[V, d]``, with equal halves (RoPE's tables repeat their frequencies: ``cat(freqs, freqs)``): on the
     halves, ``x1 <- x1 c - x2 s`` and ``x2 <- x2 c + x1 s``, with no ``rotate_half`` copy of ``x``."""
     half = x.shape[-1] // 2
     c, s = cos[..., :half], sin[..., :half]
@@ -82,7 +110,9 @@ def _rotate_half(x: Any) -> Any:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: float | None) -> tuple[Any, Any]:
+def row_prefix_attention(
+    query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: float | None, by_position: Any = None
+) -> tuple[Any, Any]:
     """The prefix part of a proxy forward, row by row.
 
     Args:
@@ -91,6 +121,8 @@ def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPre
         key, value: ``[1, H_kv, P, d]``, the cached prefix (views are fine).
         rows: one :class:`RowPrefix` per row.
         scaling: the attention's softmax scale.
+        by_position: ``key`` and ``value`` position-major (:func:`position_major`), or None: laid
+            out here, once, where a row gathers.
 
     Returns:
         ``(out [R, H_kv, n_rep * T, d]`` in the query's dtype, ``lse [R, H_kv, n_rep * T]``
@@ -98,13 +130,17 @@ def row_prefix_attention(query: Any, key: Any, value: Any, rows: Sequence[RowPre
     """
     import torch
 
+    # the gather rows read the prefix position-major, [P, H_kv, d], laid out once per call: each
+    # row's gather is then one contiguous copy per visible position (index_select on dim 0)
+    if by_position is None and any(r.gather for r in rows):
+        by_position = position_major(key, value)
     threads = torch.get_num_threads()
     if threads < 2 or len(rows) < 2 or not PARALLEL_ROWS:
-        return _rows(query, key, value, rows, scaling, 0)
+        return _rows(query, key, value, by_position, rows, scaling, 0)
     groups = [range(len(rows) * g // threads, len(rows) * (g + 1) // threads) for g in range(threads)]
     torch.set_num_threads(1)
     try:
-        parts = list(_pool(threads).map(lambda g: _rows(query, key, value, [rows[i] for i in g], scaling, g.start), groups))
+        parts = list(_pool(threads).map(lambda g: _rows(query, key, value, by_position, [rows[i] for i in g], scaling, g.start), groups))
     finally:
         torch.set_num_threads(threads)
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -127,8 +163,11 @@ def _pool(n: int) -> Any:
     return _POOLS[n]
 
 
-def _rows(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: float | None, first: int) -> tuple[Any, Any]:
-    """:func:`row_prefix_attention` of ``rows``, row ``first`` of ``query`` the first."""
+def _rows(
+    query: Any, key: Any, value: Any, by_position: Any, rows: Sequence[RowPrefix], scaling: float | None, first: int
+) -> tuple[Any, Any]:
+    """:func:`row_prefix_attention` of ``rows``, row ``first`` of ``query`` the first; ``by_position``
+    the prefix keys and values position-major (``[P, H_kv, d]`` each) where a row gathers."""
     import torch
 
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -153,16 +192,17 @@ def _rows(query: Any, key: Any, value: Any, rows: Sequence[RowPrefix], scaling: 
                 w = torch.exp(stacked - lse)[..., None]
                 o = sum(p[0].float() * w[u] for u, p in enumerate(parts)).to(q.dtype)
         else:
-            k = torch.cat([key[:, :, a:z] for a, z in row.spans], dim=2)  # [1, H_kv, V, d]
-            v = torch.cat([value[:, :, a:z] for a, z in row.spans], dim=2)
-            moved = k[:, :, row.still :]
+            k = by_position[0].index_select(0, row.index)  # [V, H_kv, d]
+            v = by_position[1].index_select(0, row.index)
+            moved = k[row.still :]
             if row.cos is not None:
+                cos, sin = row.cos[:, None], row.sin[:, None]  # [V - still, 1, d]
                 if moved.dtype == torch.float32:
-                    _turn_in_place(moved, row.cos, row.sin)
+                    _turn_in_place(moved, cos, sin)
                 else:
                     mf = moved.float()
-                    moved.copy_((mf * row.cos).addcmul_(_rotate_half(mf), row.sin))
-            o, lse = flash(q, k, v, 0.0, False, scale=scaling)
+                    moved.copy_((mf * cos).addcmul_(_rotate_half(mf), sin))
+            o, lse = flash(q, k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, False, scale=scaling)  # [1, H_kv, V, d] views
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..base import ProxyScoreRequest, ScoreResult
 from ..attention import PrefixSplit
-from ..row_prefix import SPAN_LIMIT, RowPrefix
+from ..row_prefix import SPAN_LIMIT, PrefixKV, RowPrefix, position_major
 from .caches import cache_bytes, fork_cache, resumed_cache
 
 __all__ = ("COMPACT_ROPE_TYPES", "PROXY_ARCHITECTURES", "ProxyScoring", "proxy_capability", "rope_rotation")
@@ -192,7 +192,8 @@ class ProxyScoring:
                     while end < len(rows) and rows[end].n_tokens == rows[at].n_tokens and (end + 1 - at) * t * (shared + (end + 1 - at) * t) <= limit:
                         end += 1
                     computed_prefix = shared - resumed if at == 0 else 0
-                    results += self._proxy_forwards_side_by_side(rows[at:end], cache, shared, computed_prefix)
+                    apart = None if self.rotated_key_rows else self._prefix_apart(prefix, cache, rows)
+                    results += self._proxy_forwards_side_by_side(rows[at:end], cache, shared, computed_prefix, apart)
                     at = end
                     continue
                 # rows of one length as a batch, within 1 GiB of per-row keys and values
@@ -218,24 +219,41 @@ class ProxyScoring:
     (:attr:`rotated_key_rows`, whose large ops use the threads themselves).
     ``benchmarks/proxy_rows.py --compare`` times it."""
 
+    def _prefix_apart(self, prefix: tuple[int, ...], cache: Any, rows: Sequence[ProxyScoreRequest]) -> list[PrefixKV]:
+        """The cached ``prefix`` (``cache``'s layers) held apart from the row-wise forwards, one
+        :class:`~coalescence.backends.row_prefix.PrefixKV` a layer; laid out position-major too
+        where a row of ``rows`` may gather (more visible spans than
+        :data:`~coalescence.backends.row_prefix.SPAN_LIMIT`), kept for the next call on the same
+        prefix (one prefix at a time)."""
+        gathers = any(len(r.hidden) + 1 > SPAN_LIMIT for r in rows)
+        known = getattr(self, "_apart", None)
+        if known is not None and known[0] == prefix and (known[1] or not gathers):
+            return known[2]
+        apart = [
+            PrefixKV(layer.keys, layer.values, position_major(layer.keys, layer.values) if gathers else None)
+            for layer in cache.layers
+        ]
+        self._apart = (prefix, gathers, apart)
+        return apart
+
     def _proxy_forwards_side_by_side(
-        self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
+        self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int, apart: Sequence[PrefixKV] | None = None
     ) -> list[ScoreResult]:
         """:meth:`_proxy_forward_split` of ``rows``, in as many forwards side by side as PyTorch has
         intra-op threads, each on one thread (:attr:`parallel_forwards`), each on its own fork of
-        ``cache``; one forward where the rows are the rotated copy's (:attr:`rotated_key_rows`) or
-        a forward would hold no row."""
+        ``cache`` (or ``apart``, the prefix held apart); one forward where the rows are the rotated
+        copy's (:attr:`rotated_key_rows`) or a forward would hold no row."""
         torch = self._torch
         threads = torch.get_num_threads()
         parts = min(threads, len(rows)) if self.parallel_forwards and not self.rotated_key_rows else 1
         if parts < 2:
-            return self._proxy_forward_split(rows, fork_cache(cache), shared, computed_prefix)
+            return self._proxy_forward_split(rows, fork_cache(cache), shared, computed_prefix, apart)
         bounds = [len(rows) * i // parts for i in range(parts + 1)]
 
         def run(i: int) -> list[ScoreResult]:
             with torch.no_grad():  # grad mode is per thread
                 part = rows[bounds[i] : bounds[i + 1]]
-                return self._proxy_forward_split(part, fork_cache(cache), shared, computed_prefix if i == 0 else 0)
+                return self._proxy_forward_split(part, fork_cache(cache), shared, computed_prefix if i == 0 else 0, apart)
 
         torch.set_num_threads(1)
         try:
@@ -289,14 +307,15 @@ class ProxyScoring:
                 plans.append(RowPrefix(spans=tuple(spans), turns=turns))
                 continue
             offsets = before[i, visible]  # [V]
+            index = torch.nonzero(visible)[:, 0].to(self.device)  # [V] the visible positions
             still = int((offsets == 0).sum())  # h is non-decreasing: the unturned keys lead
             if still == offsets.numel():
-                plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still))
+                plans.append(RowPrefix(spans=tuple(spans), gather=True, index=index, still=still))
                 continue
             if not self._rope_halves_repeat():
                 return None  # the in-place turn needs RoPE's repeated halves (cat(freqs, freqs))
             cos, sin = self._compact_rotation(offsets[None, still:])  # [1, V - still, d]: turning by -h
-            plans.append(RowPrefix(spans=tuple(spans), gather=True, still=still, cos=cos[0], sin=sin[0]))
+            plans.append(RowPrefix(spans=tuple(spans), gather=True, index=index, still=still, cos=cos[0], sin=sin[0]))
         return plans
 
     def _proxy_forward_compact(
@@ -350,7 +369,7 @@ class ProxyScoring:
         return _row_results(rows, picked, t, shared, computed_prefix)
 
     def _proxy_forward_split(
-        self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int
+        self, rows: Sequence[ProxyScoreRequest], cache: Any, shared: int, computed_prefix: int, apart: Sequence[PrefixKV] | None = None
     ) -> list[ScoreResult]:
         """One forward of proxy rows of one length laid side by side in one row on ``cache`` (a fork:
         the forward extends it), positions compacted (:meth:`_proxy_forward_compact`'s semantics):
@@ -359,7 +378,9 @@ class ProxyScoring:
         the shared keys (:class:`~coalescence.backends.attention.PrefixSplit` ``rows``,
         :meth:`_row_prefixes`), or, where a row's queries before its tail see hidden keys or
         :attr:`rotated_key_rows` says so, with the keys rotated per row for the layer (``rotation``);
-        no row keeps a copy of the cache."""
+        no row keeps a copy of the cache. Row by row with ``apart`` (the prefix held apart,
+        :meth:`_prefix_apart`), the forward runs with no cache: its keys are its own, never
+        concatenated behind the prefix's, and its mask is the local ``N x N`` one."""
         torch = self._torch
         dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
         lows = torch.finfo(dtype).min
@@ -373,7 +394,10 @@ class ProxyScoring:
                 hidden[i, lo:hi] = True
         before = torch.cumsum(hidden.long(), dim=1) - hidden.long()  # [b, total] hidden tokens before p
         positions = (torch.arange(total)[None] - before)[:, shared:].reshape(-1)  # [N] compacted
-        mask = torch.full((n, shared + n), lows, dtype=dtype)  # [N, P + N] additive
+        plan = None if self.rotated_key_rows else self._row_prefixes(rows, hidden[:, :shared], before[:, :shared])
+        held_apart = plan is not None and apart is not None
+        cols = 0 if held_apart else shared  # the mask's prefix columns (none where the prefix is apart)
+        mask = torch.full((n, cols + n), lows, dtype=dtype)  # [N, P + N] additive (or [N, N])
         tokens: list[int] = []
         keep: list[int] = []
         causal = torch.ones((t, t), dtype=torch.bool).tril_()
@@ -382,22 +406,22 @@ class ProxyScoring:
             tokens += list(r.prompt_ids + r.target_ids)[shared:total]
             in_tail = (torch.arange(shared, total) >= r.tail_start)[:, None]  # [T, 1]
             sees = ~in_tail | ~hidden[i][None, :]  # [T, P + T]
-            mask[at : at + t, :shared].masked_fill_(sees[:, :shared], 0.0)
-            mask[at : at + t, shared + at : shared + at + t].masked_fill_(sees[:, shared:] & causal, 0.0)
+            if cols:
+                mask[at : at + t, :shared].masked_fill_(sees[:, :shared], 0.0)
+            mask[at : at + t, cols + at : cols + at + t].masked_fill_(sees[:, shared:] & causal, 0.0)
             p = len(r.prompt_ids)
             keep += range(at + p - 1 - shared, at + p - 1 - shared + len(r.target_ids))
-        plan = None if self.rotated_key_rows else self._row_prefixes(rows, hidden[:, :shared], before[:, :shared])
         if plan is None:
             split = PrefixSplit(shared, False, prefix_masked=True, block=t, rotation=self._compact_rotation(before[:, :shared]))
         else:
-            split = PrefixSplit(shared, False, prefix_masked=True, block=t, rows=plan)
+            split = PrefixSplit(shared, False, prefix_masked=True, block=t, rows=plan, prefix=apart if held_apart else None)
         kwargs: dict[str, Any] = {"logits_to_keep": torch.tensor(keep, device=self.device)} if self._keep_logits else {}
         out = self.model(
             input_ids=torch.tensor([tokens], dtype=torch.long, device=self.device),  # [1, N]
-            attention_mask=mask[None, None].to(self.device),  # [1, 1, N, P + N]
+            attention_mask=mask[None, None].to(self.device),  # [1, 1, N, P + N] (or [1, 1, N, N])
             position_ids=positions[None].to(self.device),  # [1, N]
-            cache=cache,
-            use_cache=True,
+            cache=None if held_apart else cache,
+            use_cache=not held_apart,
             prefix_split=split,
             **kwargs,
         )
