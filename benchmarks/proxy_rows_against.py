@@ -17,7 +17,7 @@ since 679dc52) and sent to every worker; the workers then take turns, one at a t
 wait idle on their pipes), after one untimed warm-up round each, the order turned each round, each timing all rows through
 ``backend.score_proxy`` in calls of ``--batch-size`` rows after the shared KV was cached. Workers:
 the commit; this checkout's rotated copy (``rotated_key_rows``: how close the in-checkout stand-in
-is to the commit); this checkout's default. Printed per game: median wall and CPU ms per row, the
+is to the commit); this checkout's default; the same at twice the rows per call. Printed per game: median wall and CPU ms per row, the
 median (and range) of the rounds' wall ratios to the commit, the largest |difference| of a row's
 utility from the commit's (nats); load averages on stderr.
 """
@@ -40,9 +40,11 @@ WORKERS = {
     "commit": {},
     "rotated keys (here)": {"rotated_key_rows": True, "parallel_forwards": False},
     "default (here)": {},
+    "default (here), 2x rows per call": {"rows_per_call": 2},
 }
 """The workers: the commit's code (its defaults), and this checkout's ``HFBackend`` with these
-attributes set (the first ratio's baseline is the commit)."""
+attributes set (the first ratio's baseline is the commit); ``rows_per_call`` is not an attribute
+but a multiple of ``--batch-size`` for that worker's calls (the rows of a larger proxy call)."""
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -54,7 +56,9 @@ def worker(args: argparse.Namespace) -> None:
     from coalescence.backends.rows import ProxyScoreRequest
 
     backend = load_backend(args.model, dtype="float32", device="cpu")
-    for attr, value in json.loads(args.attrs).items():
+    attrs = json.loads(args.attrs)
+    per_call = attrs.pop("rows_per_call", 1)
+    for attr, value in attrs.items():
         setattr(backend, attr, value)
     rows: list[ProxyScoreRequest] = []
     primed = False
@@ -74,7 +78,7 @@ def worker(args: argparse.Namespace) -> None:
             print(json.dumps({"ok": True}), flush=True)
         elif msg["do"] == "run":
             assert primed
-            size = msg["batch_size"]
+            size = msg["batch_size"] * per_call
             t0, c0 = time.perf_counter(), time.process_time()
             got = []
             for at in range(0, len(rows), size):

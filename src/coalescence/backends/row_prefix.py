@@ -55,7 +55,10 @@ class RowPrefix:
         gather: the mode: True, ``gather``; False, ``spans``.
         index: ``gather`` mode: ``[V]`` int64, the visible positions in order (the spans' positions).
         still: ``gather`` mode: how many leading visible positions have ``h == 0`` (not turned).
-        cos, sin: ``gather`` mode: ``[V - still, d]`` float32, turning the rest by ``-h``, or None
+        cos, sin: ``gather`` mode: ``[V - still, H_kv, d / 2]`` float32, contiguous, turning the
+            rest by ``-h``: RoPE's tables on one half of the head dimension (they repeat their
+            frequencies over the two halves), expanded over the key/value heads, since an op
+            broadcasting a ``[V, 1, d / 2]`` table over the heads ran at half the speed; or None
             where nothing is turned.
     """
 
@@ -92,15 +95,15 @@ def position_major(keys: Any, values: Any) -> tuple[Any, Any]:
 
 
 def _turn_in_place(x: Any, cos: Any, sin: Any) -> None:
-    """``x <- x * cos + rotate_half(x) * sin`` in place, ``x`` float32 (``[..., V, d]``, or ``[V, H, d]``
-    with ``cos, sin`` ``[V, 1, d]``), ``cos, sin`` broadcasting to ``x``, ``[V, d]``, with equal halves (RoPE's tables repeat their frequencies: ``cat(freqs, freqs)``): on the
-    halves, ``x1 <- x1 c - x2 s`` and ``x2 <- x2 c + x1 s``, with no ``rotate_half`` copy of ``x``."""
+    """``x <- x * cos + rotate_half(x) * sin`` in place on the halves of ``x`` (``[..., d]`` float32),
+    ``cos, sin`` the tables of one half (``[..., d / 2]``, matching ``x``'s leading shape; RoPE's
+    tables repeat their frequencies: ``cat(freqs, freqs)``): ``x1 <- x1 c - x2 s`` and
+    ``x2 <- x2 c + x1 s``, with no ``rotate_half`` copy of ``x``."""
     half = x.shape[-1] // 2
-    c, s = cos[..., :half], sin[..., :half]
     x1, x2 = x[..., :half], x[..., half:]
     first = x1.clone()
-    x1.mul_(c).addcmul_(x2, s, value=-1.0)
-    x2.mul_(c).addcmul_(first, s)
+    x1.mul_(cos).addcmul_(x2, sin, value=-1.0)
+    x2.mul_(cos).addcmul_(first, sin)
 
 
 def _rotate_half(x: Any) -> Any:
@@ -195,13 +198,13 @@ def _rows(
             k = by_position[0].index_select(0, row.index)  # [V, H_kv, d]
             v = by_position[1].index_select(0, row.index)
             moved = k[row.still :]
-            if row.cos is not None:
-                cos, sin = row.cos[:, None], row.sin[:, None]  # [V - still, 1, d]
+            if row.cos is not None:  # [V - still, H_kv, d / 2]
                 if moved.dtype == torch.float32:
-                    _turn_in_place(moved, cos, sin)
+                    _turn_in_place(moved, row.cos, row.sin)
                 else:
                     mf = moved.float()
-                    moved.copy_((mf * cos).addcmul_(_rotate_half(mf), sin))
+                    _turn_in_place(mf, row.cos, row.sin)
+                    moved.copy_(mf)
             o, lse = flash(q, k.transpose(0, 1)[None], v.transpose(0, 1)[None], 0.0, False, scale=scaling)  # [1, H_kv, V, d] views
         outs.append(o)
         lses.append(lse)

@@ -294,6 +294,8 @@ class ProxyScoring:
         shared = hidden.shape[1]
         if any(r.tail_start > shared and bool(hidden[i].any()) for i, r in enumerate(rows)):
             return None
+        config = self.model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         plans: list[RowPrefix] = []
         for i in range(len(rows)):
             visible = ~hidden[i]
@@ -315,7 +317,12 @@ class ProxyScoring:
             if not self._rope_halves_repeat():
                 return None  # the in-place turn needs RoPE's repeated halves (cat(freqs, freqs))
             cos, sin = self._compact_rotation(offsets[None, still:])  # [1, V - still, d]: turning by -h
-            plans.append(RowPrefix(spans=tuple(spans), gather=True, index=index, still=still, cos=cos[0], sin=sin[0]))
+            half = cos.shape[-1] // 2
+
+            def per_head(table: Any) -> Any:  # [V - still, H_kv, d / 2], contiguous
+                return table[0, :, None, :half].expand(-1, heads, -1).contiguous()
+
+            plans.append(RowPrefix(spans=tuple(spans), gather=True, index=index, still=still, cos=per_head(cos), sin=per_head(sin)))
         return plans
 
     def _proxy_forward_compact(
