@@ -16,6 +16,8 @@ the command writes with the same settings, and either resumes or replays the oth
 loop (asyncio or trio, e.g. Jupyter's). :func:`sweep` is the ``coalescence sweep`` command: many
 estimators, budgets and seeds fitted from one coalition pool per conversation. :func:`evaluate` is
 the ``coalescence evaluate`` command: an explanation's faithfulness on fresh exact coalitions.
+:class:`~coalescence.backends.settings.BackendSettings` (exported here) is how a model executes,
+one object an :class:`Explainer` takes whole.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from .attribution.estimators.base import Estimator
 from .errors import ConfigError, EngineClosed
 from .utility import UtilitySpec
 
-__all__ = ("DEFAULT_MODEL", "Explainer", "evaluate", "explain", "explain_async", "sweep")
+__all__ = ("DEFAULT_MODEL", "BackendSettings", "Explainer", "evaluate", "explain", "explain_async", "sweep")
 
 Source = str | Path | dict[str, Any] | list[dict[str, Any]] | Any
 """What an entry point explains: a path, an input dict, a list of messages or of input dicts, or a
