@@ -225,8 +225,10 @@ async def test_the_blocking_call_works_inside_a_running_event_loop(chat, tiny_mo
         ({"dtype": "float8"}, "dtype"),
         ({"workers": 10**9}, "workers"),  # would hang starting the workers
         ({"workers": 10**9, "ray_address": "auto"}, "workers"),
-        ({"vllm_url": 8000}, "vllm_url"),
-        ({"backend": "hf", "vllm_url": "http://127.0.0.1:8000"}, "vllm_url"),
+        ({"server_url": 8000}, "server_url"),
+        ({"vllm_url": 8000}, "server_url"),  # the URL's earlier name: the same field
+        ({"backend": "hf", "server_url": "http://127.0.0.1:8000"}, "server_url"),
+        ({"server_url": "http://127.0.0.1:8000", "vllm_url": "http://127.0.0.1:9000"}, "server_url"),  # both, different
     ],
 )
 def test_an_explainer_refuses_bad_ray_settings_naming_the_field_before_loading(tiny_model_dir, monkeypatch, options, field):

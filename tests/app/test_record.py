@@ -30,7 +30,7 @@ def test_a_field_added_to_the_backend_settings_is_recorded_with_no_list_to_keep(
     recorded = model_options(TunedSettings(model="m", kv_cache_gib=4.0), batch_size=8)
     assert recorded == {
         "model": "m", "backend": "hf", "device": "cpu", "dtype": "float32", "batch_size": 8,
-        "vllm_url": None, "kv_cache_gib": 4.0,
+        "server_url": None, "kv_cache_gib": 4.0,
     }  # fmt: skip
     with_workers = model_options(TunedSettings(model=Path("/m"), workers=2, threads_per_worker=1), batch_size=3)
     assert with_workers["ray"] == {"workers": 2, "ray_address": None, "gpus_per_worker": 0.0, "threads_per_worker": 1}
@@ -57,14 +57,14 @@ def test_a_run_records_its_model_options_and_an_archive_with_todays_keys_resumes
     manifest = read_manifest(run_dir)
     config = manifest["runs"][0]["run_config"]
     # the options as given, and the hf backend's own batch (16 rows) where none was given
-    assert {k: config[k] for k in ("model", "backend", "device", "dtype", "batch_size", "vllm_url")} == {
-        "model": str(tiny_model_dir), "backend": "hf", "device": "cpu", "dtype": "float32", "batch_size": 16, "vllm_url": None,
+    assert {k: config[k] for k in ("model", "backend", "device", "dtype", "batch_size", "server_url")} == {
+        "model": str(tiny_model_dir), "backend": "hf", "device": "cpu", "dtype": "float32", "batch_size": 16, "server_url": None,
     }  # fmt: skip
     assert "ray" not in config and "workers" not in config
     first = json.loads(out.read_text(encoding="utf-8"))
 
     # the run_config an archive written before this change holds: no model, backend, dtype or URL
-    for key in ("model", "backend", "dtype", "vllm_url"):
+    for key in ("model", "backend", "dtype", "server_url"):
         del config[key]
     (run_dir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     rows = manifest["rows"]
@@ -78,7 +78,7 @@ def test_a_run_records_its_model_options_and_an_archive_with_todays_keys_resumes
     assert [p["value"] for p in again["players"]] == [p["value"] for p in first["players"]]
 
     config = resumed["runs"][0]["run_config"]
-    for key in ("model", "backend", "dtype", "vllm_url"):
+    for key in ("model", "backend", "dtype", "server_url"):
         del config[key]
     (run_dir / "manifest.json").write_text(json.dumps(resumed), encoding="utf-8")
     replayed = tmp_path / "replayed.json"

@@ -59,7 +59,7 @@ def recorded_now(run_dir: Path, value: Any) -> datetime:
 _HOW_TO_GET = {
     "hf": "--backend hf",
     "vllm": "--backend vllm",
-    "vllm-server": "--vllm-url of a server of the same model",
+    "vllm-server": "--server-url of a server of the same model",
 }
 
 
@@ -67,7 +67,7 @@ def recorded_backend(run: dict[str, Any]) -> tuple[dict[str, str] | None, bool]:
     """The backend that scored an archived run's rows: ``(identity, recorded)``.
 
     A run written before the backend was recorded is inferred where it can be (``dtype``
-    ``server`` or a ``vllm_url``: a ``vllm serve``), ``recorded`` then ``False``; ``None`` when it
+    ``server`` or a ``vllm_url``, the key those runs wrote: a ``vllm serve``), ``recorded`` then ``False``; ``None`` when it
     cannot be told (transformers and in-process vLLM record the same fields)."""
     backend = run.get("backend")
     if isinstance(backend, dict) and isinstance(backend.get("backend"), str):
