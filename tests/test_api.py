@@ -225,8 +225,10 @@ async def test_the_blocking_call_works_inside_a_running_event_loop(chat, tiny_mo
         ({"dtype": "float8"}, "dtype"),
         ({"workers": 10**9}, "workers"),  # would hang starting the workers
         ({"workers": 10**9, "ray_address": "auto"}, "workers"),
-        ({"vllm_url": 8000}, "vllm_url"),
-        ({"backend": "hf", "vllm_url": "http://127.0.0.1:8000"}, "vllm_url"),
+        ({"server_url": 8000}, "server_url"),
+        ({"vllm_url": 8000}, "server_url"),  # the URL's earlier name: the same field
+        ({"backend": "hf", "server_url": "http://127.0.0.1:8000"}, "server_url"),
+        ({"server_url": "http://127.0.0.1:8000", "vllm_url": "http://127.0.0.1:9000"}, "server_url"),  # both, different
     ],
 )
 def test_an_explainer_refuses_bad_ray_settings_naming_the_field_before_loading(tiny_model_dir, monkeypatch, options, field):
@@ -310,3 +312,24 @@ def test_an_explainer_runs_are_recorded_as_the_commands_with_its_backend_setting
     configs = [read_manifest(tmp_path / d)["runs"][0]["run_config"] for d in ("api", "cli")]
     assert configs[0] == {**configs[1], "input": configs[0]["input"]}
     assert configs[0]["batch_size"] == 3 and configs[0]["device"] == "cpu"
+
+
+def test_backend_settings_are_exported_and_an_explainer_takes_them_whole(chat, tiny_model_dir, tmp_path):
+    """``coalescence.BackendSettings`` is the public name of the backend settings: an Explainer given
+    one whole runs as with the same options as keywords (its runs record the same run_config), and
+    refuses an option beside it, naming the option."""
+    from coalescence import BackendSettings
+
+    assert "BackendSettings" in coalescence.__all__
+    settings = BackendSettings(model=str(tiny_model_dir), batch_size=3)
+    with coalescence.Explainer(settings) as explainer:
+        assert explainer.backend_settings == settings
+        whole = explainer.explain(chat, unit="sentence", method="loo", archive=tmp_path / "whole")
+    with coalescence.Explainer(str(tiny_model_dir), batch_size=3) as explainer:
+        keywords = explainer.explain(chat, unit="sentence", method="loo", archive=tmp_path / "keywords")
+    assert whole.values.tolist() == keywords.values.tolist()
+    configs = [read_manifest(tmp_path / d)["runs"][0]["run_config"] for d in ("whole", "keywords")]
+    assert configs[0] == configs[1] and configs[0]["batch_size"] == 3
+    with pytest.raises(ConfigError) as info:
+        coalescence.Explainer(settings, device="cpu")
+    assert info.value.field == "device"

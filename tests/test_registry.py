@@ -119,7 +119,7 @@ def test_the_package_registries_are_registries_with_these_rules():
     nowhere = ModelSource(model_id="m", location="/nonexistent", gguf_file=None, revision="local")
     with pytest.raises(ConfigError) as info:  # refused before anything loads: the server needs its address
         load_backend(nowhere, backend="vllm-server")
-    assert info.value.field == "vllm_url" and "http://HOST:PORT" in info.value.message
+    assert info.value.field == "server_url" and "http://HOST:PORT" in info.value.message
     with pytest.raises(ConfigError, match="already registered"):
         register_estimator("exact", KernelSHAP)  # a built-in method cannot be silently replaced
     with pytest.raises(ConfigError, match="already registered"):

@@ -13,13 +13,14 @@ Typical use::
     explanation.to_pandas()      # one row per player: label, role, text, value (nats), stderr, rank
     print(explanation.format_table())
 
-An :class:`Explainer` loads the model once for many calls; :mod:`coalescence.app` is the
+An :class:`Explainer` loads the model once for many calls (given its options, or a whole
+:class:`BackendSettings`); :mod:`coalescence.app` is the
 application layer under the API and the command line; :class:`Engine` is the evaluation engine
 itself (coalitions through the scheduler, collator and backend).
 """
 
 from ._version import __version__
-from .api import Explainer, evaluate, explain, explain_async, sweep
+from .api import BackendSettings, Explainer, evaluate, explain, explain_async, sweep
 from .app.show import ShownCoalition, show_coalition
 from .archive import RunArchive, read_manifest, read_pool, read_rows
 from .attribution.estimators import Estimate, Estimator, make_estimator
@@ -58,6 +59,7 @@ __all__ = (
     "ArchiveError",
     "ArchiveWriteError",
     "BackendError",
+    "BackendSettings",
     "BackendUnavailable",
     "BatchFailed",
     "ChatRenderer",

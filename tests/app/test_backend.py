@@ -1,5 +1,7 @@
-"""``BackendSettings``: a ``vllm_url`` that cannot work is refused when the settings are built,
-naming the field, before a tokenizer or weights load; the CLI gives it as one line, exit 2."""
+"""``BackendSettings``: a ``server_url`` that cannot work is refused when the settings are built,
+naming the field, before a tokenizer or weights load; the CLI gives it as one line, exit 2. Its
+earlier name, ``vllm_url`` (``--vllm-url``), is taken as the same field everywhere it was, and
+both names given with different URLs are refused naming both."""
 
 from __future__ import annotations
 
@@ -12,48 +14,53 @@ from coalescence.app.settings import RunSettings
 from coalescence.errors import ConfigError
 
 BAD_SERVER_SETTINGS = [
-    ({"vllm_url": ""}, "is empty"),
-    ({"vllm_url": "   "}, "is empty"),
-    ({"vllm_url": "notaurl"}, "must be http://HOST:PORT"),
-    ({"vllm_url": "ftp://host:8000"}, "must be http://HOST:PORT"),
-    ({"vllm_url": "http://"}, "must be http://HOST:PORT"),
-    ({"vllm_url": "http://host:port"}, "must be http://HOST:PORT"),
-    ({"vllm_url": 8000}, "must be a running vllm serve's URL, a string http://HOST:PORT (or https), got 8000 (int)"),
-    ({"backend": "hf", "vllm_url": "http://127.0.0.1:8000"}, "only the vllm-server backend takes a URL, and backend 'hf'"),
-    ({"backend": "vllm", "vllm_url": "http://127.0.0.1:8000"}, "drop backend (--backend"),
+    ({"server_url": ""}, "is empty"),
+    ({"server_url": "   "}, "is empty"),
+    ({"server_url": "notaurl"}, "must be http://HOST:PORT"),
+    ({"server_url": "ftp://host:8000"}, "must be http://HOST:PORT"),
+    ({"server_url": "http://"}, "must be http://HOST:PORT"),
+    ({"server_url": "http://host:port"}, "must be http://HOST:PORT"),
+    ({"server_url": 8000}, "must be a running server's URL, a string http://HOST:PORT (or https), got 8000 (int)"),
+    ({"backend": "hf", "server_url": "http://127.0.0.1:8000"}, "only a server backend (vllm-server, or one registered) takes a URL, and backend 'hf'"),
+    ({"backend": "vllm", "server_url": "http://127.0.0.1:8000"}, "drop backend (--backend"),
     ({"backend": "vllm-server"}, "give its http://HOST:PORT"),
-    ({"vllm_url": "http://127.0.0.1:8000", "workers": 2}, "give one of them"),
-    ({"vllm_url": "http://127.0.0.1:8000", "ray_address": "auto"}, "give one of them"),
+    ({"server_url": "http://127.0.0.1:8000", "workers": 2}, "give one of them"),
+    ({"server_url": "http://127.0.0.1:8000", "ray_address": "auto"}, "give one of them"),
 ]
 
 
 @pytest.mark.parametrize(("options", "message"), BAD_SERVER_SETTINGS)
-def test_server_settings_that_cannot_work_are_refused_naming_vllm_url(options, message):
+def test_server_settings_that_cannot_work_are_refused_naming_server_url(options, message):
     for build in (BackendSettings, RunSettings):
         with pytest.raises(ConfigError) as info:
             build(**options)
-        assert info.value.field == "vllm_url" and message in info.value.message
+        assert info.value.field == "server_url" and message in info.value.message
+        if "server_url" in options:  # the same under the URL's earlier name
+            with pytest.raises(ConfigError) as info:
+                build(**{("vllm_url" if k == "server_url" else k): v for k, v in options.items()})
+            assert info.value.field == "server_url" and message in info.value.message
 
 
 def test_good_server_settings_pass_and_name_the_server_backend():
     for url in ("http://127.0.0.1:8000", "https://example.org", "http://[::1]:8000/"):
-        settings = BackendSettings(vllm_url=url)
+        settings = BackendSettings(server_url=url)
         assert settings.backend_name == "vllm-server" and not settings.distributed
     assert BackendSettings().backend_name == "hf"
     # a URL alone picks the server backend, and the settings hold the name chosen
-    chosen = BackendSettings(vllm_url="http://127.0.0.1:8000")
+    chosen = BackendSettings(server_url="http://127.0.0.1:8000")
     assert chosen.backend == "vllm-server" and BackendSettings().backend == "hf"
-    assert BackendSettings(backend="vllm-server", vllm_url="http://127.0.0.1:8000") == chosen
-    assert RunSettings(vllm_url="http://127.0.0.1:8000").backend_settings().backend == "vllm-server"
+    assert BackendSettings(backend="vllm-server", server_url="http://127.0.0.1:8000") == chosen
+    assert RunSettings(server_url="http://127.0.0.1:8000").backend_settings().backend == "vllm-server"
 
 
 @pytest.mark.parametrize(
     "options",
     [
-        ["--vllm-url", ""],
-        ["--vllm-url", "notaurl"],
+        ["--server-url", ""],
+        ["--server-url", "notaurl"],
+        ["--vllm-url", "notaurl"],  # the earlier name: the same option
         ["--backend", "vllm-server"],
-        ["--vllm-url", "http://127.0.0.1:8000", "--workers", "2"],
+        ["--server-url", "http://127.0.0.1:8000", "--workers", "2"],
         ["--backend", "hf", "--vllm-url", "http://127.0.0.1:8000"],
     ],
 )
@@ -69,5 +76,37 @@ def test_the_cli_refuses_them_in_one_line_before_loading(tmp_path, monkeypatch, 
     chat.write_text('{"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]}')
     code, out, err = run_cli(["explain", str(chat), "--archive", str(tmp_path / "run"), "--no-progress", *options])
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "--vllm-url" in lines[0], err
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("coalescence: error: --server-url: "), err
     assert not (tmp_path / "run").exists()
+
+
+URL = "http://127.0.0.1:8000"
+
+
+def test_the_urls_earlier_name_is_the_same_field_and_two_different_urls_are_refused():
+    from coalescence.app.settings import EvaluateSettings, ReplaySettings
+    from coalescence.cli.parser import build_parser
+
+    assert BackendSettings(vllm_url=URL) == BackendSettings(server_url=URL) == BackendSettings(server_url=URL, vllm_url=URL)
+    assert BackendSettings(vllm_url=URL).server_url == URL and BackendSettings(vllm_url=None).server_url is None
+    for build in (RunSettings, ReplaySettings, EvaluateSettings):
+        settings = build(vllm_url=URL, methods="loo") if build is not RunSettings else build(vllm_url=URL)
+        assert settings.server_url == URL and settings.backend_settings() == BackendSettings(model=settings.model, server_url=URL)
+    for build in (BackendSettings, RunSettings):
+        with pytest.raises(ConfigError) as info:
+            build(server_url=URL, vllm_url="http://127.0.0.1:9000")
+        assert info.value.field == "server_url"
+        assert f"server_url='{URL}'" in info.value.message and "vllm_url='http://127.0.0.1:9000'" in info.value.message
+    parser = build_parser()
+    for command in (["explain", "chat.json"], ["replay", "run", "--method", "loo"], ["evaluate", "run"]):
+        for flag in ("--server-url", "--vllm-url"):
+            assert parser.parse_args([*command, flag, URL]).server_url == URL
+
+
+def test_an_archive_run_that_recorded_vllm_url_is_still_read_as_a_servers():
+    """A run written before backends were recorded named its server only by the ``vllm_url`` key."""
+    from coalescence.app.record import recorded_backend
+
+    old = {"run_id": "a1", "model": {"id": "m", "dtype": "float32"}, "vllm_url": URL, "served_model": "m"}
+    assert recorded_backend(old) == ({"backend": "vllm-server"}, False)
+    assert recorded_backend({"run_id": "a2", "model": {"id": "m", "dtype": "float32"}}) == (None, False)

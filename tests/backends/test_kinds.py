@@ -50,7 +50,7 @@ def test_a_registered_server_backend_explains_from_the_command_line(registered, 
     out, archive = tmp_path / "out.json", tmp_path / "run"
     with serving(score) as (url, calls):
         code, stdout, err = run([
-            "explain", str(source), "--backend", "toy-server", "--vllm-url", url, "--model", str(tiny_model_dir),
+            "explain", str(source), "--backend", "toy-server", "--server-url", url, "--model", str(tiny_model_dir),
             "--unit", "sentence", "--method", "exact", "--batch-size", "3", "--archive", str(archive), "--out", str(out),
         ])  # fmt: skip
     assert code == 0, err
@@ -64,7 +64,8 @@ def test_a_registered_server_backend_explains_from_the_command_line(registered, 
 def test_a_server_backend_is_given_a_whole_backend_settings_by_the_explainer(registered, game, tiny_model_dir):
     score, expected, doc = game
     with serving(score) as (url, calls):
-        settings = BackendSettings(model=str(tiny_model_dir), backend="toy-server", vllm_url=url, batch_size=4)
+        settings = BackendSettings(model=str(tiny_model_dir), backend="toy-server", server_url=url, batch_size=4)
+        assert BackendSettings(model=str(tiny_model_dir), backend="toy-server", vllm_url=url, batch_size=4) == settings  # its earlier name
         with coalescence.Explainer(settings) as explainer:
             assert explainer.backend_settings is settings and explainer.backend.url == url
             explanation = explainer.explain(doc, unit="sentence", method="exact")
@@ -76,17 +77,17 @@ def test_what_the_kind_declares_is_asked_before_anything_loads(registered, tiny_
     # it needs a URL: refused when the settings are built, naming the field
     with pytest.raises(ConfigError) as info:
         BackendSettings(model=str(tiny_model_dir), backend="toy-server")
-    assert info.value.field == "vllm_url" and "toy-server" in info.value.message
+    assert info.value.field == "server_url" and "toy-server" in info.value.message
     # it generates nothing: a conversation without an answer is refused before the server is asked
     chat = tmp_path / "chat.json"
     chat.write_text('{"messages": [{"role": "user", "content": "Hi."}]}', encoding="utf-8")
     with serving(lambda p, t: [0.0] * len(t)) as (url, calls):
-        code, _, err = run(["explain", str(chat), "--backend", "toy-server", "--vllm-url", url, "--model", str(tiny_model_dir),
+        code, _, err = run(["explain", str(chat), "--backend", "toy-server", "--server-url", url, "--model", str(tiny_model_dir),
                             "--archive", str(tmp_path / "run"), "--no-progress"])  # fmt: skip
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "target: " in lines[0] and "a run through --vllm-url (backend toy-server) does not generate" in lines[0], err
+    assert code == 2 and len(lines) == 1 and "target: " in lines[0] and "a run through --server-url (backend toy-server) does not generate" in lines[0], err
     assert calls == [] and not (tmp_path / "run").exists()
     # a kind that loads its weights here takes no URL
     with pytest.raises(ConfigError) as info:
-        BackendSettings(backend="hf", vllm_url="http://127.0.0.1:1")
-    assert info.value.field == "vllm_url"
+        BackendSettings(backend="hf", server_url="http://127.0.0.1:1")
+    assert info.value.field == "server_url"

@@ -370,7 +370,7 @@ def test_the_server_client_refuses_and_translates_in_the_shared_envelope(server)
         backend.score([ScoreRequest(prompt_ids=(5,) * (CONTEXT - 2), target_ids=(6, 7))])
     with pytest.raises(BatchFailed, match=r"^a prompt of 508 tokens plus 4 new tokens exceeds the model's context of 511$"):
         backend.generate_batch([GenerateRequest(prompt_ids=(5,) * (CONTEXT - 4), max_new_tokens=4)])
-    with pytest.raises(BatchFailed, match=r"^generation through --vllm-url is not supported; use --backend vllm or hf$"):
+    with pytest.raises(BatchFailed, match=r"^generation through --server-url is not supported; use --backend vllm or hf$"):
         backend.generate([5, 6, 7], max_new_tokens=2)
     with socket.socket() as s:  # a port that nothing listens on any more
         s.bind(("127.0.0.1", 0))
@@ -577,13 +577,14 @@ def test_what_a_server_cannot_do_is_refused_before_anything_is_written(server, t
     source = tmp_path / "input.json"
     source.write_text(json.dumps(conversation), encoding="utf-8")
     err = _refused(capsys, _explain(source, path, tmp_path / "run", "--method", "loo", "--vllm-url", url, *extra))
-    assert err.startswith(f"coalescence: error: {field}") and "--vllm-url" in err, err
+    assert err.startswith(f"coalescence: error: {field}") and "--server-url" in err, err
     assert not (tmp_path / "run").exists()
 
 
 def test_an_explainer_through_the_server_gives_the_commands_values(server, answered, tmp_path):
-    """``Explainer(vllm_url=...)`` loads by the command's path (:func:`coalescence.app.backend.load_model`):
-    the same backend and values as ``explain --vllm-url`` (one server, one engine: equal to 1e-5),
+    """``Explainer(vllm_url=...)`` (the URL's earlier name) loads by the command's path
+    (:func:`coalescence.app.backend.load_model`): the same backend and values as ``explain
+    --server-url`` (one server, one engine: equal to 1e-5),
     the transformers values within the backends' tolerance, and what a server cannot do refused
     naming the field, as the command refuses it."""
     import coalescence
@@ -591,7 +592,7 @@ def test_an_explainer_through_the_server_gives_the_commands_values(server, answe
     from coalescence.errors import ConfigError
 
     url, _, _, path = server
-    assert main(_explain(answered, path, tmp_path / "cli", "--method", "loo", "--vllm-url", url, "--out", str(tmp_path / "cli.json"))) == 0
+    assert main(_explain(answered, path, tmp_path / "cli", "--method", "loo", "--server-url", url, "--out", str(tmp_path / "cli.json"))) == 0
     command = json.loads((tmp_path / "cli.json").read_text())
     with coalescence.Explainer(str(path), vllm_url=url) as explainer:
         assert explainer.backend.identity()["backend"] == "vllm-server"

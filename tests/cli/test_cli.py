@@ -920,7 +920,7 @@ def test_an_unreachable_vllm_server_is_refused_before_any_coalition(
         port = s.getsockname()[1]
     path = write_input(tmp_path, {"messages": [{"role": "user", "content": "Hi. Bye."}, {"role": "assistant", "content": "Yo."}]})
     argv = ["explain", str(path), "--model", str(tiny_model_dir), "--vllm-url", f"http://127.0.0.1:{port}"]
-    line = assert_refused(argv, "--vllm-url", tmp_path, cwd, capsys)
+    line = assert_refused(argv, "--server-url", tmp_path, cwd, capsys)  # --vllm-url: the option's earlier name
     assert "cannot reach a vLLM server" in line
 
 

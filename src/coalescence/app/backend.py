@@ -51,7 +51,7 @@ def load_model(settings: BackendSettings, source: ModelSource, *, notify: Callab
     """The backend of ``settings`` for the resolved model ``source``: in Ray workers when
     ``settings.distributed`` (each worker loads the backend kind the settings name), else in this
     process by :func:`~coalescence.backends.registry.load_backend` (a server kind, ``vllm-server``,
-    connects to ``settings.vllm_url`` instead of loading weights).
+    connects to ``settings.server_url`` instead of loading weights).
 
     Args:
         settings: the :class:`BackendSettings` (a command's settings give theirs:

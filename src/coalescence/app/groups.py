@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..backends.base import DEFAULT_BATCH_SIZE, VLLM_BATCH_SIZE
-from ..backends.settings import MAX_WORKERS  # re-exported: the --workers help quotes it
+from ..backends.settings import MAX_WORKERS, current_names  # MAX_WORKERS re-exported: the --workers help quotes it
 from ..errors import ConfigError
 from ..normalised import given_or_default
 from ..utility import DEFAULT_UTILITY
@@ -83,15 +83,18 @@ class ModelSettings(SettingsGroup):
         None,
         choices=backend_choices,
         help="the model backend by name: hf (transformers, CPU or GPU), vllm (vLLM's engine in this process: pip install "
-        "'coalescence[vllm]'; float32 on the CPU), vllm-server (a running `vllm serve`: give --vllm-url, which alone "
-        "picks it; with --vllm-url any other backend is refused) (default: hf; vllm-server with --vllm-url)",
+        "'coalescence[vllm]'; float32 on the CPU), vllm-server (a running `vllm serve`: give --server-url, which alone "
+        "picks it; with --server-url a backend that loads the weights here is refused) (default: hf; vllm-server with "
+        "--server-url)",
     )
-    vllm_url: str | None = option(
+    server_url: str | None = option(
         None,
         metavar="URL",
-        help="score against a running `vllm serve` at http://HOST:PORT (its OpenAI-compatible completions "
-        "endpoint) instead of loading the weights here; --model names the same model, whose tokenizer, "
-        "chat template and context the server must match (checked before any coalition is scored)",
+        aliases=("--vllm-url",),
+        help="score against a running server at http://HOST:PORT instead of loading the weights here: a `vllm serve` "
+        "(its OpenAI-compatible completions endpoint) or the server of another server backend (--backend); --model "
+        "names the same model, whose tokenizer, chat template and context the server must match (checked before any "
+        "coalition is scored); --vllm-url is its earlier name",
     )
     device: str = option("cpu", help="torch device (default: %(default)s)")
     dtype: str = option("float32", choices=("float32", "bfloat16", "float16"), help="compute dtype (default: %(default)s)")
@@ -101,6 +104,16 @@ class ModelSettings(SettingsGroup):
         help=f"rows per model call (default: the backend's own: hf {DEFAULT_BATCH_SIZE}, vllm {VLLM_BATCH_SIZE}, "
         "which vLLM schedules itself)",
     )
+
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """``vllm_url`` taken as ``server_url``, its current name
+        (:func:`~coalescence.backends.settings.current_names`).
+
+        Raises:
+            ConfigError: both given and different (naming both).
+        """
+        return super().normalised(current_names(given))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -49,6 +49,7 @@ class Option:
             is built, so it can list what is registered then.
         flag: the long option (default: ``--`` and the field's name with ``-`` for ``_``).
         short: a short option (``-o``), or ``None``.
+        aliases: more long options for the same field (an earlier name kept, e.g. ``--vllm-url``).
         type: parses the option's text (e.g. :func:`positive_int`); ``None`` keeps the text.
         choices: the allowed values, or a callable giving them when the parser is built.
         metavar: the placeholder in the usage line.
@@ -64,6 +65,7 @@ class Option:
     help: Text = ""
     flag: str | None = None
     short: str | None = None
+    aliases: tuple[str, ...] = ()
     type: Callable[[str], Any] | None = None
     choices: tuple[Any, ...] | Callable[[], Any] | None = None
     metavar: str | None = None
@@ -169,7 +171,7 @@ def add_options(
             default = opt.cli_default
         else:
             default = None if f.default is dataclasses.MISSING else f.default
-        flags = [s for s in (opt.short, opt.flag or "--" + f.name.replace("_", "-")) if s]
+        flags = [s for s in (opt.short, opt.flag or "--" + f.name.replace("_", "-"), *opt.aliases) if s]
         kwargs: dict[str, Any] = {"dest": f.name, "help": text, "default": default}
         if opt.switch:
             kwargs["action"] = "store_true"

@@ -63,7 +63,7 @@ def check_backend_can(conversations: Sequence[Any], utility: Any, settings: Back
     if settings.capabilities.generate:
         return
     name = settings.backend_name
-    where = f"through --vllm-url (backend {name})" if settings.vllm_url else f"on backend {name}"
+    where = f"through --server-url (backend {name})" if settings.server_url else f"on backend {name}"
     if not utility.teacher_forced:
         raise ConfigError(
             f"{utility.kind} compares generated answers, and a run {where} only scores given ones; use "

@@ -24,6 +24,7 @@ __all__ = (
     "check_model_identity",
     "recorded_backend",
     "check_same_date",
+    "model_options",
     "recorded_budget",
     "recorded_interactions",
     "recorded_now",
@@ -58,7 +59,7 @@ def recorded_now(run_dir: Path, value: Any) -> datetime:
 _HOW_TO_GET = {
     "hf": "--backend hf",
     "vllm": "--backend vllm",
-    "vllm-server": "--vllm-url of a server of the same model",
+    "vllm-server": "--server-url of a server of the same model",
 }
 
 
@@ -66,7 +67,7 @@ def recorded_backend(run: dict[str, Any]) -> tuple[dict[str, str] | None, bool]:
     """The backend that scored an archived run's rows: ``(identity, recorded)``.
 
     A run written before the backend was recorded is inferred where it can be (``dtype``
-    ``server`` or a ``vllm_url``: a ``vllm serve``), ``recorded`` then ``False``; ``None`` when it
+    ``server`` or a ``vllm_url``, the key those runs wrote: a ``vllm serve``), ``recorded`` then ``False``; ``None`` when it
     cannot be told (transformers and in-process vLLM record the same fields)."""
     backend = run.get("backend")
     if isinstance(backend, dict) and isinstance(backend.get("backend"), str):
@@ -189,6 +190,37 @@ def same_measurement(run_dir: Path, utility: Any) -> bool:
     return last.teacher_forced == utility.teacher_forced and last.generation == utility.generation
 
 
+def _json_ready(value: Any) -> Any:
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+
+
+def model_options(settings: Any, *, batch_size: int) -> dict[str, Any]:
+    """The model options a run records in its ``run_config``: every field of its
+    :class:`~coalescence.backends.settings.BackendSettings` by name (``dataclasses.fields``, so an
+    option added there is recorded with no list to keep; a value that is not a JSON scalar as its
+    ``str``), the Ray workers' fields (those of :class:`~coalescence.app.groups.RaySettings`)
+    under ``ray`` and only when the model runs in workers.
+
+    Args:
+        settings: the run's backend settings (a subclass's own fields are recorded too).
+        batch_size: the engine's effective rows per model call, recorded as ``batch_size`` (the
+            settings hold ``None`` for the backend's default).
+
+    Returns:
+        ``{field: value}`` (JSON-ready), with ``batch_size`` and, for workers, ``ray``.
+    """
+    from dataclasses import fields
+
+    from .groups import RaySettings
+
+    ray = {f.name for f in fields(RaySettings)}
+    options = {f.name: _json_ready(getattr(settings, f.name)) for f in fields(settings) if f.name not in ray}
+    options["batch_size"] = batch_size
+    if settings.distributed:  # every Ray setting, by the group's fields (a new one is recorded unlisted)
+        options["ray"] = {f.name: _json_ready(getattr(settings, f.name)) for f in fields(settings) if f.name in ray}
+    return options
+
+
 def run_record(run: Any) -> dict[str, Any]:
     """An explain run's record in the archive manifest (identity, configuration, snapshots):
     ``run`` is an :class:`~coalescence.app.explain.ExplainRun` after its engine is loaded."""
@@ -203,18 +235,11 @@ def run_record(run: Any) -> dict[str, Any]:
         "unit": run.units[0] if len(set(run.units)) == 1 else run.units,
         "roles": list(s.roles) if s.roles is not None else None,
         **fits,
-        "device": s.device,
-        "batch_size": engine.batch_size,
+        **model_options(s.backend_settings(), batch_size=engine.batch_size),
         "max_new_tokens": s.max_new_tokens,
     }
     if s.template is not None:
         config["template"] = str(s.template)
-    if s.distributed:  # every Ray setting, by the group's fields (a new one is recorded unlisted)
-        from dataclasses import fields
-
-        from .groups import RaySettings
-
-        config["ray"] = {f.name: getattr(s, f.name) for f in fields(RaySettings)}
     run = {
         "package_version": __version__,
         "snapshot_ids": [x.snapshot_id for x in recorded],

@@ -62,7 +62,7 @@ class RunSettings(
     Args:
         model: alias, local directory, ``.gguf`` file or hub id.
         backend: the backend by name (:data:`~coalescence.backends.registry.BACKENDS`); ``None``
-            (default): ``hf``, or ``vllm-server`` with a ``vllm_url`` (which no other backend takes).
+            (default): ``hf``, or ``vllm-server`` with a ``server_url`` (which only a server backend takes).
         unit: player unit (default: ``document`` for an input with declared players, else ``turn``).
         roles: the roles whose messages are players (default: every role).
         method: the estimator (:data:`~coalescence.attribution.estimators.ESTIMATORS`); ``None``
@@ -85,7 +85,8 @@ class RunSettings(
         utility, target_span, target_substring, temperature, top_p, num_samples, max_new_tokens:
             the utility (see :mod:`coalescence.utility`).
         template: the RAG prompt template file.
-        vllm_url: a running ``vllm serve`` to score against instead of loading the weights here.
+        server_url: a running server (``vllm serve``, or a registered server kind's) to score
+            against instead of loading the weights here; ``vllm_url``, its earlier name, is taken too.
         device, dtype, batch_size: where and how the model runs.
         archive: the run directory; ``True`` for a new ``runs/<UTC time>-<snapshot id>``;
             ``None`` for no archive (the Python API's default).
@@ -246,7 +247,7 @@ class ReplaySettings(ModelSettings, RaySettings, ArchiveSettings):
         utility, target_span, target_substring, whole_answer: the utility replayed (default the
             run's; another teacher-forced kind or answer sub-span is reduced from the archived
             per-token scores with no model).
-        model, backend, vllm_url, device, dtype, batch_size: a model to evaluate what the archive lacks.
+        model, backend, server_url, device, dtype, batch_size: a model to evaluate what the archive lacks.
         flush_rows, flush_seconds, skip_corrupt: archive options.
         out: the document written.
 
@@ -365,7 +366,7 @@ class EvaluateSettings(ModelSettings, RaySettings, ArchiveSettings):
         budget, run_id: run archive: as ``replay`` (run_id also picks the run of a document's archive).
         conversation: which conversation of a batch (0-based; default: every one).
         archive: an ``--out`` document's run archive when it names none (or another copy).
-        model, backend, vllm_url, device, dtype, batch_size: the model that evaluates the coalitions
+        model, backend, server_url, device, dtype, batch_size: the model that evaluates the coalitions
             the archive lacks (default model: the run's).
         flush_rows, flush_seconds, skip_corrupt: archive options.
         out: the JSON document written.

@@ -40,7 +40,7 @@ class Capabilities:
             still says whether its model does (``supports_proxy``, ``proxy_refusal_reason``).
         prefix_cache: it reuses a shared prompt prefix's KV across rows (a conversation's rows
             stay on one Ray worker to keep it warm).
-        needs_url: it scores on a running server at ``BackendSettings.vllm_url`` instead of
+        needs_url: it scores on a running server at ``BackendSettings.server_url`` instead of
             loading weights here (it runs where the server is: not in Ray workers).
         remote_dtype: the dtype it computes in is the server's own, recorded as ``"server"``.
     """

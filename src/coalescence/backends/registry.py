@@ -24,7 +24,7 @@ from .models import (
     model_fingerprint,
     resolve_model,
 )
-from .settings import BackendSettings
+from .settings import FORMER_NAMES, BackendSettings
 
 __all__ = (
     "ALIASES",
@@ -45,22 +45,22 @@ __all__ = (
     "resolve_model",
 )
 
-_RENAMED = {"max_batch_size": "batch_size", "url": "vllm_url"}  # the keywords' earlier names
+_RENAMED = {"max_batch_size": "batch_size", "url": "server_url"}  # the keywords' earlier names (vllm_url: BackendSettings')
 
 
 def load_backend(
     spec: str | ModelSource, settings: BackendSettings | None = None, preloaded: Preloaded | None = None, **options: Any
 ) -> Any:
     """Load a model into a backend kind (default ``hf``: transformers), or connect to a server
-    backend (``vllm-server`` with a ``vllm_url``: a running ``vllm serve``), in this process.
+    backend (``vllm-server`` with a ``server_url``: a running ``vllm serve``), in this process.
 
     Args:
         spec: a ``--model`` value or a resolved :class:`~coalescence.backends.models.ModelSource`.
         settings: the backend settings, whole (its Ray fields are not read: this process loads).
         preloaded: the tokenizer, configuration and fingerprint already read (:class:`Preloaded`).
         options: instead of ``settings``, its fields by name (``backend``, ``device``, ``dtype``,
-            ``batch_size``, ``vllm_url``; ``max_batch_size`` and ``url`` are accepted for
-            ``batch_size`` and ``vllm_url``), and instead of ``preloaded``, its fields
+            ``batch_size``, ``server_url``; ``max_batch_size``, and ``url`` and ``vllm_url``, are
+            accepted for ``batch_size`` and ``server_url``), and instead of ``preloaded``, its fields
             (``tokenizer``, ``config``, ``fingerprint``).
 
     Returns:
@@ -83,7 +83,7 @@ def load_backend(
             if settings is not None:
                 raise ConfigError(f"give settings or their fields ({', '.join(sorted(options))}), not both", field="settings")
             fields = {_RENAMED.get(k, k): v for k, v in options.items()}
-            unknown = sorted(set(fields) - set(BackendSettings.__dataclass_fields__))
+            unknown = sorted(set(fields) - set(BackendSettings.__dataclass_fields__) - set(FORMER_NAMES))
             if unknown:
                 raise ConfigError(f"unknown backend option {unknown[0]!r}; use a field of BackendSettings", field=unknown[0])
             settings = BackendSettings(**fields)

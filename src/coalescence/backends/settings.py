@@ -1,6 +1,7 @@
 """How a run's model executes: :class:`BackendSettings` (the model, its backend kind, device,
 dtype, batch and server URL, and the Ray workers it may run in), checked on construction before
-anything loads. The settings travel whole: a backend's loader
+anything loads. A keyword's earlier name (``vllm_url`` for ``server_url``: :data:`FORMER_NAMES`)
+is still taken, by :func:`current_names` before construction. The settings travel whole: a backend's loader
 (:mod:`coalescence.backends.kinds`), a Ray worker (:class:`~coalescence.distributed.ModelWorker`)
 and the Python API's :class:`~coalescence.Explainer` each take this one object, so an option that
 reaches the model is one field here, one command-line option and the loader that reads it.
@@ -20,10 +21,12 @@ from ..normalised import NormalisedSettings
 from .kinds import BackendKind, Capabilities, backend_kind
 
 __all__ = (
+    "FORMER_NAMES",
     "MAX_WORKERS",
     "BackendSettings",
     "check_ray_settings",
     "check_server_settings",
+    "current_names",
     "local_worker_limit",
 )
 
@@ -31,6 +34,33 @@ MAX_WORKERS = 1024
 """The most Ray workers a run starts (each holds a copy of the model): a larger count is refused
 as a slip, on a joined cluster too. A local cluster takes at most this machine's CPUs (at least 2,
 the default count), :func:`local_worker_limit`."""
+
+FORMER_NAMES = {"vllm_url": "server_url"}
+"""The backend settings' keywords under an earlier name, still taken (by :func:`current_names`):
+``vllm_url`` is ``server_url``, the URL of any server backend kind, ``vllm serve``'s or another's."""
+
+
+def current_names(given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` (a settings class's keywords, changed in place) with each earlier name
+    (:data:`FORMER_NAMES`) under its current one: ``vllm_url=URL`` is ``server_url=URL``.
+
+    Raises:
+        ConfigError: both names given, neither ``None``, with different values (naming both;
+            ``field`` the current name).
+    """
+    for old, new in FORMER_NAMES.items():
+        if old not in given:
+            continue
+        value = given.pop(old)
+        if value is None:
+            continue
+        if given.get(new) is not None and given[new] != value:
+            raise ConfigError(
+                f"is given twice, as {new}={given[new]!r} and as {old}={value!r} (its earlier name); give one, {new}",
+                field=new,
+            )
+        given[new] = value
+    return given
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,12 +72,15 @@ class BackendSettings(NormalisedSettings):
         model: alias, local model directory, ``.gguf`` file or hub id (``None``: a replay or an
             evaluation with no model of its own).
         backend: the backend kind by name (:data:`~coalescence.backends.kinds.BACKENDS`: ``hf``,
-            ``vllm``, ``vllm-server``); ``None`` (default): ``vllm-server`` with a ``vllm_url``,
-            else ``hf`` (the settings hold the name chosen).
+            ``vllm``, ``vllm-server``, or one registered); ``None`` (default): ``vllm-server``
+            with a ``server_url``, else ``hf`` (the settings hold the name chosen).
         device: torch device (``"cpu"``, ``"cuda"``).
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         batch_size: rows per model call; ``None``: the backend's own default.
-        vllm_url: a running ``vllm serve`` (``http://HOST:PORT``) scoring instead of weights loaded here.
+        server_url: a running server (``http://HOST:PORT``) scoring instead of weights loaded here,
+            for a backend kind that needs one (:attr:`~coalescence.backends.kinds.Capabilities.needs_url`:
+            ``vllm-server``'s ``vllm serve``, or a registered server kind); ``vllm_url``, its
+            earlier name, is taken too (:func:`current_names`).
         workers: model workers in Ray actors (``None``: in this process, unless ``ray_address``);
             at most :data:`MAX_WORKERS`, and on a local cluster at most this machine's CPUs
             (:func:`local_worker_limit`).
@@ -58,8 +91,8 @@ class BackendSettings(NormalisedSettings):
             among the workers there).
 
     Raises:
-        ConfigError: an unknown dtype (``field="dtype"``), or server or Ray settings that cannot
-            work (:func:`check_server_settings`, :func:`check_ray_settings`, naming the field),
+        ConfigError: an unknown dtype (``field="dtype"``), ``server_url`` and ``vllm_url`` both
+            given and different, or server or Ray settings that cannot work (:func:`check_server_settings`, :func:`check_ray_settings`, naming the field),
             before anything loads.
     """
 
@@ -68,7 +101,7 @@ class BackendSettings(NormalisedSettings):
     device: str = "cpu"
     dtype: str = "float32"
     batch_size: int | None = None
-    vllm_url: str | None = None
+    server_url: str | None = None
     workers: int | None = None
     ray_address: str | None = None
     gpus_per_worker: float = 0.0
@@ -83,9 +116,15 @@ class BackendSettings(NormalisedSettings):
 
     @classmethod
     def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
-        """``backend`` named: a URL alone picks the server backend, else ``hf`` (:attr:`backend_name`)."""
+        """``vllm_url`` taken as ``server_url`` (:func:`current_names`); ``backend`` named: a URL
+        alone picks the server backend, else ``hf`` (:attr:`backend_name`).
+
+        Raises:
+            ConfigError: ``server_url`` and ``vllm_url`` both given and different.
+        """
+        given = current_names(given)
         if given.get("backend") is None:
-            given["backend"] = "vllm-server" if given.get("vllm_url") is not None else "hf"
+            given["backend"] = "vllm-server" if given.get("server_url") is not None else "hf"
         return given
 
     @classmethod
@@ -123,53 +162,55 @@ class BackendSettings(NormalisedSettings):
     @property
     def backend_name(self) -> str:
         """The backend kind that scores, as a run records it: ``backend``, whose default is
-        ``vllm-server`` with a ``vllm_url``, else ``hf``."""
-        return str(self.backend or ("vllm-server" if self.vllm_url is not None else "hf"))
+        ``vllm-server`` with a ``server_url``, else ``hf``."""
+        return str(self.backend or ("vllm-server" if self.server_url is not None else "hf"))
 
 
 def check_server_settings(settings: BackendSettings) -> None:
-    """Refuse a server URL (``vllm_url``) that cannot work, before anything loads: a backend kind
-    that declares it needs one (:attr:`~coalescence.backends.kinds.Capabilities.needs_url`:
-    ``vllm-server``) gets a well-formed one, and no other kind gets one.
+    """Refuse a server URL (``server_url``) that cannot work, before anything loads: a backend
+    kind that declares it needs one (:attr:`~coalescence.backends.kinds.Capabilities.needs_url`:
+    ``vllm-server``, or a registered server kind) gets a well-formed one, and no other kind gets one.
 
     Raises:
-        ConfigError: naming ``vllm_url``: given but not a string, empty or not
+        ConfigError: naming ``server_url``: given but not a string, empty or not
             ``http(s)://HOST[:PORT]``, missing for a kind that needs one, given with a kind that
             loads the weights here (``backend="hf"``: a contradiction; naming both fields), or
             given with Ray workers (``workers``, ``ray_address``), which would load the weights in
             the workers instead; naming ``backend``: an unknown backend name.
     """
-    url = settings.vllm_url
+    url = settings.server_url
     name = settings.backend_name
     needs_url = backend_kind(name).capabilities.needs_url
     if url is None:
         if needs_url:
-            raise ConfigError(f"the {name} backend scores against a running server; give its http://HOST:PORT", field="vllm_url")
+            raise ConfigError(f"the {name} backend scores against a running server; give its http://HOST:PORT", field="server_url")
         return
     if not isinstance(url, str):
         raise ConfigError(
-            f"must be a running vllm serve's URL, a string http://HOST:PORT (or https), got {url!r} ({type(url).__name__})",
-            field="vllm_url",
+            f"must be a running server's URL, a string http://HOST:PORT (or https), got {url!r} ({type(url).__name__})",
+            field="server_url",
         )
     if not url.strip():
-        raise ConfigError("is empty; give a running vllm serve's http://HOST:PORT", field="vllm_url")
+        raise ConfigError("is empty; give a running server's http://HOST:PORT", field="server_url")
     parts = urlsplit(url.strip())
     try:
         port_ok = parts.port is None or parts.port > 0
     except ValueError:  # a port that is not a number, or out of range
         port_ok = False
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        raise ConfigError(f"must be http://HOST:PORT (or https), got {url!r}", field="vllm_url")
+        raise ConfigError(f"must be http://HOST:PORT (or https), got {url!r}", field="server_url")
     if not needs_url:
         raise ConfigError(
-            f"only the vllm-server backend takes a URL, and backend {name!r} loads the weights here; drop "
-            "backend (--backend; a vllm_url alone picks vllm-server) or drop vllm_url (--vllm-url)",
-            field="vllm_url",
+            f"only a server backend (vllm-server, or one registered) takes a URL, and backend {name!r} loads the "
+            "weights here; drop backend (--backend; a server_url alone picks vllm-server) or drop server_url "
+            "(--server-url)",
+            field="server_url",
         )
     if settings.workers is not None or settings.ray_address is not None:
         raise ConfigError(
-            "scores on a running vllm serve, while --workers/--ray-address load the model in Ray workers; give one of them",
-            field="vllm_url",
+            f"scores on a running server (backend {name}), while --workers/--ray-address load the model in Ray "
+            "workers; give one of them",
+            field="server_url",
         )
 
 

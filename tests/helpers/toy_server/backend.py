@@ -48,12 +48,12 @@ class ToyServerBackend(BackendBase):
 def load_toy_server(source: Any, settings: Any, preloaded: Any) -> ToyServerBackend:
     """The loader: the settings whole (its URL, its batch size), the model's tokenizer and context
     read here unless the caller read them already (``preloaded``)."""
-    if not settings.vllm_url:  # the settings check refuses this first, asking the kind's capabilities
-        raise BackendUnavailable("the toy server needs its URL", field="vllm_url")
+    if not settings.server_url:  # the settings check refuses this first, asking the kind's capabilities
+        raise BackendUnavailable("the toy server needs its URL", field="server_url")
     tokenizer = preloaded.tokenizer if preloaded.tokenizer is not None else load_tokenizer(source)
     config = preloaded.config if preloaded.config is not None else load_config(source)
     return ToyServerBackend(
-        settings.vllm_url,
+        settings.server_url,
         tokenizer,
         model_id=source.model_id,
         revision=source.revision,

@@ -102,18 +102,18 @@ def load_vllm(source: ModelSource, settings: BackendSettings, preloaded: Preload
 
 
 def load_vllm_server(source: ModelSource, settings: BackendSettings, preloaded: Preloaded) -> Any:
-    """The ``vllm-server`` backend: a running ``vllm serve`` at ``settings.vllm_url`` scores the
+    """The ``vllm-server`` backend: a running ``vllm serve`` at ``settings.server_url`` scores the
     model's coalitions (:class:`~coalescence.backends.vllm.VLLMServerBackend`); the tokenizer and
     the context are the model's own, loaded here. ``device`` and ``dtype`` are the server's and are
     not read.
 
     Raises:
-        ConfigError: no URL (field ``vllm_url``).
+        ConfigError: no URL (field ``server_url``).
         BackendUnavailable: the server cannot be reached, or serves another model.
     """
-    url = settings.vllm_url
+    url = settings.server_url
     if not url:
-        raise ConfigError("the vllm-server backend scores against a running vllm serve; give its http://HOST:PORT", field="vllm_url")
+        raise ConfigError("the vllm-server backend scores against a running vllm serve; give its http://HOST:PORT", field="server_url")
     from . import VLLMServerBackend
 
     tokenizer = preloaded.tokenizer if preloaded.tokenizer is not None else load_tokenizer(source)

@@ -94,7 +94,7 @@ class VLLMServerBackend(BackendBase):
     ) -> None:
         check_batch_size(max_batch_size)
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"must be http://HOST:PORT, got {url!r}", field="vllm_url")
+            raise ConfigError(f"must be http://HOST:PORT, got {url!r}", field="server_url")
         self.url = url.rstrip("/")
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -109,9 +109,9 @@ class VLLMServerBackend(BackendBase):
         try:
             models = self._request("/v1/models", None)["data"]
         except Exception as exc:  # noqa: BLE001 - unreachable, not a vLLM server
-            raise BackendUnavailable(f"cannot reach a vLLM server at {self.url}: {exc}", field="vllm_url") from exc
+            raise BackendUnavailable(f"cannot reach a vLLM server at {self.url}: {exc}", field="server_url") from exc
         if not models:
-            raise BackendUnavailable(f"the vLLM server at {self.url} serves no model", field="vllm_url")
+            raise BackendUnavailable(f"the vLLM server at {self.url} serves no model", field="server_url")
         served = models[0]
         self.served_model = str(served["id"])
         server_context = int(served.get("max_model_len") or 0)
@@ -119,7 +119,7 @@ class VLLMServerBackend(BackendBase):
             raise BackendUnavailable(
                 f"the server at {self.url} serves {self.served_model!r} with a context of {server_context} tokens, "
                 f"longer than the local model {model_id!r}'s {max_context}: not the same model",
-                field="vllm_url",
+                field="server_url",
             )
         # vLLM counts the one token a request samples against its context: a server started with
         # --max-model-len L scores sequences of at most L - 1 tokens (start it with the model's
@@ -177,7 +177,7 @@ class VLLMServerBackend(BackendBase):
                 raise BackendUnavailable(
                     f"the server at {self.url} serves {root!r}, whose files (sha256 {theirs[:12]}) are not the local model "
                     f"{self.model_id!r}'s ({self.fingerprint[:12]}): other weights; point --model at the model the server runs",
-                    field="vllm_url",
+                    field="server_url",
                 )
         logger.warning(
             "the weights the vLLM server at %s serves (%s) are not on this machine and cannot be compared with %s's files; "
@@ -216,14 +216,14 @@ class VLLMServerBackend(BackendBase):
             remote_text = self._post("/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
             remote_chat = self._post("/tokenize", {"messages": messages, "add_generation_prompt": False})["tokens"]
         except Exception as exc:  # noqa: BLE001 - an old server, or no tokenizer on it
-            raise BackendUnavailable(f"cannot check the tokenizer of the vLLM server at {self.url}: {exc}", field="vllm_url") from exc
+            raise BackendUnavailable(f"cannot check the tokenizer of the vLLM server at {self.url}: {exc}", field="server_url") from exc
         for what, local, remote in (("tokenizer", local_text, remote_text), ("chat template", local_chat, remote_chat)):
             if list(local) != list(remote):
                 raise BackendUnavailable(
                     f"the server at {self.url} serves {self.served_model!r}, whose {what} differs from the local model "
                     f"{self.model_id!r} (a probe gives {len(remote)} tokens there, {len(local)} here): "
                     "point --model at the model the server runs",
-                    field="vllm_url",
+                    field="server_url",
                 )
 
     def _forced_body(self, request: ScoreRequest) -> dict[str, Any]:
@@ -317,7 +317,7 @@ class VLLMServerBackend(BackendBase):
         Raises:
             BatchFailed: always (use the in-process ``--backend vllm`` or ``hf`` to generate).
         """
-        raise BatchFailed("generation through --vllm-url is not supported; use --backend vllm or hf")
+        raise BatchFailed("generation through --server-url is not supported; use --backend vllm or hf")
 
     def identity(self) -> dict[str, str]:
         """``{"backend": "vllm-server"}``, with the server's model (``served_model``) when its
