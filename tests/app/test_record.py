@@ -38,6 +38,16 @@ def test_a_field_added_to_the_backend_settings_is_recorded_with_no_list_to_keep(
     json.dumps(with_workers)  # the manifest is JSON
 
 
+def test_a_server_urls_password_is_not_recorded():
+    """A credential in the server URL stays out of the archive (the user and host stay: they say
+    which server scored); a URL without one is recorded as given."""
+    secret = model_options(BackendSettings(model="m", server_url="http://ann:s3cret@10.0.0.7:8000"), batch_size=4)
+    assert secret["server_url"] == "http://ann:***@10.0.0.7:8000"
+    assert "s3cret" not in json.dumps(secret)
+    plain = model_options(BackendSettings(model="m", server_url="http://10.0.0.7:8000/v1"), batch_size=4)
+    assert plain["server_url"] == "http://10.0.0.7:8000/v1"
+
+
 CHAT = {
     "messages": [
         {"role": "user", "content": "Paris is in France. Rome is in Italy. Where is Paris?"},
