@@ -226,8 +226,10 @@ class ExplainRun:
         from .hierarchy import fine_snapshot
 
         s = self.settings
+        refused = self.proxy_refusal()  # the loaded backend's word too; the same for every conversation
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
+            self.validate_game(snapshot.n_players, refused=refused)
             if conversation.target is None:  # checked with a stand-in answer before; now with the real one
                 on_line(k, self.is_batch, check_input_game, self, self.engine.renderer, snapshot.conversation, unit)
             self.snapshots.append(snapshot)
@@ -235,13 +237,10 @@ class ExplainRun:
                 self.fines.append(fine_snapshot(snapshot, s.hierarchy[1]))
         for k, snap in enumerate(self.snapshots):
             on_line(k, self.is_batch, self.engine.resolved_utility, snap, self.policy)
-        for snap in self.recorded:
-            self.engine.resolved_utility(snap, self.policy)
-        refused = self.proxy_refusal()  # now that the backend is loaded
-        for snap in self.snapshots:
-            self.validate_game(snap.n_players, refused=refused)
             if s.capabilities.two_fidelity and refused is None:  # the engine's word on the proxy game
                 self.validate_game(snap.n_players, refused=self.engine.proxy_refusal(snap, self.policy))
+        for snap in self.recorded:
+            self.engine.resolved_utility(snap, self.policy)
 
     @property
     def recorded(self) -> list[Any]:
