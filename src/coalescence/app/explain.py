@@ -94,6 +94,11 @@ class ExplainRun:
     def check(self) -> None:
         """Read the inputs and check everything the settings and the inputs alone can reveal.
 
+        What the settings make is built first and kept on the run (``policy``,
+        ``backend_settings``, ``proxy_game``, ``utility``, the output paths, ``run_dir``, ``now``);
+        the layers below are handed those objects (the loader the ``BackendSettings``, the engine
+        the utility and the proxy game), not the settings.
+
         Raises:
             InputError: bad input (naming the field, and the line of a JSONL batch).
             ConfigError: bad settings; an output path that cannot be written.
