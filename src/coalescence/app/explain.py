@@ -94,6 +94,11 @@ class ExplainRun:
     def check(self) -> None:
         """Read the inputs and check everything the settings and the inputs alone can reveal.
 
+        What the settings make is built first and kept on the run (``policy``,
+        ``backend_settings``, ``proxy_game``, ``utility``, the output paths, ``run_dir``, ``now``);
+        the layers below are handed those objects (the loader the ``BackendSettings``, the engine
+        the utility and the proxy game), not the settings.
+
         Raises:
             InputError: bad input (naming the field, and the line of a JSONL batch).
             ConfigError: bad settings; an output path that cannot be written.
@@ -105,17 +110,26 @@ class ExplainRun:
         from ..segmentation import count_players
 
         s = self.settings
-        self.conversations, self.is_batch = read_source(self.source, load_template(s.template))
+        # the app's work on the settings first: what they make, handed down in place of the settings
         self.policy = s.policy()
+        self.backend_settings = s.backend_settings()
+        self.proxy_game = s.proxy
+        self.out_path, self.html_path = self.phases.outputs(self)
+        if isinstance(s.archive, (str, Path)):
+            self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
+        self.now = self.pinned_now()
         self.utility = s.utility_spec()
-        for k, conversation in enumerate(self.conversations):
-            if conversation.target is not None:  # a generated target is checked once it exists
-                on_line(k, self.is_batch, self.utility.locate, conversation.target)
-        check_backend_can(self.conversations, self.utility, s.backend_settings(), is_batch=self.is_batch)
+        refused = self.proxy_refusal()
         # an estimator's player limit (exact: 16) stops the count early: a long text is refused
         # after a few sentences, not after segmenting all of it
         at_most = self.phases.player_limit(self)
         self.units: list[str] = []
+        # then the inputs, checked with what the settings made
+        self.conversations, self.is_batch = read_source(self.source, load_template(s.template))
+        for k, conversation in enumerate(self.conversations):
+            if conversation.target is not None:  # a generated target is checked once it exists
+                on_line(k, self.is_batch, self.utility.locate, conversation.target)
+        check_backend_can(self.conversations, self.utility, self.backend_settings, is_batch=self.is_batch)
         for k, conversation in enumerate(self.conversations):
             unit = s.hierarchy[0] if s.hierarchy else s.unit or ("document" if conversation.declared else "turn")
             self.units.append(unit)
@@ -127,11 +141,7 @@ class ExplainRun:
                     "unit, or method regression-msr with a budget, or method loo",
                     field="method",
                 )
-            self.validate_game(n_players, refused=self.proxy_refusal())
-        self.out_path, self.html_path = self.phases.outputs(self)
-        if isinstance(s.archive, (str, Path)):
-            self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
-        self.now = self.pinned_now()
+            self.validate_game(n_players, refused=refused)
 
     def pinned_now(self) -> datetime:
         """The instant dated chat templates render in this run (:func:`~coalescence.app.preflight.pinned_now`)."""
@@ -146,11 +156,11 @@ class ExplainRun:
         s = self.settings
         if not s.capabilities.two_fidelity:
             return f"method {s.method_name} fits the exact game alone"
-        backend = s.backend_settings()
+        backend = self.backend_settings
         # as the backend kind declares (Ray workers run whatever their kind can: an executor)
         if self.backend is None and not backend.capabilities.proxy_game:
             return f"backend {backend.backend_name} cannot score the shared-KV proxy game"
-        game = s.proxy
+        game = self.proxy_game
         return PROXY_OFF if game is None else game.refusal(self.backend, teacher_forced=self.utility.teacher_forced, policy_id=self.policy.id)
 
     def validate_game(self, n_players: int, *, refused: str | None) -> None:
@@ -205,10 +215,10 @@ class ExplainRun:
         if owned:
             loaded = self._loaded
             self.backend = load_model(
-                s.backend_settings(), loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
+                self.backend_settings, loaded["source"], notify=notify, tokenizer=loaded["tokenizer"], config=loaded["config"], fingerprint=loaded["fingerprint"]
             )
         try:  # auto: the proxy game where it pays, measured
-            self.engine = Engine(self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=s.proxy)
+            self.engine = Engine(self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=self.proxy_game)
             self._snapshots()
         except BaseException:
             if owned and self.backend.shutdown_with_engine:  # e.g. the Ray workers this run started
@@ -221,9 +231,10 @@ class ExplainRun:
         from .hierarchy import fine_snapshot
 
         s = self.settings
+        refused = self.proxy_refusal()  # the loaded backend's word too; the same for every conversation
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
-            self.validate_game(snapshot.n_players, refused=self.proxy_refusal())
+            self.validate_game(snapshot.n_players, refused=refused)
             if conversation.target is None:  # checked with a stand-in answer before; now with the real one
                 on_line(k, self.is_batch, check_input_game, self, self.engine.renderer, snapshot.conversation, unit)
             self.snapshots.append(snapshot)
@@ -231,7 +242,7 @@ class ExplainRun:
                 self.fines.append(fine_snapshot(snapshot, s.hierarchy[1]))
         for k, snap in enumerate(self.snapshots):
             on_line(k, self.is_batch, self.engine.resolved_utility, snap, self.policy)
-            if s.capabilities.two_fidelity and self.proxy_refusal() is None:  # the engine's word on the proxy game
+            if s.capabilities.two_fidelity and refused is None:  # the engine's word on the proxy game
                 self.validate_game(snap.n_players, refused=self.engine.proxy_refusal(snap, self.policy))
         for snap in self.recorded:
             self.engine.resolved_utility(snap, self.policy)

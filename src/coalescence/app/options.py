@@ -5,7 +5,9 @@ one per concern: the model, the players, the utility...). Each field is declared
 :func:`option`, whose metadata is everything the command line needs: the help text, the flag, the
 parser of its text, the choices. :func:`add_options` adds the options of a settings class to an
 ``argparse`` parser, one argument group per settings group, and :func:`settings_from` builds the
-settings back from the parsed namespace; the command line repeats no field by hand.
+settings back from the parsed namespace; the command line repeats no field by hand. A settings
+class may also be built from its groups, each given whole (:func:`spread_groups`), and each group
+read back whole (:func:`group_of`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = (
     "SettingsGroup",
     "add_options",
     "check_groups",
+    "group_of",
     "int_list",
     "names",
     "option",
@@ -34,6 +37,7 @@ __all__ = (
     "positive_int",
     "seed",
     "settings_from",
+    "spread_groups",
 )
 
 Text = str | Callable[[], str]
@@ -120,6 +124,55 @@ def check_groups(settings: Any) -> None:
         check = vars(group).get("check_group")
         if check is not None:
             check(settings)
+
+
+def spread_groups(cls: type, given: dict[str, Any], groups: Mapping[str, type]) -> dict[str, Any]:
+    """Nested settings: each group object given (``model=ModelSettings(...)``) spread into its
+    fields, before ``cls``'s own normalising (a settings class calls this from its ``normalised``).
+
+    A keyword that is also a field of ``cls`` (e.g. ``model``, the model's name) keeps its flat
+    meaning unless its value is a group object, recognised by its type. A group object sets every
+    field of its group: the same field given as a flat keyword too is refused.
+
+    Args:
+        cls: the settings class (a dataclass; its fields are the flat keywords).
+        given: the keywords given (a fresh dict: changed in place and returned).
+        groups: keyword -> the group class it takes (an object of that class, or of a group it
+            extends, e.g. :class:`~coalescence.app.groups.ArchiveSettings` for ``archive``).
+
+    Returns:
+        ``given``, every group object replaced by its fields' values.
+
+    Raises:
+        ConfigError: another group's object under a group's keyword, a value that is no group
+            object under a keyword that takes only one (``game``), or a field set both by a
+            keyword and by a group object (naming the field).
+    """
+    flat = {f.name for f in dataclasses.fields(cls)}
+    spread: dict[str, tuple[str, Any]] = {}  # field -> (the group's keyword, its value)
+    for keyword, group in groups.items():
+        if keyword not in given:
+            continue
+        value = given[keyword]
+        if isinstance(value, SettingsGroup) and dataclasses.is_dataclass(value):
+            if not issubclass(group, type(value)):
+                raise ConfigError(f"takes a {group.__name__} object (the {keyword} group), got a {type(value).__name__}", field=keyword)
+            del given[keyword]
+            spread |= {f.name: (keyword, getattr(value, f.name)) for f in dataclasses.fields(value)}
+        elif keyword not in flat:
+            raise ConfigError(f"takes a {group.__name__} object (the {keyword} group), got {type(value).__name__}", field=keyword)
+    for name, (keyword, value) in spread.items():
+        if name in given:
+            raise ConfigError(f"is set both by the {keyword} group given and as a keyword of its own; give it in one place", field=name)
+        given[name] = value
+    return given
+
+
+def group_of(settings: Any, group: type[Any]) -> Any:
+    """The settings group ``group`` of ``settings``, read whole: a ``group`` object holding the
+    values of its fields in ``settings`` (e.g. the :class:`~coalescence.app.groups.ModelSettings`
+    of a :class:`~coalescence.app.settings.RunSettings`), for a layer that takes that group alone."""
+    return group(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(group)})
 
 
 def option_fields(cls: type) -> Iterator[tuple[type, dataclasses.Field[Any], Option]]:

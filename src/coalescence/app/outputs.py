@@ -119,8 +119,9 @@ def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> An
 
 
 def check_run_dir(archive: str | Path, *, skip_corrupt: bool = False) -> Path:
-    """Check an ``archive`` setting before the model loads: a new path whose parent is writable,
-    or a run directory whose manifest and parts read (a damaged manifest, a newer schema or a part
+    """Check an ``archive`` setting before the model loads: a new path whose parent is writable
+    (or a directory a killed creation left with its lock file alone, as the archive takes it), or
+    a run directory whose manifest and parts read (a damaged manifest, a newer schema or a part
     failing its digest is refused here, not after the weights load).
 
     Returns:
@@ -130,10 +131,12 @@ def check_run_dir(archive: str | Path, *, skip_corrupt: bool = False) -> Path:
         ConfigError: the path exists and is not a run directory, or cannot be written.
         ArchiveError: a damaged manifest or part (without ``skip_corrupt``).
     """
+    from ..archive.layout import is_fresh
     from ..archive.reader import check_parts, read_manifest
 
     run_dir = Path(archive)
-    if run_dir.exists() and (not run_dir.is_dir() or (any(run_dir.iterdir()) and not (run_dir / "manifest.json").is_file())):
+    # a creation killed before its manifest was written (its lock file alone) becomes the new run
+    if not is_fresh(run_dir) and not (run_dir.is_dir() and (run_dir / "manifest.json").is_file()):
         raise ConfigError(
             f"{str(archive)!r} exists and is not a run directory; choose a new path or delete it",
             field="archive",

@@ -36,6 +36,7 @@ class CheckedRun(Protocol):
     (:class:`~coalescence.app.explain.ExplainRun` after its ``check``, a sweep's too)."""
 
     settings: RunSettings
+    backend_settings: BackendSettings  # how the model executes, built from the settings by the check
     backend: Any  # a loaded ScoringBackend, or None: the model is loaded after the preflight
     now: datetime  # the instant dated templates render (pinned_now)
     run_dir: Path | None
@@ -135,14 +136,14 @@ def preflight_run(run: CheckedRun) -> dict[str, Any]:
         max_context = model_context(config, tokenizer)
         fingerprint = model_fingerprint(source)
         # a server computes in its own dtype: its runs are keyed as dtype "server" (VLLMServerBackend.dtype)
-        dtype = "server" if s.backend_settings().capabilities.remote_dtype else s.dtype
+        dtype = "server" if run.backend_settings.capabilities.remote_dtype else s.dtype
         identity = {"id": source.model_id, "revision": source.revision, "dtype": dtype, "sha256": fingerprint}
         loaded = {"source": source, "tokenizer": tokenizer, "config": config, "fingerprint": fingerprint}
     run.max_context = max_context
     renderer = ChatRenderer(tokenizer, now=run.now)
     if renderer.renders_date:  # as Engine.model: a dated template's day is part of the model's identity
         identity["template_now"] = renderer.now.isoformat()
-    engine = backend.identity() if backend is not None else {"backend": s.backend_settings().backend_name}
+    engine = backend.identity() if backend is not None else {"backend": run.backend_settings.backend_name}
     check_backend(run.run_dir, engine, names_only=True)  # before the weights load or the server is asked
     check_model_identity(run.run_dir, identity, new_run=s.new_run)
     for k, (conversation, unit) in enumerate(zip(run.conversations, run.units, strict=True)):

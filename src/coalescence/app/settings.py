@@ -36,11 +36,12 @@ from .groups import (
     utility_kinds,
     method_list_help,
 )
-from .options import check_groups, names, option, positive_int
+from .options import check_groups, group_of, names, option, positive_int, spread_groups
 from .options import seed as seed_type
 from .record import recorded_budget, recorded_interactions, recorded_seed
 
 __all__ = (
+    "RUN_GROUPS",
     "EvaluateSettings",
     "ReplaySettings",
     "RunResult",
@@ -48,6 +49,19 @@ __all__ = (
     "check_across",
     "interaction_settings",
 )
+
+
+RUN_GROUPS: Mapping[str, type] = {
+    "model": ModelSettings,
+    "game": GameSettings,
+    "utility": UtilitySettings,
+    "estimator": EstimatorSettings,
+    "hierarchy": HierarchySettings,
+    "archive": RunArchiveSettings,
+    "execution": ExecutionSettings,
+    "output": OutputSettings,
+}
+"""The groups of :class:`RunSettings` by the keyword that takes each whole (``RunSettings(model=ModelSettings(...))``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,14 +120,75 @@ class RunSettings(
         threads_per_worker: torch threads of each Ray worker (default: its node's CPUs divided
             among the workers there).
 
+    The settings are also built from their groups, each given whole under its keyword
+    (:data:`RUN_GROUPS`: ``model``, ``game``, ``utility``, ``estimator``, ``hierarchy``,
+    ``archive``, ``execution``, ``output``; any subset, the rest flat or by default):
+    ``RunSettings(model=ModelSettings(model="gpt2", device="cuda"), estimator=EstimatorSettings(budget=256))``
+    equals ``RunSettings(model="gpt2", device="cuda", budget=256)``. Under ``model``, ``utility``,
+    ``archive`` and ``hierarchy``, also fields of their own, a group object is recognised by its
+    type. Each group is read back whole as ``model_settings``, ``game_settings``, ... (a
+    :class:`~coalescence.app.groups.ModelSettings` object, ...), for a layer that takes one group.
+
     Raises:
         ConfigError: a setting that cannot work, alone (each group's ``check_group``) or with
-            another (:func:`check_across`), naming it; checked on construction, before anything loads.
+            another (:func:`check_across`), naming it; a field set both by a group object and as a
+            keyword of its own; checked on construction, before anything loads.
     """
+
+    @classmethod
+    def normalised(cls, given: dict[str, Any]) -> dict[str, Any]:
+        """Group objects given whole spread into their fields (:func:`~coalescence.app.options.spread_groups`),
+        then each group's own normalising.
+
+        Raises:
+            ConfigError: a field set twice, a group under another group's keyword (naming it).
+        """
+        return super().normalised(spread_groups(cls, given, RUN_GROUPS))
 
     def __post_init__(self) -> None:
         check_groups(self)
         check_across(self)
+
+    # -- each group, read whole ---------------------------------------------------------------
+    @property
+    def model_settings(self) -> ModelSettings:
+        """The model and where it runs, whole (:class:`~coalescence.app.groups.ModelSettings`)."""
+        return group_of(self, ModelSettings)
+
+    @property
+    def game_settings(self) -> GameSettings:
+        """The players and the absence policy, whole (:class:`~coalescence.app.groups.GameSettings`)."""
+        return group_of(self, GameSettings)
+
+    @property
+    def utility_settings(self) -> UtilitySettings:
+        """What v(S) measures, whole (:class:`~coalescence.app.groups.UtilitySettings`)."""
+        return group_of(self, UtilitySettings)
+
+    @property
+    def estimator_settings(self) -> EstimatorSettings:
+        """The estimator and its plan, whole (:class:`~coalescence.app.groups.EstimatorSettings`)."""
+        return group_of(self, EstimatorSettings)
+
+    @property
+    def hierarchy_settings(self) -> HierarchySettings:
+        """The hierarchy, whole (:class:`~coalescence.app.groups.HierarchySettings`)."""
+        return group_of(self, HierarchySettings)
+
+    @property
+    def archive_settings(self) -> RunArchiveSettings:
+        """The run archive and how it is written, whole (:class:`~coalescence.app.groups.RunArchiveSettings`)."""
+        return group_of(self, RunArchiveSettings)
+
+    @property
+    def execution_settings(self) -> ExecutionSettings:
+        """Conversations in flight and Ray workers, whole (:class:`~coalescence.app.groups.ExecutionSettings`)."""
+        return group_of(self, ExecutionSettings)
+
+    @property
+    def output_settings(self) -> OutputSettings:
+        """The files written after the run, whole (:class:`~coalescence.app.groups.OutputSettings`)."""
+        return group_of(self, OutputSettings)
 
     def backend_settings(self) -> BackendSettings:
         """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
