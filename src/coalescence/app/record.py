@@ -208,7 +208,7 @@ def model_options(settings: Any, *, batch_size: int) -> dict[str, Any]:
 
     Returns:
         ``{field: value}`` (JSON-ready), with ``batch_size`` and, for workers, ``ray``; a server
-        URL's password is not recorded (:func:`without_password`).
+        URL's password is not recorded (:func:`~coalescence.backends.settings.without_password`).
     """
     from dataclasses import fields
 
@@ -217,24 +217,13 @@ def model_options(settings: Any, *, batch_size: int) -> dict[str, Any]:
     ray = {f.name for f in fields(RaySettings)}
     options = {f.name: _json_ready(getattr(settings, f.name)) for f in fields(settings) if f.name not in ray}
     if isinstance(options.get("server_url"), str):
+        from ..backends.settings import without_password
+
         options["server_url"] = without_password(options["server_url"])
     options["batch_size"] = batch_size
     if settings.distributed:  # every Ray setting, by the group's fields (a new one is recorded unlisted)
         options["ray"] = {f.name: _json_ready(getattr(settings, f.name)) for f in fields(settings) if f.name in ray}
     return options
-
-
-def without_password(url: str) -> str:
-    """``url`` with the password of its user information replaced by ``***``
-    (``http://user:secret@host:8000`` -> ``http://user:***@host:8000``): an archive is shared, a
-    credential is not; any other URL as given."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def run_record(run: Any) -> dict[str, Any]:

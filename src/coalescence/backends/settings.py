@@ -28,6 +28,7 @@ __all__ = (
     "check_server_settings",
     "current_names",
     "local_worker_limit",
+    "without_password",
 )
 
 MAX_WORKERS = 1024
@@ -270,3 +271,16 @@ def local_worker_limit() -> int | None:
     if ray is not None and getattr(ray, "is_initialized", lambda: False)():
         return None
     return max(2, os.cpu_count() or 1)
+
+
+def without_password(url: str) -> str:
+    """``url`` with the password of its user information replaced by ``***``
+    (``http://user:secret@host:8000`` -> ``http://user:***@host:8000``): an archive is shared, a
+    credential is not; any other URL as given."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))

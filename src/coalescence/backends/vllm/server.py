@@ -330,7 +330,9 @@ class VLLMServerBackend(BackendBase):
 
     def run_record(self) -> dict[str, Any]:
         """The server, the model it serves and how its weights were checked (recorded in the run's manifest)."""
-        return {"vllm_url": self.url, "served_model": self.served_model, "served_weights": self.served_weights}
+        from ..settings import without_password
+
+        return {"vllm_url": without_password(self.url), "served_model": self.served_model, "served_weights": self.served_weights}
 
     def shutdown(self) -> None:
         """Nothing held: each call is one HTTP request (the server keeps running)."""
