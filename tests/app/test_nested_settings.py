@@ -35,7 +35,7 @@ GROUPS = {
 
 # every field of the settings built from GROUPS, written out: what the flat keywords give
 EXPECTED = {
-    "model": "gpt2", "backend": None, "vllm_url": None, "device": "cuda", "dtype": "bfloat16", "batch_size": 4,
+    "model": "gpt2", "backend": None, "server_url": None, "device": "cuda", "dtype": "bfloat16", "batch_size": 4,
     "unit": "sentence", "roles": ("user", "system"), "template": None, "absence_policy": "placeholder",
     "placeholder": "[gone]", "system_absent": "removed", "empty_turns": "removed", "merge_adjacent": False,
     "utility": "mean_logprob", "target_span": None, "target_substring": "Paris", "temperature": 0.0, "top_p": 1.0,
