@@ -23,6 +23,7 @@ one object an :class:`Explainer` takes whole.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,12 @@ class Explainer:
                     field=sorted(options)[0],
                 )
             settings = model if model.model is not None else dataclasses.replace(model, model=DEFAULT_MODEL)
+        elif not isinstance(model, (str, os.PathLike)):
+            raise ConfigError(
+                f"takes a model name (alias, directory, .gguf file or hub id) or a BackendSettings, got a "
+                f"{type(model).__name__}; a run's settings give theirs with .backend_settings()",
+                field="model",
+            )
         else:
             unknown = sorted(set(options) - set(_BACKEND_KEYWORDS))
             if unknown:

@@ -62,6 +62,7 @@ def test_good_server_settings_pass_and_name_the_server_backend():
         ["--backend", "vllm-server"],
         ["--server-url", "http://127.0.0.1:8000", "--workers", "2"],
         ["--backend", "hf", "--vllm-url", "http://127.0.0.1:8000"],
+        ["--server-url", "http://127.0.0.1:8000", "--vllm-url", "http://127.0.0.1:9000"],  # both names, two URLs
     ],
 )
 def test_the_cli_refuses_them_in_one_line_before_loading(tmp_path, monkeypatch, options):
@@ -101,6 +102,7 @@ def test_the_urls_earlier_name_is_the_same_field_and_two_different_urls_are_refu
     for command in (["explain", "chat.json"], ["replay", "run", "--method", "loo"], ["evaluate", "run"]):
         for flag in ("--server-url", "--vllm-url"):
             assert parser.parse_args([*command, flag, URL]).server_url == URL
+        assert parser.parse_args([*command, "--server-url", URL, "--vllm-url", URL]).server_url == URL  # the same URL twice
 
 
 def test_an_archive_run_that_recorded_vllm_url_is_still_read_as_a_servers():
@@ -110,3 +112,27 @@ def test_an_archive_run_that_recorded_vllm_url_is_still_read_as_a_servers():
     old = {"run_id": "a1", "model": {"id": "m", "dtype": "float32"}, "vllm_url": URL, "served_model": "m"}
     assert recorded_backend(old) == ({"backend": "vllm-server"}, False)
     assert recorded_backend({"run_id": "a2", "model": {"id": "m", "dtype": "float32"}}) == (None, False)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, True, 2.5, "4"])
+def test_backend_settings_refuse_a_batch_size_that_is_not_a_positive_integer(batch_size):
+    """Checked when the settings are made (the CLI's ``positive_int`` says the same): 0 is not the
+    backend's default, ``None`` is."""
+    with pytest.raises(ConfigError) as info:
+        BackendSettings(batch_size=batch_size)
+    assert info.value.field == "batch_size" and repr(batch_size) in info.value.message
+    assert BackendSettings(batch_size=None).batch_size is None and BackendSettings(batch_size=3).batch_size == 3
+
+
+def test_a_settings_group_given_for_the_model_is_named_before_anything_loads():
+    """``Explainer(ModelSettings(...))`` or ``BackendSettings(model={...})``: a message that names
+    what it takes, not an "unknown model" quoting the object's repr."""
+    from coalescence import Explainer
+    from coalescence.app.groups import ModelSettings
+
+    with pytest.raises(ConfigError) as info:
+        Explainer(ModelSettings(model="smollm2-135m"))
+    assert info.value.field == "model" and "BackendSettings" in info.value.message and "ModelSettings" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        BackendSettings(model={"model": "smollm2-135m"})
+    assert info.value.field == "model" and "got a dict" in info.value.message

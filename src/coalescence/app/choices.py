@@ -92,7 +92,7 @@ METHODS_HELP = (
     "proxy-shapley: regression-msr with a proxy game as a cross-fitted control variate (unbiased; without a "
     "proxy game, regression-msr); proxy-shapley-shrunk: proxy-shapley blended toward its control's own Shapley "
     "values with jackknife weights (lower error on few exact evaluations, biased toward the control, consistent; "
-    "what auto runs with a proxy game); loo: leave-one-out; auto: chosen by players and "
+    "what auto runs with a proxy game and at least 5 exact coalitions a player, lasso below); loo: leave-one-out; auto: chosen by players and "
     "budget (the output says which ran and why); default: exact on at most 16 players, else auto at 8 exact "
     "coalitions with the proxy game (64 without), measured to reach ContextCite@64's quality in about a quarter of its "
     "time on long contexts (the output says so); shapiq:NAME: "

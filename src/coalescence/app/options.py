@@ -156,11 +156,11 @@ def spread_groups(cls: type, given: dict[str, Any], groups: Mapping[str, type]) 
         value = given[keyword]
         if isinstance(value, SettingsGroup) and dataclasses.is_dataclass(value):
             if not issubclass(group, type(value)):
-                raise ConfigError(f"takes a {group.__name__} object (the {keyword} group), got a {type(value).__name__}", field=keyword)
+                raise ConfigError(f"takes {_a(group.__name__)} object (the {keyword} group), got {_a(type(value).__name__)}", field=keyword)
             del given[keyword]
             spread |= {f.name: (keyword, getattr(value, f.name)) for f in dataclasses.fields(value)}
         elif keyword not in flat:
-            raise ConfigError(f"takes a {group.__name__} object (the {keyword} group), got {type(value).__name__}", field=keyword)
+            raise ConfigError(f"takes {_a(group.__name__)} object (the {keyword} group), got {type(value).__name__}", field=keyword)
     for name, (keyword, value) in spread.items():
         if name in given:
             raise ConfigError(f"is set both by the {keyword} group given and as a keyword of its own; give it in one place", field=name)
@@ -237,7 +237,26 @@ def add_options(
                 kwargs["metavar"] = opt.metavar
         if opt.required:
             kwargs["required"] = True
+        if opt.aliases and not opt.switch:
+            kwargs["action"] = _OneSpelling
         sections[title].add_argument(*flags, **kwargs)
+
+
+class _OneSpelling(argparse.Action):
+    """Store an option that has several spellings (``--server-url`` and its earlier ``--vllm-url``),
+    refusing two spellings with different values (as the keyword API refuses ``server_url`` and
+    ``vllm_url``), where argparse would keep the last one without a word."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        spelled = namespace.__dict__.setdefault("_spelled", {})  # dest -> (option, value), this parse's
+        before = spelled.get(self.dest)
+        if before is not None and before[0] != option_string and before[1] != values:
+            parser.error(
+                f"argument {self.option_strings[0]}: is given twice, as {before[0]} {before[1]} and as "
+                f"{option_string} {values}; give one, {self.option_strings[0]}"
+            )
+        spelled[self.dest] = (option_string, values)
+        setattr(namespace, self.dest, values)
 
 
 def settings_from(cls: type, args: argparse.Namespace, *, exclude: tuple[str, ...] = (), **given: Any) -> Any:
@@ -348,3 +367,8 @@ def positive_float(text: str) -> float:
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {value}")
     return value
+
+
+def _a(name: str) -> str:
+    """``name`` with its indefinite article: ``an EstimatorSettings``, ``a GameSettings``."""
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name

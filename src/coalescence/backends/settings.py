@@ -92,7 +92,8 @@ class BackendSettings(NormalisedSettings):
             among the workers there).
 
     Raises:
-        ConfigError: an unknown dtype (``field="dtype"``), ``server_url`` and ``vllm_url`` both
+        ConfigError: a model that is not a str or path (``field="model"``), a batch size that is
+            not a positive integer (``field="batch_size"``), an unknown dtype (``field="dtype"``), ``server_url`` and ``vllm_url`` both
             given and different, or server or Ray settings that cannot work (:func:`check_server_settings`, :func:`check_ray_settings`, naming the field),
             before anything loads.
     """
@@ -112,6 +113,14 @@ class BackendSettings(NormalisedSettings):
         from .base import check_dtype
 
         check_dtype(self.dtype)  # before anything loads torch
+        if self.model is not None and not isinstance(self.model, (str, os.PathLike)):
+            raise ConfigError(
+                f"must be a model alias, directory, .gguf file or hub id (a str or a path), got a {type(self.model).__name__}",
+                field="model",
+            )
+        b = self.batch_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ConfigError(f"must be a positive integer (rows per model call), or None for the backend's own; got {b!r}", field="batch_size")
         check_server_settings(self)
         check_ray_settings(self)
 

@@ -102,7 +102,7 @@ class DefaultMethod:
         others = "--method auto --budget N" + (" or --proxy-game none" if proxy else "")
         note = (
             f"no method or budget given: {n} players are more than the {EXACT_MAX_PLAYERS} exact Shapley values allow, "
-            f"so the default plan ran method auto at {how}; {others} choose another"
+            f"so the default plan ran method auto at {how}; {others} chooses another"
         )
         return AutoMethod(budget=budget, seed=self.seed, proxy_budget=self.proxy_budget), note
 

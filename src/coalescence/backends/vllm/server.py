@@ -95,7 +95,7 @@ class VLLMServerBackend(BackendBase):
         check_batch_size(max_batch_size)
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"must be http://HOST:PORT, got {url!r}", field="server_url")
-        self.url = url.rstrip("/")
+        self.url, self._auth = _split_credentials(url.rstrip("/"))  # no password in a message or a record
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.revision = revision
@@ -194,7 +194,8 @@ class VLLMServerBackend(BackendBase):
         import urllib.request
 
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **({"Authorization": self._auth} if self._auth else {})}
+        request = urllib.request.Request(self.url + path, data=data, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - the user's server
                 return json.loads(response.read())
@@ -330,9 +331,23 @@ class VLLMServerBackend(BackendBase):
 
     def run_record(self) -> dict[str, Any]:
         """The server, the model it serves and how its weights were checked (recorded in the run's manifest)."""
-        from ..settings import without_password
-
-        return {"vllm_url": without_password(self.url), "served_model": self.served_model, "served_weights": self.served_weights}
+        return {"vllm_url": self.url, "served_model": self.served_model, "served_weights": self.served_weights}
 
     def shutdown(self) -> None:
         """Nothing held: each call is one HTTP request (the server keeps running)."""
+
+
+def _split_credentials(url: str) -> tuple[str, str | None]:
+    """``(url without its user information, an HTTP Basic ``Authorization`` value or None)``:
+    ``http://ann:s3cret@host:8000`` -> ``("http://host:8000", "Basic YW5uOnMzY3JldA==")``. urllib
+    cannot open a URL that carries ``user:password@`` (it takes it for part of the host name), and
+    the credential must not reach a message or the archive (RFC 7617: Basic authentication)."""
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    token = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return bare, "Basic " + base64.b64encode(token).decode()
