@@ -34,6 +34,7 @@ __all__ = (
     "load_conversation",
     "load_inputs",
     "load_template",
+    "on_line",
     "read_source",
     "register_reader",
     "rows_to_conversations",
@@ -227,6 +228,22 @@ def conversation_from_input(data: Any, template: RagTemplate | None = None) -> C
 def _prefixed(exc: InputError, line: int) -> InputError:
     field = f"line {line}: {exc.field}" if exc.field else f"line {line}"
     return InputError(exc.message, field=field)
+
+
+def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> Any:
+    """Run ``check(*args)`` for input ``k`` (0-based); in a JSONL batch (``is_batch``) an
+    :class:`~coalescence.errors.InputError` it raises names the input's line (field
+    ``line N: FIELD``), as the reader's own errors do.
+
+    Raises:
+        InputError: ``check``'s, with the line in its field in a batch.
+    """
+    try:
+        return check(*args)
+    except InputError as exc:
+        if not is_batch:
+            raise
+        raise _prefixed(exc, k + 1) from None
 
 
 def _absent_nulls(value: Any) -> Any:

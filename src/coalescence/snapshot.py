@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .conversation import Conversation, Message, Player
+from .conversation import Conversation, DeclaredPlayer, Message, Player
 from .errors import InputError
 from .segmentation import segment_players
 
-__all__ = ("SNAPSHOT_SCHEMA", "ConversationSnapshot")
+__all__ = ("SNAPSHOT_SCHEMA", "ConversationSnapshot", "fine_snapshot")
 
 SNAPSHOT_SCHEMA = 1
 """The version of the canonical encoding hashed into ``snapshot_id``."""
@@ -173,3 +173,41 @@ class ConversationSnapshot:
                 for p in self.players
             ],
         }
+
+
+def fine_snapshot(coarse: ConversationSnapshot, fine_unit: str) -> tuple[ConversationSnapshot, tuple[int, ...]]:
+    """The fine players inside the coarse players, as one snapshot, and each fine player's parent:
+    the fine game of a hierarchical attribution (:mod:`coalescence.app.hierarchy`).
+
+    Args:
+        coarse: the coarse snapshot (its target set).
+        fine_unit: ``paragraph``, ``sentence`` or ``word``.
+
+    Returns:
+        The fine snapshot (unit ``fine_unit``; labels ``<coarse label>.s<k>`` ...) and
+        ``parents``: the coarse player index of each fine player.
+
+    Raises:
+        InputError: the coarse players hold no fine player (field ``--hierarchy``).
+    """
+    declared = tuple(
+        DeclaredPlayer(message=m, start=a, end=b, label=p.label)
+        for p in coarse.players
+        for m, a, b in p.spans
+        if b > a
+    )
+    conversation = Conversation(
+        messages=coarse.conversation.messages,
+        target=coarse.conversation.target,
+        target_source=coarse.conversation.target_source,
+        target_ids=coarse.conversation.target_ids,
+        declared=declared,
+    )
+    players = segment_players(conversation, unit=fine_unit)
+    parents = []
+    for f in players:
+        parent = next(
+            p.index for p in coarse.players if any(m == f.message_index and a <= f.start and f.end <= b for m, a, b in p.spans)
+        )
+        parents.append(parent)
+    return ConversationSnapshot(conversation=conversation, unit=fine_unit, players=players), tuple(parents)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from coalescence.attribution.estimators import ExactShapley, LeaveOneOut
-from coalescence.app.hierarchy import explain_hierarchical, fine_snapshot, parse_hierarchy
+from coalescence.app.hierarchy import explain_hierarchical, parse_hierarchy
+from coalescence.snapshot import fine_snapshot
 from coalescence.cli import main
 from coalescence.conversation import Conversation, Message
 from coalescence.snapshot import ConversationSnapshot

@@ -59,6 +59,9 @@ class LeaveOneOut:
         full = np.ones(n_players, dtype=bool)
         return [full] + [np.where(np.arange(n_players) == i, False, full) for i in range(n_players)]
 
+    def fine_game(self, run, snapshot):
+        return None  # no hierarchy
+
     def outputs(self, run):
         return None, None
 

@@ -41,10 +41,10 @@ import numpy as np
 from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, ReportError
 from .backend import load_model
 from .lifecycle import run_blocking
-from .outputs import check_run_dir, on_line
+from .outputs import check_run_dir
 from .phases import ExplainPhases, RunPhases
-from .preflight import check_backend_can, check_input_game, pinned_now, preflight_run
-from .record import check_backend, check_same_date, run_record, same_measurement
+from .preflight import check_input_game, pinned_now, preflight_run
+from .record import check_backend, check_same_date, run_record
 from .settings import RunResult, RunSettings
 
 __all__ = (
@@ -106,33 +106,32 @@ class ExplainRun:
                 counted only up to 17).
             ArchiveError: an archive that is not a run directory, is damaged, or holds a corrupt part.
         """
-        from ..inputs import load_template, read_source
+        from ..inputs import load_template, on_line, read_source
         from ..segmentation import count_players
 
         s = self.settings
-        # the app's work on the settings first: what they make, handed down in place of the settings
+        # the app's work on the settings first: what they made (built and checked with them),
+        # handed down in place of the settings
         self.policy = s.policy()
         self.backend_settings = s.backend_settings()
+        self.utility = s.utility_spec()
         self.proxy_game = s.proxy
         self.out_path, self.html_path = self.phases.outputs(self)
         if isinstance(s.archive, (str, Path)):
             self.run_dir = check_run_dir(s.archive, skip_corrupt=s.skip_corrupt)
         self.now = self.pinned_now()
-        self.utility = s.utility_spec()
-        refused = self.proxy_refusal()
         # an estimator's player limit (exact: 16) stops the count early: a long text is refused
         # after a few sentences, not after segmenting all of it
         at_most = self.phases.player_limit(self)
-        self.units: list[str] = []
+        self.refused = self.proxy_refusal()
         # then the inputs, checked with what the settings made
         self.conversations, self.is_batch = read_source(self.source, load_template(s.template))
+        self.units = [s.hierarchy[0] if s.hierarchy else s.unit or ("document" if c.declared else "turn") for c in self.conversations]
         for k, conversation in enumerate(self.conversations):
             if conversation.target is not None:  # a generated target is checked once it exists
                 on_line(k, self.is_batch, self.utility.locate, conversation.target)
-        check_backend_can(self.conversations, self.utility, self.backend_settings, is_batch=self.is_batch)
-        for k, conversation in enumerate(self.conversations):
-            unit = s.hierarchy[0] if s.hierarchy else s.unit or ("document" if conversation.declared else "turn")
-            self.units.append(unit)
+        self.backend_settings.check_can(self.conversations, self.utility, is_batch=self.is_batch)
+        for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
             n_players = on_line(k, self.is_batch, lambda c=conversation, u=unit: count_players(c, unit=u, roles=s.roles, at_most=at_most))
             if at_most is not None and n_players > at_most:
                 raise EstimatorError(
@@ -141,7 +140,7 @@ class ExplainRun:
                     "unit, or method regression-msr with a budget, or method loo",
                     field="method",
                 )
-            self.validate_game(n_players, refused=refused)
+            self.phases.validate_game(self, n_players, refused=self.refused)
 
     def pinned_now(self) -> datetime:
         """The instant dated chat templates render in this run (:func:`~coalescence.app.preflight.pinned_now`)."""
@@ -162,15 +161,6 @@ class ExplainRun:
             return f"backend {backend.backend_name} cannot score the shared-KV proxy game"
         game = self.proxy_game
         return PROXY_OFF if game is None else game.refusal(self.backend, teacher_forced=self.utility.teacher_forced, policy_id=self.policy.id)
-
-    def validate_game(self, n_players: int, *, refused: str | None) -> None:
-        """Refuse a game of ``n_players`` the run cannot play, before any model call (its phases'
-        ``validate_game``; ``refused``: why no proxy game is played, or ``None`` where it may be).
-
-        Raises:
-            EstimatorError, ConfigError: as the estimator's ``validate``.
-        """
-        self.phases.validate_game(self, n_players, refused=refused)
 
     def plan(self, n_players: int) -> Iterable[np.ndarray]:
         """Every coalition the run evaluates for a game of ``n_players`` (rendered by :meth:`preflight`)."""
@@ -209,6 +199,7 @@ class ExplainRun:
             The :class:`~coalescence.engine.Engine`.
         """
         from ..engine import Engine
+        from ..inputs import on_line
 
         s = self.settings
         owned = self.backend is None  # loaded here: a backend that owns processes ends with the run
@@ -219,33 +210,27 @@ class ExplainRun:
             )
         try:  # auto: the proxy game where it pays, measured
             self.engine = Engine(self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=self.proxy_game)
-            self._snapshots()
+            # the snapshots (a missing answer generated), their targets and utilities, checked
+            for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
+                snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
+                if conversation.target is None:  # checked with a stand-in answer before; now with the real one
+                    on_line(k, self.is_batch, check_input_game, self, self.engine.renderer, snapshot.conversation, unit)
+                self.snapshots.append(snapshot)
+                fine = self.phases.fine_game(self, snapshot)
+                if fine is not None:
+                    self.fines.append(fine)
+            for k, snap in enumerate(self.snapshots):
+                on_line(k, self.is_batch, self.engine.resolved_utility, snap, self.policy)
+                # where the check left the proxy game open, the engine's word (the loaded backend's too)
+                refused = self.engine.proxy_refusal(snap, self.policy) if self.refused is None else self.refused
+                self.phases.validate_game(self, snap.n_players, refused=refused)
+            for snap in self.recorded:
+                self.engine.resolved_utility(snap, self.policy)
         except BaseException:
             if owned and self.backend.shutdown_with_engine:  # e.g. the Ray workers this run started
                 self.backend.shutdown()
             raise
         return self.engine
-
-    def _snapshots(self) -> None:
-        """The snapshots (a missing answer generated) and their targets and utilities, checked."""
-        from .hierarchy import fine_snapshot
-
-        s = self.settings
-        refused = self.proxy_refusal()  # the loaded backend's word too; the same for every conversation
-        for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
-            snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
-            self.validate_game(snapshot.n_players, refused=refused)
-            if conversation.target is None:  # checked with a stand-in answer before; now with the real one
-                on_line(k, self.is_batch, check_input_game, self, self.engine.renderer, snapshot.conversation, unit)
-            self.snapshots.append(snapshot)
-            if s.hierarchy is not None:
-                self.fines.append(fine_snapshot(snapshot, s.hierarchy[1]))
-        for k, snap in enumerate(self.snapshots):
-            on_line(k, self.is_batch, self.engine.resolved_utility, snap, self.policy)
-            if s.capabilities.two_fidelity and refused is None:  # the engine's word on the proxy game
-                self.validate_game(snap.n_players, refused=self.engine.proxy_refusal(snap, self.policy))
-        for snap in self.recorded:
-            self.engine.resolved_utility(snap, self.policy)
 
     @property
     def recorded(self) -> list[Any]:
@@ -269,6 +254,7 @@ class ExplainRun:
             ArchiveError: the archive holds another run (naming the differences), is locked by
                 another writer, or cannot be written.
         """
+        from ..archive.identity import same_measurement
         from ..archive.writer import RunArchive
 
         s = self.settings

@@ -305,7 +305,8 @@ class ArchiveFit:
         Returns:
             A :class:`~coalescence.app.hierarchy.HierarchicalExplanation`.
         """
-        from .hierarchy import HierarchicalExplanation, _others, fine_snapshot
+        from ..snapshot import fine_snapshot
+        from .hierarchy import HierarchicalExplanation, _others
         from ..snapshot import ConversationSnapshot
 
         units = hierarchy.get("units") or []

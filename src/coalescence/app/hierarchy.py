@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..conversation import Conversation, DeclaredPlayer, Player
-from ..snapshot import ConversationSnapshot
-from ..segmentation import segment_players
+from ..conversation import Player
+from ..snapshot import ConversationSnapshot, fine_snapshot
 from ..errors import ConfigError
 from ..attribution.explanation import Explanation
 
@@ -44,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..masking.policies import AbsencePolicy
     from ..attribution.estimators.base import Estimator
 
-__all__ = ("HierarchicalExplanation", "explain_hierarchical", "fine_snapshot", "parse_hierarchy")
+__all__ = ("HierarchicalExplanation", "explain_hierarchical", "parse_hierarchy")
 
 
 def parse_hierarchy(text: str) -> tuple[str, str]:
@@ -67,43 +66,6 @@ def parse_hierarchy(text: str) -> tuple[str, str]:
             f"the fine unit must split text (paragraph, sentence, word), got {units[1]!r}", field="hierarchy"
         )
     return units[0], units[1]
-
-
-def fine_snapshot(coarse: ConversationSnapshot, fine_unit: str) -> tuple[ConversationSnapshot, tuple[int, ...]]:
-    """The fine players inside the coarse players, as one snapshot, and each fine player's parent.
-
-    Args:
-        coarse: the coarse snapshot (its target set).
-        fine_unit: ``paragraph``, ``sentence`` or ``word``.
-
-    Returns:
-        The fine snapshot (unit ``fine_unit``; labels ``<coarse label>.s<k>`` ...) and
-        ``parents``: the coarse player index of each fine player.
-
-    Raises:
-        InputError: the coarse players hold no fine player (field ``--hierarchy``).
-    """
-    declared = tuple(
-        DeclaredPlayer(message=m, start=a, end=b, label=p.label)
-        for p in coarse.players
-        for m, a, b in p.spans
-        if b > a
-    )
-    conversation = Conversation(
-        messages=coarse.conversation.messages,
-        target=coarse.conversation.target,
-        target_source=coarse.conversation.target_source,
-        target_ids=coarse.conversation.target_ids,
-        declared=declared,
-    )
-    players = segment_players(conversation, unit=fine_unit)
-    parents = []
-    for f in players:
-        parent = next(
-            p.index for p in coarse.players if any(m == f.message_index and a <= f.start and f.end <= b for m, a, b in p.spans)
-        )
-        parents.append(parent)
-    return ConversationSnapshot(conversation=conversation, unit=fine_unit, players=players), tuple(parents)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,7 +142,7 @@ async def explain_hierarchical(
     Args:
         engine: the engine (its store and archive serve both levels).
         coarse: the coarse snapshot.
-        fine: the fine snapshot and ``parents`` from :func:`fine_snapshot`.
+        fine: the fine snapshot and ``parents`` from :func:`~coalescence.snapshot.fine_snapshot`.
         parents: ``[n_fine]`` coarse parent index of each fine player.
         estimator_for: the estimator for a game of n players (called with n_coarse, then with the
             number of refined fine players).

@@ -3,19 +3,17 @@ a report's optional packages present, an archive that reads), and per-line error
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 
 __all__ = (
     "check_run_dir",
     "refuse_overwrite",
     "check_writable_parent",
     "html_path",
-    "on_line",
     "output_path",
 )
 
@@ -106,16 +104,6 @@ def html_path(value: str | Path | None, name: str = "html") -> Path | None:
 
         check_available()
     return path
-
-
-def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> Any:
-    """Run ``check(*args)``; in a JSONL batch an input error names the input's line (``line N: FIELD``)."""
-    try:
-        return check(*args)
-    except InputError as exc:
-        if not is_batch:
-            raise
-        raise InputError(exc.message, field=f"line {k + 1}: {exc.field}" if exc.field else f"line {k + 1}") from None
 
 
 def check_run_dir(archive: str | Path, *, skip_corrupt: bool = False) -> Path:

@@ -3,7 +3,7 @@
 An explain run checks its inputs, preflights, loads the model, opens the archive and evaluates its
 conversations the same way whatever it fits; what it fits is an object it is given, its *phases*
 (:class:`RunPhases`): the player limit, the games it refuses, the plan the preflight renders and
-the engine evaluates, its output paths, its record in the manifest, and one conversation's
+the engine evaluates, a hierarchy's fine games, its output paths, its record in the manifest, and one conversation's
 evaluation and fit (restored from, and recorded in, the archive for a resume).
 
 * :class:`ExplainPhases`: one estimator (or a hierarchy, or a target standard error) per
@@ -66,6 +66,11 @@ class RunPhases(Protocol):
 
     def plan(self, run: PhasedRun, n_players: int) -> Iterable[np.ndarray]:
         """Every coalition (``[n_players]`` bool rows) the run evaluates for a game of ``n_players``."""
+        ...
+
+    def fine_game(self, run: PhasedRun, snapshot: Any) -> tuple[Any, tuple[int, ...]] | None:
+        """A hierarchy's fine game of ``snapshot`` (the fine snapshot and each fine player's coarse
+        parent: :func:`~coalescence.snapshot.fine_snapshot`), or ``None`` where the run plays none."""
         ...
 
     def outputs(self, run: PhasedRun) -> tuple[Path | None, Path | None]:
@@ -133,6 +138,17 @@ class ExplainPhases:
     def plan(self, run: PhasedRun, n_players: int) -> Iterable[np.ndarray]:
         """The estimator's plan for a game of ``n_players``."""
         return run.settings.estimator(n_players).plan(n_players)
+
+    def fine_game(self, run: PhasedRun, snapshot: Any) -> tuple[Any, tuple[int, ...]] | None:
+        """With a hierarchy, its fine unit's game inside ``snapshot``'s players; else ``None``.
+
+        Raises:
+            InputError: the coarse players hold no fine player.
+        """
+        from ..snapshot import fine_snapshot
+
+        hierarchy = run.settings.hierarchy
+        return None if hierarchy is None else fine_snapshot(snapshot, hierarchy[1])
 
     def outputs(self, run: PhasedRun) -> tuple[Path | None, Path | None]:
         """``out`` and ``html``, neither overwriting the input or the archive."""

@@ -1,6 +1,5 @@
 """An explain run's checks before its weights load (the ``check`` and ``preflight`` phases of
-:class:`~coalescence.app.explain.ExplainRun`): what the backend kind declares it cannot do, the date that
-templates render, and the preflight proper: the model's tokenizer, configuration and content
+:class:`~coalescence.app.explain.ExplainRun`): the date that templates render, and the preflight proper: the model's tokenizer, configuration and content
 fingerprint, its identity and backend against the archive's runs, and every coalition the plans
 need rendered with the chat template (each game through :func:`coalescence.preflight.check_game`).
 
@@ -10,13 +9,11 @@ options.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError, InputError
-from .outputs import on_line
 from .record import check_backend, check_model_identity, recorded_now
 
 if TYPE_CHECKING:
@@ -25,7 +22,7 @@ if TYPE_CHECKING:
     from ..backends.settings import BackendSettings
     from .settings import RunSettings
 
-__all__ = ("PROVISIONAL_ANSWER", "CheckedRun", "check_input_game", "check_backend_can", "pinned_now", "preflight_run")
+__all__ = ("PROVISIONAL_ANSWER", "CheckedRun", "check_input_game", "pinned_now", "preflight_run")
 
 PROVISIONAL_ANSWER = "\u2063answer\u2063"
 """The stand-in answer a conversation without one is rendered with before it is generated."""
@@ -48,37 +45,6 @@ class CheckedRun(Protocol):
     max_context: int  # tokens; set by preflight_run
 
     def plan(self, n_players: int) -> Iterable[np.ndarray]: ...
-
-
-def check_backend_can(conversations: Sequence[Any], utility: Any, settings: BackendSettings, *, is_batch: bool) -> None:
-    """Refuse what the run's backend kind cannot do, as it declares
-    (:class:`~coalescence.backends.kinds.Capabilities`), before anything is loaded or written: a
-    kind that does not ``generate`` (a server such as ``vllm serve`` scores teacher-forced answers
-    only: :class:`~coalescence.backends.vllm.VLLMServerBackend`) gets no utility that compares
-    generated answers and no conversation without an answer.
-
-    Raises:
-        ConfigError: a utility that generates answers (field ``utility``).
-        InputError: a conversation without an answer (it would be generated; field ``target``).
-    """
-    if settings.capabilities.generate:
-        return
-    name = settings.backend_name
-    where = f"through --server-url (backend {name})" if settings.server_url else f"on backend {name}"
-    if not utility.teacher_forced:
-        raise ConfigError(
-            f"{utility.kind} compares generated answers, and a run {where} only scores given ones; use "
-            "a log-probability utility (logprob, mean_logprob, logit_prob, prob) or --backend vllm/hf to generate",
-            field="utility",
-        )
-    for k, conversation in enumerate(conversations):
-        if conversation.target is None:
-            raise InputError(
-                f"{f'input line {k + 1}: ' if is_batch else ''}the conversation has no answer to explain, and a run "
-                f"{where} does not generate one; give the answer (a final assistant message or target), or "
-                "use --backend vllm or hf to generate it",
-                field="target",
-            )
 
 
 def pinned_now(run_dir: Path | None, *, new_run: bool) -> datetime:
@@ -119,6 +85,7 @@ def preflight_run(run: CheckedRun) -> dict[str, Any]:
             another backend.
         BackendUnavailable: the model cannot be found.
     """
+    from ..inputs import on_line
     from ..masking.render import ChatRenderer
 
     s, backend = run.settings, run.backend
@@ -157,8 +124,7 @@ def check_input_game(run: CheckedRun, renderer: Any, conversation: Any, unit: st
     conversation without an answer is rendered with :data:`PROVISIONAL_ANSWER` (checked again
     once the answer is generated)."""
     from ..preflight import check_game
-    from ..snapshot import ConversationSnapshot
-    from .hierarchy import fine_snapshot
+    from ..snapshot import ConversationSnapshot, fine_snapshot
 
     s = run.settings
     provisional = conversation.target is None

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArchiveError, CoalescenceError
+from ..errors import ArchiveError
 
 __all__ = (
     "check_backend",
@@ -32,7 +32,6 @@ __all__ = (
     "recorded_run_config",
     "recorded_seed",
     "run_record",
-    "same_measurement",
 )
 
 logger = logging.getLogger(__name__)
@@ -176,18 +175,6 @@ def check_same_date(run_dir: Path | None, description: dict[str, Any], now: date
                     field="archive",
                 )
             return
-
-
-def same_measurement(run_dir: Path, utility: Any) -> bool:
-    """Whether the archive's last run measured what this utility needs (so replay can reduce it)."""
-    from ..archive.reader import read_manifest
-    from ..utility import UtilitySpec
-
-    try:
-        last = UtilitySpec.from_dict(read_manifest(run_dir)["runs"][-1].get("utility") or {})
-    except (CoalescenceError, KeyError, IndexError, TypeError, ValueError):
-        return False
-    return last.teacher_forced == utility.teacher_forced and last.generation == utility.generation
 
 
 def _json_ready(value: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -191,8 +192,17 @@ class RunSettings(
         return group_of(self, OutputSettings)
 
     def backend_settings(self) -> BackendSettings:
-        """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked."""
-        return BackendSettings.of(self)
+        """How the model executes (:class:`~coalescence.app.backend.BackendSettings`), checked
+        when the settings were made (:func:`check_across`) and kept."""
+        return self._made[0]
+
+    @cached_property
+    def _made(self) -> tuple[BackendSettings, Any]:
+        """What the settings make, built once (by :func:`check_across`, when the settings are
+        made): the :class:`~coalescence.backends.settings.BackendSettings` and the
+        :class:`~coalescence.utility.UtilitySpec` (a frozen dataclass keeps them in its
+        ``__dict__``, as :class:`functools.cached_property` writes it)."""
+        return BackendSettings.of(self), self._utility_spec()
 
     @property
     def proxy(self) -> Any:
@@ -210,8 +220,12 @@ class RunSettings(
 
     def utility_spec(self) -> Any:
         """The utility (:class:`~coalescence.utility.UtilitySpec`): the object given as ``utility``,
-        or the one named with its span and generation settings; a regenerate utility's optional
-        package is checked now, with its install hint.
+        or the one named with its span and generation settings; built and checked when the
+        settings were made (a regenerate utility's optional package too, with its install hint)."""
+        return self._made[1]
+
+    def _utility_spec(self) -> Any:
+        """:meth:`utility_spec`, built.
 
         Raises:
             ConfigError: a span or generation setting given apart from a ``UtilitySpec`` object, or
@@ -541,8 +555,7 @@ def check_across(s: RunSettings) -> None:
             raise ConfigError("does not combine with a hierarchy; drop one", field="interactions")
         if s.target_stderr is not None:
             raise ConfigError("does not combine with a hierarchy; drop one", field="target_stderr")
-    s.backend_settings()  # the Ray settings are checked with the model's
-    s.utility_spec()
+    s._made  # the backend settings (the Ray settings checked with the model's) and the utility, built and kept
 
 
 def interaction_settings(method: str, interactions: int | None, index: str | None) -> tuple[int | None, str | None]:

@@ -347,6 +347,10 @@ class SweepPhases:
         """No limit: a method's limit (exact: 16) makes a recorded skip."""
         return None
 
+    def fine_game(self, run: PhasedRun, snapshot: Any) -> None:
+        """None: a sweep plays no hierarchy (refused with its settings)."""
+        return None
+
     def validate_game(self, run: PhasedRun, n_players: int, *, refused: str | None) -> None:
         """Nothing is refused: a cell whose estimator refuses the game is a recorded skip."""
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from ..errors import ArchiveError
+from ..errors import ArchiveError, CoalescenceError
 
-__all__ = ("IDENTITY_FIELDS", "differences", "identity", "join_run")
+__all__ = ("IDENTITY_FIELDS", "differences", "identity", "join_run", "same_measurement")
 
 IDENTITY_FIELDS = ("snapshot_ids", "model", "utility", "absence_policy")
 """The run fields that must match for a resume (anything else may differ, e.g. batch size)."""
@@ -68,3 +69,17 @@ def join_run(manifest: dict[str, Any], run: dict[str, Any], *, now: str, new_run
         match.pop("error", None)
     return match, resumed
 
+
+def same_measurement(run_dir: Path, utility: Any) -> bool:
+    """Whether the last run of the archive at ``run_dir`` measured what ``utility`` (a
+    :class:`~coalescence.utility.UtilitySpec`) needs: the same teacher forcing and generation, so
+    that a replay can score its archived measurements with ``utility`` instead of a new run.
+    ``False`` where the manifest or its utility cannot be read."""
+    from ..utility import UtilitySpec
+    from .reader import read_manifest
+
+    try:
+        last = UtilitySpec.from_dict(read_manifest(run_dir)["runs"][-1].get("utility") or {})
+    except (CoalescenceError, KeyError, IndexError, TypeError, ValueError):
+        return False
+    return last.teacher_forced == utility.teacher_forced and last.generation == utility.generation

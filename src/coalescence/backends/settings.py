@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..normalised import NormalisedSettings
 from .kinds import BackendKind, Capabilities, backend_kind
 
@@ -163,6 +164,40 @@ class BackendSettings(NormalisedSettings):
     def capabilities(self) -> Capabilities:
         """What the backend kind can do (:class:`~coalescence.backends.kinds.Capabilities`)."""
         return self.kind.capabilities
+
+    def check_can(self, conversations: Sequence[Any], utility: Any, *, is_batch: bool) -> None:
+        """Refuse what the backend kind cannot do, as it declares (:attr:`capabilities`), before
+        anything is loaded or written: a kind that does not ``generate`` (a server such as ``vllm
+        serve`` scores teacher-forced answers only: :class:`~coalescence.backends.vllm.VLLMServerBackend`)
+        gets no utility that compares generated answers and no conversation without an answer.
+
+        Args:
+            conversations: the run's :class:`~coalescence.conversation.Conversation` inputs.
+            utility: the run's :class:`~coalescence.utility.UtilitySpec` (its ``teacher_forced``, ``kind``).
+            is_batch: the inputs are a JSONL batch's lines (an error names the line).
+
+        Raises:
+            ConfigError: a utility that generates answers (field ``utility``).
+            InputError: a conversation without an answer (it would be generated; field ``target``).
+        """
+        if self.capabilities.generate:
+            return
+        name = self.backend_name
+        where = f"through --server-url (backend {name})" if self.server_url else f"on backend {name}"
+        if not utility.teacher_forced:
+            raise ConfigError(
+                f"{utility.kind} compares generated answers, and a run {where} only scores given ones; use "
+                "a log-probability utility (logprob, mean_logprob, logit_prob, prob) or --backend vllm/hf to generate",
+                field="utility",
+            )
+        for k, conversation in enumerate(conversations):
+            if conversation.target is None:
+                raise InputError(
+                    f"{f'input line {k + 1}: ' if is_batch else ''}the conversation has no answer to explain, and a run "
+                    f"{where} does not generate one; give the answer (a final assistant message or target), or "
+                    "use --backend vllm or hf to generate it",
+                    field="target",
+                )
 
     @property
     def distributed(self) -> bool:
