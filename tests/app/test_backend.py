@@ -136,3 +136,27 @@ def test_a_settings_group_given_for_the_model_is_named_before_anything_loads():
     with pytest.raises(ConfigError) as info:
         BackendSettings(model={"model": "smollm2-135m"})
     assert info.value.field == "model" and "got a dict" in info.value.message
+
+
+def test_every_backend_setting_is_an_option_of_every_command_that_loads_a_model():
+    """An option that reaches the model is a field of BackendSettings and an option of the same
+    name: the rule, checked on the real parser (a field added to BackendSettings alone, with no
+    command-line option, fails here)."""
+    import argparse
+    from dataclasses import fields
+
+    from coalescence.cli.parser import build_parser
+
+    commands = {
+        name: sub
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+    }
+    every = {f.name for f in fields(BackendSettings)}
+    ray = {"workers", "ray_address", "gpus_per_worker", "threads_per_worker"}  # written out: the Ray workers' fields
+    # a sweep runs its model in this process (no Ray workers); the other commands may run it in workers
+    for command, wanted in (("explain", every), ("replay", every), ("evaluate", every), ("sweep", every - ray)):
+        dests = {a.dest for a in commands[command]._actions}
+        assert wanted <= dests, f"{command} lacks --{', --'.join(sorted(wanted - dests))}"
+    assert ray <= every  # the Ray fields are backend settings: the rule above covers them

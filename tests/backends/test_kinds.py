@@ -11,6 +11,10 @@ from the rendered prompts' token ids, independent of the backend under test.
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +95,29 @@ def test_what_the_kind_declares_is_asked_before_anything_loads(registered, tiny_
     with pytest.raises(ConfigError) as info:
         BackendSettings(backend="hf", server_url="http://127.0.0.1:1")
     assert info.value.field == "server_url"
+
+
+def test_the_docs_entry_script_runs_the_command_line_on_the_registered_backend(game, tiny_model_dir, tmp_path):
+    """docs/extending.md's entry script, copied from the page, in a process of its own: the
+    registration it makes is the one ``--backend toy-server`` needs (nothing registered here)."""
+    page = (Path(__file__).parents[2] / "docs" / "extending.md").read_text(encoding="utf-8")
+    script = re.search(r"```python\n(# toy_explain\.py.*?)```", page, re.S)
+    assert script is not None, "docs/extending.md has no toy_explain.py entry script"
+    entry = tmp_path / "toy_explain.py"
+    entry.write_text(script.group(1), encoding="utf-8")
+    score, expected, doc = game
+    source, out = tmp_path / "eiffel.json", tmp_path / "out.json"
+    source.write_text(json.dumps(doc), encoding="utf-8")
+    tests_dir = str(Path(__file__).parents[1])  # where `helpers` is importable from, as the page's PYTHONPATH
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests_dir, *filter(None, [os.environ.get("PYTHONPATH")])]), "HF_HUB_OFFLINE": "1"}
+    with serving(score) as (url, calls):
+        done = subprocess.run(
+            [sys.executable, str(entry), "explain", str(source), "--backend", "toy-server", "--server-url", url,
+             "--model", str(tiny_model_dir), "--unit", "sentence", "--method", "exact", "--archive", str(tmp_path / "run"),
+             "--out", str(out), "--no-progress"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert calls  # the server scored
+    values = [p["value"] for p in json.loads(out.read_text(encoding="utf-8"))["players"]]
+    np.testing.assert_allclose(values, expected, atol=1e-4)
