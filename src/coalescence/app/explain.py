@@ -94,10 +94,13 @@ class ExplainRun:
     def check(self) -> None:
         """Read the inputs and check everything the settings and the inputs alone can reveal.
 
-        What the settings make is built first and kept on the run (``policy``,
-        ``backend_settings``, ``proxy_game``, ``utility``, the output paths, ``run_dir``, ``now``);
-        the layers below are handed those objects (the loader the ``BackendSettings``, the engine
-        the utility and the proxy game), not the settings.
+        What the settings make is taken first and kept on the run (``policy``,
+        ``backend_settings``, ``utility``, ``proxy_game``, the output paths, ``run_dir``, ``now``,
+        and ``refused``: why no proxy game is played, as far as the settings and a given backend
+        tell, or ``None``); the layers below are handed those objects (the loader the
+        ``BackendSettings``, the engine the utility and the proxy game), not the settings, and
+        the inputs are read and checked after, with them, and not revisited: a run's settings go
+        down to the model once (three phases come back to the run: load, archive, result).
 
         Raises:
             InputError: bad input (naming the field, and the line of a JSONL batch).
