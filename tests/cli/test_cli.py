@@ -289,6 +289,28 @@ def test_out_pointing_to_a_directory_is_refused(
     assert list(out_dir.iterdir()) == []
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("option", ["--out", "--html", "--archive"])
+def test_an_output_where_no_file_can_be_made_is_refused_before_the_run(
+    option: str, tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str], tiny_model_dir: Path
+) -> None:
+    # /proc takes no new file, whatever its permission bits say (root "may write" there): refused
+    # in one line before the model loads, not after the run with advice about free space
+    path = write_input(tmp_path, CONVERSATION)
+    target = "/proc/coalescence-out" + ("" if option == "--archive" else ".json" if option == "--out" else ".html")
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), option, target]
+    if option != "--archive":
+        argv += ["--archive", str(tmp_path / "run")]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.splitlines() == [err.strip()]
+    assert err.startswith(f"coalescence: error: {option}: ")
+    # as root (CI) the permission bits allow it, and the file system's own answer refuses it
+    assert "no file can be created in '/proc'" in err or "'/proc' is not writable" in err, err
+    assert not (tmp_path / "run").exists() and not Path(target).exists()
+
+
 @pytest.mark.parametrize(
     ("files", "says"),
     [

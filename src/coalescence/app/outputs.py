@@ -19,8 +19,16 @@ __all__ = (
 
 
 def check_writable_parent(path: Path, name: str) -> None:
-    """Refuse a path whose nearest existing ancestor is not a writable directory."""
+    """Refuse a path whose nearest existing ancestor is not a directory a file can be created in:
+    asked of the file system itself, with a temporary file made and removed there at once
+    (:func:`tempfile.TemporaryFile`), as permission bits do not tell (root may "write" to
+    ``/proc``, which makes no files; a read-only mount).
+
+    Raises:
+        ConfigError: a file in the way, or a directory where no file can be created (field ``name``).
+    """
     import os
+    import tempfile
 
     for parent in path.absolute().parents:
         if parent.exists():
@@ -28,6 +36,11 @@ def check_writable_parent(path: Path, name: str) -> None:
                 raise ConfigError(f"{str(parent)!r} is a file, not a directory; give another path", field=name)
             if not os.access(parent, os.W_OK):
                 raise ConfigError(f"{str(parent)!r} is not writable; give another path", field=name)
+            try:
+                with tempfile.TemporaryFile(dir=parent):
+                    pass
+            except OSError as exc:
+                raise ConfigError(f"no file can be created in {str(parent)!r} ({exc.strerror or exc}); give another path", field=name) from None
             return
 
 
