@@ -522,6 +522,8 @@ def test_exact_table_is_printed(exact_run) -> None:
         assert label in stdout
     gap_lines = [line for line in stdout.splitlines() if "efficiency gap" in line]
     assert len(gap_lines) == 1
+    # exact Shapley values are efficient: the sum's float rounding (the document keeps it) prints as 0
+    assert abs(doc["efficiency_gap"]) < 1e-12 and "efficiency gap = 0 (0 of |v(full) - v(empty)|)" in gap_lines[0]
     assert f"archive: {run_dir}" in stdout
     # ranked by value, best first
     ranked = sorted(doc["players"], key=lambda p: (-p["value"], p["index"]))
@@ -555,7 +557,8 @@ def test_loo_evaluates_n_plus_two_coalitions(tmp_path: Path, tiny_model_dir: Pat
     values = [p["value"] for p in doc["players"]]
     assert sum(values) - (doc["v_full"] - doc["v_empty"]) == pytest.approx(doc["efficiency_gap"], abs=1e-12)
     assert all(p["stderr"] is None for p in doc["players"])
-    assert "efficiency gap" in stdout
+    # leave-one-out is not efficient: its gap is printed as it is, to 3 significant digits
+    assert f"efficiency gap = {doc['efficiency_gap']:.3g} (" in stdout
 
 
 def test_a_conversation_ending_on_a_user_turn_gets_a_generated_target(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -1019,3 +1022,23 @@ def test_a_misspelt_name_gets_a_suggestion_in_python() -> None:
     with pytest.raises(CoalescenceError) as info:
         make_estimator("zzz", budget=64)
     assert "did you mean" not in str(info.value)  # nothing close: no guess
+
+
+@pytest.mark.parametrize(("rounding", "printed"), [(7.105427357601002e-15, "0 (0 of"), (-3e-13, "0 (0 of"), (0.0125, "0.0125 (0.0005 of")])
+def test_the_printed_efficiency_gap_is_0_when_only_float_rounding_is_left(exact_run, rounding: float, printed: str) -> None:
+    # the exact run's explanation with its sum moved by `rounding` nats: below 1e-12 of the total
+    # (25 nats here) a gap is the float rounding of an efficient sum and prints as 0; above, as it is
+    from dataclasses import replace
+
+    from coalescence.attribution.explanation import Explanation
+    from coalescence.snapshot import ConversationSnapshot
+
+    _, doc, run_dir = exact_run
+    record = next(r for r in read_manifest(run_dir)["snapshots"] if r["snapshot_id"] == doc["snapshot_id"])
+    explanation = Explanation.from_dict(doc, ConversationSnapshot.from_dict(record))
+    est = explanation.estimate
+    est = replace(est, v_full=est.v_empty + 25.0, values=est.values * (25.0 / est.values.sum()))
+    values = est.values + np.eye(len(est.values))[0] * rounding
+    est = replace(est, values=values, efficiency_gap=float(values.sum()) - 25.0)  # the gap: sum of values - (v(full) - v(empty))
+    line = next(l for l in replace(explanation, estimate=est).format_table().splitlines() if "efficiency gap" in l)
+    assert f"efficiency gap = {printed}" in line, line

@@ -85,7 +85,10 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
         cells += [r[3].ljust(widths[3]), r[4]]
         lines.append("  ".join(cells).rstrip())
     span = est.v_full - est.v_empty
-    rel = abs(est.efficiency_gap) / abs(span) if span else float("nan")
+    gap = est.efficiency_gap
+    if abs(gap) <= 1e-12 * max(1.0, abs(span)):  # an efficient method's sum, off by float rounding alone: the 0 it is
+        gap = 0.0
+    rel = abs(gap) / abs(span) if span else float("nan")
     proxied = int((explanation.proxy or {}).get("evaluations") or 0)  # the proxy game's rows computed in this session
     rate = explanation.n_evaluations / explanation.wall_seconds if explanation.n_evaluations and explanation.wall_seconds > 0 else float("nan")
     target = " ".join(explanation.snapshot.target.split())
@@ -105,7 +108,7 @@ def format_table(explanation: Explanation, *, snippet: int = 60) -> str:
             if est.interactions and not is_exact(est.method) and est.interaction_index in EFFICIENT_INDICES
             else ""
         )
-        + f"   efficiency gap = {est.efficiency_gap:.3g}"
+        + f"   efficiency gap = {gap:.3g}"
         + (f" ({rel:.2g} of |v(full) - v(empty)|)" if math.isfinite(rel) else " (v(full) = v(empty))"),
         f"model evaluations = {explanation.n_evaluations}"
         + (f" exact + {proxied} proxy rows" if proxied else "")
