@@ -232,11 +232,12 @@ def _prefixed(exc: InputError, line: int) -> InputError:
 
 def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> Any:
     """Run ``check(*args)`` for input ``k`` (0-based); in a JSONL batch (``is_batch``) an
-    :class:`~coalescence.errors.InputError` it raises names the input's line (field
-    ``line N: FIELD``), as the reader's own errors do.
+    :class:`~coalescence.errors.InputError` or :class:`~coalescence.errors.ConfigError` it raises
+    (a setting this input cannot take, e.g. ``max_new_tokens`` past its context) names the input's
+    line (field ``line N: FIELD``), as the reader's own errors do.
 
     Raises:
-        InputError: ``check``'s, with the line in its field in a batch.
+        InputError, ConfigError: ``check``'s, with the line in its field in a batch.
     """
     try:
         return check(*args)
@@ -244,6 +245,10 @@ def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> An
         if not is_batch:
             raise
         raise _prefixed(exc, k + 1) from None
+    except ConfigError as exc:
+        if not is_batch:
+            raise
+        raise ConfigError(exc.message, field=f"line {k + 1}: {exc.field}" if exc.field else f"line {k + 1}") from None
 
 
 def _absent_nulls(value: Any) -> Any:

@@ -153,6 +153,60 @@ def test_cli_hierarchy(tmp_path, tiny_model_dir, capsys):
     assert code == 2 and "--unit" in capsys.readouterr().err
 
 
+# three documents of 9 sentences: at the sentence unit each is 10 fine players (its header line,
+# "Document [i] title", is a sentence of its own)
+NINES = {
+    "documents": [{"id": str(i), "title": f"Item {i}", "text": " ".join(f"Fact {j} holds." for j in range(9))} for i in range(3)],
+    "question": "Which fact about item 1 is true?",
+    "answer": "Fact 3.",
+}
+
+
+@pytest.mark.parametrize(
+    ("top_k", "says"),
+    [(None, "every one of the 3 document players, at least 30 sentence players"), ("2", "the top 2 of 3 document players, at least 20 sentence players")],
+)
+def test_a_fine_level_exact_cannot_play_is_refused_before_the_model(top_k, says, tmp_path, tiny_model_dir, capsys):
+    # exact Shapley takes at most 16 players; the two smallest documents alone hold 20 fine ones:
+    # refused in the preflight, before the weights load and the coarse level runs (no archive)
+    path = tmp_path / "nines.json"
+    path.write_text(json.dumps(NINES))
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--hierarchy", "document,sentence", "--method", "exact",
+            "--archive", str(tmp_path / "run"), "--no-progress", *(["--top-k", top_k] if top_k else [])]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and err.startswith("coalescence: error: --top-k: the fine level refines "), err
+    assert says in err and "allows at most 16" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_coarse_unit_the_input_lacks_is_named_by_the_hierarchy(tmp_path, tiny_model_dir, capsys):
+    # no declared documents in a chat conversation: the user gave --hierarchy, not --unit
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi. Where is it?"}, {"role": "assistant", "content": "Here."}]}))
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--hierarchy", "document,sentence", "--archive", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and err.startswith("coalescence: error: --hierarchy: the input declares no players"), err
+    assert "choose another coarse unit" in err and not (tmp_path / "run").exists()
+
+
+def test_resuming_a_hierarchy_with_another_utility_points_to_a_replay_that_runs(tmp_path, tiny_model_dir, capsys):
+    path = tmp_path / "rag.json"
+    path.write_text(json.dumps(RAG))
+    run_dir = tmp_path / "run"
+    argv = ["explain", str(path), "--model", str(tiny_model_dir), "--hierarchy", "document,sentence", "--top-k", "1",
+            "--method", "loo", "--archive", str(run_dir), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main([*argv, "--utility", "mean_logprob"]) == 2
+    err = capsys.readouterr().err
+    hint = err[err.index("`coalescence replay") + 1 : err.index("` (or")].replace("--utility ...", "--utility mean_logprob")
+    assert "--snapshot " in hint  # a hierarchy's archive replays level by level
+    # the command the hint gives runs, with no model
+    assert main([*hint.split()[1:], "--no-progress"]) == 0, capsys.readouterr().err
+
+
 def test_cli_hierarchy_fine_level_names_the_runs_utility(tmp_path, tiny_model_dir, capsys):
     path = tmp_path / "rag.json"
     path.write_text(json.dumps(RAG))

@@ -818,6 +818,39 @@ def test_a_batch_names_the_line_whose_target_lacks_the_substring(tmp_path: Path,
     assert "'In Paris.'" in message
 
 
+@pytest.mark.parametrize(
+    ("second", "options", "field", "says"),
+    [
+        # too many players for exact Shapley (counted before anything loads)
+        ({"messages": [{"role": "user", "content": SEVENTEEN}, {"role": "assistant", "content": ANSWER}]},
+         ["--model", "no-such-model", "--unit", "sentence", "--method", "exact"], "line 2: --method", "unit sentence gives at least 17 players"),
+        # a server kind generates no answer: line 2 has none
+        ({"messages": [{"role": "user", "content": "Where is it?"}]},
+         ["--model", "no-such-model", "--server-url", "http://127.0.0.1:9"], "line 2: target", "has no answer to explain"),
+    ],
+    ids=["player-limit", "server-without-answer"],
+)
+def test_a_batch_names_the_bad_line_as_its_reader_does(second, options, field, says, tmp_path: Path, cwd: Path, capsys) -> None:
+    # one form for every per-line error of a batch: "line N: --OPTION: message" (the reader's own)
+    lines = [CONVERSATION, second, CONVERSATION]
+    path = write_input(tmp_path, "\n".join(json.dumps(x) for x in lines) + "\n", name="batch.jsonl")
+    message = assert_refused(["explain", str(path), *options], field, tmp_path, cwd, capsys)
+    assert says in message and "input line" not in message
+
+
+def test_a_batch_names_the_line_whose_prompt_leaves_no_room_for_max_new_tokens(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:
+    # line 2 has no answer: it is generated after the model loads, and --max-new-tokens past its
+    # context is refused then, naming the line
+    lines = [CONVERSATION, {"messages": [{"role": "user", "content": "Where is the Eiffel Tower?"}]}]
+    path = write_input(tmp_path, "\n".join(json.dumps(x) for x in lines) + "\n", name="batch.jsonl")
+    code = main(["explain", str(path), "--model", str(tiny_model_dir), "--max-new-tokens", "100000", "--archive",
+                 str(tmp_path / "run"), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("coalescence: error: line 2: --max-new-tokens: 100000 new tokens after a prompt of "), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_replay_whole_answer_drops_the_runs_subspan(exact_run, tmp_path: Path, tiny_model_dir: Path) -> None:
     _, whole, _ = exact_run
     code, _, stderr, doc, run_dir = explain(tmp_path, tiny_model_dir, "span", "--method", "exact", "--target-substring", "1889")

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, ReportError
+from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
 from .backend import load_model
 from .lifecycle import run_blocking
 from .outputs import check_run_dir
@@ -135,13 +135,19 @@ class ExplainRun:
                 on_line(k, self.is_batch, self.utility.locate, conversation.target)
         self.backend_settings.check_can(self.conversations, self.utility, is_batch=self.is_batch)
         for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
-            n_players = on_line(k, self.is_batch, lambda c=conversation, u=unit: count_players(c, unit=u, roles=s.roles, at_most=at_most))
+            try:
+                n_players = on_line(k, self.is_batch, lambda c=conversation, u=unit: count_players(c, unit=u, roles=s.roles, at_most=at_most))
+            except InputError as exc:  # under a hierarchy the unit is the hierarchy's: named so
+                if s.hierarchy is None or not (exc.field or "").endswith("unit"):
+                    raise
+                message = exc.message.replace("or choose another unit", "or choose another coarse unit")
+                raise InputError(message, field=(exc.field or "")[: -len("unit")] + "hierarchy") from None
             if at_most is not None and n_players > at_most:
                 raise EstimatorError(
-                    f"{f'input line {k + 1}: ' if self.is_batch else ''}unit {unit} gives at least {n_players} players "
-                    f"(counting stopped there), and method {s.method_name} allows at most {at_most}; use a coarser "
-                    "unit, or method regression-msr with a budget, or method loo",
-                    field="method",
+                    f"unit {unit} gives at least {n_players} players (counting stopped there), and method "
+                    f"{s.method_name} allows at most {at_most}; use a coarser unit, or method regression-msr with a "
+                    "budget, or method loo",
+                    field=f"line {k + 1}: method" if self.is_batch else "method",  # as inputs.on_line labels a line
                 )
             self.phases.validate_game(self, n_players, refused=self.refused)
 
@@ -215,7 +221,7 @@ class ExplainRun:
             self.engine = Engine(self.backend, progress=progress, utility=self.utility, now=self.now, proxy_game=self.proxy_game)
             # the snapshots (a missing answer generated), their targets and utilities, checked
             for k, (conversation, unit) in enumerate(zip(self.conversations, self.units, strict=True)):
-                snapshot = self.engine.prepare(conversation, unit=unit, roles=s.roles, max_new_tokens=s.max_new_tokens)
+                snapshot = on_line(k, self.is_batch, lambda c=conversation, u=unit: self.engine.prepare(c, unit=u, roles=s.roles, max_new_tokens=s.max_new_tokens))
                 if conversation.target is None:  # checked with a stand-in answer before; now with the real one
                     on_line(k, self.is_batch, check_input_game, self, self.engine.renderer, snapshot.conversation, unit)
                 self.snapshots.append(snapshot)
@@ -280,9 +286,11 @@ class ExplainRun:
             )
         except ArchiveError as exc:
             if "utility:" in exc.message and not s.new_run and same_measurement(self.run_dir, self.utility):
+                # a hierarchy's archive replays level by level: the coarse snapshot's (docs/runs.md)
+                level = f" --snapshot {self.snapshots[0].snapshot_id[:16]}" if s.hierarchy is not None and len(self.snapshots) == 1 else ""
                 raise ArchiveError(
                     exc.message + f". For another utility of the same answer, `coalescence replay {self.run_dir} --method "
-                    f"{s.method_name} --utility ...` (or --target-span/--target-substring) needs no model, and "
+                    f"{s.method_name}{level} --utility ...` (or --target-span/--target-substring) needs no model, and "
                     "--new-run evaluates only what the archived measurements do not cover",
                     field=exc.field,
                 ) from None

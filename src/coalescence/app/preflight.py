@@ -9,11 +9,12 @@ options.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..errors import EstimatorError
 from .record import check_backend, check_model_identity, recorded_now
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from ..backends.settings import BackendSettings
     from .settings import RunSettings
 
-__all__ = ("PROVISIONAL_ANSWER", "CheckedRun", "check_input_game", "pinned_now", "preflight_run")
+__all__ = ("PROVISIONAL_ANSWER", "CheckedRun", "check_input_game", "pinned_now", "preflight_run", "refuse_fine_level")
 
 PROVISIONAL_ANSWER = "\u2063answer\u2063"
 """The stand-in answer a conversation without one is rendered with before it is generated."""
@@ -142,6 +143,38 @@ def check_input_game(run: CheckedRun, renderer: Any, conversation: Any, unit: st
     )
     if report.target is not None:
         run.utility.resolve(snapshot.target, report.target.offsets)  # a span that covers no token
-    if s.hierarchy is not None and not provisional:
-        fine, _ = fine_snapshot(snapshot, s.hierarchy[1])
-        check_game(renderer, fine, run.policy, None, max_context=run.max_context, teacher_forced=run.utility.teacher_forced)
+    if s.hierarchy is not None:
+        fine, parents = fine_snapshot(snapshot, s.hierarchy[1])
+        refuse_fine_level(s, snapshot.n_players, parents)
+        if not provisional:
+            check_game(renderer, fine, run.policy, None, max_context=run.max_context, teacher_forced=run.utility.teacher_forced)
+
+
+def refuse_fine_level(settings: RunSettings, n_coarse: int, parents: Sequence[int]) -> None:
+    """Refuse a hierarchy whose fine level the method cannot play whichever coarse players it
+    refines: the top ``top_k`` coarse players hold at least the ``top_k`` smallest counts of fine
+    players (all of them when ``top_k`` covers every coarse player), and more than the method's
+    player limit (exact: 16) is refused now, before the weights load, not after the coarse level ran.
+
+    Args:
+        settings: the run's settings (``hierarchy``, ``top_k``, the method's limit).
+        n_coarse: the coarse players.
+        parents: ``[n_fine]`` each fine player's coarse parent (:func:`~coalescence.snapshot.fine_snapshot`).
+
+    Raises:
+        EstimatorError: the fewest fine players the fine level can refine exceed the limit (field ``top_k``).
+    """
+    limit = settings.capabilities.max_players
+    if limit is None:
+        return
+    k = min(settings.top_k_or_default, n_coarse)
+    fewest = sum(sorted(list(parents).count(i) for i in range(n_coarse))[:k])
+    if fewest > limit:
+        coarse, fine = settings.hierarchy or ("coarse", "fine")
+        every = "every one of the" if k == n_coarse else f"the top {k} of"
+        raise EstimatorError(
+            f"the fine level refines {every} {n_coarse} {coarse} players, at least {fewest} {fine} players, and method "
+            f"{settings.method_name} allows at most {limit}; give a smaller --top-k, a coarser fine unit, or method "
+            "regression-msr with a budget",
+            field="top_k",
+        )

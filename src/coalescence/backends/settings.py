@@ -193,10 +193,9 @@ class BackendSettings(NormalisedSettings):
         for k, conversation in enumerate(conversations):
             if conversation.target is None:
                 raise InputError(
-                    f"{f'input line {k + 1}: ' if is_batch else ''}the conversation has no answer to explain, and a run "
-                    f"{where} does not generate one; give the answer (a final assistant message or target), or "
-                    "use --backend vllm or hf to generate it",
-                    field="target",
+                    f"the conversation has no answer to explain, and a run {where} does not generate one; give the "
+                    "answer (a final assistant message or target), or use --backend vllm or hf to generate it",
+                    field=f"line {k + 1}: target" if is_batch else "target",  # as inputs.on_line labels a line
                 )
 
     @property
