@@ -263,3 +263,32 @@ def test_the_fine_level_has_its_own_notes_and_plays_the_proxy_game(tmp_path, tin
     again = fit_archive(tmp_path / "run", budget=24)["explanations"][0]
     assert again["fine"]["proxy"]["game"] == fine["proxy"]["game"]
     np.testing.assert_allclose([p["value"] for p in again["fine"]["players"]], [p["value"] for p in fine["players"]], atol=1e-9)
+
+
+DEFAULT_SYSTEM = "injects its own default system prompt in coalitions where every system player is absent"
+
+
+def test_the_fine_level_notes_a_default_system_prompt_only_where_its_system_turn_can_be_absent(tiny_backend):
+    # the chatml family's template (SmolLM2's) writes its own system prompt where the system message
+    # is removed; a fine game that holds the system turn present never removes it: no such note there
+    from coalescence.masking.render import ChatRenderer
+
+    assert ChatRenderer(tiny_backend.tokenizer).injects_default_system
+    c = Conversation(
+        messages=(
+            Message(role="system", content="Be brief. Answer."),
+            Message(role="user", content="The tower was completed in 1889. When was it completed?"),
+        ),
+        target="In 1889.",
+    )
+    coarse = ConversationSnapshot.build(c, unit="turn")
+    fine, parents = fine_snapshot(coarse, "sentence")
+    engine = Engine(tiny_backend)
+    system_kept = np.array([p == 0 for p in parents])  # the system turn's sentences present, the user's absent
+    assert not any(DEFAULT_SYSTEM in n for n in engine.conversation_notes(fine, DropPolicy(), empty=system_kept))
+    assert any(DEFAULT_SYSTEM in n for n in engine.conversation_notes(fine, DropPolicy(), empty=~system_kept))
+    assert any(DEFAULT_SYSTEM in n for n in engine.conversation_notes(fine, DropPolicy()))  # every player absent
+    # the hierarchy's fine level: the note where the system turn (coarse player 0) is refined, else none
+    result = hierarchical(engine, coarse, fine, parents, top_k=1, estimator=LeaveOneOut)
+    assert any(DEFAULT_SYSTEM in n for n in result.fine.notes) == (0 in result.refined)
+    assert any(DEFAULT_SYSTEM in n for n in result.coarse.notes)

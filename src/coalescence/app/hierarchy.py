@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..conversation import Player
-from ..snapshot import ConversationSnapshot, fine_snapshot
+from ..snapshot import ConversationSnapshot
 from ..errors import ConfigError
 from ..attribution.explanation import Explanation
 
@@ -189,7 +189,7 @@ async def explain_hierarchical(
         wall_seconds=time.perf_counter() - t0,
         answer_tokens=engine.answer_tokens(fine, policy, empty=_lifted_empty(fine.n_players, sel)),
         proxy=played.proxy,
-        notes=engine.conversation_notes(fine, policy)
+        notes=engine.conversation_notes(fine, policy, empty=_lifted_empty(fine.n_players, sel))
         + tuple(estimate.notes)
         + (
             f"fine level: {int(sel.size)} of {fine.n_players} fine players refined; "

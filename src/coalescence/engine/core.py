@@ -533,11 +533,15 @@ class Engine:
             proxy=proxy,
         )
 
-    def conversation_notes(self, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
+    def conversation_notes(
+        self, snapshot: ConversationSnapshot, policy: AbsencePolicy, *, empty: np.ndarray | None = None
+    ) -> tuple[str, ...]:
         """The notes of every explanation of ``snapshot`` under ``policy`` that are not its
-        estimator's: the utility's, the template's and the backend's."""
+        estimator's: the utility's, the template's and the backend's (``empty``: the game's
+        emptiest coalition where some players are held present, :func:`.notes.template_notes`)."""
         extra = tuple(self.backend.run_notes(snapshot.snapshot_id))
-        return self.resolved_utility(snapshot, policy).notes() + template_notes(self.renderer, self.target_tokens(snapshot, policy), snapshot, policy) + extra
+        target = self.target_tokens(snapshot, policy)
+        return self.resolved_utility(snapshot, policy).notes() + template_notes(self.renderer, target, snapshot, policy, empty=empty) + extra
 
     def close(self, *, status: str = "complete") -> None:
         """Refuse new work and close the archive (flushing buffered rows, recording ``status``).

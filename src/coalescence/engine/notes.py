@@ -27,12 +27,23 @@ def utility_detail(resolved: ResolvedUtility) -> dict[str, Any]:
 
 
 def template_notes(
-    renderer: ChatRenderer, target: TargetTokens, snapshot: ConversationSnapshot, policy: AbsencePolicy
+    renderer: ChatRenderer,
+    target: TargetTokens,
+    snapshot: ConversationSnapshot,
+    policy: AbsencePolicy,
+    *,
+    empty: np.ndarray | None = None,
 ) -> tuple[str, ...]:
     """What the chat template does to ``snapshot``'s prompts that a reader of its values should
     know, one sentence each: the target's own notes, a pinned date, text the template inserts
     before the answer, a template lead joined to the first answer token, special-token text in
-    the conversation, and a default system prompt the template injects."""
+    the conversation, and a default system prompt the template injects.
+
+    Args:
+        empty: ``[n_players]`` bool, the game's emptiest coalition: every player absent unless
+            given (a hierarchy's refined fine game holds its other players present, so a system
+            player held present is never absent there).
+    """
     notes: tuple[str, ...] = target.notes()
     if renderer.renders_date:
         notes += (f"the template renders a date: pinned to {renderer.now:%Y-%m-%d}",)
@@ -52,10 +63,12 @@ def template_notes(
             f"the conversation contains the special-token text {', '.join(map(repr, found))}; it is "
             "encoded as text, never as the control token",
         )
-    return notes + _default_system_notes(renderer, snapshot, policy)
+    return notes + _default_system_notes(renderer, snapshot, policy, empty)
 
 
-def _default_system_notes(renderer: ChatRenderer, snapshot: ConversationSnapshot, policy: AbsencePolicy) -> tuple[str, ...]:
+def _default_system_notes(
+    renderer: ChatRenderer, snapshot: ConversationSnapshot, policy: AbsencePolicy, empty: np.ndarray | None
+) -> tuple[str, ...]:
     if not renderer.injects_default_system:
         return ()
     messages = snapshot.conversation.messages
@@ -64,7 +77,7 @@ def _default_system_notes(renderer: ChatRenderer, snapshot: ConversationSnapshot
             "the chat template injects its own default system prompt because the conversation "
             "has no system message; every coalition is scored with it",
         )
-    none = np.zeros(snapshot.n_players, dtype=bool)
+    none = np.zeros(snapshot.n_players, dtype=bool) if empty is None else np.asarray(empty, dtype=bool)
     if not any(m.role == "system" for m in policy.render(snapshot, none)):
         return (
             "the chat template injects its own default system prompt in coalitions where every "
