@@ -883,6 +883,12 @@ def test_resuming_with_another_utility_points_to_replay(exact_run, tmp_path: Pat
     err = capsys.readouterr().err
     assert code == 2 and "coalescence replay" in err and "--new-run" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in (run_dir / "parts").iterdir()) == before
+    # refused before the weights load: with progress on, the run would say "loading ..." first
+    code = main(["explain", str(path), "--model", str(tiny_model_dir), "--unit", "sentence", "--utility", "mean_logprob",
+                 "--archive", str(run_dir)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines() == [err.strip()] and "loading" not in err, err
+    assert err.startswith("coalescence: error: --archive: the archive holds a different run (utility: archive has ")
 
 
 EIGHT_SENTENCES = {

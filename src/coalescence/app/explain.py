@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArchiveError, CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
+from ..errors import CoalescenceError, ConfigError, EstimatorError, InputError, ReportError
 from .backend import load_model
 from .lifecycle import run_blocking
 from .outputs import check_run_dir
@@ -263,7 +263,6 @@ class ExplainRun:
             ArchiveError: the archive holds another run (naming the differences), is locked by
                 another writer, or cannot be written.
         """
-        from ..archive.identity import same_measurement
         from ..archive.writer import RunArchive
 
         s = self.settings
@@ -275,26 +274,15 @@ class ExplainRun:
         description = self.description()
         check_backend(self.run_dir, description["backend"])
         check_same_date(self.run_dir, description, self.now)
-        try:
-            archive = RunArchive.open(
-                self.run_dir,
-                description,
-                new_run=s.new_run,
-                skip_corrupt=s.skip_corrupt,
-                flush_rows=s.flush_rows,
-                flush_seconds=s.flush_seconds,
-            )
-        except ArchiveError as exc:
-            if "utility:" in exc.message and not s.new_run and same_measurement(self.run_dir, self.utility):
-                # a hierarchy's archive replays level by level: the coarse snapshot's (docs/runs.md)
-                level = f" --snapshot {self.snapshots[0].snapshot_id[:16]}" if s.hierarchy is not None and len(self.snapshots) == 1 else ""
-                raise ArchiveError(
-                    exc.message + f". For another utility of the same answer, `coalescence replay {self.run_dir} --method "
-                    f"{s.method_name}{level} --utility ...` (or --target-span/--target-substring) needs no model, and "
-                    "--new-run evaluates only what the archived measurements do not cover",
-                    field=exc.field,
-                ) from None
-            raise
+        # another utility or absence policy was refused in the preflight, before the load (check_measurement)
+        archive = RunArchive.open(
+            self.run_dir,
+            description,
+            new_run=s.new_run,
+            skip_corrupt=s.skip_corrupt,
+            flush_rows=s.flush_rows,
+            flush_seconds=s.flush_seconds,
+        )
         self.archive = archive
         self.resumed_coalitions = self.engine.attach_archive(archive) if archive.resumed else 0
         if not archive.resumed:

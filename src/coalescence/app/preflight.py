@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import EstimatorError
-from .record import check_backend, check_model_identity, recorded_now
+from .record import check_backend, check_measurement, check_model_identity, recorded_now
 
 if TYPE_CHECKING:
     import numpy as np
@@ -114,6 +114,7 @@ def preflight_run(run: CheckedRun) -> dict[str, Any]:
     engine = backend.identity() if backend is not None else {"backend": run.backend_settings.backend_name}
     check_backend(run.run_dir, engine, names_only=True)  # before the weights load or the server is asked
     check_model_identity(run.run_dir, identity, new_run=s.new_run)
+    check_measurement(run.run_dir, run.utility, run.policy, new_run=s.new_run, method=s.method_name, hierarchy=s.hierarchy is not None)
     for k, (conversation, unit) in enumerate(zip(run.conversations, run.units, strict=True)):
         on_line(k, run.is_batch, check_input_game, run, renderer, conversation, unit)
     return loaded

@@ -4,7 +4,9 @@
 and snapshots); a resumed run is refused when the archive's runs used other model content
 (:func:`check_model_identity`), another engine (:func:`check_backend`: the archive holds one
 engine's values, whatever its runs) or rendered dated templates on another day
-(:func:`check_same_date`); :func:`recorded_now` reads that day back, and the ``recorded_*``
+(:func:`check_same_date`) or measured with another utility or absence policy
+(:func:`check_measurement`, with the replay that needs no model where one can serve);
+:func:`recorded_now` reads that day back, and the ``recorded_*``
 functions read back what a run recorded of its configuration (budget, proxy game, seed,
 interactions) for a fit from the archive.
 """
@@ -21,6 +23,7 @@ from ..errors import ArchiveError
 
 __all__ = (
     "check_backend",
+    "check_measurement",
     "check_model_identity",
     "recorded_backend",
     "check_same_date",
@@ -120,6 +123,52 @@ def check_backend(run_dir: Path | None, identity: dict[str, str], *, names_only:
             "%s's, and this run records it",
             run_dir, unknown, identity["backend"],
         )  # fmt: skip
+
+
+def check_measurement(run_dir: Path | None, utility: Any, policy: Any, *, new_run: bool, method: str, hierarchy: bool) -> None:
+    """Refuse, before the weights load, to resume an archive none of whose runs measured with
+    ``utility`` (a :class:`~coalescence.utility.UtilitySpec`) and ``policy`` (the absence policy):
+    both are part of a run's resume identity (:data:`~coalescence.archive.identity.IDENTITY_FIELDS`),
+    so opening the archive would refuse it after the load. Where the archive's last run measured
+    what ``utility`` needs (:func:`~coalescence.archive.identity.same_measurement`), the message
+    gives the replay that serves it with no model (``method``; a ``hierarchy`` archive replays its
+    coarse snapshot, ``--snapshot``).
+
+    Raises:
+        ArchiveError: another process writes the archive (naming it); no run of the archive has
+            this utility and absence policy (without ``new_run``), naming the differences from
+            the last run (field ``archive``).
+    """
+    import json
+
+    from ..archive.identity import differences, same_measurement
+    from ..archive.lock import RunLock
+    from ..archive.reader import read_manifest
+
+    if run_dir is None or not (run_dir / "manifest.json").is_file():
+        return
+    RunLock(run_dir).release()  # an archive another process writes is refused as such (naming it), and its manifest not read
+    if new_run:
+        return
+    runs = read_manifest(run_dir).get("runs") or []
+    # as the run record writes them (JSON), so that they compare with the manifest's
+    mine = json.loads(json.dumps({"utility": utility.to_dict(), "absence_policy": {"id": policy.id, "params": policy.params()}}))
+    if not runs or any(all(r.get(k) == v for k, v in mine.items()) for r in runs):
+        return
+    diffs = [line for line in differences(runs[-1], mine) if line.split(":", 1)[0] in mine]
+    message = (
+        "the archive holds a different run (" + "; ".join(diffs) + "); use the same settings to resume it, --new-run "
+        "to add this run to the archive, or another --archive"
+    )
+    if any(line.startswith("utility:") for line in diffs) and same_measurement(run_dir, utility):
+        ids = runs[-1].get("snapshot_ids") or []
+        level = f" --snapshot {str(ids[0])[:16]}" if hierarchy and ids else ""  # a hierarchy replays level by level
+        message += (
+            f". For another utility of the same answer, `coalescence replay {run_dir} --method {method}{level} --utility "
+            "...` (or --target-span/--target-substring) needs no model, and --new-run evaluates only what the "
+            "archived measurements do not cover"
+        )
+    raise ArchiveError(message, field="archive")
 
 
 def check_model_identity(run_dir: Path | None, model: dict[str, Any], *, new_run: bool) -> None:
