@@ -32,12 +32,47 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def table_row(
+    game: str,
+    requests: list,
+    size: int,
+    names: list[str],
+    wall: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    values: dict[str, Any],
+) -> str:
+    """One game's row of the table: its prefix and tail tokens, rows, rows a call, each variant's
+    median ms a row (wall, cpu), each variant's wall speedup over the first (median, range) and the
+    largest value difference from the first (nats)."""
+    import numpy as np
+
+    n = len(requests)
+    r0 = requests[0]
+
+    def ms(x: list[float]) -> str:
+        return f"{1000 * statistics.median(x) / n:.1f}"
+
+    def speedup(v: str) -> str:
+        ratios = [a / b for a, b in zip(wall[names[0]], wall[v])]
+        return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+    diff = max(float(np.abs(values[names[0]] - values[v]).max()) for v in names[1:])
+    return (
+        f"| {game} | {r0.shared_tokens} | {r0.n_tokens - 1 - r0.shared_tokens} | {n} | {size} | "
+        + " | ".join(f"{ms(wall[v])} ({ms(cpu[v])})" for v in names)
+        + " | " + " | ".join(speedup(v) for v in names[1:])
+        + f" | {diff:.1e} |"
+    )
 
 
 def main() -> None:
@@ -98,8 +133,6 @@ first is the baseline of the ratios (679dc52's method), the last the default."""
 
 def compare(backend, args, size: int, proxy_rows) -> None:
     """The :data:`VARIANTS` on the same rows, alternating, the order turned each round (module docs)."""
-    import statistics
-
     import numpy as np
 
     names = list(VARIANTS)
@@ -130,23 +163,7 @@ def compare(backend, args, size: int, proxy_rows) -> None:
                 values[v] = np.array([g.utility for g in got])
         for attr, value in VARIANTS[names[-1]].items():
             setattr(backend, attr, value)
-        n = len(requests)
-        r0 = requests[0]
-
-        def ms(x: list[float]) -> str:
-            return f"{1000 * statistics.median(x) / n:.1f}"
-
-        def speedup(v: str) -> str:
-            ratios = [a / b for a, b in zip(wall[names[0]], wall[v])]
-            return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-
-        diff = max(float(np.abs(values[names[0]] - values[v]).max()) for v in names[1:])
-        print(
-            f"| {name} | {r0.shared_tokens} | {r0.n_tokens - 1 - r0.shared_tokens} | {n} | {size} | "
-            + " | ".join(f"{ms(wall[v])} ({ms(cpu[v])})" for v in names)
-            + " | " + " | ".join(speedup(v) for v in names[1:])
-            + f" | {diff:.1e} |"
-        )
+        print(table_row(name, requests, size, names, wall, cpu, values))
     print(f"load average after: {os.getloadavg()}", file=sys.stderr)
 
 

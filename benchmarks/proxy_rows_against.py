@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -117,6 +116,7 @@ def main() -> None:
         return
     import numpy as np
     from proxy_batching import proxy_rows
+    from proxy_rows import table_row
 
     from coalescence import load_backend
 
@@ -172,24 +172,7 @@ def main() -> None:
                     wall[v].append(out["wall"])
                     cpu[v].append(out["cpu"])
                     values[v] = np.array(out["utilities"])
-            n = len(requests)
-            r0 = requests[0]
-
-            def ms(x: list[float]) -> str:
-                return f"{1000 * statistics.median(x) / n:.1f}"
-
-            def speedup(v: str) -> str:
-                ratios = [a / b for a, b in zip(wall[names[0]], wall[v])]
-                return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-
-            diff = max(float(np.abs(values[names[0]] - values[v]).max()) for v in names[1:])
-            print(
-                f"| {game} | {r0.shared_tokens} | {r0.n_tokens - 1 - r0.shared_tokens} | {n} | {args.batch_size} | "
-                + " | ".join(f"{ms(wall[v])} ({ms(cpu[v])})" for v in names)
-                + " | " + " | ".join(speedup(v) for v in names[1:])
-                + f" | {diff:.1e} |",
-                flush=True,
-            )
+            print(table_row(game, requests, args.batch_size, names, wall, cpu, values), flush=True)
     finally:
         for p in procs.values():
             try:

@@ -225,9 +225,9 @@ def conversation_from_input(data: Any, template: RagTemplate | None = None) -> C
     return Conversation.from_dict(data)
 
 
-def _prefixed(exc: InputError, line: int) -> InputError:
+def _prefixed(exc: InputError | ConfigError, line: int) -> InputError | ConfigError:
     field = f"line {line}: {exc.field}" if exc.field else f"line {line}"
-    return InputError(exc.message, field=field)
+    return (ConfigError if isinstance(exc, ConfigError) else InputError)(exc.message, field=field)
 
 
 def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> Any:
@@ -241,14 +241,10 @@ def on_line(k: int, is_batch: bool, check: Callable[..., Any], *args: Any) -> An
     """
     try:
         return check(*args)
-    except InputError as exc:
+    except (InputError, ConfigError) as exc:
         if not is_batch:
             raise
         raise _prefixed(exc, k + 1) from None
-    except ConfigError as exc:
-        if not is_batch:
-            raise
-        raise ConfigError(exc.message, field=f"line {k + 1}: {exc.field}" if exc.field else f"line {k + 1}") from None
 
 
 def _absent_nulls(value: Any) -> Any:

@@ -97,6 +97,16 @@ def test_fine_snapshot_is_the_direct_fine_segmentation():
     assert [p.label for p in fine.players][:3] == ["doc[a].s0", "doc[a].s1", "doc[a].s2"]
 
 
+# two turns, a system one of one sentence and a user one of two
+TOWER = Conversation(
+    messages=(
+        Message(role="system", content="Be brief. Answer."),
+        Message(role="user", content="The tower was completed in 1889. When was it completed?"),
+    ),
+    target="In 1889.",
+)
+
+
 def hierarchical(engine, coarse, fine, parents, top_k, estimator=ExactShapley):
     return anyio.run(
         lambda: explain_hierarchical(engine, coarse, fine, parents, estimator_for=lambda n: estimator(), policy=DropPolicy(), top_k=top_k)
@@ -104,13 +114,7 @@ def hierarchical(engine, coarse, fine, parents, top_k, estimator=ExactShapley):
 
 
 def test_k_equal_to_all_coarse_players_is_the_direct_fine_run(tiny_backend):
-    c = Conversation(
-        messages=(
-            Message(role="system", content="Be brief. Answer."),
-            Message(role="user", content="The tower was completed in 1889. When was it completed?"),
-        ),
-        target="In 1889.",
-    )
+    c = TOWER
     coarse = ConversationSnapshot.build(c, unit="turn")
     fine, parents = fine_snapshot(coarse, "sentence")
     result = hierarchical(Engine(tiny_backend), coarse, fine, parents, top_k=2)
@@ -274,13 +278,7 @@ def test_the_fine_level_notes_a_default_system_prompt_only_where_its_system_turn
     from coalescence.masking.render import ChatRenderer
 
     assert ChatRenderer(tiny_backend.tokenizer).injects_default_system
-    c = Conversation(
-        messages=(
-            Message(role="system", content="Be brief. Answer."),
-            Message(role="user", content="The tower was completed in 1889. When was it completed?"),
-        ),
-        target="In 1889.",
-    )
+    c = TOWER
     coarse = ConversationSnapshot.build(c, unit="turn")
     fine, parents = fine_snapshot(coarse, "sentence")
     engine = Engine(tiny_backend)
